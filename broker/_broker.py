@@ -1,0 +1,706 @@
+"""The broker's state and its command handlers.
+
+One :class:`Broker` owns the catalog (streams, topics, partitions), the router, the
+core subscriptions, the group committer and the counters. Handlers run on the event
+loop; the ones that only touch memory and append to files are plain functions (the
+publish path never awaits), the ones that rewrite the catalog are async and take the
+admin lock so that concurrent creates and deletes cannot interleave.
+
+A handler returns the response payload, or ``(payload, epoch)`` when the response
+must wait until the group commit has made epoch ``epoch`` durable (publishes,
+deletes, purges, consumer offsets under ``fsync = "always"``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+import protocol as P
+from protocol import (
+    EXPIRY_NONE,
+    PROTOCOL_VERSION,
+    BrokerError,
+    ErrorCode,
+    error_class,
+    normalize_name,
+    scan_bodies,
+    validate_filter,
+    validate_subject,
+)
+from storage import ConsumerOffsets, DataDir, PartitionLog, RecoveryReport
+
+from ._catalog import Catalog, Stream, Topic
+from ._clock import Clock
+from ._commit import Committer
+from ._log import get_logger
+from ._partition import Partition
+from ._routing import NO_TOPIC, Router
+from ._stats import Counters
+from ._subscriptions import Subscription, SubscriptionIndex
+from ._topic_config import TopicConfig, apply_changes, check_option_types
+from .config import Config
+
+__all__ = ["Broker", "VERSION"]
+
+VERSION = "0.1.0"
+log = get_logger(__name__)
+
+Reply = bytes | tuple[bytes, int]
+
+
+class Broker:
+    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or Clock()
+        self.counters = Counters()
+        self.datadir = DataDir(config.system.path)
+        self.catalog = Catalog()
+        self.router = Router()
+        self.subs = SubscriptionIndex()
+        self.committer = Committer(config.system.partition.fsync, self.counters)
+        self.sessions: set[Any] = set()
+        self.started_at = time.time()
+        self.shutting_down = False
+        self._admin_lock = trio.Lock()
+        self._max_payload = config.limits.max_payload_bytes
+        self.sync_handlers: dict[type, Callable[[Any, Any], Reply]] = {
+            P.Ping: lambda s, c: b"",
+            P.GetServerInfo: self.server_info,
+            P.Publish: self.publish,
+            P.Fetch: self.fetch,
+            P.GetLast: self.get_last,
+            P.DeleteMessage: self.delete_message,
+            P.Purge: self.purge,
+            P.Subscribe: self.subscribe,
+            P.Unsubscribe: self.unsubscribe,
+            P.StoreConsumerOffset: self.store_consumer_offset,
+            P.GetConsumerOffset: self.get_consumer_offset,
+            P.DeleteConsumerOffset: self.delete_consumer_offset,
+            P.GetStream: self.get_stream,
+            P.ListStreams: self.list_streams,
+            P.GetTopic: self.get_topic,
+            P.ListTopics: self.list_topics,
+        }
+        self.async_handlers: dict[type, Callable[[Any, Any], Awaitable[Reply]]] = {
+            P.GetStats: self.stats,
+            P.CreateStream: self.create_stream,
+            P.UpdateStream: self.update_stream,
+            P.DeleteStream: self.delete_stream,
+            P.CreateTopic: self.create_topic,
+            P.UpdateTopic: self.update_topic,
+            P.DeleteTopic: self.delete_topic,
+        }
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def open(self) -> None:
+        """Lock the data directory, load the catalog and recover every partition.
+
+        Blocking (file I/O); the server runs it in a worker thread before it listens.
+        """
+        self.datadir.lock()
+        data = self.datadir.load_catalog() or {"version": Catalog.VERSION, "streams": []}
+        if data.get("version") != Catalog.VERSION:
+            raise BrokerError(f"catalog version {data.get('version')} is not supported by this broker")
+        for sd in data["streams"]:
+            stream = Stream(sd["id"], sd["name"], sd["created_at"])
+            self.catalog.streams[stream.id] = stream
+            for td in sd["topics"]:
+                topic = Topic(stream, td["id"], TopicConfig.from_json(td["config"]), td["created_at"])
+                self._open_topic_storage(topic, recovering=True)
+                stream.topics[topic.id] = topic
+        known = {s.id: set(s.topics) for s in self.catalog.streams.values()}
+        for path in self.datadir.remove_unknown(known):
+            log.warning("orphan_removed", path=path)
+        self.router.rebuild(self.catalog.topics())
+        log.info(
+            "recovered",
+            streams=len(self.catalog.streams),
+            topics=len(self.catalog.topics()),
+            messages=sum(t.messages_count for t in self.catalog.topics()),
+        )
+
+    def _open_topic_storage(self, topic: Topic, recovering: bool) -> None:
+        tdir = self.datadir.topic_dir(topic.stream.id, topic.id)
+        topic.partitions = []
+        for n in range(topic.config.partitions_count):
+            path = self.datadir.partition_dir(topic.stream.id, topic.id, n)
+
+            def on_corrupt(offset: int, reason: str, _t: Topic = topic, _n: int = n) -> None:
+                self.counters.corrupt_records += 1
+                log.error("corrupt_record", topic=_t.full_name, partition=_n, offset=offset, reason=reason)
+
+            plog, reports = PartitionLog.open(path, topic.config.segment_size, on_corrupt)
+            if recovering:
+                self._report_recovery(topic, n, reports)
+            part = Partition(topic, n, plog)
+            if recovering:
+                part.rebuild_index()
+            topic.partitions.append(part)
+        topic.consumers = ConsumerOffsets(os.path.join(tdir, "consumers.log"))
+
+    def _report_recovery(self, topic: Topic, n: int, reports: list[RecoveryReport]) -> None:
+        for r in reports:
+            if r.truncated_bytes:
+                self.counters.torn_records_truncated += 1
+                log.warning(
+                    "torn_tail_truncated", topic=topic.full_name, partition=n,
+                    offset=r.truncated_at_offset, bytes=r.truncated_bytes,
+                )
+            for off in r.corrupt_offsets:
+                self.counters.corrupt_records += 1
+                log.error("corrupt_record", topic=topic.full_name, partition=n, offset=off, reason="found on recovery")
+            if r.index_rebuilt:
+                log.warning("index_rebuilt", topic=topic.full_name, partition=n)
+
+    def close(self) -> None:
+        """Close every file and release the data directory (after a final sync)."""
+        for topic in self.catalog.topics():
+            for p in topic.partitions:
+                p.log.close()
+            if topic.consumers is not None:
+                topic.consumers.close()
+        self.datadir.unlock()
+
+    def background_tasks(self) -> list[Callable[[], Awaitable[None]]]:
+        """Tasks the server runs beside the listeners for the broker's lifetime."""
+        return []
+
+    def all_sync_sources(self) -> list[Any]:
+        out: list[Any] = []
+        for topic in self.catalog.topics():
+            out.extend(p.log for p in topic.partitions)
+            if topic.consumers is not None:
+                out.append(topic.consumers)
+        return out
+
+    async def save_catalog(self) -> None:
+        await trio.to_thread.run_sync(self.datadir.save_catalog, self.catalog.to_json())
+
+    # -- publish (the hot path) ----------------------------------------------------
+
+    def publish(self, session: Any, cmd: P.Publish) -> Reply:
+        data = cmd.data
+        n = cmd.count
+        scan = scan_bodies(data, cmd.body_pos, n, self._max_payload)
+        subjects = scan.subjects
+        failed: dict[int, BrokerError] = self._check_special(data, scan.starts, scan.special) if scan.special else {}
+
+        cache = self.router.cache
+        resolve = self.router.resolve
+        groups: dict[Partition, list[int]] = {}
+        unrouted: list[int] = []
+        for i in range(n):
+            if failed and i in failed:
+                continue
+            subj = subjects[i]
+            route = cache.get(subj)
+            if route is None:
+                route = resolve(subj)
+            if route.__class__ is Partition:
+                g = groups.get(route)  # type: ignore[arg-type]
+                if g is None:
+                    groups[route] = g = []  # type: ignore[index]
+                g.append(i)
+            elif route is NO_TOPIC:
+                unrouted.append(i)
+            else:
+                failed[i] = route  # type: ignore[assignment]
+
+        now = self.clock.now_ns()
+        epoch = 0
+        counters = self.counters
+        deliver = len(self.subs) > 0
+        if len(groups) == 1 and not failed and not unrouted:
+            # Everything into one partition, in order: the common case.
+            (part, _), = groups.items()
+            res = part.append(data, scan.starts, scan.ends, subjects, now)
+            epoch = self.committer.note_write(part.log)
+            counters.messages_in += n
+            counters.bytes_in += len(res.records)
+            self._after_append(part, subjects)
+            if deliver:
+                self._deliver_stored(part, res, subjects)
+            if cmd.no_ack:
+                return b""
+            topic = part.topic
+            return P.encode_uniform_acks(topic.stream.id, topic.id, part.number, res.first_offset, n), epoch
+
+        stream_ids = [0] * n
+        topic_ids = [0] * n
+        partitions = [0] * n
+        offsets = [0] * n
+        statuses = [0] * n
+        errors: dict[int, str] = {}
+        starts, ends = scan.starts, scan.ends
+        for part, idx in groups.items():
+            gsubjects = [subjects[i] for i in idx]
+            res = part.append(data, [starts[i] for i in idx], [ends[i] for i in idx], gsubjects, now)
+            epoch = self.committer.note_write(part.log)
+            counters.messages_in += len(idx)
+            counters.bytes_in += len(res.records)
+            topic = part.topic
+            off = res.first_offset
+            for i in idx:
+                stream_ids[i] = topic.stream.id
+                topic_ids[i] = topic.id
+                partitions[i] = part.number
+                offsets[i] = off
+                off += 1
+            self._after_append(part, gsubjects)
+            if deliver:
+                self._deliver_stored(part, res, gsubjects)
+        if unrouted:
+            counters.messages_unrouted += len(unrouted)
+            for i in unrouted:
+                statuses[i] = ErrorCode.NO_TOPIC_FOR_SUBJECT
+                errors[i] = f"no topic captures subject {subjects[i].decode(errors='replace')!r}"
+            if deliver:
+                self._deliver_unrouted(data, starts, ends, subjects, unrouted, now)
+        for i, err in failed.items():
+            statuses[i] = int(err.code)
+            errors[i] = err.message
+        counters.publish_errors += len(failed)
+        if cmd.no_ack:
+            return b""
+        payload = P.Acks(stream_ids, topic_ids, partitions, offsets, statuses, errors).encode()
+        return (payload, epoch) if epoch else payload
+
+    def _check_special(self, data: bytes, starts: list[int], special: list[int]) -> dict[int, BrokerError]:
+        """Per-message checks for bodies with flags, headers, a TTL or a big payload."""
+        failed: dict[int, BrokerError] = {}
+        for i in special:
+            f = P.body_fields(data, starts[i])
+            if f.flags:
+                failed[i] = error_class(ErrorCode.INVALID_MESSAGE_FLAGS)(
+                    f"message flags {f.flags:#x} are reserved for the broker; publish with flags 0"
+                )
+            elif f.payload_len > self._max_payload:
+                failed[i] = error_class(ErrorCode.PAYLOAD_TOO_LARGE)(
+                    f"payload of {f.payload_len} bytes exceeds the maximum of {self._max_payload} bytes"
+                )
+            elif f.ttl:
+                failed[i] = error_class(ErrorCode.MSG_TTL_DISABLED)("per-message TTL is disabled")
+            elif f.headers:
+                try:
+                    P.validate_header_block(f.headers)
+                except BrokerError as err:
+                    failed[i] = err
+        return failed
+
+    def _after_append(self, part: Partition, subjects: list[bytes]) -> None:
+        limit = part.topic.config.max_msgs_per_subject
+        if limit:
+            doomed = part.over_limit(subjects, limit)
+            if doomed:
+                removed = part.remove(doomed)
+                self.committer.note_write(part.log)
+                self.counters.removed_max_msgs_per_subject += len(removed)
+
+    # -- core deliveries -------------------------------------------------------------
+
+    def _deliver_stored(self, part: Partition, res: Any, subjects: list[bytes]) -> None:
+        match = self.subs.match
+        records = memoryview(res.records)
+        positions = res.positions
+        end = len(records)
+        head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
+        batches: dict[Subscription, list[bytes | memoryview]] = {}
+        last = len(positions) - 1
+        for k, subj in enumerate(subjects):
+            subs = match(subj)
+            if not subs:
+                continue
+            p = positions[k]
+            rec = records[p : positions[k + 1] if k < last else end]
+            for sub in subs:
+                parts = batches.get(sub)
+                if parts is None:
+                    batches[sub] = parts = []
+                parts.append(head)
+                parts.append(rec)
+        self._flush_deliveries(batches)
+
+    def _deliver_unrouted(
+        self, data: bytes, starts: list[int], ends: list[int], subjects: list[bytes], idx: list[int], now: int
+    ) -> None:
+        head = P.delivery_entry(0, 0, 0)
+        batches: dict[Subscription, list[bytes | memoryview]] = {}
+        for i in idx:
+            subs = self.subs.match(subjects[i])
+            if not subs:
+                continue
+            rec = P.encode_record(0, now, data[starts[i] : ends[i]])
+            for sub in subs:
+                batches.setdefault(sub, []).extend((head, rec))
+        self._flush_deliveries(batches)
+
+    def _flush_deliveries(self, batches: dict[Subscription, list[bytes | memoryview]]) -> None:
+        for sub, parts in batches.items():
+            count = len(parts) // 2
+            payload = P.encode_delivery(sub.sid, count, parts)
+            if sub.session.push(P.PushKind.DELIVERY, payload):
+                sub.delivered += count
+                self.counters.messages_out += count
+                self.counters.bytes_out += len(payload)
+            else:
+                sub.dropped += count
+                self.counters.deliveries_dropped += count
+
+    # -- reading -------------------------------------------------------------------
+
+    def fetch(self, session: Any, cmd: P.Fetch) -> Reply:
+        topic = self.catalog.topic(cmd.stream, cmd.topic)
+        part = topic.partition(cmd.partition)
+        limit = self.config.limits.max_fetch_bytes
+        max_bytes = min(cmd.max_bytes or limit, limit)
+        wanted = None
+        if cmd.subject_filter:
+            validate_filter(cmd.subject_filter)
+            ftokens = tuple(cmd.subject_filter.split("."))
+            wanted = part.wanted_for(
+                cmd.subject_filter, lambda s: P.subject_matches(ftokens, s.decode(errors="replace").split("."))
+            )
+        res = part.read(cmd.offset, min(cmd.count, 1_000_000), max_bytes, wanted) if cmd.count else None
+        records = res.records if res else []
+        next_offset = res.next_offset if res else max(cmd.offset, 1)
+        size = sum(len(r) for r in records)
+        self.counters.messages_out += len(records)
+        self.counters.bytes_out += size
+        return P.FetchResult.encode_parts(
+            topic.stream.id, topic.id, part.number, next_offset, part.log.first_offset, part.log.last_offset,
+            len(records), records,
+        )
+
+    def get_last(self, session: Any, cmd: P.GetLast) -> Reply:
+        topic = self.catalog.topic(cmd.stream, cmd.topic)
+        validate_subject(cmd.subject)
+        raw = cmd.subject.encode()
+        part = topic.partition_for(raw)
+        rec = part.last(raw)
+        if rec is None:
+            raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(f"topic {topic.full_name} has no message on subject {cmd.subject!r}")
+        st = part.index.get(raw)
+        assert st is not None
+        self.counters.messages_out += 1
+        self.counters.bytes_out += len(rec)
+        return P.FetchResult.encode_parts(
+            topic.stream.id, topic.id, part.number, st.last + 1, part.log.first_offset, part.log.last_offset, 1, [rec]
+        )
+
+    # -- removing ------------------------------------------------------------------
+
+    def _check_purge_allowed(self, topic: Topic, what: str) -> None:
+        if topic.config.deny_purge:
+            raise error_class(ErrorCode.PURGE_DENIED)(f"topic {topic.full_name} denies {what} (deny_purge is set)")
+
+    def delete_message(self, session: Any, cmd: P.DeleteMessage) -> Reply:
+        topic = self.catalog.topic(cmd.stream, cmd.topic)
+        part = topic.partition(cmd.partition)
+        self._check_purge_allowed(topic, "deletes")
+        removed = part.remove([cmd.offset])
+        if not removed:
+            raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(
+                f"topic {topic.full_name} partition {part.number} has no live message at offset {cmd.offset}"
+            )
+        self.counters.deleted += 1
+        return b"", self.committer.note_write(part.log)
+
+    def purge(self, session: Any, cmd: P.Purge) -> Reply:
+        topic = self.catalog.topic(cmd.stream, cmd.topic)
+        self._check_purge_allowed(topic, "purges")
+        total = 0
+        epoch = 0
+        if not cmd.subject:
+            for part in topic.partitions:
+                total += part.purge_all()
+        else:
+            validate_filter(cmd.subject)
+            if P.is_literal(cmd.subject):
+                raw = cmd.subject.encode()
+                targets = [(topic.partition_for(raw), [raw])]
+            else:
+                ftokens = tuple(cmd.subject.split("."))
+                targets = [
+                    (p, [s for s, st in p.index.subjects.items() if st.count and P.subject_matches(ftokens, s.decode().split("."))])
+                    for p in topic.partitions
+                ]
+            for part, subjects in targets:
+                offsets = [o for s in subjects for o in part.subject_offsets(s)]
+                if offsets:
+                    total += len(part.remove(offsets))
+                    epoch = self.committer.note_write(part.log)
+        self.counters.purged += total
+        payload = P.PurgeResult(total).encode()
+        return (payload, epoch) if epoch else payload
+
+    # -- subscriptions -------------------------------------------------------------
+
+    def subscribe(self, session: Any, cmd: P.Subscribe) -> Reply:
+        validate_filter(cmd.subject_filter)
+        if cmd.subscription_id in session.subs:
+            raise error_class(ErrorCode.SUBSCRIPTION_EXISTS)(f"subscription id {cmd.subscription_id} is already in use")
+        limit = self.config.limits.max_subscriptions_per_connection
+        if len(session.subs) >= limit:
+            raise error_class(ErrorCode.TOO_MANY_SUBSCRIPTIONS)(f"a connection may hold at most {limit} subscriptions")
+        sub = Subscription(session, cmd.subscription_id, cmd.subject_filter)
+        session.subs[cmd.subscription_id] = sub
+        self.subs.add(sub)
+        return b""
+
+    def unsubscribe(self, session: Any, cmd: P.Unsubscribe) -> Reply:
+        sub = session.subs.pop(cmd.subscription_id, None)
+        if sub is None:
+            raise error_class(ErrorCode.SUBSCRIPTION_NOT_FOUND)(f"no subscription with id {cmd.subscription_id}")
+        self.subs.remove(sub)
+        return b""
+
+    def drop_session(self, session: Any) -> None:
+        for sub in session.subs.values():
+            self.subs.remove(sub)
+        session.subs.clear()
+        self.sessions.discard(session)
+
+    # -- consumer offsets ----------------------------------------------------------
+
+    def _consumer(self, cmd: Any) -> tuple[Topic, str]:
+        topic = self.catalog.topic(cmd.stream, cmd.topic)
+        topic.partition(cmd.partition)
+        return topic, normalize_name(cmd.consumer, "consumer name")
+
+    def store_consumer_offset(self, session: Any, cmd: P.StoreConsumerOffset) -> Reply:
+        topic, name = self._consumer(cmd)
+        assert topic.consumers is not None
+        topic.consumers.store(name, cmd.partition, cmd.offset)
+        return b"", self.committer.note_write(topic.consumers)
+
+    def get_consumer_offset(self, session: Any, cmd: P.GetConsumerOffset) -> Reply:
+        topic, name = self._consumer(cmd)
+        assert topic.consumers is not None
+        offset = topic.consumers.get(name, cmd.partition)
+        if offset is None:
+            raise error_class(ErrorCode.CONSUMER_OFFSET_NOT_FOUND)(
+                f"consumer {name!r} has no offset for {topic.full_name} partition {cmd.partition}"
+            )
+        return P.ConsumerOffset(offset).encode()
+
+    def delete_consumer_offset(self, session: Any, cmd: P.DeleteConsumerOffset) -> Reply:
+        topic, name = self._consumer(cmd)
+        assert topic.consumers is not None
+        if not topic.consumers.forget(name, cmd.partition):
+            raise error_class(ErrorCode.CONSUMER_OFFSET_NOT_FOUND)(
+                f"consumer {name!r} has no offset for {topic.full_name} partition {cmd.partition}"
+            )
+        return b"", self.committer.note_write(topic.consumers)
+
+    # -- streams -------------------------------------------------------------------
+
+    def _stream_details(self, stream: Stream, with_topics: bool) -> P.StreamDetails:
+        topics = tuple(t.details() for t in sorted(stream.topics.values(), key=lambda t: t.id)) if with_topics else ()
+        return P.StreamDetails(stream.id, len(stream.topics), stream.size_bytes, stream.messages_count, stream.name, topics)
+
+    def get_stream(self, session: Any, cmd: P.GetStream) -> Reply:
+        return self._stream_details(self.catalog.stream(cmd.stream), True).encode()
+
+    def list_streams(self, session: Any, cmd: P.ListStreams) -> Reply:
+        streams = sorted(self.catalog.streams.values(), key=lambda s: s.id)
+        return P.StreamList(tuple(self._stream_details(s, False) for s in streams)).encode()
+
+    async def create_stream(self, session: Any, cmd: P.CreateStream) -> Reply:
+        async with self._admin_lock:
+            name = normalize_name(cmd.name, "stream name")
+            if any(s.name == name for s in self.catalog.streams.values()):
+                raise error_class(ErrorCode.STREAM_NAME_EXISTS)(f"a stream named {name!r} already exists")
+            sid = cmd.stream_id or self.catalog.next_stream_id()
+            if sid in self.catalog.streams:
+                raise error_class(ErrorCode.STREAM_ID_EXISTS)(f"a stream with id {sid} already exists")
+            stream = Stream(sid, name, self.clock.now_ns())
+            self.catalog.streams[sid] = stream
+            try:
+                await self.save_catalog()
+            except BaseException:
+                del self.catalog.streams[sid]
+                raise
+            log.info("stream_created", stream=name, id=sid)
+            return self._stream_details(stream, True).encode()
+
+    async def update_stream(self, session: Any, cmd: P.UpdateStream) -> Reply:
+        async with self._admin_lock:
+            stream = self.catalog.stream(cmd.stream)
+            name = normalize_name(cmd.name, "stream name")
+            if any(s.name == name and s is not stream for s in self.catalog.streams.values()):
+                raise error_class(ErrorCode.STREAM_NAME_EXISTS)(f"a stream named {name!r} already exists")
+            old, stream.name = stream.name, name
+            try:
+                await self.save_catalog()
+            except BaseException:
+                stream.name = old
+                raise
+            return self._stream_details(stream, True).encode()
+
+    async def delete_stream(self, session: Any, cmd: P.DeleteStream) -> Reply:
+        async with self._admin_lock:
+            stream = self.catalog.stream(cmd.stream)
+            del self.catalog.streams[stream.id]
+            self.router.rebuild(self.catalog.topics())
+            try:
+                await self.save_catalog()
+            except BaseException:
+                self.catalog.streams[stream.id] = stream
+                self.router.rebuild(self.catalog.topics())
+                raise
+            for topic in stream.topics.values():
+                self._close_topic(topic)
+            await trio.to_thread.run_sync(self.datadir.remove_stream, stream.id)
+            log.info("stream_deleted", stream=stream.name, id=stream.id)
+            return b""
+
+    # -- topics --------------------------------------------------------------------
+
+    def get_topic(self, session: Any, cmd: P.GetTopic) -> Reply:
+        return self.catalog.topic(cmd.stream, cmd.topic).details().encode()
+
+    def list_topics(self, session: Any, cmd: P.ListTopics) -> Reply:
+        stream = self.catalog.stream(cmd.stream)
+        return P.TopicList(tuple(t.details() for t in sorted(stream.topics.values(), key=lambda t: t.id))).encode()
+
+    def _expiry(self, wire_value: int) -> int:
+        if wire_value == 0:
+            return self.config.system.segment.message_expiry
+        if wire_value == EXPIRY_NONE:
+            return 0
+        return wire_value
+
+    async def create_topic(self, session: Any, cmd: P.CreateTopic) -> Reply:
+        async with self._admin_lock:
+            stream = self.catalog.stream(cmd.stream)
+            name = normalize_name(cmd.name, "topic name")
+            check_option_types(cmd.options, updating=False)
+            if any(t.name == name for t in stream.topics.values()):
+                raise error_class(ErrorCode.TOPIC_NAME_EXISTS)(f"stream {stream.name!r} already has a topic named {name!r}")
+            tid = cmd.topic_id or stream.next_topic_id()
+            if tid in stream.topics:
+                raise error_class(ErrorCode.TOPIC_ID_EXISTS)(f"stream {stream.name!r} already has a topic with id {tid}")
+            opts = dict(cmd.options)
+            subjects = tuple(opts.pop("subjects", None) or (f"{stream.name}.{name}.>",))
+            cfg = TopicConfig(
+                name=name,
+                partitions_count=cmd.partitions_count,
+                message_expiry=self._expiry(cmd.message_expiry),
+                subjects=subjects,
+                segment_size=opts.pop("segment_size", self.config.system.segment.size_bytes),
+                **opts,
+            )
+            if "subjects" not in cmd.options:
+                try:
+                    validate_filter(subjects[0])
+                except BrokerError:
+                    raise error_class(ErrorCode.INVALID_SUBJECT_FILTER)(
+                        f"the default subject filter {subjects[0]!r} is not valid for these names; "
+                        "give the topic's subjects explicitly"
+                    ) from None
+            cfg.validate(self.config.limits.max_partitions)
+            self.catalog.check_overlap(cfg.subjects)
+            topic = Topic(stream, tid, cfg, self.clock.now_ns())
+            await trio.to_thread.run_sync(self._open_topic_storage, topic, False)
+            stream.topics[tid] = topic
+            try:
+                await self.save_catalog()
+            except BaseException:
+                del stream.topics[tid]
+                self._close_topic(topic)
+                await trio.to_thread.run_sync(self.datadir.remove_topic, stream.id, tid)
+                raise
+            self.router.rebuild(self.catalog.topics())
+            log.info("topic_created", topic=topic.full_name, id=tid, partitions=cfg.partitions_count, subjects=",".join(cfg.subjects))
+            return topic.details().encode()
+
+    async def update_topic(self, session: Any, cmd: P.UpdateTopic) -> Reply:
+        async with self._admin_lock:
+            topic = self.catalog.topic(cmd.stream, cmd.topic)
+            check_option_types(cmd.changes, updating=True)
+            new = apply_changes(topic.config, cmd.changes)
+            new.validate(self.config.limits.max_partitions)
+            if new.subjects != topic.config.subjects:
+                self.catalog.check_overlap(new.subjects, ignore=topic)
+            old, topic.config = topic.config, new
+            try:
+                await self.save_catalog()
+            except BaseException:
+                topic.config = old
+                raise
+            for p in topic.partitions:
+                p.log.segment_size = new.segment_size
+            if new.max_msgs_per_subject and new.max_msgs_per_subject != old.max_msgs_per_subject:
+                for p in topic.partitions:
+                    self._after_append(p, [s for s, st in p.index.subjects.items() if st.count])
+            self.router.rebuild(self.catalog.topics())
+            log.info("topic_updated", topic=topic.full_name, changes=",".join(sorted(cmd.changes)))
+            return topic.details().encode()
+
+    async def delete_topic(self, session: Any, cmd: P.DeleteTopic) -> Reply:
+        async with self._admin_lock:
+            topic = self.catalog.topic(cmd.stream, cmd.topic)
+            del topic.stream.topics[topic.id]
+            self.router.rebuild(self.catalog.topics())
+            try:
+                await self.save_catalog()
+            except BaseException:
+                topic.stream.topics[topic.id] = topic
+                self.router.rebuild(self.catalog.topics())
+                raise
+            self._close_topic(topic)
+            await trio.to_thread.run_sync(self.datadir.remove_topic, topic.stream.id, topic.id)
+            log.info("topic_deleted", topic=topic.full_name)
+            return b""
+
+    def _close_topic(self, topic: Topic) -> None:
+        for p in topic.partitions:
+            p.log.close()
+        if topic.consumers is not None:
+            topic.consumers.close()
+
+    # -- info ----------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        li = self.config.limits
+        return {
+            "name": self.config.server.name,
+            "version": VERSION,
+            "protocol_version": PROTOCOL_VERSION,
+            "max_frame_bytes": li.max_frame_bytes,
+            "max_payload_bytes": li.max_payload_bytes,
+            "max_fetch_bytes": li.max_fetch_bytes,
+            "fsync": str(self.config.system.partition.fsync),
+            "auth_required": bool(self.config.server.auth_token),
+            "started_at": self.started_at,
+        }
+
+    def server_info(self, session: Any, cmd: P.GetServerInfo) -> Reply:
+        return P.InfoMap(self.info()).encode()
+
+    async def stats(self, session: Any, cmd: P.GetStats) -> Reply:
+        values: dict[str, Any] = dict(self.counters.as_dict())
+        topics = self.catalog.topics()
+        values.update(
+            name=self.config.server.name,
+            version=VERSION,
+            uptime_seconds=round(time.time() - self.started_at, 3),
+            connections=len(self.sessions),
+            subscriptions=len(self.subs),
+            streams=len(self.catalog.streams),
+            topics=len(topics),
+            partitions=sum(len(t.partitions) for t in topics),
+            segments=sum(len(p.log.segments) for t in topics for p in t.partitions),
+            messages=sum(t.messages_count for t in topics),
+            bytes_in_logs=sum(t.size_bytes for t in topics),
+            bytes_on_disk=await trio.to_thread.run_sync(self.datadir.size_on_disk),
+            fsync=str(self.config.system.partition.fsync),
+            last_fsync_seconds=round(self.committer.last_sync_seconds, 6),
+        )
+        return P.InfoMap(values).encode()

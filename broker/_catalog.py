@@ -1,0 +1,168 @@
+"""Streams and topics: names, ids, lookups and the persisted catalog.
+
+Ids are ``u32`` from 1 (Iggy). Names follow the Iggy rule (``protocol.normalize_name``)
+and are unique within their parent. A subject filter belongs to at most one topic in
+the whole broker: a create or update whose filters overlap another topic's is refused
+with SUBJECTS_OVERLAP naming both topics.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from protocol import ErrorCode, Identifier, TopicDetails, error_class, filters_overlap
+from storage import ConsumerOffsets
+
+from ._partition import Partition
+from ._topic_config import TopicConfig
+
+__all__ = ["Stream", "Topic", "Catalog", "partition_of"]
+
+
+def partition_of(subject: bytes, partitions_count: int) -> int:
+    """The partition a subject maps to: CRC-32 (IEEE, zlib) of its UTF-8 bytes modulo
+    the partitions count. Stable across processes, machines and versions (Python's
+    ``hash()`` is salted per process and would scatter subjects on every restart)."""
+    return zlib.crc32(subject) % partitions_count
+
+
+class Topic:
+    def __init__(self, stream: Stream, topic_id: int, config: TopicConfig, created_at: int) -> None:
+        self.stream = stream
+        self.id = topic_id
+        self.config = config
+        self.created_at = created_at
+        self.partitions: list[Partition] = []
+        self.consumers: ConsumerOffsets | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.stream.name}/{self.name}"
+
+    def partition_for(self, subject: bytes) -> Partition:
+        n = len(self.partitions)
+        return self.partitions[zlib.crc32(subject) % n if n > 1 else 0]
+
+    def partition(self, number: int) -> Partition:
+        if not 0 <= number < len(self.partitions):
+            raise error_class(ErrorCode.PARTITION_NOT_FOUND)(
+                f"topic {self.full_name} has partitions 0..{len(self.partitions) - 1}, not {number}"
+            )
+        return self.partitions[number]
+
+    @property
+    def messages_count(self) -> int:
+        return sum(p.log.live_count for p in self.partitions)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(p.log.size_bytes for p in self.partitions)
+
+    def details(self, extra: dict[str, Any] | None = None) -> TopicDetails:
+        info: dict[str, Any] = {
+            "stream_id": self.stream.id,
+            "stream": self.stream.name,
+            "created_at": self.created_at,
+            "options": self.config.options(),
+            "partitions": [
+                {
+                    "partition": p.number,
+                    "first_offset": p.log.first_offset,
+                    "last_offset": p.log.last_offset,
+                    "messages": p.log.live_count,
+                    "size_bytes": p.log.size_bytes,
+                    "segments": len(p.log.segments),
+                    "subjects": sum(1 for st in p.index.subjects.values() if st.count),
+                }
+                for p in self.partitions
+            ],
+        }
+        if extra:
+            info.update(extra)
+        return TopicDetails(
+            self.id, self.config.partitions_count, self.config.message_expiry, self.size_bytes, self.messages_count,
+            self.name, info,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "created_at": self.created_at, "config": self.config.to_json()}
+
+
+class Stream:
+    def __init__(self, stream_id: int, name: str, created_at: int) -> None:
+        self.id = stream_id
+        self.name = name
+        self.created_at = created_at
+        self.topics: dict[int, Topic] = {}
+
+    def topic(self, ident: Identifier) -> Topic:
+        if ident.is_numeric:
+            t = self.topics.get(ident.value)  # type: ignore[arg-type]
+        else:
+            t = next((t for t in self.topics.values() if t.name == ident.value), None)
+        if t is None:
+            raise error_class(ErrorCode.TOPIC_NOT_FOUND)(f"stream {self.name!r} has no topic {ident.value!r}")
+        return t
+
+    def next_topic_id(self) -> int:
+        return max(self.topics, default=0) + 1
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(t.size_bytes for t in self.topics.values())
+
+    @property
+    def messages_count(self) -> int:
+        return sum(t.messages_count for t in self.topics.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "created_at": self.created_at,
+            "topics": [t.to_json() for t in sorted(self.topics.values(), key=lambda t: t.id)],
+        }
+
+
+class Catalog:
+    VERSION = 1
+
+    def __init__(self) -> None:
+        self.streams: dict[int, Stream] = {}
+
+    def stream(self, ident: Identifier) -> Stream:
+        if ident.is_numeric:
+            s = self.streams.get(ident.value)  # type: ignore[arg-type]
+        else:
+            s = next((s for s in self.streams.values() if s.name == ident.value), None)
+        if s is None:
+            raise error_class(ErrorCode.STREAM_NOT_FOUND)(f"no stream {ident.value!r}")
+        return s
+
+    def topic(self, stream: Identifier, topic: Identifier) -> Topic:
+        return self.stream(stream).topic(topic)
+
+    def topics(self) -> list[Topic]:
+        return [t for s in self.streams.values() for t in s.topics.values()]
+
+    def next_stream_id(self) -> int:
+        return max(self.streams, default=0) + 1
+
+    def check_overlap(self, subjects: tuple[str, ...], ignore: Topic | None = None) -> None:
+        for other in self.topics():
+            if other is ignore:
+                continue
+            for mine in subjects:
+                for theirs in other.config.subjects:
+                    if filters_overlap(mine, theirs):
+                        raise error_class(ErrorCode.SUBJECTS_OVERLAP)(
+                            f"subject filter {mine!r} overlaps {theirs!r} of topic {other.full_name}"
+                        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.VERSION, "streams": [s.to_json() for s in sorted(self.streams.values(), key=lambda s: s.id)]}

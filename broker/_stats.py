@@ -1,0 +1,67 @@
+"""The broker's counters.
+
+Counters only ever go up (like Prometheus counters); gauges (connections, bytes on
+disk, pending expiries) are computed when stats are asked for. Everything is a plain
+attribute increment on the event loop, so counting costs nothing measurable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["Counters"]
+
+
+@dataclass
+class Counters:
+    #: Messages stored by publishes (markers and republished copies included).
+    messages_in: int = 0
+    #: Bytes of those records as stored.
+    bytes_in: int = 0
+    #: Messages sent to clients by fetch, get-last and core subscriptions.
+    messages_out: int = 0
+    #: Bytes of records sent to clients.
+    bytes_out: int = 0
+    #: Messages refused in publish acks (any error).
+    publish_errors: int = 0
+    #: Messages published on subjects no topic captures (core delivery only).
+    messages_unrouted: int = 0
+    #: Core deliveries dropped because a subscriber fell too far behind.
+    deliveries_dropped: int = 0
+    #: Messages removed by the delete API.
+    deleted: int = 0
+    #: Messages removed by purges.
+    purged: int = 0
+    #: Messages removed because max_msgs_per_subject was exceeded.
+    removed_max_msgs_per_subject: int = 0
+    #: Messages removed by their per-message TTL.
+    expired_ttl: int = 0
+    #: Messages removed by the topic's max age.
+    expired_max_age: int = 0
+    #: Subject delete markers written.
+    markers: int = 0
+    #: Messages republished.
+    republished: int = 0
+    #: Republished messages dropped by the hop limit.
+    dropped_loops: int = 0
+    #: Republished messages dropped because the transform gave an invalid subject.
+    dropped_invalid_subject: int = 0
+    #: Sealed segment files removed by the cleaner.
+    segments_reclaimed: int = 0
+    #: Bytes of those files.
+    bytes_reclaimed: int = 0
+    #: Records found corrupt (checksum mismatch, truncated) on recovery or read.
+    corrupt_records: int = 0
+    #: Torn records cut from the tail of an active segment on recovery.
+    torn_records_truncated: int = 0
+    #: fsync rounds of the group commit.
+    fsyncs: int = 0
+    #: Connections accepted since start.
+    connections_total: int = 0
+    #: Connections refused at the connection limit.
+    connections_refused: int = 0
+    #: Requests that got an error response.
+    request_errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

@@ -1,0 +1,496 @@
+"""The ``ttlbroker`` command: start a broker, and drive one.
+
+``ttlbroker serve`` runs a broker in the foreground and prints ``listening on
+HOST:PORT`` once it accepts connections. Every other command talks to a running
+broker (``--server HOST:PORT``, default ``127.0.0.1:8090`` or ``$TTLBROKER_SERVER``).
+With ``--json`` results are JSON (messages as JSON Lines, one object each); errors go
+to stderr as one line naming the error and its code, and the exit status is 1 (2 when
+the broker cannot be reached, 130 on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from protocol import TTL_NEVER, BrokerError, Message
+
+from .client import Client, ConnectionClosedError, connect, encode_msg
+
+__all__ = ["main", "build_parser"]
+
+DEFAULT_SERVER = "127.0.0.1:8090"
+
+
+# -- output ---------------------------------------------------------------------------
+
+
+def _rfc3339(ns: int) -> str:
+    secs, frac = divmod(ns, 1_000_000_000)
+    base = dt.datetime.fromtimestamp(secs, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{base}.{frac:09d}".rstrip("0").rstrip(".") + "Z"
+
+
+def message_json(m: Message, stream: Any, topic: Any) -> dict[str, Any]:
+    """One message as the CLI prints it with ``--json``."""
+    out: dict[str, Any] = {
+        "stream": stream,
+        "topic": topic,
+        "partition": m.partition,
+        "offset": m.offset,
+        "timestamp": _rfc3339(m.timestamp),
+        "timestamp_ns": m.timestamp,
+        "subject": m.subject,
+        "headers": m.headers,
+    }
+    try:
+        out["payload"] = m.payload.decode()
+    except UnicodeDecodeError:
+        out["payload"] = base64.b64encode(m.payload).decode()
+        out["payload_encoding"] = "base64"
+    if m.ttl:
+        out["ttl"] = "never" if m.ttl == TTL_NEVER else m.ttl
+    if m.is_marker:
+        out["marker"] = m.marker_reason.header_value
+    return out
+
+
+def _message_line(m: Message, stream: Any, topic: Any) -> str:
+    payload = m.payload.decode(errors="replace")
+    hdrs = " ".join(f"{k}={v}" for k, v in m.headers.items())
+    where = f"{stream}/{topic}[{m.partition}]@{m.offset}" if m.offset else "(not stored)"
+    marker = f" marker={m.marker_reason.header_value}" if m.is_marker else ""
+    return f"{where} {m.subject}{marker}{' ' + hdrs if hdrs else ''} {payload}"
+
+
+class Out:
+    def __init__(self, as_json: bool) -> None:
+        self.json = as_json
+
+    def obj(self, value: Any, text: str | None = None) -> None:
+        if self.json:
+            print(json.dumps(value, default=str), flush=True)
+        else:
+            print(text if text is not None else _pretty(value), flush=True)
+
+    def message(self, m: Message, stream: Any, topic: Any) -> None:
+        if self.json:
+            print(json.dumps(message_json(m, stream, topic)), flush=True)
+        else:
+            print(_message_line(m, stream, topic), flush=True)
+
+
+def _pretty(value: Any) -> str:
+    if isinstance(value, dict):
+        return "\n".join(f"{k}: {v}" for k, v in value.items())
+    return str(value)
+
+
+def _topic_json(t: Any) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "name": t.name,
+        "stream_id": t.stream_id,
+        "partitions_count": t.partitions_count,
+        "message_expiry": t.message_expiry,
+        "size": t.size,
+        "messages_count": t.messages_count,
+        **t.extra.get("options", {}),
+        "partitions": t.extra.get("partitions", []),
+    }
+
+
+def _stream_json(s: Any) -> dict[str, Any]:
+    return {"id": s.id, "name": s.name, "topics_count": s.topics_count, "size": s.size, "messages_count": s.messages_count}
+
+
+def _ident(text: str) -> int | str:
+    return int(text) if text.isdigit() else text
+
+
+# -- commands -------------------------------------------------------------------------
+
+
+def _topic_options(args: argparse.Namespace, updating: bool) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    if args.subjects:
+        opts["subjects"] = args.subjects
+    if args.max_msgs_per_subject is not None:
+        opts["max_msgs_per_subject"] = args.max_msgs_per_subject
+    if args.deny_purge:
+        opts["deny_purge"] = True
+    if args.segment_size is not None:
+        opts["segment_size"] = args.segment_size
+    if updating and args.expiry is not None:
+        opts["message_expiry"] = args.expiry
+    return opts
+
+
+async def cmd_stream(c: Client, args: argparse.Namespace, out: Out) -> None:
+    if args.action == "create":
+        s = await c.create_stream(args.name, args.id or 0)
+        out.obj(_stream_json(s), f"created stream {s.name!r} (id {s.id})")
+    elif args.action == "list":
+        streams = await c.list_streams()
+        if out.json:
+            for s in streams:
+                out.obj(_stream_json(s))
+        else:
+            for s in streams:
+                print(f"{s.id:>5}  {s.name:<30} topics={s.topics_count} messages={s.messages_count} bytes={s.size}")
+    elif args.action == "delete":
+        await c.delete_stream(_ident(args.stream))
+        out.obj({"deleted": args.stream}, f"deleted stream {args.stream!r}")
+
+
+async def cmd_topic(c: Client, args: argparse.Namespace, out: Out) -> None:
+    if args.action == "create":
+        t = await c.create_topic(
+            _ident(args.stream), args.name, partitions=args.partitions, message_expiry=args.expiry,
+            topic_id=args.id or 0, **_topic_options(args, False),
+        )
+        out.obj(_topic_json(t), f"created topic {args.stream}/{t.name} (id {t.id}, subjects {', '.join(t.options['subjects'])})")
+    elif args.action == "update":
+        changes = _topic_options(args, True)
+        if not changes:
+            raise SystemExit("error: topic update needs at least one option to change")
+        t = await c.update_topic(_ident(args.stream), _ident(args.topic), **changes)
+        out.obj(_topic_json(t), f"updated topic {args.stream}/{t.name}")
+    elif args.action == "list":
+        topics = await c.list_topics(_ident(args.stream))
+        if out.json:
+            for t in topics:
+                out.obj(_topic_json(t))
+        else:
+            for t in topics:
+                print(
+                    f"{t.id:>5}  {t.name:<30} partitions={t.partitions_count} expiry={t.message_expiry}s "
+                    f"messages={t.messages_count} subjects={','.join(t.options.get('subjects', []))}"
+                )
+    elif args.action == "info":
+        t = await c.get_topic(_ident(args.stream), _ident(args.topic))
+        out.obj(_topic_json(t))
+    elif args.action == "delete":
+        await c.delete_topic(_ident(args.stream), _ident(args.topic))
+        out.obj({"deleted": f"{args.stream}/{args.topic}"}, f"deleted topic {args.stream}/{args.topic}")
+
+
+def _headers(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for p in pairs or []:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"error: --header takes KEY=VALUE, not {p!r}")
+        out[key] = value
+    return out
+
+
+async def cmd_pub(c: Client, args: argparse.Namespace, out: Out) -> None:
+    data = args.data.encode() if args.data is not None else sys.stdin.buffer.read()
+    headers = _headers(args.header)
+    if getattr(args, "ttl", None):
+        headers["Nats-TTL"] = args.ttl
+    if args.count == 1:
+        ack = await c.publish(args.subject, data, headers=headers or None)
+        assert ack is not None
+        out.obj(
+            {"stream_id": ack.stream_id, "topic_id": ack.topic_id, "partition": ack.partition, "offset": ack.offset},
+            f"published {args.subject} -> partition {ack.partition} offset {ack.offset}",
+        )
+        return
+    body = encode_msg(args.subject, data, headers or None)
+    sent = errors = 0
+    first = last = None
+    batch = 1000
+    while sent < args.count:
+        n = min(batch, args.count - sent)
+        acks = await c.publish_batch([body] * n)
+        assert acks is not None
+        for a in acks:
+            if a.status:
+                errors += 1
+                if errors == 1:
+                    print(f"error: {a.error}", file=sys.stderr)
+            else:
+                first = first if first is not None else a.offset
+                last = a.offset
+        sent += n
+    summary = {"published": sent - errors, "errors": errors, "first_offset": first, "last_offset": last}
+    out.obj(summary, f"published {sent - errors} of {sent} messages on {args.subject}" + (f" ({errors} refused)" if errors else ""))
+    if errors:
+        raise SystemExit(1)
+
+
+async def cmd_fetch(c: Client, args: argparse.Namespace, out: Out) -> None:
+    offset = args.offset
+    remaining = args.count
+    while remaining > 0:
+        f = await c.fetch(_ident(args.stream), _ident(args.topic), args.partition, offset, min(remaining, 1000), subject=args.subject)
+        for m in f.messages:
+            out.message(m, args.stream, args.topic)
+        remaining -= len(f.messages)
+        if f.next_offset <= offset or f.next_offset > f.last_offset:
+            break
+        offset = f.next_offset
+
+
+async def cmd_last(c: Client, args: argparse.Namespace, out: Out) -> None:
+    m = await c.get_last(_ident(args.stream), _ident(args.topic), args.subject)
+    out.message(m, args.stream, args.topic)
+
+
+async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
+    names: dict[tuple[int, int], tuple[str, str]] = {}
+
+    async def where(m: Message) -> tuple[Any, Any]:
+        if not m.stream_id:
+            return None, None
+        key = (m.stream_id, m.topic_id)
+        if key not in names:
+            t = await c.get_topic(m.stream_id, m.topic_id)
+            names[key] = (t.extra.get("stream", m.stream_id), t.name)
+        return names[key]
+
+    seen = 0
+    async with await c.subscribe(args.filter) as sub:
+        if not out.json:
+            print(f"subscribed to {args.filter}", file=sys.stderr, flush=True)
+        async for m in sub:
+            stream, topic = await where(m)
+            out.message(m, stream, topic)
+            seen += 1
+            if args.count and seen >= args.count:
+                break
+
+
+async def cmd_stats(c: Client, args: argparse.Namespace, out: Out) -> None:
+    out.obj(await c.stats())
+
+
+async def cmd_delete(c: Client, args: argparse.Namespace, out: Out) -> None:
+    await c.delete_message(_ident(args.stream), _ident(args.topic), args.partition, args.offset)
+    out.obj({"deleted": {"partition": args.partition, "offset": args.offset}}, f"deleted partition {args.partition} offset {args.offset}")
+
+
+async def cmd_purge(c: Client, args: argparse.Namespace, out: Out) -> None:
+    n = await c.purge(_ident(args.stream), _ident(args.topic), args.subject)
+    out.obj({"purged": n}, f"purged {n} messages")
+
+
+async def cmd_offset(c: Client, args: argparse.Namespace, out: Out) -> None:
+    s, t = _ident(args.stream), _ident(args.topic)
+    if args.action == "get":
+        o = await c.get_offset(s, t, args.consumer, args.partition)
+        out.obj({"consumer": args.consumer, "partition": args.partition, "offset": o}, str(o))
+    elif args.action == "set":
+        await c.store_offset(s, t, args.consumer, args.partition, args.offset)
+        out.obj({"consumer": args.consumer, "partition": args.partition, "offset": args.offset}, f"stored {args.offset}")
+    else:
+        await c.delete_offset(s, t, args.consumer, args.partition)
+        out.obj({"consumer": args.consumer, "partition": args.partition, "deleted": True}, "deleted")
+
+
+CLIENT_COMMANDS: dict[str, Callable[[Client, argparse.Namespace, Out], Awaitable[None]]] = {
+    "stream": cmd_stream,
+    "topic": cmd_topic,
+    "pub": cmd_pub,
+    "fetch": cmd_fetch,
+    "last": cmd_last,
+    "sub": cmd_sub,
+    "stats": cmd_stats,
+    "delete": cmd_delete,
+    "purge": cmd_purge,
+    "offset": cmd_offset,
+}
+
+
+# -- parser ---------------------------------------------------------------------------
+
+
+def _add_topic_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--expiry", type=int, metavar="SECONDS", help="max age in seconds (0 = none; default: the broker's)")
+    p.add_argument("--subjects", nargs="+", metavar="FILTER", help="subject filters the topic captures")
+    p.add_argument("--max-msgs-per-subject", type=int, metavar="N", help="keep at most N messages per subject (0 = unlimited)")
+    p.add_argument("--deny-purge", action="store_true", help="refuse purges and deletes")
+    p.add_argument("--segment-size", type=int, metavar="BYTES", help="seal segments at this size")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--server", default=os.environ.get("TTLBROKER_SERVER", DEFAULT_SERVER), metavar="HOST:PORT")
+    common.add_argument("--token", default=os.environ.get("TTLBROKER_TOKEN", ""), help="auth token")
+    common.add_argument("--json", action="store_true", help="print JSON (messages as JSON Lines)")
+
+    parser = argparse.ArgumentParser(prog="ttlbroker", description="ttlbroker: run and drive a message broker")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="run a broker in the foreground")
+    p.add_argument("--config", metavar="FILE", help="TOML config (default: the embedded defaults)")
+    p.add_argument("--data", metavar="DIR", help="data directory (overrides [system] path)")
+    p.add_argument("--host", help="listen address (overrides [server] host)")
+    p.add_argument("--port", type=int, help="listen port, 0 = any free one (overrides [server] port)")
+    p.add_argument("--fsync", help="always | never | an interval like 200ms (overrides [system.partition] fsync)")
+    p.add_argument("--print-config", action="store_true", help="print the embedded default config and exit")
+
+    p = sub.add_parser("stream", help="create, list or delete streams")
+    ss = p.add_subparsers(dest="action", required=True)
+    q = ss.add_parser("create", parents=[common])
+    q.add_argument("name")
+    q.add_argument("--id", type=int, help="stream id (default: the next free one)")
+    ss.add_parser("list", parents=[common])
+    q = ss.add_parser("delete", parents=[common])
+    q.add_argument("stream")
+
+    p = sub.add_parser("topic", help="create, update, list, show or delete topics")
+    ts = p.add_subparsers(dest="action", required=True)
+    q = ts.add_parser("create", parents=[common])
+    q.add_argument("stream")
+    q.add_argument("name")
+    q.add_argument("--partitions", type=int, default=1)
+    q.add_argument("--id", type=int, help="topic id (default: the next free one)")
+    _add_topic_options(q)
+    q = ts.add_parser("update", parents=[common])
+    q.add_argument("stream")
+    q.add_argument("topic")
+    _add_topic_options(q)
+    q = ts.add_parser("list", parents=[common])
+    q.add_argument("stream")
+    for action in ("info", "delete"):
+        q = ts.add_parser(action, parents=[common])
+        q.add_argument("stream")
+        q.add_argument("topic")
+
+    p = sub.add_parser("pub", parents=[common], help="publish a message (DATA from stdin when absent)")
+    p.add_argument("subject")
+    p.add_argument("data", nargs="?")
+    p.add_argument("--header", action="append", metavar="K=V", help="a header (repeatable)")
+    p.add_argument("--count", type=int, default=1, help="publish the message N times")
+
+    p = sub.add_parser("fetch", parents=[common], help="read messages of a partition")
+    p.add_argument("stream")
+    p.add_argument("topic")
+    p.add_argument("--partition", type=int, default=0)
+    p.add_argument("--offset", type=int, default=1)
+    p.add_argument("--count", type=int, default=100)
+    p.add_argument("--subject", help="only messages on subjects matching this filter")
+
+    p = sub.add_parser("last", parents=[common], help="the newest message on a subject")
+    p.add_argument("stream")
+    p.add_argument("topic")
+    p.add_argument("subject")
+
+    p = sub.add_parser("sub", parents=[common], help="print messages published on matching subjects")
+    p.add_argument("filter")
+    p.add_argument("--count", type=int, default=0, help="exit after N messages (0 = run until interrupted)")
+
+    sub.add_parser("stats", parents=[common], help="the broker's counters")
+
+    p = sub.add_parser("delete", parents=[common], help="delete one message")
+    p.add_argument("stream")
+    p.add_argument("topic")
+    p.add_argument("--partition", type=int, required=True)
+    p.add_argument("--offset", type=int, required=True)
+
+    p = sub.add_parser("purge", parents=[common], help="purge a topic, or the subjects matching --subject")
+    p.add_argument("stream")
+    p.add_argument("topic")
+    p.add_argument("--subject")
+
+    p = sub.add_parser("offset", help="named consumer offsets")
+    os_ = p.add_subparsers(dest="action", required=True)
+    for action in ("get", "set", "delete"):
+        q = os_.add_parser(action, parents=[common])
+        q.add_argument("stream")
+        q.add_argument("topic")
+        q.add_argument("consumer")
+        q.add_argument("--partition", type=int, default=0)
+        if action == "set":
+            q.add_argument("offset", type=int)
+    return parser
+
+
+# -- entry point ------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ._log import configure_logging
+    from .config import DEFAULT_CONFIG_TOML, ConfigError, load_config
+    from .server import run_server
+
+    if args.print_config:
+        print(DEFAULT_CONFIG_TOML(), end="")
+        return 0
+    try:
+        cfg = load_config(args.config)
+        changes: dict[str, Any] = {}
+        if args.data:
+            changes["system.path"] = args.data
+        if args.host:
+            changes["server.host"] = args.host
+        if args.port is not None:
+            changes["server.port"] = args.port
+        if args.fsync:
+            changes["system.partition.fsync"] = args.fsync
+        if changes:
+            cfg = cfg.replace(**changes)
+    except ConfigError as exc:
+        print(f"error: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(cfg.logging.level, cfg.logging.format)
+    try:
+        trio.run(run_server, cfg)
+    except BrokerError as exc:
+        print(f"error: {exc.code.name} ({int(exc.code)}): {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"error: cannot serve on {cfg.server.host}:{cfg.server.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _run_client(args: argparse.Namespace) -> int:
+    out = Out(args.json)
+    try:
+        async with connect(args.server, token=args.token, name="ttlbroker-cli") as c:
+            await CLIENT_COMMANDS[args.command](c, args, out)
+    except BrokerError as exc:
+        print(f"error: {exc.code.name} ({int(exc.code)}): {exc.message}", file=sys.stderr)
+        return 1
+    except ConnectionClosedError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, BrokerError):
+            print(f"error: {cause.code.name} ({int(cause.code)}): {cause.message}", file=sys.stderr)
+            return 1
+        print(f"error: {exc.reason}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: cannot connect to {args.server}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        return trio.run(_run_client, args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

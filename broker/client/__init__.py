@@ -1,0 +1,73 @@
+"""The bundled ttlbroker client, for trio (this module) and asyncio (``.aio``).
+
+    import trio
+    from broker.client import connect
+
+    async def main():
+        async with connect("127.0.0.1:8090") as client:
+            await client.create_stream("shop")
+            await client.create_topic("shop", "orders", partitions=3, subjects=["orders.>"])
+            ack = await client.publish("orders.eu.1", b"hello")
+            fetched = await client.fetch("shop", "orders", ack.partition, ack.offset)
+            print(fetched.messages[0].payload)
+
+    trio.run(main)
+
+Errors from the broker are raised as the ``protocol`` error classes, one per code
+(``StreamNotFoundError``, ``InvalidSubjectError``, ...), all subclasses of
+:class:`BrokerError` with ``code`` and ``message``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from protocol import ERROR_CLASSES as _ERROR_CLASSES
+from protocol import TTL_NEVER as TTL_NEVER
+from protocol import Ack as Ack
+from protocol import Acks as Acks
+from protocol import BrokerError as BrokerError
+from protocol import ErrorCode as ErrorCode
+from protocol import MarkerReason as MarkerReason
+from protocol import Message as Message
+from protocol import StreamDetails as StreamDetails
+from protocol import TopicDetails as TopicDetails
+
+from ._backend import TrioBackend
+from ._client import Client as Client
+from ._client import ConnectionClosedError as ConnectionClosedError
+from ._client import Fetched as Fetched
+from ._client import Msg as Msg
+from ._client import Subscription as Subscription
+from ._client import encode_msg as encode_msg
+from ._client import parse_address as parse_address
+
+globals().update({cls.__name__: cls for cls in _ERROR_CLASSES.values()})
+
+
+@contextlib.asynccontextmanager
+async def connect(
+    address: str = "127.0.0.1:8090",
+    *,
+    token: str = "",
+    name: str = "ttlbroker-python",
+    timeout: float | None = 30.0,
+) -> AsyncIterator[Client]:
+    """Connect (trio) and handshake; the connection closes when the block ends.
+
+    Raises:
+        OSError: nothing listens there.
+        UnauthorizedError / UnsupportedVersionError / TooManyConnectionsError: the
+            broker refused the handshake.
+    """
+    host, port = parse_address(address)
+    client = Client(TrioBackend(), timeout)
+    await client._open(host, port, token, name)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "contextlib", "AsyncIterator")]

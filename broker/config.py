@@ -1,0 +1,287 @@
+"""Configuration: Iggy-style TOML sections, typed frozen dataclasses, validation.
+
+The embedded ``default_config.toml`` is the one place defaults are written down; the
+dataclasses below carry the same defaults (a test checks they agree) so that a
+``Config()`` built in code is the embedded default too. Loading merges a user file
+over the defaults key by key; an unknown section or key, or a value of the wrong
+kind, stops the broker with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from storage import FsyncPolicy, parse_duration_ms
+
+__all__ = ["Config", "ConfigError", "load_config", "parse_size", "DEFAULT_CONFIG_TOML"]
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key."""
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1024, "ki": 1024,
+    "m": 1000**2, "mb": 1000**2, "mib": 1024**2, "mi": 1024**2,
+    "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "gi": 1024**3,
+    "t": 1000**4, "tb": 1000**4, "tib": 1024**4, "ti": 1024**4,
+}
+
+
+def parse_size(value: int | str, key: str) -> int:
+    """``"64 MiB"``, ``"1GB"``, ``512`` → bytes."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{key}: a size must not be negative")
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise ConfigError(f"{key}: {value!r} is not a size such as '64 MiB' or 1048576")
+    return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()])
+
+
+def _seconds(value: int | float | str, key: str) -> float:
+    try:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value < 0:
+                raise ValueError("must not be negative")
+            return float(value)
+        return parse_duration_ms(value, key) / 1000.0
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8090
+    auth_token: str = ""
+    name: str = "ttlbroker"
+
+
+@dataclass(frozen=True)
+class SegmentConfig:
+    size_bytes: int = 64 * 1024 * 1024
+    message_expiry: int = 0
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    fsync: FsyncPolicy = field(default_factory=FsyncPolicy)
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    path: str = "./ttlbroker-data"
+    segment: SegmentConfig = field(default_factory=SegmentConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+
+
+@dataclass(frozen=True)
+class CleanerConfig:
+    enabled: bool = True
+    interval: float = 60.0
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    dir: str = ""
+    interval: float = 60.0
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_frame_bytes: int = 16 * 1024 * 1024
+    max_payload_bytes: int = 1024 * 1024
+    max_connections: int = 1024
+    max_pending_bytes_per_connection: int = 64 * 1024 * 1024
+    max_subscriptions_per_connection: int = 1024
+    max_partitions: int = 1024
+    max_fetch_bytes: int = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str = "info"
+    format: str = "logfmt"
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration. ``Config()`` is the embedded default."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+    message_cleaner: CleanerConfig = field(default_factory=CleanerConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with dotted keys changed: ``cfg.replace(**{"server.port": 0})``."""
+        data = to_dict(self)
+        for dotted, value in changes.items():
+            node = data
+            *path, last = dotted.split(".")
+            for part in path:
+                node = node[part]
+            if last not in node:
+                raise ConfigError(f"unknown key {dotted}")
+            node[last] = value
+        return _build(data)
+
+    @property
+    def data_dir(self) -> str:
+        return self.system.path
+
+
+def DEFAULT_CONFIG_TOML() -> str:  # noqa: N802 - a constant that is read lazily
+    return resources.files("broker").joinpath("default_config.toml").read_text()
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as plain TOML-shaped values (sizes in bytes, durations in seconds)."""
+
+    def conv(obj: Any) -> Any:
+        if isinstance(obj, FsyncPolicy):
+            return obj.mode if obj.mode != "interval" else f"{obj.interval_ms:g}ms"
+        if dataclasses.is_dataclass(obj):
+            return {f.name: conv(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return obj
+
+    return conv(cfg)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any], where: str) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        name = f"{where}.{key}" if where else key
+        if key not in base:
+            raise ConfigError(f"unknown configuration key {name!r}")
+        if isinstance(base[key], dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{name} must be a section")
+            out[key] = _merge(base[key], value, name)
+        else:
+            out[key] = value
+    return out
+
+
+def _typed(value: Any, kind: type, key: str) -> Any:
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise AssertionError(kind)
+
+
+def _build(d: dict[str, Any]) -> Config:
+    s, sysd, cl, ex, li, lo = d["server"], d["system"], d["message_cleaner"], d["export"], d["limits"], d["logging"]
+    try:
+        fsync = FsyncPolicy.parse(sysd["partition"]["fsync"])
+    except ValueError as exc:
+        raise ConfigError(f"system.partition.fsync: {exc}") from None
+    cfg = Config(
+        server=ServerConfig(
+            host=_typed(s["host"], str, "server.host"),
+            port=_typed(s["port"], int, "server.port"),
+            auth_token=_typed(s["auth_token"], str, "server.auth_token"),
+            name=_typed(s["name"], str, "server.name"),
+        ),
+        system=SystemConfig(
+            path=_typed(sysd["path"], str, "system.path"),
+            segment=SegmentConfig(
+                size_bytes=parse_size(sysd["segment"]["size_bytes"], "system.segment.size_bytes"),
+                message_expiry=_typed(sysd["segment"]["message_expiry"], int, "system.segment.message_expiry"),
+            ),
+            partition=PartitionConfig(fsync=fsync),
+        ),
+        message_cleaner=CleanerConfig(
+            enabled=_typed(cl["enabled"], bool, "message_cleaner.enabled"),
+            interval=_seconds(cl["interval"], "message_cleaner.interval"),
+        ),
+        export=ExportConfig(
+            dir=_typed(ex["dir"], str, "export.dir"),
+            interval=_seconds(ex["interval"], "export.interval"),
+        ),
+        limits=LimitsConfig(**{k: _limit(k, v) for k, v in li.items()}),
+        logging=LoggingConfig(level=_typed(lo["level"], str, "logging.level"), format=_typed(lo["format"], str, "logging.format")),
+    )
+    _validate(cfg)
+    return cfg
+
+
+_SIZE_LIMITS = {"max_frame_bytes", "max_payload_bytes", "max_pending_bytes_per_connection", "max_fetch_bytes"}
+
+
+def _limit(key: str, value: Any) -> int:
+    if key in _SIZE_LIMITS:
+        return parse_size(value, f"limits.{key}")
+    return _typed(value, int, f"limits.{key}")
+
+
+def _validate(cfg: Config) -> None:
+    if not 0 <= cfg.server.port <= 65535:
+        raise ConfigError(f"server.port: {cfg.server.port} is not a TCP port (0..65535)")
+    seg = cfg.system.segment
+    if not 4096 <= seg.size_bytes <= 1024**3:
+        raise ConfigError("system.segment.size_bytes: must be between 4 KiB and 1 GiB")
+    if not 0 <= seg.message_expiry <= 0xFFFFFFFE:
+        raise ConfigError("system.segment.message_expiry: seconds, 0..4294967294")
+    if cfg.message_cleaner.interval <= 0:
+        raise ConfigError("message_cleaner.interval: must be positive")
+    if cfg.export.interval <= 0:
+        raise ConfigError("export.interval: must be positive")
+    li = cfg.limits
+    if li.max_frame_bytes < 1024:
+        raise ConfigError("limits.max_frame_bytes: must be at least 1 KiB")
+    if not 1 <= li.max_payload_bytes <= li.max_frame_bytes - 64:
+        raise ConfigError("limits.max_payload_bytes: must be positive and fit in limits.max_frame_bytes")
+    for key in ("max_connections", "max_subscriptions_per_connection", "max_partitions"):
+        if getattr(li, key) < 1:
+            raise ConfigError(f"limits.{key}: must be at least 1")
+    if li.max_pending_bytes_per_connection < li.max_frame_bytes:
+        raise ConfigError("limits.max_pending_bytes_per_connection: must be at least limits.max_frame_bytes")
+    if li.max_fetch_bytes < 1024:
+        raise ConfigError("limits.max_fetch_bytes: must be at least 1 KiB")
+    if cfg.logging.level not in ("debug", "info", "warning", "error"):
+        raise ConfigError("logging.level: one of debug, info, warning, error")
+    if cfg.logging.format not in ("logfmt", "json"):
+        raise ConfigError("logging.format: one of logfmt, json")
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """The embedded defaults, overlaid with the TOML file at ``path`` if given.
+
+    Raises:
+        ConfigError: unreadable file, bad TOML, unknown key, wrong type, bad value.
+    """
+    defaults = tomllib.loads(DEFAULT_CONFIG_TOML())
+    if path is None:
+        return _build(defaults)
+    try:
+        with open(path, "rb") as f:
+            user = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {os.fspath(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {os.fspath(path)!r} is not valid TOML: {exc}") from None
+    return _build(_merge(defaults, user, ""))

@@ -1,0 +1,167 @@
+"""The server: one nursery that owns everything the broker runs.
+
+``serve(config, task_status=...)`` opens the data directory and recovers it (in a
+worker thread), listens, starts the group committer and the background tasks, and
+reports :class:`ServerHandle` through ``task_status.started`` once it accepts
+connections (trio's ``serve_listeners`` idiom). It returns only when cancelled;
+cancelling it is a graceful shutdown:
+
+1. new requests are refused with SHUTTING_DOWN and the listeners close;
+2. one last group commit makes everything written durable, so every ack already
+   queued can be sent (connections get a few seconds to drain, then GOODBYE);
+3. every file is synced and closed and the data directory's lock released.
+
+``run_server`` wraps it for the command line: SIGINT and SIGTERM cancel it.
+
+Resource handling: each connection runs in its own task (``Session.run``), which
+closes its stream when it ends. Error handling: accept errors that mean "out of
+file descriptors or memory" are logged and retried after 100 ms (trio does that in
+``serve_listeners``); any other error stops the server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+from dataclasses import dataclass
+
+import trio
+
+from protocol import ErrorCode, ProtocolConnection, PushKind, Role
+from storage import sync_fds
+
+from ._broker import Broker
+from ._clock import Clock
+from ._log import get_logger
+from ._session import Session
+from .config import Config
+
+__all__ = ["serve", "run_server", "ServerHandle"]
+
+log = get_logger(__name__)
+
+
+@dataclass
+class ServerHandle:
+    """What ``serve`` reports once it accepts connections."""
+
+    broker: Broker
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+async def serve(
+    config: Config,
+    *,
+    clock: Clock | None = None,
+    task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a broker until cancelled. See the module docstring."""
+    broker = Broker(config, clock)
+    await trio.to_thread.run_sync(broker.open)
+    try:
+        listeners = await trio.open_tcp_listeners(config.server.port, host=config.server.host)
+    except BaseException:
+        broker.close()
+        raise
+    sockname = listeners[0].socket.getsockname()
+    handle = ServerHandle(broker, sockname[0], sockname[1])
+    ids = itertools.count(1)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(broker.committer.run)
+            for task in broker.background_tasks():
+                nursery.start_soon(task)
+            conn_nursery_holder: list[trio.Nursery] = []
+
+            async def accept_all(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                async with trio.open_nursery() as conns:
+                    conn_nursery_holder.append(conns)
+                    await trio.serve_listeners(
+                        lambda stream: _connection(broker, stream, next(ids)), listeners,
+                        handler_nursery=conns, task_status=task_status,
+                    )
+
+            await nursery.start(accept_all)
+            log.info("listening", host=handle.host, port=handle.port, data=broker.datadir.root, fsync=str(config.system.partition.fsync))
+            task_status.started(handle)
+            try:
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await _shutdown(broker, listeners)
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await _close(broker)
+
+
+async def _shutdown(broker: Broker, listeners: list[trio.SocketListener]) -> None:
+    broker.shutting_down = True
+    for listener in listeners:
+        await listener.aclose()
+    with trio.move_on_after(5):
+        await broker.committer.sync_now()
+        for session in list(broker.sessions):
+            session.kick()
+            await session.drain()
+    for session in list(broker.sessions):
+        session.push(PushKind.GOODBYE, b"the broker is shutting down")
+    await trio.sleep(0)
+    log.info("shutting_down", connections=len(broker.sessions))
+
+
+async def _close(broker: Broker) -> None:
+    fds: list[int] = []
+    for src in broker.all_sync_sources():
+        fds.extend(src.take_dirty_fds())
+    try:
+        await trio.to_thread.run_sync(sync_fds, fds)
+    finally:
+        broker.close()
+    log.info("stopped")
+
+
+async def _connection(broker: Broker, stream: trio.SocketStream, session_id: int) -> None:
+    try:
+        peer = "{}:{}".format(*stream.socket.getpeername()[:2])
+    except OSError:
+        peer = "?"
+    broker.counters.connections_total += 1
+    limit = broker.config.limits.max_connections
+    if len(broker.sessions) >= limit or broker.shutting_down:
+        broker.counters.connections_refused += 1
+        code = ErrorCode.SHUTTING_DOWN if broker.shutting_down else ErrorCode.TOO_MANY_CONNECTIONS
+        reason = "the broker is shutting down" if broker.shutting_down else f"the broker is at its limit of {limit} connections"
+        conn = ProtocolConnection(Role.SERVER)
+        with trio.move_on_after(1):
+            try:
+                await stream.send_all(conn.send_push(PushKind.GOODBYE, reason.encode(), int(code)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        await trio.aclose_forcefully(stream)
+        log.warning("connection_refused", peer=peer, reason=code.name)
+        return
+    session = Session(broker, stream, session_id, peer)
+    broker.sessions.add(session)
+    log.debug("connection_opened", session=session_id, peer=peer)
+    await session.run()
+    log.debug("connection_closed", session=session_id, peer=peer)
+
+
+async def run_server(config: Config) -> None:
+    """Serve until SIGINT or SIGTERM, then shut down gracefully; prints
+    ``listening on HOST:PORT`` on stdout once ready."""
+    async with trio.open_nursery() as nursery:
+        handle: ServerHandle = await nursery.start(serve, config)
+        print(f"listening on {handle.address}", flush=True)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("signal", signal=signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+

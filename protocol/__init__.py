@@ -1,0 +1,120 @@
+"""ttlbroker's wire protocol, sans-IO.
+
+Bytes in, typed objects out; objects in, bytes out. Nothing in this package
+imports trio, asyncio, sockets, threads, ``os`` or ``time`` (a test parses every
+module to make sure). ``docs/protocol.md`` is the normative description of every
+layout here.
+
+Layers, bottom up: ``_frames`` (the 16-byte frame header and the incremental
+decoder), ``_records`` (message bodies and records, shared with the disk),
+``_commands`` / ``_responses`` (one dataclass per request, response and push),
+``_state`` + ``_connection`` (the handshake state machine and the object that ties
+it together), and the pure helpers ``_names`` (the Iggy name rule, identifiers),
+``_subjects`` (subjects, filters, matching, overlap) and ``_errors`` (the error
+code table).
+"""
+
+from ._codes import HANDSHAKE_MAGIC as HANDSHAKE_MAGIC
+from ._codes import PROTOCOL_VERSION as PROTOCOL_VERSION
+from ._codes import Command as Command
+from ._codes import MarkerReason as MarkerReason
+from ._codes import PushKind as PushKind
+from ._commands import COMMAND_TYPES as COMMAND_TYPES
+from ._commands import EXPIRY_NONE as EXPIRY_NONE
+from ._commands import PUBLISH_NO_ACK as PUBLISH_NO_ACK
+from ._commands import CreateStream as CreateStream
+from ._commands import CreateTopic as CreateTopic
+from ._commands import DeleteConsumerOffset as DeleteConsumerOffset
+from ._commands import DeleteMessage as DeleteMessage
+from ._commands import DeleteStream as DeleteStream
+from ._commands import DeleteTopic as DeleteTopic
+from ._commands import Fetch as Fetch
+from ._commands import GetConsumerOffset as GetConsumerOffset
+from ._commands import GetLast as GetLast
+from ._commands import GetServerInfo as GetServerInfo
+from ._commands import GetStats as GetStats
+from ._commands import GetStream as GetStream
+from ._commands import GetTopic as GetTopic
+from ._commands import Handshake as Handshake
+from ._commands import ListStreams as ListStreams
+from ._commands import ListTopics as ListTopics
+from ._commands import Ping as Ping
+from ._commands import Publish as Publish
+from ._commands import Purge as Purge
+from ._commands import StoreConsumerOffset as StoreConsumerOffset
+from ._commands import Subscribe as Subscribe
+from ._commands import Unsubscribe as Unsubscribe
+from ._commands import UpdateStream as UpdateStream
+from ._commands import UpdateTopic as UpdateTopic
+from ._connection import NEED_DATA as NEED_DATA
+from ._connection import ErrorResponse as ErrorResponse
+from ._connection import InvalidRequest as InvalidRequest
+from ._connection import ProtocolConnection as ProtocolConnection
+from ._connection import Push as Push
+from ._connection import Request as Request
+from ._connection import Response as Response
+from ._errors import ERROR_CLASSES as ERROR_CLASSES
+from ._errors import BrokerError as BrokerError
+from ._errors import ErrorCode as ErrorCode
+from ._errors import LocalProtocolError as LocalProtocolError
+from ._errors import ProtocolError as ProtocolError
+from ._errors import RemoteProtocolError as RemoteProtocolError
+from ._errors import UnknownBrokerError as UnknownBrokerError
+from ._errors import error_class as error_class
+from ._frames import DEFAULT_MAX_FRAME_SIZE as DEFAULT_MAX_FRAME_SIZE
+from ._frames import FLAG_PUSH as FLAG_PUSH
+from ._frames import FLAG_RESPONSE as FLAG_RESPONSE
+from ._frames import Frame as Frame
+from ._frames import FrameDecoder as FrameDecoder
+from ._frames import encode_frame as encode_frame
+from ._names import Identifier as Identifier
+from ._names import normalize_name as normalize_name
+from ._records import RECORD_FIXED as RECORD_FIXED
+from ._records import TTL_NEVER as TTL_NEVER
+from ._records import TTL_NONE as TTL_NONE
+from ._records import Message as Message
+from ._records import PublishScan as PublishScan
+from ._records import body_fields as body_fields
+from ._records import build_records as build_records
+from ._records import check_record as check_record
+from ._records import decode_headers as decode_headers
+from ._records import decode_records as decode_records
+from ._records import encode_body as encode_body
+from ._records import encode_headers as encode_headers
+from ._records import encode_record as encode_record
+from ._records import find_header as find_header
+from ._records import read_record_info as read_record_info
+from ._records import scan_bodies as scan_bodies
+from ._records import validate_header_block as validate_header_block
+from ._responses import PUSH_TYPES as PUSH_TYPES
+from ._responses import RESPONSE_TYPES as RESPONSE_TYPES
+from ._responses import Ack as Ack
+from ._responses import Acks as Acks
+from ._responses import ConsumerOffset as ConsumerOffset
+from ._responses import Delivery as Delivery
+from ._responses import Empty as Empty
+from ._responses import FetchResult as FetchResult
+from ._responses import Goodbye as Goodbye
+from ._responses import HandshakeOk as HandshakeOk
+from ._responses import InfoMap as InfoMap
+from ._responses import PurgeResult as PurgeResult
+from ._responses import StreamDetails as StreamDetails
+from ._responses import StreamList as StreamList
+from ._responses import TopicDetails as TopicDetails
+from ._responses import TopicList as TopicList
+from ._responses import delivery_entry as delivery_entry
+from ._responses import encode_delivery as encode_delivery
+from ._responses import encode_uniform_acks as encode_uniform_acks
+from ._state import Role as Role
+from ._state import State as State
+from ._subjects import filter_is_subset as filter_is_subset
+from ._subjects import filters_overlap as filters_overlap
+from ._subjects import is_literal as is_literal
+from ._subjects import subject_matches as subject_matches
+from ._subjects import validate_filter as validate_filter
+from ._subjects import validate_subject as validate_subject
+
+# One exception class per error code (StreamNotFoundError, InvalidMsgTtlError, ...).
+globals().update({cls.__name__: cls for cls in ERROR_CLASSES.values()})
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,121 @@
+"""Command codes, push kinds and the other small enumerations of the wire format.
+
+Command codes are grouped by hundreds like Iggy's ``codes.rs`` (ping 1, messages in
+the 100s, consumer offsets 120s, streams 200s, topics 300s). A response echoes the
+code of the command it answers; a push carries a :class:`PushKind` in the same field
+with the PUSH flag set (see ``_frames.py``).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+__all__ = ["Command", "PushKind", "MarkerReason", "PROTOCOL_VERSION", "HANDSHAKE_MAGIC"]
+
+#: The version a client names in its handshake. The broker answers with the highest
+#: version it shares with the client or refuses with UNSUPPORTED_VERSION.
+PROTOCOL_VERSION = 1
+
+#: The first four bytes of every handshake payload, so that a client of some other
+#: protocol (or a stray HTTP request) is refused on its first frame.
+HANDSHAKE_MAGIC = b"TTLB"
+
+
+class Command(IntEnum):
+    """Request command codes."""
+
+    #: Open the session: magic, protocol version, auth token, client name.
+    HANDSHAKE = 1
+    #: Liveness check; the response is empty.
+    PING = 2
+    #: Server identity, version and limits (msgpack map).
+    SERVER_INFO = 10
+    #: Counters of the whole broker (msgpack map).
+    STATS = 11
+
+    #: Publish a batch of messages; one ack per message.
+    PUBLISH = 100
+    #: Read a range of records of one partition.
+    FETCH = 101
+    #: The newest live message on one subject of a topic.
+    GET_LAST = 102
+    #: Delete one message by partition and offset.
+    DELETE_MESSAGE = 103
+    #: Purge a whole topic, or one subject of it.
+    PURGE = 104
+    #: Start a core subscription on a subject filter.
+    SUBSCRIBE = 110
+    #: End a core subscription.
+    UNSUBSCRIBE = 111
+
+    #: Store a named consumer's offset for one partition.
+    STORE_CONSUMER_OFFSET = 120
+    #: Read a named consumer's offset for one partition.
+    GET_CONSUMER_OFFSET = 121
+    #: Forget a named consumer's offset for one partition.
+    DELETE_CONSUMER_OFFSET = 122
+
+    #: Details of one stream, with its topics.
+    GET_STREAM = 200
+    #: Summaries of every stream.
+    LIST_STREAMS = 201
+    #: Create a stream (Iggy seed layout).
+    CREATE_STREAM = 202
+    #: Delete a stream and everything in it.
+    DELETE_STREAM = 203
+    #: Rename a stream.
+    UPDATE_STREAM = 204
+
+    #: Details of one topic.
+    GET_TOPIC = 300
+    #: Details of every topic of a stream.
+    LIST_TOPICS = 301
+    #: Create a topic (Iggy seed layout, then the options map).
+    CREATE_TOPIC = 302
+    #: Delete a topic and all its messages.
+    DELETE_TOPIC = 303
+    #: Change a topic's options.
+    UPDATE_TOPIC = 304
+
+
+class PushKind(IntEnum):
+    """Kinds of frames the broker sends without being asked."""
+
+    #: Messages for one core subscription.
+    DELIVERY = 1
+    #: The broker is closing the connection; the payload says why.
+    GOODBYE = 2
+
+
+class MarkerReason(IntEnum):
+    """Why the broker wrote a subject delete marker (ADR-43), in the record's flags.
+
+    The same reason is also in the marker's ``Nats-Marker-Reason`` header.
+    """
+
+    #: Not a marker.
+    NONE = 0
+    #: The subject's last message was removed by max age or by its TTL.
+    MAX_AGE = 1
+    #: The subject's last message was removed by the delete-message API.
+    REMOVE = 2
+    #: The subject was purged.
+    PURGE = 3
+
+    @property
+    def header_value(self) -> str:
+        """The ``Nats-Marker-Reason`` header value (``MaxAge``, ``Remove``, ``Purge``)."""
+        return _REASON_TEXT[self]
+
+    @classmethod
+    def from_header_value(cls, text: str) -> MarkerReason | None:
+        return _REASON_BY_TEXT.get(text)
+
+
+_REASON_TEXT = {
+    MarkerReason.NONE: "",
+    MarkerReason.MAX_AGE: "MaxAge",
+    MarkerReason.REMOVE: "Remove",
+    MarkerReason.PURGE: "Purge",
+}
+_REASON_BY_TEXT = {v: k for k, v in _REASON_TEXT.items() if v}

@@ -1,0 +1,528 @@
+"""Requests: one frozen dataclass per command, with its payload layout.
+
+Every class has ``CODE`` (its :class:`Command`), ``encode()`` giving the payload
+bytes and ``decode(payload)`` building the object back (raising a
+:class:`BrokerError` subclass, usually MalformedPayloadError, for bad input). The
+layouts are written next to each class and in ``docs/protocol.md``; a test
+round-trips every class with hypothesis.
+
+Layout conventions: integers little-endian; ``ident`` is an identifier (``_names.py``);
+``str8`` is ``u8 length | UTF-8``; ``map`` is ``u32 length | msgpack map``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ._codes import HANDSHAKE_MAGIC, Command
+from ._errors import ErrorCode, error_class
+from ._names import Identifier
+from ._wire import Reader, malformed, pack_map, short_str, u8, u16, u32, u64
+
+__all__ = [
+    "Handshake",
+    "Ping",
+    "GetServerInfo",
+    "GetStats",
+    "Publish",
+    "Fetch",
+    "GetLast",
+    "DeleteMessage",
+    "Purge",
+    "Subscribe",
+    "Unsubscribe",
+    "StoreConsumerOffset",
+    "GetConsumerOffset",
+    "DeleteConsumerOffset",
+    "GetStream",
+    "ListStreams",
+    "CreateStream",
+    "DeleteStream",
+    "UpdateStream",
+    "GetTopic",
+    "ListTopics",
+    "CreateTopic",
+    "DeleteTopic",
+    "UpdateTopic",
+    "COMMAND_TYPES",
+    "PUBLISH_NO_ACK",
+]
+
+
+class _Request:
+    CODE: ClassVar[Command]
+
+    def encode(self) -> bytes:  # pragma: no cover - every subclass overrides
+        raise NotImplementedError
+
+    @classmethod
+    def decode(cls, payload: bytes) -> _Request:  # pragma: no cover
+        raise NotImplementedError
+
+
+class _Empty(_Request):
+    """A request with an empty payload."""
+
+    def encode(self) -> bytes:
+        return b""
+
+    @classmethod
+    def decode(cls, payload: bytes) -> _Empty:
+        if payload:
+            raise malformed(f"{cls.CODE.name}: expected an empty payload, got {len(payload)} bytes")
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class Handshake(_Request):
+    """``"TTLB" | u16 version | str8 auth_token | str8 client_name``"""
+
+    CODE: ClassVar[Command] = Command.HANDSHAKE
+    version: int
+    token: str = ""
+    client_name: str = ""
+
+    def encode(self) -> bytes:
+        return HANDSHAKE_MAGIC + u16(self.version) + short_str(self.token, "token") + short_str(self.client_name, "client name")
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Handshake:
+        r = Reader(payload, "HANDSHAKE")
+        if r.raw(4) != HANDSHAKE_MAGIC:
+            raise error_class(ErrorCode.UNSUPPORTED_VERSION)("not a ttlbroker client: the handshake magic is not 'TTLB'")
+        version = r.u16()
+        token = r.short_str("token")
+        name = r.short_str("client name")
+        r.end()
+        return cls(version, token, name)
+
+
+@dataclass(frozen=True, slots=True)
+class Ping(_Empty):
+    """(empty)"""
+
+    CODE: ClassVar[Command] = Command.PING
+
+
+@dataclass(frozen=True, slots=True)
+class GetServerInfo(_Empty):
+    """(empty)"""
+
+    CODE: ClassVar[Command] = Command.SERVER_INFO
+
+
+@dataclass(frozen=True, slots=True)
+class GetStats(_Empty):
+    """(empty)"""
+
+    CODE: ClassVar[Command] = Command.STATS
+
+
+#: Publish flag: the broker sends no response at all (fire and forget).
+PUBLISH_NO_ACK = 0x1
+
+
+@dataclass(frozen=True, slots=True)
+class Publish(_Request):
+    """``u8 flags | u32 count | count × message body`` (body layout: ``_records.py``)
+
+    The bodies are kept as the raw payload: the broker scans them in one pass
+    (:func:`protocol.scan_bodies`) and stores them as they are.
+    """
+
+    CODE: ClassVar[Command] = Command.PUBLISH
+    count: int
+    data: bytes = field(repr=False)
+    body_pos: int = 5
+    flags: int = 0
+
+    @classmethod
+    def from_bodies(cls, bodies: list[bytes], flags: int = 0) -> Publish:
+        data = u8(flags) + u32(len(bodies)) + b"".join(bodies)
+        return cls(len(bodies), data, 5, flags)
+
+    def encode(self) -> bytes:
+        if self.body_pos == 5:
+            return self.data
+        return u8(self.flags) + u32(self.count) + self.data[self.body_pos :]
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Publish:
+        r = Reader(payload, "PUBLISH")
+        flags = r.u8()
+        count = r.u32()
+        if flags & ~PUBLISH_NO_ACK:
+            raise malformed(f"PUBLISH: unknown flags {flags:#x}")
+        if count and r.remaining() < 14 * count:
+            raise malformed(f"PUBLISH: {r.remaining()} bytes cannot hold {count} messages")
+        return cls(count, payload, r.pos, flags)
+
+    @property
+    def no_ack(self) -> bool:
+        return bool(self.flags & PUBLISH_NO_ACK)
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch(_Request):
+    """``ident stream | ident topic | u32 partition | u64 offset | u32 count | u32 max_bytes | str8 subject_filter``
+
+    ``subject_filter`` empty = every subject. ``max_bytes`` 0 = the broker's maximum.
+    """
+
+    CODE: ClassVar[Command] = Command.FETCH
+    stream: Identifier
+    topic: Identifier
+    partition: int
+    offset: int
+    count: int
+    max_bytes: int = 0
+    subject_filter: str = ""
+
+    def encode(self) -> bytes:
+        return b"".join(
+            (
+                self.stream.encode(),
+                self.topic.encode(),
+                u32(self.partition),
+                u64(self.offset),
+                u32(self.count),
+                u32(self.max_bytes),
+                short_str(self.subject_filter, "subject filter"),
+            )
+        )
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Fetch:
+        r = Reader(payload, "FETCH")
+        out = cls(r.ident(), r.ident(), r.u32(), r.u64(), r.u32(), r.u32(), r.short_str("subject filter"))
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class GetLast(_Request):
+    """``ident stream | ident topic | str8 subject``"""
+
+    CODE: ClassVar[Command] = Command.GET_LAST
+    stream: Identifier
+    topic: Identifier
+    subject: str
+
+    def encode(self) -> bytes:
+        return self.stream.encode() + self.topic.encode() + short_str(self.subject, "subject")
+
+    @classmethod
+    def decode(cls, payload: bytes) -> GetLast:
+        r = Reader(payload, "GET_LAST")
+        out = cls(r.ident(), r.ident(), r.short_str("subject"))
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteMessage(_Request):
+    """``ident stream | ident topic | u32 partition | u64 offset``"""
+
+    CODE: ClassVar[Command] = Command.DELETE_MESSAGE
+    stream: Identifier
+    topic: Identifier
+    partition: int
+    offset: int
+
+    def encode(self) -> bytes:
+        return self.stream.encode() + self.topic.encode() + u32(self.partition) + u64(self.offset)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> DeleteMessage:
+        r = Reader(payload, "DELETE_MESSAGE")
+        out = cls(r.ident(), r.ident(), r.u32(), r.u64())
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Purge(_Request):
+    """``ident stream | ident topic | str8 subject`` (empty subject = the whole topic)"""
+
+    CODE: ClassVar[Command] = Command.PURGE
+    stream: Identifier
+    topic: Identifier
+    subject: str = ""
+
+    def encode(self) -> bytes:
+        return self.stream.encode() + self.topic.encode() + short_str(self.subject, "subject")
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Purge:
+        r = Reader(payload, "PURGE")
+        out = cls(r.ident(), r.ident(), r.short_str("subject"))
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe(_Request):
+    """``u32 subscription_id | str8 subject_filter``"""
+
+    CODE: ClassVar[Command] = Command.SUBSCRIBE
+    subscription_id: int
+    subject_filter: str
+
+    def encode(self) -> bytes:
+        return u32(self.subscription_id) + short_str(self.subject_filter, "subject filter")
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Subscribe:
+        r = Reader(payload, "SUBSCRIBE")
+        out = cls(r.u32(), r.short_str("subject filter"))
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe(_Request):
+    """``u32 subscription_id``"""
+
+    CODE: ClassVar[Command] = Command.UNSUBSCRIBE
+    subscription_id: int
+
+    def encode(self) -> bytes:
+        return u32(self.subscription_id)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Unsubscribe:
+        r = Reader(payload, "UNSUBSCRIBE")
+        out = cls(r.u32())
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConsumerOffset(_Request):
+    """``ident stream | ident topic | u32 partition | str8 consumer | u64 offset``"""
+
+    CODE: ClassVar[Command] = Command.STORE_CONSUMER_OFFSET
+    stream: Identifier
+    topic: Identifier
+    partition: int
+    consumer: str
+    offset: int
+
+    def encode(self) -> bytes:
+        return (
+            self.stream.encode() + self.topic.encode() + u32(self.partition)
+            + short_str(self.consumer, "consumer name") + u64(self.offset)
+        )
+
+    @classmethod
+    def decode(cls, payload: bytes) -> StoreConsumerOffset:
+        r = Reader(payload, "STORE_CONSUMER_OFFSET")
+        out = cls(r.ident(), r.ident(), r.u32(), r.short_str("consumer name"), r.u64())
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class GetConsumerOffset(_Request):
+    """``ident stream | ident topic | u32 partition | str8 consumer``"""
+
+    CODE: ClassVar[Command] = Command.GET_CONSUMER_OFFSET
+    stream: Identifier
+    topic: Identifier
+    partition: int
+    consumer: str
+
+    def encode(self) -> bytes:
+        return self.stream.encode() + self.topic.encode() + u32(self.partition) + short_str(self.consumer, "consumer name")
+
+    @classmethod
+    def decode(cls, payload: bytes) -> GetConsumerOffset:
+        r = Reader(payload, cls.CODE.name)
+        out = cls(r.ident(), r.ident(), r.u32(), r.short_str("consumer name"))
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteConsumerOffset(GetConsumerOffset):
+    """``ident stream | ident topic | u32 partition | str8 consumer``"""
+
+    CODE: ClassVar[Command] = Command.DELETE_CONSUMER_OFFSET
+
+
+@dataclass(frozen=True, slots=True)
+class GetStream(_Request):
+    """``ident stream``"""
+
+    CODE: ClassVar[Command] = Command.GET_STREAM
+    stream: Identifier
+
+    def encode(self) -> bytes:
+        return self.stream.encode()
+
+    @classmethod
+    def decode(cls, payload: bytes) -> GetStream:
+        r = Reader(payload, cls.CODE.name)
+        out = cls(r.ident())
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteStream(GetStream):
+    """``ident stream``"""
+
+    CODE: ClassVar[Command] = Command.DELETE_STREAM
+
+
+@dataclass(frozen=True, slots=True)
+class ListStreams(_Empty):
+    """(empty)"""
+
+    CODE: ClassVar[Command] = Command.LIST_STREAMS
+
+
+@dataclass(frozen=True, slots=True)
+class CreateStream(_Request):
+    """``u32 stream_id | u8 name_len | name`` (Iggy seed; id 0 = the next free id)"""
+
+    CODE: ClassVar[Command] = Command.CREATE_STREAM
+    stream_id: int
+    name: str
+
+    def encode(self) -> bytes:
+        return u32(self.stream_id) + short_str(self.name, "stream name")
+
+    @classmethod
+    def decode(cls, payload: bytes) -> CreateStream:
+        r = Reader(payload, "CREATE_STREAM")
+        out = cls(r.u32(), r.short_str("stream name"))
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateStream(_Request):
+    """``ident stream | u8 name_len | name``"""
+
+    CODE: ClassVar[Command] = Command.UPDATE_STREAM
+    stream: Identifier
+    name: str
+
+    def encode(self) -> bytes:
+        return self.stream.encode() + short_str(self.name, "stream name")
+
+    @classmethod
+    def decode(cls, payload: bytes) -> UpdateStream:
+        r = Reader(payload, "UPDATE_STREAM")
+        out = cls(r.ident(), r.short_str("stream name"))
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class GetTopic(_Request):
+    """``ident stream | ident topic``"""
+
+    CODE: ClassVar[Command] = Command.GET_TOPIC
+    stream: Identifier
+    topic: Identifier
+
+    def encode(self) -> bytes:
+        return self.stream.encode() + self.topic.encode()
+
+    @classmethod
+    def decode(cls, payload: bytes) -> GetTopic:
+        r = Reader(payload, cls.CODE.name)
+        out = cls(r.ident(), r.ident())
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopic(GetTopic):
+    """``ident stream | ident topic``"""
+
+    CODE: ClassVar[Command] = Command.DELETE_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class ListTopics(GetStream):
+    """``ident stream``"""
+
+    CODE: ClassVar[Command] = Command.LIST_TOPICS
+
+
+#: ``message_expiry`` in CreateTopic: 0 asks for the broker's default
+#: (``[system.segment] message_expiry``); this value asks for no expiry whatever the
+#: default. A topic's details report the effective value, where 0 means none.
+EXPIRY_NONE = 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopic(_Request):
+    """``ident stream | u32 topic_id | u32 partitions_count | u32 message_expiry | u8 name_len | name | map options``
+
+    The fixed part is the Iggy seed's layout; the options (subjects and the
+    JetStream-style policies) follow as one msgpack map. ``topic_id`` 0 = the next
+    free id; ``message_expiry`` 0 = the broker default, ``EXPIRY_NONE`` = none.
+    """
+
+    CODE: ClassVar[Command] = Command.CREATE_TOPIC
+    stream: Identifier
+    topic_id: int
+    partitions_count: int
+    message_expiry: int
+    name: str
+    options: dict[str, object] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return b"".join(
+            (
+                self.stream.encode(),
+                u32(self.topic_id),
+                u32(self.partitions_count),
+                u32(self.message_expiry),
+                short_str(self.name, "topic name"),
+                pack_map(self.options),
+            )
+        )
+
+    @classmethod
+    def decode(cls, payload: bytes) -> CreateTopic:
+        r = Reader(payload, "CREATE_TOPIC")
+        out = cls(r.ident(), r.u32(), r.u32(), r.u32(), r.short_str("topic name"), r.map())
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateTopic(_Request):
+    """``ident stream | ident topic | map changes`` (only the keys present change)"""
+
+    CODE: ClassVar[Command] = Command.UPDATE_TOPIC
+    stream: Identifier
+    topic: Identifier
+    changes: dict[str, object] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return self.stream.encode() + self.topic.encode() + pack_map(self.changes)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> UpdateTopic:
+        r = Reader(payload, "UPDATE_TOPIC")
+        out = cls(r.ident(), r.ident(), r.map())
+        r.end()
+        return out
+
+
+COMMAND_TYPES: dict[int, type[_Request]] = {
+    cls.CODE: cls
+    for cls in (
+        Handshake, Ping, GetServerInfo, GetStats, Publish, Fetch, GetLast, DeleteMessage, Purge,
+        Subscribe, Unsubscribe, StoreConsumerOffset, GetConsumerOffset, DeleteConsumerOffset,
+        GetStream, ListStreams, CreateStream, DeleteStream, UpdateStream,
+        GetTopic, ListTopics, CreateTopic, DeleteTopic, UpdateTopic,
+    )
+}

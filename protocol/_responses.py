@@ -1,0 +1,523 @@
+"""Responses and pushes: what the broker sends, with their payload layouts.
+
+A successful response has status 0 and the payload of the class that
+:data:`RESPONSE_TYPES` names for the command. An error response has a non-zero
+status (an :class:`ErrorCode`) and a UTF-8 message as its whole payload. A push has
+the PUSH flag, a :class:`PushKind` as its code, and correlation id 0.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, NamedTuple
+
+from ._codes import Command, PushKind
+from ._errors import BrokerError
+from ._records import Message, decode_records, encode_body, encode_record
+from ._wire import Reader, malformed, pack_map, short_str, u16, u32, u64
+
+__all__ = [
+    "Empty",
+    "HandshakeOk",
+    "InfoMap",
+    "Ack",
+    "Acks",
+    "FetchResult",
+    "PurgeResult",
+    "ConsumerOffset",
+    "TopicDetails",
+    "StreamDetails",
+    "StreamList",
+    "TopicList",
+    "Delivery",
+    "Goodbye",
+    "delivery_entry",
+    "encode_uniform_acks",
+    "encode_delivery",
+    "RESPONSE_TYPES",
+    "PUSH_TYPES",
+]
+
+
+class _Response:
+    def encode(self) -> bytes:  # pragma: no cover
+        raise NotImplementedError
+
+    @classmethod
+    def decode(cls, payload: bytes) -> _Response:  # pragma: no cover
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class Empty(_Response):
+    """(empty)"""
+
+    def encode(self) -> bytes:
+        return b""
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Empty:
+        if payload:
+            raise malformed(f"expected an empty response, got {len(payload)} bytes")
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeOk(_Response):
+    """``u16 version | map server_info``"""
+
+    version: int
+    info: dict[str, object] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return u16(self.version) + pack_map(self.info)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> HandshakeOk:
+        r = Reader(payload, "HANDSHAKE response")
+        out = cls(r.u16(), r.map())
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class InfoMap(_Response):
+    """``map values`` (server info, stats)"""
+
+    values: dict[str, object] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return pack_map(self.values)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> InfoMap:
+        r = Reader(payload, "info response")
+        out = cls(r.map())
+        r.end()
+        return out
+
+
+class Ack(NamedTuple):
+    """Where one published message went, or why it did not.
+
+    ``status`` is 0 on success; otherwise ``error`` is the matching BrokerError.
+    """
+
+    stream_id: int
+    topic_id: int
+    partition: int
+    offset: int
+    status: int
+    error: BrokerError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 0
+
+
+@dataclass(frozen=True, slots=True)
+class Acks(_Response):
+    """One ack per message of a PUBLISH, in the order sent, as columns::
+
+        u32 count
+        u32 stream_id[count] | u32 topic_id[count] | u32 partition[count]
+        u64 offset[count]    | u16 status[count]
+        u32 error_count | error_count × (u32 index | u16 len | UTF-8 message)
+
+    A message not stored has stream, topic, partition and offset 0 and a non-zero
+    status; the error list gives the readable message for each such index.
+    Columns are built and read with one ``struct`` call each, so acks cost nothing
+    per message on either side.
+    """
+
+    stream_ids: Sequence[int]
+    topic_ids: Sequence[int]
+    partitions: Sequence[int]
+    offsets: Sequence[int]
+    statuses: Sequence[int]
+    errors: dict[int, str] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        n = len(self.offsets)
+        parts = [
+            u32(n),
+            struct.pack(f"<{n}I", *self.stream_ids),
+            struct.pack(f"<{n}I", *self.topic_ids),
+            struct.pack(f"<{n}I", *self.partitions),
+            struct.pack(f"<{n}Q", *self.offsets),
+            struct.pack(f"<{n}H", *self.statuses),
+            u32(len(self.errors)),
+        ]
+        for index, message in self.errors.items():
+            raw = message.encode()[:0xFFFF]
+            parts.append(u32(index) + u16(len(raw)) + raw)
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Acks:
+        r = Reader(payload, "PUBLISH acks")
+        n = r.u32()
+        try:
+            pos = r.pos
+            stream_ids = struct.unpack_from(f"<{n}I", payload, pos)
+            topic_ids = struct.unpack_from(f"<{n}I", payload, pos + 4 * n)
+            partitions = struct.unpack_from(f"<{n}I", payload, pos + 8 * n)
+            offsets = struct.unpack_from(f"<{n}Q", payload, pos + 12 * n)
+            statuses = struct.unpack_from(f"<{n}H", payload, pos + 20 * n)
+        except struct.error:
+            raise malformed(f"PUBLISH acks: payload too short for {n} acks") from None
+        r.pos = pos + 22 * n
+        errors = {}
+        for _ in range(r.u32()):
+            index = r.u32()
+            errors[index] = r.raw(r.u16()).decode(errors="replace")
+        r.end()
+        return cls(stream_ids, topic_ids, partitions, offsets, statuses, errors)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, i: int) -> Ack:
+        status = self.statuses[i]
+        error = BrokerError.from_code(status, self.errors.get(i % len(self), "")) if status else None
+        return Ack(self.stream_ids[i], self.topic_ids[i], self.partitions[i], self.offsets[i], status, error)
+
+    def __iter__(self):  # type: ignore[override]
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def ok(self) -> bool:
+        """True when every message was stored."""
+        return not any(self.statuses)
+
+    @property
+    def failed(self) -> list[Ack]:
+        return [self[i] for i, s in enumerate(self.statuses) if s]
+
+    def raise_for_errors(self) -> Acks:
+        """Raise the first message's error, if any message failed; else return self."""
+        for i, s in enumerate(self.statuses):
+            if s:
+                raise self[i].error  # type: ignore[misc]
+        return self
+
+
+_U32 = struct.Struct("<I")
+
+
+def encode_uniform_acks(stream_id: int, topic_id: int, partition: int, first_offset: int, count: int) -> bytes:
+    """The Acks payload for ``count`` messages all stored, in order, in one partition
+    from ``first_offset`` on (the common case), built without a per-message loop."""
+    return b"".join(
+        (
+            _U32.pack(count),
+            _U32.pack(stream_id) * count,
+            _U32.pack(topic_id) * count,
+            _U32.pack(partition) * count,
+            struct.pack(f"<{count}Q", *range(first_offset, first_offset + count)),
+            bytes(2 * count),
+            _U32.pack(0),
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult(_Response):
+    """``u32 stream_id | u32 topic_id | u32 partition | u64 next_offset | u64 first_offset | u64 last_offset | u32 count | records``
+
+    ``records`` are ``count`` records back to back, byte for byte as stored.
+    ``next_offset`` is where to continue; ``first_offset`` and ``last_offset`` are
+    the partition's oldest live and newest offsets (0 when empty).
+    """
+
+    stream_id: int
+    topic_id: int
+    partition: int
+    next_offset: int
+    first_offset: int
+    last_offset: int
+    count: int
+    records: bytes = field(repr=False)
+
+    _HEAD: ClassVar[struct.Struct] = struct.Struct("<IIIQQQI")
+
+    def encode(self) -> bytes:
+        return self._HEAD.pack(
+            self.stream_id, self.topic_id, self.partition, self.next_offset, self.first_offset, self.last_offset, self.count
+        ) + self.records
+
+    @staticmethod
+    def encode_parts(
+        stream_id: int, topic_id: int, partition: int, next_offset: int, first: int, last: int, count: int,
+        records: Sequence[bytes | memoryview],
+    ) -> bytes:
+        """Encode without first joining the records (the broker's fetch path)."""
+        return b"".join((FetchResult._HEAD.pack(stream_id, topic_id, partition, next_offset, first, last, count), *records))
+
+    @classmethod
+    def decode(cls, payload: bytes) -> FetchResult:
+        try:
+            head = cls._HEAD.unpack_from(payload, 0)
+        except struct.error:
+            raise malformed("FETCH result: payload shorter than its header") from None
+        return cls(*head, payload[cls._HEAD.size :])
+
+    def messages(self) -> list[Message]:
+        """Decode the records (one pass, no copies of the whole buffer)."""
+        return decode_records(self.records, 0, len(self.records), self.count, self.partition, self.stream_id, self.topic_id)
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeResult(_Response):
+    """``u64 purged`` (messages removed)"""
+
+    purged: int
+
+    def encode(self) -> bytes:
+        return u64(self.purged)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> PurgeResult:
+        r = Reader(payload, "PURGE result")
+        out = cls(r.u64())
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerOffset(_Response):
+    """``u64 offset``"""
+
+    offset: int
+
+    def encode(self) -> bytes:
+        return u64(self.offset)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> ConsumerOffset:
+        r = Reader(payload, "consumer offset")
+        out = cls(r.u64())
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDetails(_Response):
+    """``u32 id | u32 partitions_count | u32 message_expiry | u64 size | u64 messages_count | u8 name_len | name | map extra``
+
+    The fixed part is the Iggy seed's topic layout; ``extra`` carries the stream id,
+    the options (subjects and policies) and per-partition state.
+    """
+
+    id: int
+    partitions_count: int
+    message_expiry: int
+    size: int
+    messages_count: int
+    name: str
+    extra: dict[str, object] = field(default_factory=dict)
+
+    _HEAD: ClassVar[struct.Struct] = struct.Struct("<IIIQQ")
+
+    def encode(self) -> bytes:
+        return (
+            self._HEAD.pack(self.id, self.partitions_count, self.message_expiry, self.size, self.messages_count)
+            + short_str(self.name, "topic name")
+            + pack_map(self.extra)
+        )
+
+    @classmethod
+    def read(cls, r: Reader) -> TopicDetails:
+        return cls(r.u32(), r.u32(), r.u32(), r.u64(), r.u64(), r.short_str("topic name"), r.map())
+
+    @classmethod
+    def decode(cls, payload: bytes) -> TopicDetails:
+        r = Reader(payload, "topic details")
+        out = cls.read(r)
+        r.end()
+        return out
+
+    @property
+    def options(self) -> dict[str, object]:
+        return self.extra.get("options", {})  # type: ignore[return-value]
+
+    @property
+    def stream_id(self) -> int:
+        return self.extra.get("stream_id", 0)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDetails(_Response):
+    """``u32 id | u32 topics_count | u64 size | u64 messages_count | u8 name_len | name | topics``
+
+    The fixed part is the Iggy seed's stream layout. ``topics`` is ``topics_count``
+    topic details back to back when the response answers GET_STREAM or
+    CREATE_STREAM, and absent inside a LIST_STREAMS response.
+    """
+
+    id: int
+    topics_count: int
+    size: int
+    messages_count: int
+    name: str
+    topics: tuple[TopicDetails, ...] = ()
+
+    _HEAD: ClassVar[struct.Struct] = struct.Struct("<IIQQ")
+
+    def encode(self) -> bytes:
+        return self.encode_summary() + b"".join(t.encode() for t in self.topics)
+
+    def encode_summary(self) -> bytes:
+        return self._HEAD.pack(self.id, self.topics_count, self.size, self.messages_count) + short_str(self.name, "stream name")
+
+    @classmethod
+    def read(cls, r: Reader, with_topics: bool) -> StreamDetails:
+        sid, count, size, msgs = r.u32(), r.u32(), r.u64(), r.u64()
+        name = r.short_str("stream name")
+        topics = tuple(TopicDetails.read(r) for _ in range(count)) if with_topics else ()
+        return cls(sid, count, size, msgs, name, topics)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> StreamDetails:
+        r = Reader(payload, "stream details")
+        out = cls.read(r, with_topics=True)
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class StreamList(_Response):
+    """stream summaries back to back (no topics), until the end of the payload"""
+
+    streams: tuple[StreamDetails, ...]
+
+    def encode(self) -> bytes:
+        return b"".join(s.encode_summary() for s in self.streams)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> StreamList:
+        r = Reader(payload, "stream list")
+        out = []
+        while r.remaining():
+            out.append(StreamDetails.read(r, with_topics=False))
+        return cls(tuple(out))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicList(_Response):
+    """topic details back to back, until the end of the payload"""
+
+    topics: tuple[TopicDetails, ...]
+
+    def encode(self) -> bytes:
+        return b"".join(t.encode() for t in self.topics)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> TopicList:
+        r = Reader(payload, "topic list")
+        out = []
+        while r.remaining():
+            out.append(TopicDetails.read(r))
+        return cls(tuple(out))
+
+
+# -- pushes ------------------------------------------------------------------------
+
+_ENTRY = struct.Struct("<III")
+_DELIVERY_HEAD = struct.Struct("<II")
+
+
+def delivery_entry(stream_id: int, topic_id: int, partition: int) -> bytes:
+    """The 12 bytes that precede each record of a delivery."""
+    return _ENTRY.pack(stream_id, topic_id, partition)
+
+
+def encode_delivery(subscription_id: int, count: int, parts: Sequence[bytes | memoryview]) -> bytes:
+    """A DELIVERY payload from already encoded entries (entry head + record each)."""
+    return b"".join((_DELIVERY_HEAD.pack(subscription_id, count), *parts))
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery(_Response):
+    """``u32 subscription_id | u32 count | count × (u32 stream_id | u32 topic_id | u32 partition | record)``
+
+    Messages on subjects no topic captures have stream, topic, partition and offset 0.
+    """
+
+    PUSH: ClassVar[PushKind] = PushKind.DELIVERY
+    subscription_id: int
+    messages: tuple[Message, ...]
+
+    def encode(self) -> bytes:
+        parts = [
+            delivery_entry(m.stream_id, m.topic_id, m.partition)
+            + encode_record(m.offset, m.timestamp, encode_body(m.subject, m.payload, m.headers_raw, m.ttl, m.flags))
+            for m in self.messages
+        ]
+        return encode_delivery(self.subscription_id, len(parts), parts)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Delivery:
+        try:
+            sid, count = _DELIVERY_HEAD.unpack_from(payload, 0)
+            pos = 8
+            out = []
+            for _ in range(count):
+                stream_id, topic_id, partition = _ENTRY.unpack_from(payload, pos)
+                (length,) = struct.unpack_from("<I", payload, pos + 12)
+                end = pos + 12 + 4 + length
+                out.extend(decode_records(payload, pos + 12, end, 1, partition, stream_id, topic_id))
+                pos = end
+        except struct.error:
+            raise malformed("DELIVERY: payload truncated") from None
+        if pos != len(payload):
+            raise malformed("DELIVERY: bytes after the last message")
+        return cls(sid, tuple(out))
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye(_Response):
+    """UTF-8 reason (the frame's status carries the ErrorCode)"""
+
+    PUSH: ClassVar[PushKind] = PushKind.GOODBYE
+    reason: str
+
+    def encode(self) -> bytes:
+        return self.reason.encode()
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Goodbye:
+        return cls(payload.decode(errors="replace"))
+
+
+RESPONSE_TYPES: dict[int, type[_Response]] = {
+    Command.HANDSHAKE: HandshakeOk,
+    Command.PING: Empty,
+    Command.SERVER_INFO: InfoMap,
+    Command.STATS: InfoMap,
+    Command.PUBLISH: Acks,
+    Command.FETCH: FetchResult,
+    Command.GET_LAST: FetchResult,
+    Command.DELETE_MESSAGE: Empty,
+    Command.PURGE: PurgeResult,
+    Command.SUBSCRIBE: Empty,
+    Command.UNSUBSCRIBE: Empty,
+    Command.STORE_CONSUMER_OFFSET: Empty,
+    Command.GET_CONSUMER_OFFSET: ConsumerOffset,
+    Command.DELETE_CONSUMER_OFFSET: Empty,
+    Command.GET_STREAM: StreamDetails,
+    Command.LIST_STREAMS: StreamList,
+    Command.CREATE_STREAM: StreamDetails,
+    Command.DELETE_STREAM: Empty,
+    Command.UPDATE_STREAM: StreamDetails,
+    Command.GET_TOPIC: TopicDetails,
+    Command.LIST_TOPICS: TopicList,
+    Command.CREATE_TOPIC: TopicDetails,
+    Command.DELETE_TOPIC: Empty,
+    Command.UPDATE_TOPIC: TopicDetails,
+}
+
+PUSH_TYPES: dict[int, type[_Response]] = {PushKind.DELIVERY: Delivery, PushKind.GOODBYE: Goodbye}
+

@@ -1,0 +1,33 @@
+"""ttlbroker's storage: a segmented log per partition, and the data directory.
+
+Storage stores what it is told and remembers deletions; it knows nothing of the
+network, of subjects' meaning, or of TTL policy. The record layout it writes is
+``protocol._records`` (the same bytes as on the wire).
+
+Public surface: :class:`DataDir` (layout, lock, catalog), :class:`PartitionLog`
+(append, read, delete, purge, recovery), :class:`Segment` (one segment's files, for
+the cleaner and the exporter), :class:`ConsumerOffsets`, the fsync policy and
+:func:`sync_fds`, and the errors.
+"""
+
+from ._datadir import ConsumerOffsets as ConsumerOffsets
+from ._datadir import DataDir as DataDir
+from ._durability import FsyncPolicy as FsyncPolicy
+from ._durability import fsync_dir as fsync_dir
+from ._durability import parse_duration_ms as parse_duration_ms
+from ._durability import sync_fds as sync_fds
+from ._errors import CorruptedRecord as CorruptedRecord
+from ._errors import StorageFailure as StorageFailure
+from ._partition_log import SCAN_LIMIT as SCAN_LIMIT
+from ._partition_log import AppendResult as AppendResult
+from ._partition_log import PartitionLog as PartitionLog
+from ._partition_log import ReadResult as ReadResult
+from ._partition_log import StoredRecord as StoredRecord
+from ._segment import CORRUPT as CORRUPT
+from ._segment import DELETED as DELETED
+from ._segment import LIVE as LIVE
+from ._segment import RecoveryReport as RecoveryReport
+from ._segment import Segment as Segment
+from ._segment import segment_name as segment_name
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,105 @@
+"""The fsync policy, and the one function that calls fsync.
+
+``always`` (the default): an ack leaves only after the fdatasync that covers its
+message. The broker groups commits: every write waiting when a sync starts shares it
+(see ``broker/_commit.py``). ``interval`` (a duration such as ``"100ms"``): files are
+synced every interval and acks do not wait, so a machine crash (not a process crash)
+can lose up to one interval of acknowledged messages. ``never``: the operating
+system decides when data reaches the disk; a process crash loses nothing (the data
+is in the page cache), a machine crash can lose anything not yet written back.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["FsyncPolicy", "sync_fds", "fsync_dir", "parse_duration_ms"]
+
+_UNITS_MS = {"ms": 1.0, "s": 1000.0, "sec": 1000.0, "m": 60_000.0, "min": 60_000.0, "h": 3_600_000.0}
+
+
+def parse_duration_ms(value: str | int | float, what: str = "duration") -> float:
+    """``"100ms"``, ``"2 s"``, ``"1 m"``, ``"1h"``, or a bare number of **milliseconds**.
+
+    Raises:
+        ValueError: unparsable or negative.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be a duration, not a bool")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"{what} must not be negative")
+        return float(value)
+    text = value.strip().lower().replace(" ", "")
+    for unit in sorted(_UNITS_MS, key=len, reverse=True):
+        if text.endswith(unit):
+            number = text[: -len(unit)]
+            try:
+                ms = float(number) * _UNITS_MS[unit]
+            except ValueError:
+                break
+            if ms < 0:
+                raise ValueError(f"{what} must not be negative")
+            return ms
+    try:
+        ms = float(text)
+    except ValueError:
+        raise ValueError(f"{what} {value!r} is not a duration such as '100ms', '2s' or '1m'") from None
+    if ms < 0:
+        raise ValueError(f"{what} must not be negative")
+    return ms
+
+
+@dataclass(frozen=True, slots=True)
+class FsyncPolicy:
+    """``mode`` is ``always``, ``interval`` or ``never``; ``interval_ms`` for interval."""
+
+    mode: str = "always"
+    interval_ms: float = 0.0
+
+    @classmethod
+    def parse(cls, value: str | int) -> FsyncPolicy:
+        """``"always"``, ``"never"``, or an interval such as ``"200ms"`` / ``"1s"``.
+
+        Raises:
+            ValueError: anything else.
+        """
+        if isinstance(value, str) and value.strip().lower() in ("always", "never"):
+            return cls(value.strip().lower())
+        ms = parse_duration_ms(value, "fsync interval")
+        if ms <= 0:
+            raise ValueError("an fsync interval must be positive; use 'always' to sync before every ack")
+        return cls("interval", ms)
+
+    @property
+    def acks_wait_for_sync(self) -> bool:
+        return self.mode == "always"
+
+    def __str__(self) -> str:
+        return f"interval {self.interval_ms:g}ms" if self.mode == "interval" else self.mode
+
+
+def sync_fds(fds: Iterable[int]) -> None:
+    """fdatasync each descriptor (run in a worker thread).
+
+    A descriptor closed meanwhile (its segment was deleted) is skipped: there is
+    nothing left to make durable.
+    """
+    for fd in fds:
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            if exc.errno not in (errno.EBADF, errno.EINVAL):
+                raise
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (created, renamed, removed files) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

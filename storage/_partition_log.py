@@ -1,0 +1,372 @@
+"""The log of one partition: an ordered list of segments, the last one active.
+
+Offsets start at 1 and never repeat: the active segment's file name always carries
+the next offset to assign, even when every message before it was purged (an empty
+active segment is kept for exactly that reason), and a purge is recorded as a
+watermark (``purged``: every offset at or below it is gone) before any file is
+removed. Deletions of single records live in the segments' ``.del`` files. So after
+a restart nothing deleted comes back and no offset is handed out twice.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from bisect import bisect_right
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+from protocol import RECORD_FIXED, ErrorCode, build_records, check_record, error_class
+
+from ._durability import fsync_dir
+from ._errors import CorruptedRecord
+from ._segment import LIVE, RecoveryReport, Segment, _atomic_write
+
+__all__ = ["PartitionLog", "ReadResult", "AppendResult", "StoredRecord"]
+
+_PURGE = struct.Struct("<QI")
+_UNPACK_FIXED = RECORD_FIXED.unpack_from
+
+#: Fetches with a subject filter look at no more than this many records per call
+#: (Kafka and NATS both bound the work of one fetch the same way); the response's
+#: next offset says where to continue.
+SCAN_LIMIT = 100_000
+
+
+class AppendResult(NamedTuple):
+    first_offset: int
+    timestamp: int
+    records: bytearray  # the records just written, back to back
+    positions: list[int]  # each record's position inside ``records``
+
+
+class ReadResult(NamedTuple):
+    records: list[memoryview]
+    offsets: list[int]
+    next_offset: int
+
+
+class StoredRecord(NamedTuple):
+    """The fields of one live record, as the startup scan yields them."""
+
+    offset: int
+    timestamp: int
+    ttl: int
+    flags: int
+    subject: bytes
+    headers: bytes
+    payload_len: int
+
+
+class PartitionLog:
+    """A partition's segmented log. Use :meth:`open`.
+
+    Attributes:
+        next_offset: the offset the next appended record gets.
+        live_count: live records (stored, not deleted, not corrupt).
+        size_bytes: bytes of all ``.log`` files.
+    """
+
+    def __init__(self, path: str, segment_size: int, on_corrupt: Callable[[int, str], None] | None) -> None:
+        self.path = path
+        self.segment_size = segment_size
+        self.segments: list[Segment] = []
+        self._bases: list[int] = []
+        self.purged_through = 0
+        self.live_count = 0
+        self.size_bytes = 0
+        self._on_corrupt = on_corrupt or (lambda offset, reason: None)
+        self.corrupt_detected = 0
+
+    # -- opening -------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, path: str, segment_size: int, on_corrupt: Callable[[int, str], None] | None = None
+    ) -> tuple[PartitionLog, list[RecoveryReport]]:
+        """Open (or create) the partition at ``path`` and recover it."""
+        os.makedirs(path, exist_ok=True)
+        log = cls(path, segment_size, on_corrupt)
+        log.purged_through = _read_purge(os.path.join(path, "purged"))
+        bases = sorted(
+            int(name[:-4]) for name in os.listdir(path) if name.endswith(".log") and name[:-4].isdigit()
+        )
+        # A purge that crashed before it removed its files: finish it.
+        while len(bases) > 1 and bases[1] <= log.purged_through + 1:
+            Segment(path, bases.pop(0)).remove_files()
+        reports = []
+        if not bases:
+            seg = Segment.create(path, max(1, log.purged_through + 1))
+            fsync_dir(path)
+            log.segments.append(seg)
+        else:
+            for i, base in enumerate(bases[:-1]):
+                seg, report = Segment.open_sealed(path, base, bases[i + 1] - base)
+                log.segments.append(seg)
+                reports.append(report)
+            seg, report = Segment.open_active(path, bases[-1])
+            log.segments.append(seg)
+            reports.append(report)
+        for seg in log.segments:
+            if seg.base <= log.purged_through:
+                seg.drop_in_memory(log.purged_through - seg.base + 1)
+        log._bases = [s.base for s in log.segments]
+        log.live_count = sum(s.live_count for s in log.segments)
+        log.size_bytes = sum(s.size for s in log.segments)
+        for report in reports:
+            log.corrupt_detected += len(report.corrupt_offsets)
+        return log, reports
+
+    # -- state ---------------------------------------------------------------------
+
+    @property
+    def active(self) -> Segment:
+        return self.segments[-1]
+
+    @property
+    def next_offset(self) -> int:
+        return self.segments[-1].next_offset
+
+    @property
+    def last_offset(self) -> int:
+        """The newest offset ever assigned (0 if none)."""
+        return self.segments[-1].next_offset - 1
+
+    @property
+    def first_offset(self) -> int:
+        """The oldest live offset, or 0 when nothing is live."""
+        if not self.live_count:
+            return 0
+        for seg in self.segments:
+            if seg.live_count:
+                rel = seg.first_live_rel()
+                if rel >= 0:
+                    return seg.base + rel
+        return 0
+
+    def _segment_index(self, offset: int) -> int:
+        """Index of the segment holding ``offset`` (or the next one after a gap)."""
+        return max(bisect_right(self._bases, offset) - 1, 0)
+
+    def is_live(self, offset: int) -> bool:
+        seg = self.segments[self._segment_index(offset)]
+        return seg.is_live(offset - seg.base)
+
+    def timestamp_of(self, offset: int) -> int:
+        seg = self.segments[self._segment_index(offset)]
+        return seg.timestamp_of(offset - seg.base)
+
+    # -- writing -------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview, starts: list[int], ends: list[int], timestamp: int) -> AppendResult:
+        """Append message bodies ``data[starts[i]:ends[i]]`` as consecutive records.
+
+        The timestamp is raised to the partition's last one if the clock went back,
+        so timestamps never decrease within a partition.
+
+        Raises:
+            StorageFailure: the write failed; nothing was appended.
+        """
+        seg = self.segments[-1]
+        if seg.size >= self.segment_size and seg.count:
+            seg = self._roll()
+        last_ts = seg.time_ts[-1] if seg.time_ts else 0
+        if timestamp < last_ts:
+            timestamp = last_ts
+        first = seg.next_offset
+        records, rel = build_records(data, starts, ends, first, timestamp)
+        base_pos = seg.size
+        seg.append(records, [base_pos + p for p in rel] if base_pos else rel, timestamp)
+        self.live_count += len(starts)
+        self.size_bytes += len(records)
+        return AppendResult(first, timestamp, records, rel)
+
+    def seal_active(self) -> bool:
+        """Seal the active segment now and start a new one (if it holds records)."""
+        if not self.segments[-1].count:
+            return False
+        self._roll()
+        return True
+
+    def _roll(self) -> Segment:
+        old = self.segments[-1]
+        new = Segment.create(self.path, old.next_offset)
+        old.seal()
+        fsync_dir(self.path)
+        self.segments.append(new)
+        self._bases.append(new.base)
+        return new
+
+    def delete(self, offset: int) -> bool:
+        """Delete one record; False if it was not live."""
+        return self.delete_many([offset]) == 1
+
+    def delete_many(self, offsets: list[int]) -> int:
+        """Delete records (one ``.del`` write per segment); returns how many were live."""
+        by_segment: dict[int, list[int]] = {}
+        for off in offsets:
+            i = self._segment_index(off)
+            by_segment.setdefault(i, []).append(off - self.segments[i].base)
+        done = 0
+        for i, rels in by_segment.items():
+            done += self.segments[i].delete_many(rels)
+        self.live_count -= done
+        return done
+
+    def purge(self, through: int | None = None) -> int:
+        """Remove every record at or below ``through`` (default: all); returns how
+        many live records went. Durable before it returns: the watermark is written
+        and synced first, then whole segments are removed."""
+        last = self.last_offset
+        through = last if through is None else min(through, last)
+        if through <= self.purged_through:
+            return 0
+        _atomic_write(os.path.join(self.path, "purged"), _PURGE.pack(through, zlib.crc32(struct.pack("<Q", through))))
+        fsync_dir(self.path)
+        self.purged_through = through
+        if through >= last and self.segments[-1].count:
+            self._roll()
+        removed = 0
+        keep = []
+        for seg in self.segments:
+            if seg is not self.segments[-1] and seg.next_offset - 1 <= through:
+                removed += seg.live_count
+                self.size_bytes -= seg.size
+                seg.remove_files()
+            else:
+                if seg.base <= through:
+                    removed += seg.drop_in_memory(through - seg.base + 1)
+                keep.append(seg)
+        self.segments = keep
+        self._bases = [s.base for s in keep]
+        fsync_dir(self.path)
+        self.live_count -= removed
+        return removed
+
+    def remove_segment(self, seg: Segment) -> int:
+        """Remove a sealed segment with no live record (the cleaner); returns bytes freed."""
+        if seg is self.segments[-1] or seg.live_count:
+            raise ValueError("only a sealed segment without live records can be removed")
+        freed = seg.remove_files()
+        self.segments.remove(seg)
+        self._bases = [s.base for s in self.segments]
+        self.size_bytes -= seg.size
+        fsync_dir(self.path)
+        return freed
+
+    def take_dirty_fds(self) -> list[int]:
+        fds: list[int] = []
+        for seg in self.segments:
+            if seg.dirty or seg.del_dirty:
+                fds.extend(seg.take_dirty_fds())
+        return fds
+
+    def close(self) -> None:
+        for seg in self.segments:
+            seg.close()
+
+    # -- reading -------------------------------------------------------------------
+
+    def _corrupt(self, offset: int, reason: str) -> None:
+        self.live_count -= 1
+        self.corrupt_detected += 1
+        self._on_corrupt(offset, reason)
+
+    def read(
+        self,
+        offset: int,
+        max_count: int,
+        max_bytes: int,
+        wanted: Callable[[int], bool] | None = None,
+    ) -> ReadResult:
+        """Live, verified records from ``offset`` on.
+
+        Raises:
+            CorruptedRecord: the first record to return is corrupt.
+        """
+        records: list[memoryview] = []
+        offsets: list[int] = []
+        offset = max(offset, self.purged_through + 1, 1)
+        end = self.next_offset
+        scanned_to = offset + SCAN_LIMIT if wanted is not None else end
+        i = self._segment_index(offset)
+        used = 0
+        while offset < end and len(records) < max_count and offset < scanned_to:
+            seg = self.segments[i]
+            if offset < seg.base:
+                offset = seg.base
+            had = len(records)
+            rel, stopped = seg.read(
+                offset - seg.base, max_count - had, max_bytes - used, wanted, records, offsets, self._corrupt
+            )
+            for k in range(had, len(records)):
+                used += len(records[k])
+            offset = seg.base + rel
+            if stopped or used >= max_bytes:
+                break
+            if rel >= seg.count:
+                i += 1
+                if i >= len(self.segments):
+                    break
+        return ReadResult(records, offsets, offset)
+
+    def get(self, offset: int) -> memoryview:
+        """One live record.
+
+        Raises:
+            MessageNotFoundError: no live record has that offset.
+            CorruptedRecord: it is there but unreadable.
+        """
+        if offset < 1 or offset >= self.next_offset or offset <= self.purged_through:
+            raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(f"no message at offset {offset}")
+        seg = self.segments[self._segment_index(offset)]
+        rel = offset - seg.base
+        if rel < 0 or rel >= seg.count or seg.state[rel] != LIVE:
+            if 0 <= rel < seg.count and seg.state[rel] == 2:
+                raise CorruptedRecord(f"record at offset {offset} is corrupted", offset)
+            raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(f"no message at offset {offset}")
+        return seg.read_one(rel, self._corrupt)
+
+    def scan(self) -> Iterator[StoredRecord]:
+        """Every live record's fields, oldest first, verifying each (startup rebuild).
+
+        A record that fails verification is marked corrupt and reported, not yielded.
+        """
+        for seg in list(self.segments):
+            if not seg.live_count:
+                continue
+            buf = seg.read_all()
+            n = len(buf)
+            state = seg.state
+            positions = seg.positions
+            base = seg.base
+            for rel in range(len(positions)):
+                if state[rel] != LIVE:
+                    continue
+                p = positions[rel]
+                if check_record(buf, p, n) < 0:
+                    seg._mark_corrupt(rel)
+                    self._corrupt(base + rel, "checksum mismatch or truncated record")
+                    continue
+                _, _, off, ts, ttl, flags, sl, hl, pl = _UNPACK_FIXED(buf, p)
+                if off != base + rel:
+                    seg._mark_corrupt(rel)
+                    self._corrupt(base + rel, f"record holds offset {off}, expected {base + rel}")
+                    continue
+                s = p + 38
+                yield StoredRecord(off, ts, ttl, flags, buf[s : s + sl], buf[s + sl : s + sl + hl] if hl else b"", pl)
+
+
+def _read_purge(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return 0
+    if len(raw) != _PURGE.size:
+        raise CorruptedRecord(f"purge watermark {path} is damaged ({len(raw)} bytes)")
+    through, crc = _PURGE.unpack(raw)
+    if zlib.crc32(struct.pack("<Q", through)) != crc:
+        raise CorruptedRecord(f"purge watermark {path} fails its checksum")
+    return through
