@@ -13,7 +13,6 @@ deletes, purges, consumer offsets under ``fsync = "always"``).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,7 +31,7 @@ from protocol import (
     validate_filter,
     validate_subject,
 )
-from storage import ConsumerOffsets, DataDir, PartitionLog, RecoveryReport
+from storage import DataDir, PartitionLog, RecoveryReport
 
 from ._catalog import Catalog, Stream, Topic
 from ._clock import Clock
@@ -51,6 +50,14 @@ VERSION = "0.1.0"
 log = get_logger(__name__)
 
 Reply = bytes | tuple[bytes, int]
+
+
+def _record_views(res: Any) -> list[memoryview]:
+    """The records of an append, one view each."""
+    records = memoryview(res.records)
+    positions = res.positions
+    ends = positions[1:] + [len(records)]
+    return [records[p:e] for p, e in zip(positions, ends)]
 
 
 class Broker:
@@ -126,7 +133,6 @@ class Broker:
         )
 
     def _open_topic_storage(self, topic: Topic, recovering: bool) -> None:
-        tdir = self.datadir.topic_dir(topic.stream.id, topic.id)
         topic.partitions = []
         for n in range(topic.config.partitions_count):
             path = self.datadir.partition_dir(topic.stream.id, topic.id, n)
@@ -142,7 +148,7 @@ class Broker:
             if recovering:
                 part.rebuild_index()
             topic.partitions.append(part)
-        topic.consumers = ConsumerOffsets(os.path.join(tdir, "consumers.log"))
+        topic.consumers = self.datadir.consumer_offsets(topic.stream.id, topic.id)
 
     def _report_recovery(self, topic: Topic, n: int, reports: list[RecoveryReport]) -> None:
         for r in reports:
@@ -225,7 +231,8 @@ class Broker:
             counters.bytes_in += len(res.records)
             self._after_append(part, subjects)
             if deliver:
-                self._deliver_stored(part, res, subjects)
+                head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
+                self._deliver([(s, head, rec) for s, rec in zip(subjects, _record_views(res))])
             if cmd.no_ack:
                 return b""
             topic = part.topic
@@ -238,6 +245,7 @@ class Broker:
         statuses = [0] * n
         errors: dict[int, str] = {}
         starts, ends = scan.starts, scan.ends
+        entries: list[tuple[bytes, bytes, memoryview | bytes] | None] | None = [None] * n if deliver else None
         for part, idx in groups.items():
             gsubjects = [subjects[i] for i in idx]
             res = part.append(data, [starts[i] for i in idx], [ends[i] for i in idx], gsubjects, now)
@@ -253,15 +261,20 @@ class Broker:
                 offsets[i] = off
                 off += 1
             self._after_append(part, gsubjects)
-            if deliver:
-                self._deliver_stored(part, res, gsubjects)
+            if entries is not None:
+                head = P.delivery_entry(topic.stream.id, topic.id, part.number)
+                for i, rec in zip(idx, _record_views(res)):
+                    entries[i] = (subjects[i], head, rec)
         if unrouted:
             counters.messages_unrouted += len(unrouted)
+            head = P.delivery_entry(0, 0, 0)
             for i in unrouted:
                 statuses[i] = ErrorCode.NO_TOPIC_FOR_SUBJECT
                 errors[i] = f"no topic captures subject {subjects[i].decode(errors='replace')!r}"
-            if deliver:
-                self._deliver_unrouted(data, starts, ends, subjects, unrouted, now)
+                if entries is not None:
+                    entries[i] = (subjects[i], head, P.encode_record(0, now, data[starts[i] : ends[i]]))
+        if entries is not None:
+            self._deliver([e for e in entries if e is not None])
         for i, err in failed.items():
             statuses[i] = int(err.code)
             errors[i] = err.message
@@ -304,40 +317,21 @@ class Broker:
 
     # -- core deliveries -------------------------------------------------------------
 
-    def _deliver_stored(self, part: Partition, res: Any, subjects: list[bytes]) -> None:
+    def _deliver(self, entries: list[tuple[bytes, bytes, memoryview | bytes]]) -> None:
+        """Deliver ``(subject, entry head, record)`` to matching subscriptions, in the
+        order given (publish order), one DELIVERY push per subscription."""
         match = self.subs.match
-        records = memoryview(res.records)
-        positions = res.positions
-        end = len(records)
-        head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
         batches: dict[Subscription, list[bytes | memoryview]] = {}
-        last = len(positions) - 1
-        for k, subj in enumerate(subjects):
+        for subj, head, rec in entries:
             subs = match(subj)
             if not subs:
                 continue
-            p = positions[k]
-            rec = records[p : positions[k + 1] if k < last else end]
             for sub in subs:
                 parts = batches.get(sub)
                 if parts is None:
                     batches[sub] = parts = []
                 parts.append(head)
                 parts.append(rec)
-        self._flush_deliveries(batches)
-
-    def _deliver_unrouted(
-        self, data: bytes, starts: list[int], ends: list[int], subjects: list[bytes], idx: list[int], now: int
-    ) -> None:
-        head = P.delivery_entry(0, 0, 0)
-        batches: dict[Subscription, list[bytes | memoryview]] = {}
-        for i in idx:
-            subs = self.subs.match(subjects[i])
-            if not subs:
-                continue
-            rec = P.encode_record(0, now, data[starts[i] : ends[i]])
-            for sub in subs:
-                batches.setdefault(sub, []).extend((head, rec))
         self._flush_deliveries(batches)
 
     def _flush_deliveries(self, batches: dict[Subscription, list[bytes | memoryview]]) -> None:

@@ -150,8 +150,8 @@ class Session:
                 else:
                     assert isinstance(event, InvalidRequest)
                     self._refuse(event)
-                    if event.fatal:
-                        return
+                if self._closing:
+                    return  # a refused handshake
 
     async def _writer(self) -> None:
         committer = self.broker.committer

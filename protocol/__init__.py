@@ -63,12 +63,14 @@ from ._errors import UnknownBrokerError as UnknownBrokerError
 from ._errors import error_class as error_class
 from ._frames import DEFAULT_MAX_FRAME_SIZE as DEFAULT_MAX_FRAME_SIZE
 from ._frames import FLAG_PUSH as FLAG_PUSH
+from ._frames import FRAME_HEADER as FRAME_HEADER
 from ._frames import FLAG_RESPONSE as FLAG_RESPONSE
 from ._frames import Frame as Frame
 from ._frames import FrameDecoder as FrameDecoder
 from ._frames import encode_frame as encode_frame
 from ._names import Identifier as Identifier
 from ._names import normalize_name as normalize_name
+from ._records import BODY as BODY
 from ._records import RECORD_FIXED as RECORD_FIXED
 from ._records import TTL_NEVER as TTL_NEVER
 from ._records import TTL_NONE as TTL_NONE

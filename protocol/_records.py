@@ -87,7 +87,12 @@ def _bad_header(msg: str) -> Exception:
 
 
 def _check_header_name(name: str) -> bytes:
-    raw = name.encode("ascii", "replace") if isinstance(name, str) else name
+    if not isinstance(name, str):
+        raise _bad_header(f"header name must be a string, not {type(name).__name__}")
+    try:
+        raw = name.encode("ascii")
+    except UnicodeEncodeError:
+        raise _bad_header(f"header name {name!r} may only contain visible ASCII characters other than ':'") from None
     if not 1 <= len(raw) <= 255:
         raise _bad_header(f"header name {name!r} must be 1..255 bytes")
     for b in raw:

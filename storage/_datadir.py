@@ -92,6 +92,9 @@ class DataDir:
     def partition_dir(self, stream_id: int, topic_id: int, partition: int) -> str:
         return os.path.join(self.topic_dir(stream_id, topic_id), "partitions", str(partition))
 
+    def consumer_offsets(self, stream_id: int, topic_id: int) -> ConsumerOffsets:
+        return ConsumerOffsets(os.path.join(self.topic_dir(stream_id, topic_id), "consumers.log"))
+
     def remove_topic(self, stream_id: int, topic_id: int) -> None:
         shutil.rmtree(self.topic_dir(stream_id, topic_id), ignore_errors=True)
 

@@ -360,21 +360,19 @@ class Segment:
         """Mark several records deleted with one write; returns how many were live."""
         entries = bytearray()
         state = self.state
-        done = 0
-        for rel in rels:
-            if 0 <= rel < len(state) and state[rel] == LIVE:
-                raw = _U32.pack(rel)
-                entries += raw + _U32.pack(zlib.crc32(raw))
-                done += 1
+        doomed = [rel for rel in dict.fromkeys(rels) if 0 <= rel < len(state) and state[rel] == LIVE]
+        for rel in doomed:
+            raw = _U32.pack(rel)
+            entries += raw + _U32.pack(zlib.crc32(raw))
+        done = len(doomed)
         if not done:
             return 0
         if self._del_fd < 0:
             self._del_fd = os.open(self.del_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         size_before = os.fstat(self._del_fd).st_size
         _write_all(self._del_fd, entries, size_before)
-        for rel in rels:
-            if 0 <= rel < len(state) and state[rel] == LIVE:
-                state[rel] = DELETED
+        for rel in doomed:
+            state[rel] = DELETED
         self.live_count -= done
         self.del_dirty = True
         return done

@@ -1,0 +1,87 @@
+"""Configuration: the embedded TOML and the dataclasses agree, and every mistake in
+a config file stops the broker with a message naming the key."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from broker.config import DEFAULT_CONFIG_TOML, Config, ConfigError, load_config, parse_size, to_dict
+from storage import FsyncPolicy
+
+
+def test_embedded_toml_equals_the_dataclass_defaults() -> None:
+    assert load_config() == Config()
+    raw = tomllib.loads(DEFAULT_CONFIG_TOML())
+    assert set(raw) == set(to_dict(Config()))
+    for section, values in raw.items():
+        assert set(values) == set(to_dict(Config())[section]), section
+
+
+def test_defaults_are_the_documented_embedded_default() -> None:
+    c = Config()
+    assert (c.server.host, c.server.port, c.system.path) == ("127.0.0.1", 8090, "./ttlbroker-data")
+    assert c.system.partition.fsync == FsyncPolicy("always")
+    assert c.message_cleaner.enabled and c.message_cleaner.interval == 60
+    assert c.export.dir == ""
+
+
+def test_a_file_overrides_key_by_key(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(
+        '[server]\nport = 9999\n[system.segment]\nsize_bytes = "1 MiB"\n'
+        '[system.partition]\nfsync = "250ms"\n[message_cleaner]\ninterval = "2 m"\n'
+    )
+    c = load_config(f)
+    assert c.server.port == 9999 and c.server.host == "127.0.0.1"
+    assert c.system.segment.size_bytes == 1024 * 1024
+    assert c.system.partition.fsync == FsyncPolicy("interval", 250.0)
+    assert c.message_cleaner.interval == 120.0
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("[server]\nprot = 1\n", "unknown configuration key 'server.prot'"),
+        ("[nonsense]\n", "unknown configuration key 'nonsense'"),
+        ("[server]\nport = \"x\"\n", "server.port: expected an integer"),
+        ("[server]\nport = 70000\n", "not a TCP port"),
+        ("[system.partition]\nfsync = \"sometimes\"\n", "system.partition.fsync"),
+        ("[system.partition]\nfsync = \"0ms\"\n", "must be positive"),
+        ("[system.segment]\nsize_bytes = \"lots\"\n", "not a size"),
+        ("[system.segment]\nsize_bytes = 10\n", "between 4 KiB and 1 GiB"),
+        ("[message_cleaner]\nenabled = \"yes\"\n", "expected true or false"),
+        ("[limits]\nmax_payload_bytes = \"32 MiB\"\n", "fit in limits.max_frame_bytes"),
+        ("[logging]\nlevel = \"loud\"\n", "logging.level"),
+        ("server = 1\n", "must be a section"),
+        ("[server\n", "not valid TOML"),
+    ],
+)
+def test_config_mistakes_name_the_key(tmp_path: Path, text: str, fragment: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(f)
+    assert fragment in str(info.value)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(("text", "n"), [("64 MiB", 64 << 20), ("1GB", 10**9), ("512", 512), ("1.5 KiB", 1536), (7, 7)])
+def test_sizes(text: str | int, n: int) -> None:
+    assert parse_size(text, "k") == n
+
+
+def test_fsync_policy_parsing() -> None:
+    assert FsyncPolicy.parse("always").acks_wait_for_sync
+    assert FsyncPolicy.parse("NEVER") == FsyncPolicy("never")
+    assert FsyncPolicy.parse("1s") == FsyncPolicy("interval", 1000.0)
+    assert FsyncPolicy.parse(50) == FsyncPolicy("interval", 50.0)
+    assert str(FsyncPolicy.parse("200ms")) == "interval 200ms"
+    with pytest.raises(ValueError):
+        FsyncPolicy.parse("soon")

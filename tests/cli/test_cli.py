@@ -1,0 +1,181 @@
+"""The command line, through subprocesses, against a broker started by the test."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import BrokerProcess, env_with_project
+
+
+def run(address: str, *args: str, stdin: bytes | None = None, check: bool = True, json_out: bool = False) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "broker", *args, "--server", address]
+    if json_out:
+        cmd.append("--json")
+    raw = subprocess.run(cmd, input=stdin if stdin is not None else b"", capture_output=True, env=env_with_project(), timeout=60)
+    p = subprocess.CompletedProcess(raw.args, raw.returncode, raw.stdout.decode(), raw.stderr.decode())
+    if check and p.returncode != 0:
+        raise AssertionError(f"{args} exited {p.returncode}: {p.stderr}")
+    return p
+
+
+def lines(p: subprocess.CompletedProcess[str]) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    proc = BrokerProcess(tmp_path_factory.mktemp("cli-data"))
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_stream_and_topic_commands(broker: BrokerProcess) -> None:
+    a = broker.address
+    out = run(a, "stream", "create", "Shop Floor", json_out=True)
+    assert lines(out) == [{"id": 1, "name": "shop.floor", "topics_count": 0, "size": 0, "messages_count": 0}]
+    run(a, "topic", "create", "shop.floor", "orders", "--partitions", "2", "--subjects", "orders.>", "--expiry", "3600")
+    t = lines(run(a, "topic", "list", "shop.floor", json_out=True))
+    assert len(t) == 1 and t[0]["name"] == "orders" and t[0]["partitions_count"] == 2 and t[0]["message_expiry"] == 3600
+    assert t[0]["subjects"] == ["orders.>"]
+    updated = lines(run(a, "topic", "update", "shop.floor", "orders", "--expiry", "60", "--max-msgs-per-subject", "5", json_out=True))[0]
+    assert updated["message_expiry"] == 60 and updated["max_msgs_per_subject"] == 5
+    info = lines(run(a, "topic", "info", "shop.floor", "1", json_out=True))[0]
+    assert info["id"] == 1 and len(info["partitions"]) == 2
+    assert [s["name"] for s in lines(run(a, "stream", "list", json_out=True))] == ["shop.floor"]
+    human = run(a, "topic", "list", "shop.floor").stdout
+    assert "orders" in human and "partitions=2" in human
+    run(a, "stream", "create", "tmp")
+    run(a, "stream", "delete", "tmp")
+    assert [s["name"] for s in lines(run(a, "stream", "list", json_out=True))] == ["shop.floor"]
+
+
+def test_pub_fetch_last_and_errors(broker: BrokerProcess) -> None:
+    a = broker.address
+    run(a, "stream", "create", "cli")
+    run(a, "topic", "create", "cli", "t", "--subjects", "c.>")
+    ack = lines(run(a, "pub", "c.one", "hello", "--header", "X-A=1", "--header", "X-B=two words", json_out=True))[0]
+    assert ack["partition"] == 0 and ack["offset"] == 1
+    run(a, "pub", "c.bin", stdin=b"\xff\xfe\x00binary")
+    summary = lines(run(a, "pub", "c.many", "x", "--count", "2500", json_out=True))[0]
+    assert summary == {"published": 2500, "errors": 0, "first_offset": 3, "last_offset": 2502}
+    msgs = lines(run(a, "fetch", "cli", "t", "--count", "3", json_out=True))
+    assert [m["offset"] for m in msgs] == [1, 2, 3]
+    first = msgs[0]
+    assert first["stream"] == "cli" and first["topic"] == "t" and first["partition"] == 0
+    assert first["subject"] == "c.one" and first["payload"] == "hello"
+    assert first["headers"] == {"X-A": "1", "X-B": "two words"}
+    assert first["timestamp"].endswith("Z") and first["timestamp_ns"] > 0
+    assert msgs[1]["payload_encoding"] == "base64" and base64.b64decode(msgs[1]["payload"]) == b"\xff\xfe\x00binary"
+    assert len(lines(run(a, "fetch", "cli", "t", "--offset", "10", "--count", "2000", json_out=True))) == 2000
+    last = lines(run(a, "last", "cli", "t", "c.one", json_out=True))
+    assert [m["offset"] for m in last] == [1]
+    # errors: one line on stderr with name and code, non-zero exit
+    p = run(a, "fetch", "nope", "t", check=False)
+    assert p.returncode == 1 and p.stderr.strip() == "error: STREAM_NOT_FOUND (1001): no stream 'nope'"
+    p = run(a, "last", "cli", "t", "c.none", check=False)
+    assert p.returncode == 1 and p.stderr.startswith("error: MESSAGE_NOT_FOUND (6004):")
+    p = run(a, "pub", "nobody.here", "x", check=False)
+    assert p.returncode == 1 and "NO_TOPIC_FOR_SUBJECT (6001)" in p.stderr
+    p = run(a, "topic", "create", "cli", "dup", "--subjects", "c.x", check=False)
+    assert p.returncode == 1 and "SUBJECTS_OVERLAP (2006)" in p.stderr and "cli/t" in p.stderr
+    p = run(a, "stream", "create", "a/b", check=False)
+    assert p.returncode == 1 and "INVALID_NAME (11)" in p.stderr
+
+
+def test_delete_purge_offsets_and_stats(broker: BrokerProcess) -> None:
+    a = broker.address
+    run(a, "stream", "create", "dp")
+    run(a, "topic", "create", "dp", "t", "--subjects", "d.>")
+    run(a, "pub", "d.a", "1")
+    run(a, "pub", "d.b", "2")
+    run(a, "pub", "d.b", "3")
+    run(a, "delete", "dp", "t", "--partition", "0", "--offset", "1")
+    assert [m["offset"] for m in lines(run(a, "fetch", "dp", "t", json_out=True))] == [2, 3]
+    p = run(a, "delete", "dp", "t", "--partition", "0", "--offset", "1", check=False)
+    assert p.returncode == 1 and "MESSAGE_NOT_FOUND (6004)" in p.stderr
+    assert lines(run(a, "purge", "dp", "t", "--subject", "d.b", json_out=True)) == [{"purged": 2}]
+    run(a, "offset", "set", "dp", "t", "worker", "17")
+    assert lines(run(a, "offset", "get", "dp", "t", "worker", json_out=True))[0]["offset"] == 17
+    stats = lines(run(a, "stats", json_out=True))[0]
+    assert stats["messages_in"] >= 3 and stats["deleted"] >= 1 and stats["connections"] >= 1
+    assert stats["bytes_on_disk"] > 0
+
+
+def test_sub_prints_json_lines(broker: BrokerProcess) -> None:
+    a = broker.address
+    run(a, "stream", "create", "subs")
+    run(a, "topic", "create", "subs", "t", "--subjects", "s.>")
+    cmd = [sys.executable, "-m", "broker", "sub", "s.>", "--count", "2", "--json", "--server", a]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with_project())
+    try:
+        deadline = time.monotonic() + 30
+        got: list[dict] = []  # type: ignore[type-arg]
+        while proc.poll() is None and time.monotonic() < deadline:
+            run(a, "pub", "s.x", "ping")
+            time.sleep(0.2)
+        out, err = proc.communicate(timeout=30)
+        got = [json.loads(line) for line in out.splitlines()]
+        assert proc.returncode == 0, err
+        assert len(got) == 2 and all(m["subject"] == "s.x" and m["payload"] == "ping" for m in got)
+        assert got[0]["stream"] == "subs" and got[0]["topic"] == "t" and got[0]["offset"] >= 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_unreachable_broker() -> None:
+    p = run("127.0.0.1:1", "stats", check=False)
+    assert p.returncode == 2 and p.stderr.startswith("error: cannot connect to 127.0.0.1:1")
+
+
+def test_serve_starts_on_the_embedded_default(tmp_path: Path) -> None:
+    """`ttlbroker serve` with no config: loopback, ./ttlbroker-data, prints the address."""
+    env = env_with_project()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "serve", "--port", "0"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("listening on 127.0.0.1:")
+        assert (tmp_path / "ttlbroker-data" / "LOCK").exists()
+        address = line.split()[-1]
+        assert lines(run(address, "stats", json_out=True))[0]["fsync"] == "always"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()
+    assert "event=stopped" in err
+
+
+def test_serve_refuses_a_bad_config(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server]\nportt = 1\n")
+    p = subprocess.run(
+        [sys.executable, "-m", "broker", "serve", "--config", str(bad)],
+        capture_output=True, text=True, env=env_with_project(), cwd=tmp_path, timeout=30,
+    )
+    assert p.returncode == 2 and "unknown configuration key 'server.portt'" in p.stderr
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "ttlbroker"
+    if not script.exists():
+        pytest.fail("the ttlbroker console script is not installed next to the interpreter (pip install -e .)")
+    p = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and "serve" in p.stdout
+

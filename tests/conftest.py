@@ -1,0 +1,135 @@
+"""Shared fixtures: a real broker on a real loopback socket, and a real client.
+
+``server`` starts ``broker.serve`` in the test's nursery on 127.0.0.1 port 0 with a
+data directory under ``tmp_path``; it shuts down gracefully when the test ends.
+``client`` is the bundled trio client connected to it. Tests that restart a broker
+use ``start_server`` to run several in sequence on the same data directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import broker  # noqa: E402
+from broker import Clock, Config, ServerHandle, serve  # noqa: E402
+from broker.client import Client, connect  # noqa: E402
+
+
+def make_config(data_dir: Path | str, **changes: object) -> Config:
+    base = {"server.port": 0, "system.path": str(data_dir)}
+    base.update(changes)
+    return Config().replace(**base)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "data"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def config(data_dir: Path) -> Config:
+    return make_config(data_dir)
+
+
+@contextlib.asynccontextmanager
+async def start_server(config: Config, clock: Clock | None = None) -> AsyncIterator[ServerHandle]:
+    """Run a broker for the duration of the block, then shut it down gracefully."""
+    async with trio.open_nursery() as nursery:
+        handle: ServerHandle = await nursery.start(lambda task_status: serve(config, clock=clock, task_status=task_status))
+        try:
+            yield handle
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def server(config: Config) -> AsyncIterator[ServerHandle]:
+    async with start_server(config) as handle:
+        yield handle
+
+
+@pytest.fixture
+async def client(server: ServerHandle) -> AsyncIterator[Client]:
+    async with connect(server.address) as c:
+        yield c
+
+
+@pytest.fixture
+async def topic(client: Client) -> tuple[str, str]:
+    """A stream ``shop`` with a topic ``orders`` (3 partitions) capturing ``orders.>``."""
+    await client.create_stream("shop")
+    await client.create_topic("shop", "orders", partitions=3, subjects=["orders.>"])
+    return "shop", "orders"
+
+
+def env_with_project() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+__all__ = ["make_config", "start_server", "env_with_project", "broker"]
+
+
+class BrokerProcess:
+    """``python -m broker serve`` in a subprocess, for tests that need a separate
+    process (kill -9, signals, the CLI, the asyncio client)."""
+
+    def __init__(self, data_dir: Path | str, *extra: str, config_file: Path | None = None) -> None:
+        import subprocess
+
+        args = [sys.executable, "-m", "broker", "serve", "--port", "0", "--data", str(data_dir), *extra]
+        if config_file is not None:
+            args += ["--config", str(config_file)]
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with_project(), cwd=str(data_dir)
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening on "):
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            self.proc.kill()
+            raise RuntimeError(f"broker did not start: {line!r} {err}")
+        self.address = line.split()[-1]
+
+    def stop(self, sig: int | None = None, timeout: float = 20) -> int:
+        import signal as _signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig if sig is not None else _signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.stderr:
+                self.stderr = self.proc.stderr.read()
+            if self.proc.stdout:
+                self.proc.stdout.close()
+            if self.proc.stderr:
+                self.proc.stderr.close()
+
+    def kill9(self) -> None:
+        import signal as _signal
+
+        self.stop(_signal.SIGKILL)
+
+
+@pytest.fixture
+def broker_process(data_dir: Path):  # type: ignore[no-untyped-def]
+    p = BrokerProcess(data_dir)
+    try:
+        yield p
+    finally:
+        p.stop()

@@ -1,0 +1,84 @@
+"""Helpers shared by tests (import as ``from helpers import ...``)."""
+
+from __future__ import annotations
+
+import trio
+
+import protocol as P
+
+
+def feed_bytewise(conn: P.ProtocolConnection, data: bytes) -> list[object]:
+    """Feed ``data`` one byte at a time, collecting every event."""
+    events: list[object] = []
+    for i in range(len(data)):
+        conn.receive_data(data[i : i + 1])
+        while True:
+            ev = conn.next_event()
+            if ev is P.NEED_DATA:
+                break
+            events.append(ev)
+    return events
+
+
+def handshaken_pair() -> tuple[P.ProtocolConnection, P.ProtocolConnection]:
+    """A client and a server protocol object, back to back, past the handshake."""
+    client = P.ProtocolConnection(P.Role.CLIENT)
+    server = P.ProtocolConnection(P.Role.SERVER)
+    server.receive_data(client.send_request(1, P.Handshake(P.PROTOCOL_VERSION, "", "t")))
+    ev = server.next_event()
+    assert isinstance(ev, P.Request)
+    client.receive_data(server.send_response(1, P.Command.HANDSHAKE, P.HandshakeOk(P.PROTOCOL_VERSION)))
+    assert isinstance(client.next_event(), P.Response)
+    return client, server
+
+
+def handshake_bytes(corr: int = 1, version: int = P.PROTOCOL_VERSION, token: str = "") -> bytes:
+    return P.encode_frame(P.Command.HANDSHAKE, 0, corr, 0, P.Handshake(version, token, "raw").encode())
+
+
+class RawPeer:
+    """A trio TCP connection that sends raw bytes and decodes what comes back."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.conn = P.ProtocolConnection(P.Role.CLIENT)
+        self.conn.state = P.State.READY  # we decode whatever comes, handshake or not
+        self.eof = False
+
+    @classmethod
+    async def open(cls, address: str) -> RawPeer:
+        host, port = address.rsplit(":", 1)
+        return cls(await trio.open_tcp_stream(host, int(port)))
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def next_event(self, timeout: float = 5) -> object:
+        """The next event, or None at end of stream."""
+        with trio.fail_after(timeout):
+            while True:
+                ev = self.conn.next_event()
+                if ev is not P.NEED_DATA:
+                    return ev
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    self.eof = True
+                    return None
+                self.conn.receive_data(data)
+
+    async def handshake(self) -> None:
+        await self.send(handshake_bytes())
+        ev = await self.next_event()
+        assert isinstance(ev, P.Response), ev
+
+    async def wait_closed(self, timeout: float = 5) -> list[object]:
+        """Read until the broker closes the connection; returns the events seen."""
+        seen = []
+        while True:
+            ev = await self.next_event(timeout)
+            if ev is None:
+                return seen
+            seen.append(ev)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()

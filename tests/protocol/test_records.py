@@ -1,0 +1,86 @@
+"""Message bodies, records, checksums and headers."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import protocol as P
+
+
+def test_body_layout_is_byte_exact() -> None:
+    body = P.encode_body("a.b", b"hi", P.encode_headers({"K": "v"}), ttl=60)
+    assert body == (
+        struct.pack("<IBBII", 60, 0, 3, 5, 2) + b"a.b" + b"\x01K\x01\x00v" + b"hi"
+    )
+
+
+def test_record_layout_and_checksum() -> None:
+    body = P.encode_body("s", b"x")
+    rec = P.encode_record(7, 123, body)
+    length, crc, off, ts = struct.unpack_from("<IIQQ", rec)
+    assert length == len(rec) - 4 and off == 7 and ts == 123
+    assert crc == zlib.crc32(rec[8:])
+    assert rec[24:] == body
+    assert P.check_record(rec, 0, len(rec)) == len(rec)
+
+
+@given(st.lists(st.tuples(st.text(alphabet="abc.", min_size=1).filter(lambda s: ".." not in s), st.binary(max_size=50)), min_size=1, max_size=20), st.integers(1, 2**40))
+def test_build_records_matches_encode_record(items: list[tuple[str, bytes]], first: int) -> None:
+    bodies = [P.encode_body(s, p) for s, p in items]
+    data = b"xx" + b"".join(bodies)
+    starts, ends, pos = [], [], 2
+    for b in bodies:
+        starts.append(pos)
+        pos += len(b)
+        ends.append(pos)
+    out, positions = P.build_records(data, starts, ends, first, 99)
+    expected = [P.encode_record(first + i, 99, b) for i, b in enumerate(bodies)]
+    assert bytes(out) == b"".join(expected)
+    assert positions == [sum(len(e) for e in expected[:i]) for i in range(len(expected))]
+    msgs = P.decode_records(bytes(out), 0, len(out), len(bodies))
+    assert [(m.subject, m.payload, m.offset) for m in msgs] == [(s, p, first + i) for i, (s, p) in enumerate(items)]
+
+
+def test_every_single_bit_flip_is_detected() -> None:
+    rec = P.encode_record(5, 10, P.encode_body("orders.1", b"payload!", P.encode_headers({"a": "b"})))
+    for bit in range(len(rec) * 8):
+        damaged = bytearray(rec)
+        damaged[bit // 8] ^= 1 << (bit % 8)
+        assert P.check_record(damaged, 0, len(damaged)) < 0, f"flip of bit {bit} went unnoticed"
+
+
+def test_truncated_record_is_detected() -> None:
+    rec = P.encode_record(5, 10, P.encode_body("s", b"payload"))
+    for cut in range(len(rec)):
+        assert P.check_record(rec[:cut], 0, cut) < 0
+
+
+def test_headers_first_occurrence_wins_and_order_is_kept() -> None:
+    block = P.encode_headers([("A", "1"), ("B", "2"), ("A", "3")])
+    assert P.decode_headers(block) == {"A": "1", "B": "2"}
+    assert list(P.decode_headers(block)) == ["A", "B"]
+    assert P.find_header(block, b"A") == b"1"
+    assert P.find_header(block, b"a") is None  # case-sensitive, like NATS
+    assert P.find_header(P.encode_headers({"Nats-TTL": "  5s"}), b"Nats-TTL") == b"5s"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"": "x"}, {"a b": "x"}, {"a:b": "x"}, {"k": "line\r\nbreak"}, {"k": "x" * 70000}, {"é": "x"}],
+)
+def test_header_rules(headers: dict[str, str]) -> None:
+    with pytest.raises(P.InvalidHeadersError):  # type: ignore[attr-defined]
+        P.encode_headers(headers)
+
+
+def test_message_marker_properties() -> None:
+    m = P.Message("s", b"", b"", 1, 2, 0, int(P.MarkerReason.MAX_AGE))
+    assert m.is_marker and m.marker_reason is P.MarkerReason.MAX_AGE
+    assert P.MarkerReason.MAX_AGE.header_value == "MaxAge"
+    assert P.MarkerReason.from_header_value("Purge") is P.MarkerReason.PURGE
+    assert not P.Message("s", b"", b"", 1, 2).is_marker

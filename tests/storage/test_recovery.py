@@ -1,0 +1,169 @@
+"""Recovery: torn tails are cut, corruption anywhere is found and reported, and
+nothing valid after a damaged record is ever dropped."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import protocol as P
+from storage import CorruptedRecord, PartitionLog
+
+
+def fill(path: Path, n: int, segment_size: int = 1 << 20, batches: int = 1) -> PartitionLog:
+    log, _ = PartitionLog.open(str(path), segment_size)
+    per = n // batches
+    for b in range(batches):
+        parts = [P.encode_body(f"s.{i}", f"payload-{b * per + i:05d}".encode()) for i in range(per)]
+        data = b"".join(parts)
+        starts, ends, pos = [], [], 0
+        for p in parts:
+            starts.append(pos)
+            pos += len(p)
+            ends.append(pos)
+        log.append(data, starts, ends, 1000 + b)
+    return log
+
+
+def flip(path: str, position: int, mask: int = 0x01) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        b = f.read(1)
+        f.seek(position)
+        f.write(bytes([b[0] ^ mask]))
+
+
+def live_offsets(log: PartitionLog) -> list[int]:
+    out: list[int] = []
+    off = 1
+    while off < log.next_offset:
+        try:
+            res = log.read(off, 1000, 1 << 30)
+        except CorruptedRecord as err:
+            off = err.offset + 1
+            continue
+        out.extend(res.offsets)
+        if res.next_offset <= off:
+            break
+        off = res.next_offset
+    return out
+
+
+@pytest.mark.parametrize("cut", [1, 5, 23, 24, 30, 37, 38, 50])
+def test_torn_tail_is_truncated_and_only_it(tmp_path: Path, cut: int) -> None:
+    log = fill(tmp_path, 10)
+    seg = log.segments[-1]
+    last_start = seg.positions[-1]
+    log.close()
+    os.truncate(seg.log_path, last_start + cut)  # the last record, written in part
+    log, reports = PartitionLog.open(str(tmp_path), 1 << 20)
+    assert reports[-1].truncated_bytes == cut and reports[-1].truncated_at_offset == 10
+    assert log.next_offset == 10 and live_offsets(log) == list(range(1, 10))
+    assert os.path.getsize(seg.log_path) == last_start
+    # Offsets continue from the last good one; the torn one is reused (it was never acked).
+    log.append(P.encode_body("x", b"new"), [0], [len(P.encode_body("x", b"new"))], 2000)
+    assert log.next_offset == 11
+
+
+def test_garbage_after_the_tail_is_truncated(tmp_path: Path) -> None:
+    log = fill(tmp_path, 5)
+    path = log.segments[-1].log_path
+    log.close()
+    with open(path, "ab") as f:
+        f.write(b"\x00" * 100)  # preallocated-but-unwritten space after a crash
+    log, reports = PartitionLog.open(str(tmp_path), 1 << 20)
+    assert reports[-1].truncated_bytes == 100 and live_offsets(log) == [1, 2, 3, 4, 5]
+
+
+def test_bit_flip_inside_the_active_segment_is_corruption_not_a_torn_tail(tmp_path: Path) -> None:
+    log = fill(tmp_path, 10)
+    seg = log.segments[-1]
+    flip(seg.log_path, seg.positions[4] + 40)  # inside record 5's body
+    log.close()
+    log, reports = PartitionLog.open(str(tmp_path), 1 << 20)
+    assert reports[-1].truncated_bytes == 0 and reports[-1].corrupt_offsets == [5]
+    assert live_offsets(log) == [1, 2, 3, 4, 6, 7, 8, 9, 10]
+    assert log.next_offset == 11
+
+
+def test_flipped_length_field_in_the_active_segment_keeps_what_follows(tmp_path: Path) -> None:
+    log = fill(tmp_path, 10)
+    seg = log.segments[-1]
+    flip(seg.log_path, seg.positions[2] + 1, 0x40)  # record 3's length becomes huge
+    log.close()
+    log, reports = PartitionLog.open(str(tmp_path), 1 << 20)
+    assert reports[-1].truncated_bytes == 0 and reports[-1].corrupt_offsets == [3]
+    assert live_offsets(log) == [1, 2, 4, 5, 6, 7, 8, 9, 10]
+
+
+def test_bit_flip_in_a_sealed_segment_is_reported_on_read(tmp_path: Path) -> None:
+    found: list[int] = []
+    log = fill(tmp_path, 60, segment_size=1024, batches=6)
+    assert len(log.segments) >= 3
+    sealed = log.segments[0]
+    victim = sealed.base + 3
+    log.close()
+    flip(sealed.log_path, sealed.positions[3] + 45)
+    log, reports = PartitionLog.open(str(tmp_path), 1024, lambda off, why: found.append(off))
+    assert not any(r.corrupt_offsets for r in reports)  # sealed segments are checked on read
+    with pytest.raises(CorruptedRecord) as info:
+        log.read(victim, 10, 1 << 20)
+    assert info.value.offset == victim and found == [victim]
+    assert "corrupt" in info.value.message
+    offsets = live_offsets(log)
+    assert victim not in offsets and len(offsets) == 59
+    # A read that starts before it stops just before it, serving what precedes.
+    res = log.read(1, 100, 1 << 20)
+    assert res.offsets == list(range(1, victim))
+
+
+def test_scan_verifies_every_record(tmp_path: Path) -> None:
+    found: list[int] = []
+    log = fill(tmp_path, 60, segment_size=1024, batches=6)
+    sealed = log.segments[1]
+    victim = sealed.base + 1
+    log.close()
+    flip(sealed.log_path, sealed.positions[1] + 30)
+    log, _ = PartitionLog.open(str(tmp_path), 1024, lambda off, why: found.append(off))
+    seen = [r.offset for r in log.scan()]
+    assert found == [victim] and victim not in seen and len(seen) == 59
+
+
+def test_truncated_sealed_segment_marks_missing_records_corrupt(tmp_path: Path) -> None:
+    log = fill(tmp_path, 60, segment_size=1024, batches=6)
+    sealed = log.segments[0]
+    count = sealed.count
+    cut_at = sealed.positions[count - 3]
+    log.close()
+    os.truncate(sealed.log_path, cut_at + 7)  # lose the last three records (one in part)
+    log, reports = PartitionLog.open(str(tmp_path), 1024)
+    missing = [sealed.base + count - 3, sealed.base + count - 2, sealed.base + count - 1]
+    assert reports[0].index_rebuilt and reports[0].corrupt_offsets == missing
+    offsets = live_offsets(log)
+    assert not set(missing) & set(offsets) and len(offsets) == 57
+    # Nothing after the damaged segment was dropped.
+    assert offsets[-1] == 60
+
+
+def test_missing_index_is_rebuilt(tmp_path: Path) -> None:
+    log = fill(tmp_path, 60, segment_size=1024, batches=6)
+    sealed = log.segments[0]
+    expected = list(sealed.positions)
+    log.close()
+    os.unlink(sealed.index_path)
+    os.unlink(sealed.time_path)
+    log, reports = PartitionLog.open(str(tmp_path), 1024)
+    assert reports[0].index_rebuilt and list(log.segments[0].positions) == expected
+    assert live_offsets(log) == list(range(1, 61))
+    assert os.path.exists(sealed.index_path)
+
+
+def test_damaged_purge_watermark_is_an_error_not_silence(tmp_path: Path) -> None:
+    log = fill(tmp_path, 5)
+    log.purge(2)
+    log.close()
+    flip(str(tmp_path / "purged"), 0)
+    with pytest.raises(CorruptedRecord):
+        PartitionLog.open(str(tmp_path), 1 << 20)
