@@ -362,13 +362,13 @@ class Broker:
             )
         res = part.read(cmd.offset, min(cmd.count, 1_000_000), max_bytes, wanted) if cmd.count else None
         records = res.records if res else []
+        count = res.count if res else 0
         next_offset = res.next_offset if res else max(cmd.offset, 1)
-        size = sum(len(r) for r in records)
-        self.counters.messages_out += len(records)
-        self.counters.bytes_out += size
+        self.counters.messages_out += count
+        self.counters.bytes_out += sum(len(r) for r in records)
         return P.FetchResult.encode_parts(
             topic.stream.id, topic.id, part.number, next_offset, part.log.first_offset, part.log.last_offset,
-            len(records), records,
+            count, records,
         )
 
     def get_last(self, session: Any, cmd: P.GetLast) -> Reply:

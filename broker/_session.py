@@ -73,6 +73,8 @@ class Session:
         self._wake = trio.Event()
         self._drained = trio.Event()
         self._closing = False
+        self._sending = False
+        self._handling = False
 
     # -- queues --------------------------------------------------------------------
 
@@ -83,7 +85,8 @@ class Session:
     def send_now(self, frame: bytes) -> None:
         self._now.append(frame)
         self.pending_bytes += len(frame)
-        self.kick()
+        if not self._handling:  # our own reader flushes what it queues itself
+            self.kick()
 
     def send_durable(self, epoch: int, frame: bytes) -> None:
         self._durable.append((epoch, frame))
@@ -107,6 +110,7 @@ class Session:
                     await self._reader()
                 finally:
                     self._closing = True
+                    self.kick()  # send what the reader queued before it stopped
                 await self.drain()
                 nursery.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -137,44 +141,69 @@ class Session:
             if not data:
                 return
             conn.receive_data(data)
-            while True:
-                try:
-                    event = conn.next_event()
-                except RemoteProtocolError as err:
-                    await self._protocol_error(err)
-                    return
-                if event is NEED_DATA:
-                    break
-                if event.__class__ is Request:
-                    await self._handle(event)  # type: ignore[arg-type]
-                else:
-                    assert isinstance(event, InvalidRequest)
-                    self._refuse(event)
-                if self._closing:
-                    return  # a refused handshake
+            self._handling = True
+            try:
+                while True:
+                    try:
+                        event = conn.next_event()
+                    except RemoteProtocolError as err:
+                        await self._protocol_error(err)
+                        return
+                    if event is NEED_DATA:
+                        break
+                    if event.__class__ is Request:
+                        await self._handle(event)  # type: ignore[arg-type]
+                    else:
+                        assert isinstance(event, InvalidRequest)
+                        self._refuse(event)
+                    if self._closing:
+                        return  # a refused handshake
+            finally:
+                self._handling = False
+            if self._now:
+                await self._send_ready()  # answer without waking the writer task
+            if self._durable:
+                self.kick()  # the writer waits for their sync
 
     async def _writer(self) -> None:
+        """Sends what the reader did not: durable acks once their epoch is synced, and
+        pushes queued by other connections' publishes."""
         committer = self.broker.committer
-        stream = self.stream
         while True:
-            durable = self._durable
-            ready = bool(self._now) or bool(durable and durable[0][0] <= committer.synced)
-            if not ready:
-                if durable:
-                    committer.watch(self)  # the next sync kicks us
-                await self._wake.wait()
-                self._wake = trio.Event()
-                continue
-            chunk = self._now
-            self._now = []
-            synced = committer.synced
+            await self._send_ready()
+            if self._durable:
+                committer.watch(self)  # the next sync kicks us
+            await self._wake.wait()
+            self._wake = trio.Event()
+
+    def _take_ready(self) -> list[bytes]:
+        chunk = self._now
+        self._now = []
+        durable = self._durable
+        if durable:
+            synced = self.broker.committer.synced
             while durable and durable[0][0] <= synced:
                 chunk.append(durable.popleft()[1])
-            data = b"".join(chunk) if len(chunk) > 1 else chunk[0]
-            await stream.send_all(data)
-            self.pending_bytes -= len(data)
-            if self.pending_bytes <= self._limit or not (self._now or self._durable):
-                self._drained.set()
+        return chunk
+
+    async def _send_ready(self) -> None:
+        """Send every frame that may go now, in one write where possible. Only one
+        task sends at a time; the other one returns at once (the sender loops)."""
+        if self._sending:
+            return
+        self._sending = True
+        try:
+            while True:
+                chunk = self._take_ready()
+                if not chunk:
+                    return
+                data = b"".join(chunk) if len(chunk) > 1 else chunk[0]
+                await self.stream.send_all(data)
+                self.pending_bytes -= len(data)
+                if self.pending_bytes <= self._limit or not (self._now or self._durable):
+                    self._drained.set()
+        finally:
+            self._sending = False
 
     # -- requests ------------------------------------------------------------------
 

@@ -42,9 +42,17 @@ class AppendResult(NamedTuple):
 
 
 class ReadResult(NamedTuple):
+    """Records read, as runs of consecutive records: ``records[k]`` holds
+    ``runs[k][1]`` records starting at offset ``runs[k][0]``."""
+
     records: list[memoryview]
-    offsets: list[int]
+    runs: list[tuple[int, int]]
+    count: int
     next_offset: int
+
+    @property
+    def offsets(self) -> list[int]:
+        return [o for first, n in self.runs for o in range(first, first + n)]
 
 
 class StoredRecord(NamedTuple):
@@ -285,23 +293,21 @@ class PartitionLog:
         Raises:
             CorruptedRecord: the first record to return is corrupt.
         """
-        records: list[memoryview] = []
-        offsets: list[int] = []
+        runs: list[tuple[memoryview, int, int]] = []
         offset = max(offset, self.purged_through + 1, 1)
         end = self.next_offset
         scanned_to = offset + SCAN_LIMIT if wanted is not None else end
         i = self._segment_index(offset)
-        used = 0
-        while offset < end and len(records) < max_count and offset < scanned_to:
+        used = got = 0
+        while offset < end and got < max_count and offset < scanned_to:
             seg = self.segments[i]
             if offset < seg.base:
                 offset = seg.base
-            had = len(records)
-            rel, stopped = seg.read(
-                offset - seg.base, max_count - had, max_bytes - used, wanted, records, offsets, self._corrupt
-            )
-            for k in range(had, len(records)):
-                used += len(records[k])
+            had = len(runs)
+            rel, taken, stopped = seg.read(offset - seg.base, max_count - got, max_bytes - used, wanted, runs, self._corrupt)
+            got += taken
+            for k in range(had, len(runs)):
+                used += len(runs[k][0])
             offset = seg.base + rel
             if stopped or used >= max_bytes:
                 break
@@ -309,7 +315,7 @@ class PartitionLog:
                 i += 1
                 if i >= len(self.segments):
                     break
-        return ReadResult(records, offsets, offset)
+        return ReadResult([r[0] for r in runs], [(r[1], r[2]) for r in runs], got, offset)
 
     def get(self, offset: int) -> memoryview:
         """One live record.

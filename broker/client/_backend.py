@@ -3,16 +3,28 @@
 Everything else in the client is plain ``async def`` code that runs unchanged on
 either runtime (httpcore's ``_backends`` pattern): coroutines only care about what
 they await, and all of that comes from here.
+
+A *link* is the connection as the client sees it: ``write(data)`` queues bytes
+without blocking, incoming bytes are handed to ``on_data`` and the end of the
+connection to ``on_lost``. On asyncio the link is an ``asyncio.Protocol``: bytes
+arrive in a callback and ``write`` goes straight to the transport, so a request costs
+no task switch at all. On trio a reader task and a writer task do the same job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["Backend", "TrioBackend", "AsyncioBackend", "QueueFull", "QueueClosed"]
+__all__ = ["Backend", "TrioBackend", "AsyncioBackend", "QueueFull", "QueueClosed", "Link"]
+
+OnData = Callable[[bytes], None]
+OnLost = Callable[[BaseException | None], None]
+
+#: Bytes queued for sending before ``drain`` makes a writer wait.
+HIGH_WATER = 8 * 1024 * 1024
 
 
 class QueueFull(Exception):
@@ -23,10 +35,16 @@ class QueueClosed(Exception):
     pass
 
 
-class Transport(Protocol):
-    async def send_all(self, data: bytes) -> None: ...
-    async def receive_some(self, max_bytes: int) -> bytes: ...
+class Link(Protocol):
+    def write(self, data: bytes) -> None: ...
+    async def drain(self) -> None: ...
     async def aclose(self) -> None: ...
+
+
+class Waiter(Protocol):
+    def set_result(self, value: Any) -> None: ...
+    def set_exception(self, exc: BaseException) -> None: ...
+    async def wait(self) -> Any: ...
 
 
 class Queue(Protocol):
@@ -39,17 +57,38 @@ class Queue(Protocol):
 class Backend(Protocol):
     name: str
 
-    def event(self) -> Any: ...
+    def waiter(self) -> Waiter: ...
     def queue(self, maxsize: int) -> Queue: ...
-    async def connect(self, host: str, port: int) -> Transport: ...
-    def task_group(self) -> contextlib.AbstractAsyncContextManager[Any]: ...
-    def start(self, group: Any, fn: Callable[[], Awaitable[None]]) -> None: ...
-    def cancel(self, group: Any) -> None: ...
+    async def open_link(self, host: str, port: int, on_data: OnData, on_lost: OnLost) -> Link: ...
     def timeout(self, seconds: float | None) -> contextlib.AbstractContextManager[None]: ...
-    async def checkpoint(self) -> None: ...
 
 
 # -- trio --------------------------------------------------------------------------
+
+
+class _TrioWaiter:
+    __slots__ = ("_event", "_value", "_error")
+
+    def __init__(self) -> None:
+        import trio
+
+        self._event = trio.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def set_result(self, value: Any) -> None:
+        self._value = value
+        self._event.set()
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._error = exc
+        self._event.set()
+
+    async def wait(self) -> Any:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class _TrioQueue:
@@ -80,20 +119,75 @@ class _TrioQueue:
         return self._recv.statistics().current_buffer_used
 
 
-class _TrioTransport:
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
+class _TrioLink:
+    """A trio stream with a reader task and a coalescing writer task."""
 
-    async def send_all(self, data: bytes) -> None:
-        await self._stream.send_all(data)
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        return await self._stream.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
+    def __init__(self, stream: Any, on_data: OnData, on_lost: OnLost) -> None:
         import trio
 
-        await trio.aclose_forcefully(self._stream)
+        self._trio = trio
+        self._stream = stream
+        self._on_data = on_data
+        self._on_lost = on_lost
+        self._out: list[bytes] = []
+        self._queued = 0
+        self._wake = trio.Event()
+        self._drained = trio.Event()
+        self._nursery_cm: Any = None
+        self._nursery: Any = None
+
+    async def start(self) -> None:
+        self._nursery_cm = self._trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        self._nursery.start_soon(self._reader)
+        self._nursery.start_soon(self._writer)
+
+    def write(self, data: bytes) -> None:
+        self._out.append(data)
+        self._queued += len(data)
+        self._wake.set()
+
+    async def drain(self) -> None:
+        while self._queued > HIGH_WATER:
+            self._drained = self._trio.Event()
+            await self._drained.wait()
+
+    async def _reader(self) -> None:
+        error: BaseException | None = None
+        try:
+            while True:
+                data = await self._stream.receive_some(256 * 1024)
+                if not data:
+                    break
+                self._on_data(data)
+        except Exception as exc:  # the stream broke
+            error = exc
+        self._on_lost(error)
+
+    async def _writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = self._trio.Event()
+            out, self._out = self._out, []
+            if not out:
+                continue
+            data = out[0] if len(out) == 1 else b"".join(out)
+            try:
+                await self._stream.send_all(data)
+            except Exception as exc:
+                self._on_lost(exc)
+                return
+            self._queued -= len(data)
+            if self._queued <= HIGH_WATER:
+                self._drained.set()
+
+    async def aclose(self) -> None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+            with contextlib.suppress(Exception):
+                await self._nursery_cm.__aexit__(None, None, None)
+            self._nursery = None
+        await self._trio.aclose_forcefully(self._stream)
 
 
 class TrioBackend:
@@ -104,23 +198,16 @@ class TrioBackend:
 
         self._trio = trio
 
-    def event(self) -> Any:
-        return self._trio.Event()
+    def waiter(self) -> _TrioWaiter:
+        return _TrioWaiter()
 
     def queue(self, maxsize: int) -> _TrioQueue:
         return _TrioQueue(maxsize)
 
-    async def connect(self, host: str, port: int) -> _TrioTransport:
-        return _TrioTransport(await self._trio.open_tcp_stream(host, port))
-
-    def task_group(self) -> Any:
-        return self._trio.open_nursery()
-
-    def start(self, group: Any, fn: Callable[[], Awaitable[None]]) -> None:
-        group.start_soon(fn)
-
-    def cancel(self, group: Any) -> None:
-        group.cancel_scope.cancel()
+    async def open_link(self, host: str, port: int, on_data: OnData, on_lost: OnLost) -> _TrioLink:
+        link = _TrioLink(await self._trio.open_tcp_stream(host, port), on_data, on_lost)
+        await link.start()
+        return link
 
     @contextlib.contextmanager
     def timeout(self, seconds: float | None) -> Any:
@@ -133,12 +220,26 @@ class TrioBackend:
         except self._trio.TooSlowError:
             raise TimeoutError(f"no answer within {seconds} s") from None
 
-    async def checkpoint(self) -> None:
-        await self._trio.lowlevel.checkpoint()
-
-
 
 # -- asyncio -----------------------------------------------------------------------
+
+
+class _AsyncioWaiter:
+    __slots__ = ("_fut",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._fut = loop.create_future()
+
+    def set_result(self, value: Any) -> None:
+        if not self._fut.done():
+            self._fut.set_result(value)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self._fut.done():
+            self._fut.set_exception(exc)
+
+    def wait(self) -> asyncio.Future[Any]:
+        return self._fut
 
 
 class _AsyncioQueue:
@@ -174,74 +275,70 @@ class _AsyncioQueue:
         return self._q.qsize()
 
 
-class _AsyncioTransport:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
+class _AsyncioLink(asyncio.Protocol):
+    """The connection as an ``asyncio.Protocol``: no reader or writer task at all."""
 
-    async def send_all(self, data: bytes) -> None:
-        self._writer.write(data)
-        await self._writer.drain()
+    def __init__(self, on_data: OnData, on_lost: OnLost) -> None:
+        self._on_data = on_data
+        self._on_lost = on_lost
+        self._transport: asyncio.Transport | None = None
+        self._paused: asyncio.Future[None] | None = None
 
-    async def receive_some(self, max_bytes: int) -> bytes:
-        return await self._reader.read(max_bytes)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=HIGH_WATER)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        self._on_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_lost(exc)
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._paused = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+        self._paused = None
+
+    def write(self, data: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    async def drain(self) -> None:
+        if self._paused is not None:
+            await self._paused
 
     async def aclose(self) -> None:
-        self._writer.close()
-        with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
-
-
-class _AsyncioGroup:
-    def __init__(self) -> None:
-        self.tasks: list[asyncio.Task[None]] = []
-
-    async def __aenter__(self) -> _AsyncioGroup:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        for t in self.tasks:
-            t.cancel()
-        for t in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+        await asyncio.sleep(0)
 
 
 class AsyncioBackend:
     name = "asyncio"
 
-    def event(self) -> asyncio.Event:
-        return asyncio.Event()
+    def waiter(self) -> _AsyncioWaiter:
+        return _AsyncioWaiter(asyncio.get_running_loop())
 
     def queue(self, maxsize: int) -> _AsyncioQueue:
         return _AsyncioQueue(maxsize)
 
-    async def connect(self, host: str, port: int) -> _AsyncioTransport:
-        reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            import socket
-
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _AsyncioTransport(reader, writer)
-
-    def task_group(self) -> _AsyncioGroup:
-        return _AsyncioGroup()
-
-    def start(self, group: _AsyncioGroup, fn: Callable[[], Awaitable[None]]) -> None:
-        group.tasks.append(asyncio.ensure_future(fn()))
-
-    def cancel(self, group: _AsyncioGroup) -> None:
-        for t in group.tasks:
-            t.cancel()
+    async def open_link(self, host: str, port: int, on_data: OnData, on_lost: OnLost) -> _AsyncioLink:
+        loop = asyncio.get_running_loop()
+        _, link = await loop.create_connection(lambda: _AsyncioLink(on_data, on_lost), host, port)
+        return link
 
     @contextlib.contextmanager
     def timeout(self, seconds: float | None) -> Any:
         if seconds is None:
             yield
             return
-        # asyncio.timeout is an async context manager; emulate with a loop timer.
+        # asyncio.timeout is an async context manager; emulate it with a timer.
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         fired = False
@@ -261,7 +358,3 @@ class AsyncioBackend:
             raise
         finally:
             handle.cancel()
-
-    async def checkpoint(self) -> None:
-        await asyncio.sleep(0)
-

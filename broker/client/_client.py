@@ -40,7 +40,6 @@ from ._backend import Backend, QueueClosed, QueueFull
 __all__ = ["Client", "Msg", "Fetched", "Subscription", "ConnectionClosedError", "parse_address"]
 
 DEFAULT_PORT = 8090
-RECEIVE_SIZE = 256 * 1024
 
 
 class ConnectionClosedError(ConnectionError):
@@ -107,15 +106,6 @@ class Fetched:
 
     def __len__(self) -> int:
         return len(self.messages)
-
-
-class _Waiter:
-    __slots__ = ("event", "value", "error")
-
-    def __init__(self, event: Any) -> None:
-        self.event = event
-        self.value: Any = None
-        self.error: BaseException | None = None
 
 
 class Subscription:
@@ -200,25 +190,18 @@ class Client:
         self._conn = P.ProtocolConnection(Role.CLIENT)
         self._corr = itertools.count(1)
         self._sids = itertools.count(1)
-        self._pending: dict[int, _Waiter] = {}
+        self._pending: dict[int, Any] = {}
         self._subs: dict[int, Subscription] = {}
-        self._out: list[bytes] = []
-        self._out_wake = backend.event()
-        self._transport: Any = None
-        self._group: Any = None
-        self._group_cm: Any = None
+        self._link: Any = None
         self.closed = False
         self.close_reason: ConnectionClosedError | None = None
+        self._goodbye: ConnectionClosedError | None = None
         self.server_info: dict[str, Any] = {}
 
     # -- connection ------------------------------------------------------------------
 
     async def _open(self, host: str, port: int, token: str = "", name: str = "ttlbroker-python") -> None:
-        self._transport = await self._backend.connect(host, port)
-        self._group_cm = self._backend.task_group()
-        self._group = await self._group_cm.__aenter__()
-        self._backend.start(self._group, self._reader)
-        self._backend.start(self._group, self._writer)
+        self._link = await self._backend.open_link(host, port, self._feed, self._lost)
         try:
             ok = await self._request(P.Handshake(PROTOCOL_VERSION, token, name))
         except BaseException:
@@ -228,15 +211,11 @@ class Client:
 
     async def aclose(self) -> None:
         """Close the connection (pending requests fail with ConnectionClosedError)."""
-        if self._group_cm is None:
+        link, self._link = self._link, None
+        if link is None:
             return
         self._fail_all(ConnectionClosedError("the client closed the connection"))
-        cm, self._group_cm = self._group_cm, None
-        self._backend.cancel(self._group)
-        try:
-            await cm.__aexit__(None, None, None)
-        finally:
-            await self._transport.aclose()
+        await link.aclose()
 
     async def __aenter__(self) -> Client:
         return self
@@ -250,90 +229,74 @@ class Client:
             self.close_reason = err
         pending, self._pending = self._pending, {}
         for w in pending.values():
-            w.error = err
-            w.event.set()
+            w.set_exception(err)
         for sub in list(self._subs.values()):
             sub._queue.close()
 
-    async def _reader(self) -> None:
-        conn = self._conn
-        reason: ConnectionClosedError = ConnectionClosedError("the broker closed the connection")
-        try:
-            while True:
-                data = await self._transport.receive_some(RECEIVE_SIZE)
-                if not data:
-                    break
-                conn.receive_data(data)
-                while True:
-                    event = conn.next_event()
-                    if event is NEED_DATA:
-                        break
-                    if event.__class__ is Response:
-                        w = self._pending.pop(event.correlation_id, None)  # type: ignore[union-attr]
-                        if w is not None:
-                            w.value = event.result  # type: ignore[union-attr]
-                            w.event.set()
-                    elif event.__class__ is ErrorResponse:
-                        w = self._pending.pop(event.correlation_id, None)  # type: ignore[union-attr]
-                        if w is not None:
-                            w.error = event.error  # type: ignore[union-attr]
-                            w.event.set()
-                    elif event.__class__ is Push:
-                        if event.kind == PushKind.DELIVERY:  # type: ignore[union-attr]
-                            delivery = event.value  # type: ignore[union-attr]
-                            sub = self._subs.get(delivery.subscription_id)
-                            if sub is not None:
-                                sub._deliver(delivery.messages)
-                        elif event.kind == PushKind.GOODBYE:  # type: ignore[union-attr]
-                            code = event.status  # type: ignore[union-attr]
-                            err = BrokerError.from_code(code, event.value.reason) if code else None  # type: ignore[union-attr]
-                            reason = ConnectionClosedError(f"the broker said goodbye: {event.value.reason}", code)  # type: ignore[union-attr]
-                            if err is not None:
-                                reason.__cause__ = err
-                            # A goodbye on a connection still handshaking answers the handshake.
-                            for w in list(self._pending.values()):
-                                if err is not None:
-                                    w.error = err
-                                    w.event.set()
-                            self._pending.clear()
-        except P.RemoteProtocolError as exc:
-            reason = ConnectionClosedError(f"the broker broke the protocol: {exc}")
-        except Exception as exc:  # transport errors differ between runtimes
-            reason = ConnectionClosedError(f"connection lost: {exc!r}")
-        finally:
-            self._fail_all(reason)
+    def _lost(self, exc: BaseException | None) -> None:
+        if self.closed:
+            return
+        reason = self._goodbye or ConnectionClosedError(
+            f"connection lost: {exc!r}" if exc is not None else "the broker closed the connection"
+        )
+        self._fail_all(reason)
 
-    async def _writer(self) -> None:
-        while True:
-            await self._out_wake.wait()
-            self._out_wake = self._backend.event()
-            out, self._out = self._out, []
-            if out:
-                try:
-                    await self._transport.send_all(out[0] if len(out) == 1 else b"".join(out))
-                except Exception as exc:
-                    self._fail_all(ConnectionClosedError(f"connection lost: {exc!r}"))
+    def _feed(self, data: bytes) -> None:
+        """Bytes from the broker (called by the link, never concurrently)."""
+        conn = self._conn
+        try:
+            conn.receive_data(data)
+            while True:
+                event = conn.next_event()
+                if event is NEED_DATA:
                     return
+                cls = event.__class__
+                if cls is Response:
+                    w = self._pending.pop(event.correlation_id, None)  # type: ignore[union-attr]
+                    if w is not None:
+                        w.set_result(event.result)  # type: ignore[union-attr]
+                elif cls is ErrorResponse:
+                    w = self._pending.pop(event.correlation_id, None)  # type: ignore[union-attr]
+                    if w is not None:
+                        w.set_exception(event.error)  # type: ignore[union-attr]
+                elif cls is Push:
+                    self._on_push(event)  # type: ignore[arg-type]
+        except P.RemoteProtocolError as exc:
+            self._fail_all(ConnectionClosedError(f"the broker broke the protocol: {exc}"))
+
+    def _on_push(self, event: Push) -> None:
+        if event.kind == PushKind.DELIVERY:
+            delivery = event.value
+            sub = self._subs.get(delivery.subscription_id)  # type: ignore[attr-defined]
+            if sub is not None:
+                sub._deliver(delivery.messages)  # type: ignore[attr-defined]
+        elif event.kind == PushKind.GOODBYE:
+            code = event.status
+            text = event.value.reason  # type: ignore[attr-defined]
+            err = BrokerError.from_code(code, text) if code else None
+            self._goodbye = ConnectionClosedError(f"the broker said goodbye: {text}", code)
+            if err is not None:
+                self._goodbye.__cause__ = err
+                # A goodbye on a connection still handshaking answers the handshake.
+                pending, self._pending = self._pending, {}
+                for w in pending.values():
+                    w.set_exception(err)
 
     def _send(self, frame: bytes) -> None:
-        self._out.append(frame)
-        self._out_wake.set()
+        self._link.write(frame)
 
     async def _request(self, command: Any) -> Any:
         if self.closed:
             raise self.close_reason or ConnectionClosedError("the connection is closed")
         corr = next(self._corr) & 0xFFFFFFFF or next(self._corr)
-        waiter = _Waiter(self._backend.event())
+        waiter = self._backend.waiter()
         self._pending[corr] = waiter
-        self._send(self._conn.send_request(corr, command))
+        self._link.write(self._conn.send_request(corr, command))
         try:
             with self._backend.timeout(self._timeout):
-                await waiter.event.wait()
+                return await waiter.wait()
         finally:
             self._pending.pop(corr, None)
-        if waiter.error is not None:
-            raise waiter.error
-        return waiter.value
 
     # -- server --------------------------------------------------------------------
 
@@ -428,6 +391,7 @@ class Client:
         body = encode_msg(subject, payload, headers, ttl)
         if not ack:
             self._send(self._conn.send_request(0, P.Publish.from_bodies([body], P.PUBLISH_NO_ACK)))
+            await self._link.drain()
             return None
         acks: Acks = await self._request(P.Publish.from_bodies([body]))
         a = acks[0]
@@ -446,6 +410,7 @@ class Client:
         cmd = P.Publish.from_bodies(bodies, 0 if ack else P.PUBLISH_NO_ACK)
         if not ack:
             self._send(self._conn.send_request(0, cmd))
+            await self._link.drain()
             return None
         return await self._request(cmd)
 

@@ -30,7 +30,7 @@ def append(log: PartitionLog, n: int, start: int = 0, ts: int = 1000) -> int:
 def payloads(log: PartitionLog, offset: int = 1, count: int = 10**9) -> list[bytes]:
     res = log.read(offset, count, 1 << 30)
     recs = b"".join(bytes(r) for r in res.records)
-    return [m.payload.rstrip(b".") for m in P.decode_records(recs, 0, len(recs), len(res.records))]
+    return [m.payload.rstrip(b".") for m in P.decode_records(recs, 0, len(recs), res.count)]
 
 
 def test_append_assigns_consecutive_offsets_from_one(tmp_path: Path) -> None:
@@ -40,7 +40,10 @@ def test_append_assigns_consecutive_offsets_from_one(tmp_path: Path) -> None:
     assert log.next_offset == 6 and log.live_count == 5 and log.first_offset == 1
     assert payloads(log) == [b"m0", b"m1", b"m2", b"m3", b"m4"]
     res = log.read(2, 2, 1 << 20)
-    assert res.offsets == [2, 3] and res.next_offset == 4
+    assert res.offsets == [2, 3] and res.next_offset == 4 and res.runs == [(2, 2)]
+    log.delete(3)
+    res = log.read(1, 10, 1 << 20)
+    assert res.runs == [(1, 2), (4, 2)] and res.count == 4  # a deletion splits a run
 
 
 def test_segments_roll_at_size_and_are_named_by_first_offset(tmp_path: Path) -> None:
@@ -61,8 +64,9 @@ def test_max_bytes_bounds_a_read_but_returns_at_least_one(tmp_path: Path) -> Non
     log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
     append(log, 50)
     one = len(log.read(1, 1, 1 << 20).records[0])
-    assert len(log.read(1, 50, one * 3).records) == 3
-    assert len(log.read(1, 50, 1).records) == 1
+    three = log.read(1, 50, one * 3)
+    assert three.count == 3 and len(three.records) == 1 and len(three.records[0]) == 3 * one  # one run
+    assert log.read(1, 50, 1).count == 1
 
 
 def test_reopen_restores_everything(tmp_path: Path) -> None:
