@@ -23,6 +23,7 @@ import protocol as P
 from protocol import (
     EXPIRY_NONE,
     PROTOCOL_VERSION,
+    TTL_NEVER,
     BrokerError,
     ErrorCode,
     error_class,
@@ -33,15 +34,17 @@ from protocol import (
 )
 from storage import DataDir, PartitionLog, RecoveryReport
 
+from ._admission import ROLLUP_SUB, Admission, admit
 from ._catalog import Catalog, Stream, Topic
 from ._clock import Clock
 from ._commit import Committer
 from ._log import get_logger
-from ._partition import Partition
+from ._partition import Partition, flags_for
+from ._retention import Retention
 from ._routing import NO_TOPIC, Router
 from ._stats import Counters
 from ._subscriptions import Subscription, SubscriptionIndex
-from ._topic_config import TopicConfig, apply_changes, check_option_types
+from ._topic_config import TopicConfig, apply_changes, check_option_types, resolve
 from .config import Config
 
 __all__ = ["Broker", "VERSION"]
@@ -70,6 +73,7 @@ class Broker:
         self.router = Router()
         self.subs = SubscriptionIndex()
         self.committer = Committer(config.system.partition.fsync, self.counters)
+        self.retention = Retention(self.clock, self.counters, self.committer, self._deliver)
         self.sessions: set[Any] = set()
         self.started_at = time.time()
         self.shutting_down = False
@@ -146,7 +150,10 @@ class Broker:
                 self._report_recovery(topic, n, reports)
             part = Partition(topic, n, plog)
             if recovering:
-                part.rebuild_index()
+                # Runs in the worker thread of open(), before the engine task starts:
+                # scheduling only fills the deadline structure. What fell due while
+                # the broker was down expires on the engine's first pass.
+                self.retention.rebuild(part)
             topic.partitions.append(part)
         topic.consumers = self.datadir.consumer_offsets(topic.stream.id, topic.id)
 
@@ -174,8 +181,16 @@ class Broker:
         self.datadir.unlock()
 
     def background_tasks(self) -> list[Callable[[], Awaitable[None]]]:
-        """Tasks the server runs beside the listeners for the broker's lifetime."""
-        return []
+        """Tasks the server runs beside the listeners for the broker's lifetime: the
+        expiry engine, and the segment cleaner when enabled."""
+        tasks: list[Callable[[], Awaitable[None]]] = [self.retention.engine.run]
+        cleaner = self.config.message_cleaner
+        if cleaner.enabled:
+            tasks.append(lambda: self.retention.run_cleaner(cleaner.interval, self.all_partitions))
+        return tasks
+
+    def all_partitions(self) -> list[Partition]:
+        return [p for t in self.catalog.topics() for p in t.partitions]
 
     def all_sync_sources(self) -> list[Any]:
         out: list[Any] = []
@@ -191,11 +206,13 @@ class Broker:
     # -- publish (the hot path) ----------------------------------------------------
 
     def publish(self, session: Any, cmd: P.Publish) -> Reply:
-        data = cmd.data
+        data: bytes = cmd.data
         n = cmd.count
         scan = scan_bodies(data, cmd.body_pos, n, self._max_payload)
         subjects = scan.subjects
-        failed: dict[int, BrokerError] = self._check_special(data, scan.starts, scan.special) if scan.special else {}
+        starts, ends = scan.starts, scan.ends
+        special = scan.special
+        failed: dict[int, BrokerError] = self._check_basic(data, starts, special) if special else {}
 
         cache = self.router.cache
         resolve = self.router.resolve
@@ -217,19 +234,22 @@ class Broker:
                 unrouted.append(i)
             else:
                 failed[i] = route  # type: ignore[assignment]
+        admitted: dict[int, Admission] = {}
+        if special and groups:
+            data, starts, ends = self._admit(data, starts, ends, special, failed, groups, admitted)
 
         now = self.clock.now_ns()
-        epoch = 0
         counters = self.counters
         deliver = len(self.subs) > 0
-        if len(groups) == 1 and not failed and not unrouted:
+        if len(groups) == 1 and not failed and not unrouted and not admitted:
             # Everything into one partition, in order: the common case.
             (part, _), = groups.items()
-            res = part.append(data, scan.starts, scan.ends, subjects, now)
+            res = part.append(data, starts, ends, subjects, now)
             epoch = self.committer.note_write(part.log)
             counters.messages_in += n
             counters.bytes_in += len(res.records)
-            self._after_append(part, subjects)
+            self.retention.after_append(part, res)
+            self._enforce_max_msgs(part, subjects)
             if deliver:
                 head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
                 self._deliver([(s, head, rec) for s, rec in zip(subjects, _record_views(res))])
@@ -238,33 +258,47 @@ class Broker:
             topic = part.topic
             return P.encode_uniform_acks(topic.stream.id, topic.id, part.number, res.first_offset, n), epoch
 
+        epoch = 0
         stream_ids = [0] * n
         topic_ids = [0] * n
         partitions = [0] * n
         offsets = [0] * n
         statuses = [0] * n
         errors: dict[int, str] = {}
-        starts, ends = scan.starts, scan.ends
         entries: list[tuple[bytes, bytes, memoryview | bytes] | None] | None = [None] * n if deliver else None
+        rollups: list[tuple[int, Partition, int, int]] = []
         for part, idx in groups.items():
             gsubjects = [subjects[i] for i in idx]
-            res = part.append(data, [starts[i] for i in idx], [ends[i] for i in idx], gsubjects, now)
+            flags = None
+            if admitted:
+                flags = bytes(flags_for(a.ttl, a.flags) if (a := admitted.get(i)) else 0 for i in idx)
+            res = part.append(data, [starts[i] for i in idx], [ends[i] for i in idx], gsubjects, now, flags)
             epoch = self.committer.note_write(part.log)
             counters.messages_in += len(idx)
             counters.bytes_in += len(res.records)
             topic = part.topic
             off = res.first_offset
+            ttls: list[tuple[int, int]] = []
             for i in idx:
                 stream_ids[i] = topic.stream.id
                 topic_ids[i] = topic.id
                 partitions[i] = part.number
                 offsets[i] = off
+                a = admitted.get(i) if admitted else None
+                if a is not None:
+                    if 0 < a.ttl < TTL_NEVER:
+                        ttls.append((off, a.ttl))
+                    if a.rollup:
+                        rollups.append((i, part, off, a.rollup))
                 off += 1
-            self._after_append(part, gsubjects)
+            self.retention.after_append(part, res, ttls)
+            self._enforce_max_msgs(part, gsubjects)
             if entries is not None:
                 head = P.delivery_entry(topic.stream.id, topic.id, part.number)
                 for i, rec in zip(idx, _record_views(res)):
                     entries[i] = (subjects[i], head, rec)
+        if rollups:
+            self._apply_rollups(rollups, subjects, groups, offsets)
         if unrouted:
             counters.messages_unrouted += len(unrouted)
             head = P.delivery_entry(0, 0, 0)
@@ -284,8 +318,8 @@ class Broker:
         payload = P.Acks(stream_ids, topic_ids, partitions, offsets, statuses, errors).encode()
         return (payload, epoch) if epoch else payload
 
-    def _check_special(self, data: bytes, starts: list[int], special: list[int]) -> dict[int, BrokerError]:
-        """Per-message checks for bodies with flags, headers, a TTL or a big payload."""
+    def _check_basic(self, data: bytes, starts: list[int], special: list[int]) -> dict[int, BrokerError]:
+        """Checks that need no topic, for bodies with flags, headers, a TTL or a big payload."""
         failed: dict[int, BrokerError] = {}
         for i in special:
             f = P.body_fields(data, starts[i])
@@ -297,8 +331,6 @@ class Broker:
                 failed[i] = error_class(ErrorCode.PAYLOAD_TOO_LARGE)(
                     f"payload of {f.payload_len} bytes exceeds the maximum of {self._max_payload} bytes"
                 )
-            elif f.ttl:
-                failed[i] = error_class(ErrorCode.MSG_TTL_DISABLED)("per-message TTL is disabled")
             elif f.headers:
                 try:
                     P.validate_header_block(f.headers)
@@ -306,14 +338,82 @@ class Broker:
                     failed[i] = err
         return failed
 
-    def _after_append(self, part: Partition, subjects: list[bytes]) -> None:
+    @staticmethod
+    def _admit(
+        data: bytes,
+        starts: list[int],
+        ends: list[int],
+        special: list[int],
+        failed: dict[int, BrokerError],
+        groups: dict[Partition, list[int]],
+        admitted: dict[int, Admission],
+    ) -> tuple[bytes, list[int], list[int]]:
+        """Admit the special messages into their topics (``_admission.py``): refused
+        ones move to ``failed`` and leave their group; the others land in
+        ``admitted``. Rewritten bodies are appended to the batch's bytes and their
+        bounds moved there; returns the batch's ``(data, starts, ends)``."""
+        todo = set(special).difference(failed)
+        rewritten: list[bytes] = []
+        new_starts: list[int] = starts
+        new_ends: list[int] = ends
+        pos = len(data)
+        view = memoryview(data)
+        for part, idx in list(groups.items()):
+            if todo.isdisjoint(idx):
+                continue
+            cfg = part.topic.config
+            keep = []
+            for i in idx:
+                if i in todo:
+                    try:
+                        a = admit(view[starts[i] : ends[i]], P.body_fields(data, starts[i]), cfg)
+                    except BrokerError as err:
+                        failed[i] = err
+                        continue
+                    admitted[i] = a
+                    if a.body is not None:
+                        if new_starts is starts:
+                            new_starts, new_ends = list(starts), list(ends)
+                        new_starts[i] = pos
+                        pos += len(a.body)
+                        new_ends[i] = pos
+                        rewritten.append(a.body)
+                keep.append(i)
+            if keep:
+                groups[part] = keep
+            else:
+                del groups[part]
+        view.release()
+        if rewritten:
+            data = b"".join((data, *rewritten))
+        return data, new_starts, new_ends
+
+    def _apply_rollups(
+        self, rollups: list[tuple[int, Partition, int, int]], subjects: list[bytes], groups: dict[Partition, list[int]],
+        offsets: list[int],
+    ) -> None:
+        """``Nats-Rollup`` (decision 10.7), in publish order: ``sub`` removes the earlier
+        messages of the subject, ``all`` every earlier message of the topic (in other
+        partitions, everything stored before it, so not the batch's later messages)."""
+        for i, part, off, kind in sorted(rollups, key=lambda r: r[0]):
+            if not part.log.is_live(off):
+                continue  # a later rollup of this batch took it already
+            if kind == ROLLUP_SUB:
+                self.retention.remove(part, part.subject_offsets(subjects[i], before=off), "rollup")
+                continue
+            for q in part.topic.partitions:
+                later = [offsets[j] for j in groups.get(q, ()) if j > i]
+                limit = later[0] if later else q.log.next_offset
+                doomed = [o for o in q.live_offsets(except_offset=off) if o < limit]
+                if doomed:
+                    self.retention.remove(q, doomed, "rollup")
+
+    def _enforce_max_msgs(self, part: Partition, subjects: list[bytes]) -> None:
         limit = part.topic.config.max_msgs_per_subject
         if limit:
             doomed = part.over_limit(subjects, limit)
             if doomed:
-                removed = part.remove(doomed)
-                self.committer.note_write(part.log)
-                self.counters.removed_max_msgs_per_subject += len(removed)
+                self.retention.remove(part, doomed, "max_msgs_per_subject")
 
     # -- core deliveries -------------------------------------------------------------
 
@@ -397,12 +497,10 @@ class Broker:
         topic = self.catalog.topic(cmd.stream, cmd.topic)
         part = topic.partition(cmd.partition)
         self._check_purge_allowed(topic, "deletes")
-        removed = part.remove([cmd.offset])
-        if not removed:
+        if not self.retention.remove(part, [cmd.offset], "delete"):
             raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(
                 f"topic {topic.full_name} partition {part.number} has no live message at offset {cmd.offset}"
             )
-        self.counters.deleted += 1
         return b"", self.committer.note_write(part.log)
 
     def purge(self, session: Any, cmd: P.Purge) -> Reply:
@@ -412,7 +510,7 @@ class Broker:
         epoch = 0
         if not cmd.subject:
             for part in topic.partitions:
-                total += part.purge_all()
+                total += self.retention.purge_all(part)
         else:
             validate_filter(cmd.subject)
             if P.is_literal(cmd.subject):
@@ -427,9 +525,8 @@ class Broker:
             for part, subjects in targets:
                 offsets = [o for s in subjects for o in part.subject_offsets(s)]
                 if offsets:
-                    total += len(part.remove(offsets))
+                    total += len(self.retention.remove(part, offsets, "purge"))
                     epoch = self.committer.note_write(part.log)
-        self.counters.purged += total
         payload = P.PurgeResult(total).encode()
         return (payload, epoch) if epoch else payload
 
@@ -581,6 +678,7 @@ class Broker:
             if tid in stream.topics:
                 raise error_class(ErrorCode.TOPIC_ID_EXISTS)(f"stream {stream.name!r} already has a topic with id {tid}")
             opts = dict(cmd.options)
+            pedantic = bool(opts.pop("pedantic", False))
             subjects = tuple(opts.pop("subjects", None) or (f"{stream.name}.{name}.>",))
             cfg = TopicConfig(
                 name=name,
@@ -598,7 +696,7 @@ class Broker:
                         f"the default subject filter {subjects[0]!r} is not valid for these names; "
                         "give the topic's subjects explicitly"
                     ) from None
-            cfg.validate(self.config.limits.max_partitions)
+            cfg = resolve(cfg, None, pedantic, self.config.limits.max_partitions)
             self.catalog.check_overlap(cfg.subjects)
             topic = Topic(stream, tid, cfg, self.clock.now_ns())
             await trio.to_thread.run_sync(self._open_topic_storage, topic, False)
@@ -619,7 +717,7 @@ class Broker:
             topic = self.catalog.topic(cmd.stream, cmd.topic)
             check_option_types(cmd.changes, updating=True)
             new = apply_changes(topic.config, cmd.changes)
-            new.validate(self.config.limits.max_partitions)
+            new = resolve(new, topic.config, bool(cmd.changes.get("pedantic")), self.config.limits.max_partitions)
             if new.subjects != topic.config.subjects:
                 self.catalog.check_overlap(new.subjects, ignore=topic)
             old, topic.config = topic.config, new
@@ -632,7 +730,12 @@ class Broker:
                 p.log.segment_size = new.segment_size
             if new.max_msgs_per_subject and new.max_msgs_per_subject != old.max_msgs_per_subject:
                 for p in topic.partitions:
-                    self._after_append(p, [s for s, st in p.index.subjects.items() if st.count])
+                    self._enforce_max_msgs(p, [s for s, st in p.index.subjects.items() if st.count])
+            if new.message_expiry != old.message_expiry:
+                for p in topic.partitions:
+                    self.retention.rearm_age(p)
+            # Turning allow_msg_ttl on schedules nothing: a topic without it refuses
+            # every TTL, so none of its stored messages carries one (docs/semantics.md).
             self.router.rebuild(self.catalog.topics())
             log.info("topic_updated", topic=topic.full_name, changes=",".join(sorted(cmd.changes)))
             return topic.details().encode()
@@ -655,6 +758,7 @@ class Broker:
 
     def _close_topic(self, topic: Topic) -> None:
         for p in topic.partitions:
+            self.retention.forget(p)
             p.log.close()
         if topic.consumers is not None:
             topic.consumers.close()
@@ -696,5 +800,8 @@ class Broker:
             bytes_on_disk=await trio.to_thread.run_sync(self.datadir.size_on_disk),
             fsync=str(self.config.system.partition.fsync),
             last_fsync_seconds=round(self.committer.last_sync_seconds, 6),
+            pending_expiries=len(self.retention.engine.queue),
+            expiry_passes=self.retention.engine.passes,
+            expiry_lag_max_ms=round(self.retention.engine.lag_ns_max / 1e6, 3),
         )
         return P.InfoMap(values).encode()

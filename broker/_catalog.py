@@ -35,6 +35,11 @@ class Topic:
         self.created_at = created_at
         self.partitions: list[Partition] = []
         self.consumers: ConsumerOffsets | None = None
+        #: Messages removed since start, by reason (``ttl``, ``max_age``, ``delete``,
+        #: ``purge``, ``rollup``, ``max_msgs_per_subject``).
+        self.removed: dict[str, int] = {}
+        #: Subject delete markers written since start, by reason (``MaxAge``, ...).
+        self.markers: dict[str, int] = {}
 
     @property
     def name(self) -> str:
@@ -69,6 +74,9 @@ class Topic:
             "stream": self.stream.name,
             "created_at": self.created_at,
             "options": self.config.options(),
+            "pending_expiries": sum(p.pending for p in self.partitions),
+            "removed": dict(self.removed),
+            "markers": dict(self.markers),
             "partitions": [
                 {
                     "partition": p.number,

@@ -1,22 +1,46 @@
-"""A partition as the broker sees it: the storage log plus the subject index.
+"""A partition as the broker sees it: the storage log, plus the subject index with
+one flag byte per offset (pending expiry, never, marker, no-marker).
 
 Every removal goes through :meth:`Partition.remove`, so the log, the subject index
-and (in later layers) the expiry queue never disagree about what is live.
+and the deadline structure's count never disagree about what is live.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-from storage import AppendResult, PartitionLog, ReadResult
+from protocol import FLAG_NO_MARKER, MARKER_MASK, TTL_NEVER
+from storage import AppendResult, PartitionLog, ReadResult, StoredRecord
 
-from ._subject_index import SubjectIndex, SubjectState
+from ._subject_index import MARKER, NEVER, NO_MARKER, PENDING, SubjectIndex, SubjectState
 
 if TYPE_CHECKING:
     from ._catalog import Topic
 
-__all__ = ["Partition"]
+__all__ = ["Partition", "Removed", "flags_for"]
+
+
+def flags_for(ttl: int, record_flags: int) -> int:
+    """The per-offset flags of a stored record (PENDING is set when scheduled)."""
+    f = 0
+    if ttl == TTL_NEVER:
+        f |= NEVER
+    if record_flags & MARKER_MASK:
+        f |= MARKER
+    if record_flags & FLAG_NO_MARKER:
+        f |= NO_MARKER
+    return f
+
+
+class Removed(NamedTuple):
+    """One message taken out: its offset, subject, flags before, and the subject's
+    state afterwards (``state.count == 0``: it was the subject's last)."""
+
+    offset: int
+    subject: bytes
+    flags: int
+    state: SubjectState
 
 
 class Partition:
@@ -31,46 +55,86 @@ class Partition:
         self.number = number
         self.log = log
         self.index = SubjectIndex(log.segments[0].base, log.is_live)
+        #: Messages of this partition with a live entry in the deadline structure.
+        self.pending = 0
         self._filter_cache: dict[str, tuple[int, set[int]]] = {}
 
-    def rebuild_index(self) -> int:
-        """Rebuild the subject index from the log (startup). Returns live records seen."""
+    def __repr__(self) -> str:
+        return f"Partition({self.topic.full_name}[{self.number}])"
+
+    def rebuild_index(self) -> list[StoredRecord]:
+        """Rebuild the subject index from the log (startup). Returns the live records
+        that carry a TTL (seconds, not never), for the caller to schedule."""
         self.index = SubjectIndex(self.log.segments[0].base, self.log.is_live)
+        self.pending = 0
         run_first = 0
         run: list[bytes] = []
-        seen = 0
+        run_flags = bytearray()
+        with_ttl: list[StoredRecord] = []
         for rec in self.log.scan():
             if run and rec.offset != run_first + len(run):
-                self.index.extend(run_first, run)
+                self.index.extend(run_first, run, bytes(run_flags))
                 run = []
+                run_flags = bytearray()
             if not run:
                 run_first = rec.offset
             run.append(rec.subject)
-            seen += 1
+            run_flags.append(flags_for(rec.ttl, rec.flags))
+            if rec.ttl and rec.ttl != TTL_NEVER:
+                with_ttl.append(rec)
         if run:
-            self.index.extend(run_first, run)
-        return seen
+            self.index.extend(run_first, run, bytes(run_flags))
+        return with_ttl
+
+    # -- flags ---------------------------------------------------------------------
+
+    def is_never(self, offset: int) -> bool:
+        return bool(self.index.flags_at(offset) & NEVER)
+
+    def is_pending(self, offset: int) -> bool:
+        return bool(self.index.flags_at(offset) & PENDING) and self.log.is_live(offset)
+
+    def mark_pending(self, offsets: Iterable[int]) -> int:
+        flags = self.index.flags
+        base = self.index.base
+        n = 0
+        for o in offsets:
+            i = o - base
+            if not flags[i] & PENDING:
+                flags[i] |= PENDING
+                n += 1
+        self.pending += n
+        return n
 
     # -- writing -------------------------------------------------------------------
 
-    def append(self, data: bytes, starts: list[int], ends: list[int], subjects: list[bytes], timestamp: int) -> AppendResult:
+    def append(
+        self, data: bytes, starts: list[int], ends: list[int], subjects: list[bytes], timestamp: int, flags: bytes | None = None
+    ) -> AppendResult:
         res = self.log.append(data, starts, ends, timestamp)
-        self.index.extend(res.first_offset, subjects)
+        self.index.extend(res.first_offset, subjects, flags)
         return res
 
-    def remove(self, offsets: Iterable[int]) -> list[tuple[int, SubjectState]]:
-        """Delete live messages; returns ``(offset, subject state after)`` for each one
-        actually removed (in the order given)."""
-        live = [o for o in offsets if self.log.is_live(o)]
+    def remove(self, offsets: Iterable[int]) -> tuple[list[Removed], int]:
+        """Delete live messages. Returns what was removed (in the order given) and
+        how many of them had a pending expiry (the caller tells the queue)."""
+        live = [o for o in dict.fromkeys(offsets) if self.log.is_live(o)]
         if not live:
-            return []
+            return [], 0
+        index = self.index
+        before = [(index.subject_at(o), index.flags_at(o)) for o in live]
         self.log.delete_many(live)
         out = []
-        for o in live:
-            st = self.index.removed(o)
+        cleared = 0
+        for o, (subject, f) in zip(live, before):
+            st = index.removed(o)
+            if f & PENDING:
+                index.set_flags(o, f & ~PENDING)
+                cleared += 1
             if st is not None:
-                out.append((o, st))
-        return out
+                out.append(Removed(o, subject, f, st))
+        self.pending -= cleared
+        return out, cleared
 
     def over_limit(self, subjects: Iterable[bytes], limit: int) -> list[int]:
         """Oldest offsets to remove so each subject keeps at most ``limit`` messages."""
@@ -87,23 +151,43 @@ class Partition:
                 off = self.index.next_live(st.sid, off + 1)
         return doomed
 
-    def purge_all(self) -> int:
+    def purge_all(self) -> tuple[int, int]:
+        """Remove everything (watermark purge). Returns ``(removed, pending cleared)``."""
         removed = self.log.purge()
+        cleared = self.pending
+        self.pending = 0
         self.index = SubjectIndex(self.log.next_offset, self.log.is_live)
         self._filter_cache.clear()
-        return removed
+        return removed, cleared
 
-    def subject_offsets(self, subject: bytes) -> list[int]:
-        """Every live offset of one subject, oldest first."""
+    def subject_offsets(self, subject: bytes, before: int | None = None) -> list[int]:
+        """Every live offset of one subject (below ``before`` if given), oldest first."""
         st = self.index.get(subject)
         out: list[int] = []
         if st is None or not st.count:
             return out
         off = st.first
-        while off and len(out) < st.count:
+        while off and len(out) < st.count and (before is None or off < before):
             out.append(off)
             off = self.index.next_live(st.sid, off + 1)
         return out
+
+    def live_offsets(self, except_offset: int = 0) -> list[int]:
+        """Every live offset (for a rollup of the whole topic)."""
+        out: list[int] = []
+        for seg in self.log.segments:
+            rel = seg.first_live_rel()
+            while rel >= 0:
+                if seg.base + rel != except_offset:
+                    out.append(seg.base + rel)
+                rel = seg.first_live_rel(rel + 1)
+        return out
+
+    def trim_index(self) -> None:
+        """Drop index entries below the log's first segment (after the cleaner or a
+        purge removed them) and forget subjects left with nothing."""
+        self.index.trim(self.log.segments[0].base)
+        self.index.forget_empty()
 
     # -- reading -------------------------------------------------------------------
 
@@ -133,3 +217,4 @@ class Partition:
         if st is None or not st.count:
             return None
         return self.log.get(st.last)
+

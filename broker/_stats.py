@@ -34,6 +34,8 @@ class Counters:
     purged: int = 0
     #: Messages removed because max_msgs_per_subject was exceeded.
     removed_max_msgs_per_subject: int = 0
+    #: Messages removed by a later message's Nats-Rollup header.
+    removed_rollup: int = 0
     #: Messages removed by their per-message TTL.
     expired_ttl: int = 0
     #: Messages removed by the topic's max age.

@@ -14,9 +14,19 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-__all__ = ["SubjectIndex", "SubjectState"]
+__all__ = ["SubjectIndex", "SubjectState", "PENDING", "NEVER", "NO_MARKER", "MARKER"]
 
 _U32 = struct.Struct("<I")
+
+# Per-offset flags (one byte per message, beside its subject id):
+#: the message has a live entry in the deadline structure
+PENDING = 0x01
+#: its TTL is ``never``: max age does not remove it
+NEVER = 0x02
+#: its removal by age leaves no marker (a KV purge tombstone)
+NO_MARKER = 0x04
+#: it is a subject delete marker (its removal never leaves another one)
+MARKER = 0x08
 
 
 class SubjectState:
@@ -43,6 +53,7 @@ class SubjectIndex:
     def __init__(self, base: int, is_live: Callable[[int], bool]) -> None:
         self.base = base
         self.seq = bytearray()  # u32 subject id per offset from ``base``
+        self.flags = bytearray()  # one flag byte per offset from ``base``
         self.subjects: dict[bytes, SubjectState] = {}
         self.names: list[bytes] = []
         self._is_live = is_live
@@ -63,8 +74,16 @@ class SubjectIndex:
 
     # -- adding --------------------------------------------------------------------
 
-    def extend(self, first_offset: int, subjects: list[bytes]) -> None:
-        """Record that ``subjects[k]`` was stored at ``first_offset + k``.
+    def flags_at(self, offset: int) -> int:
+        i = offset - self.base
+        return self.flags[i] if 0 <= i < len(self.flags) else 0
+
+    def set_flags(self, offset: int, value: int) -> None:
+        self.flags[offset - self.base] = value
+
+    def extend(self, first_offset: int, subjects: list[bytes], flags: bytes | None = None) -> None:
+        """Record that ``subjects[k]`` was stored at ``first_offset + k`` (with
+        ``flags[k]``, zero when not given).
 
         Runtime complexity: O(len(subjects)), one dict lookup per message.
         """
@@ -91,11 +110,13 @@ class SubjectIndex:
             append(st.sid)
             off += 1
         self.seq += struct.pack(f"<{len(ids)}I", *ids)
+        self.flags += flags if flags is not None else bytes(len(ids))
 
     def _pad(self, offset: int) -> None:
         missing = offset - (self.base + len(self.seq) // 4)
         if missing > 0:
             self.seq += b"\xff\xff\xff\xff" * missing
+            self.flags += bytes(missing)
         elif missing < 0:
             raise ValueError(f"offset {offset} was already indexed")
 
@@ -160,10 +181,11 @@ class SubjectIndex:
 
     def trim(self, first_kept: int) -> None:
         """Forget ids below ``first_kept`` (after a purge removed them all)."""
-        drop = first_kept - self.base
+        drop = min(first_kept - self.base, len(self.flags))
         if drop > 0:
             del self.seq[: drop * 4]
-            self.base = first_kept
+            del self.flags[:drop]
+            self.base += drop
 
     def forget_empty(self) -> None:
         """Drop subjects with no live message (after purges), so memory follows data.

@@ -1,30 +1,40 @@
-"""A topic's configuration: the options map's keys, their types, defaults and rules.
+"""A topic's configuration: the options map's keys, their types, and the rules.
 
 The options map is the msgpack map that follows the seed's fixed CreateTopic layout
 (and the whole body of UpdateTopic). An unknown key or a value of the wrong type is
 refused with INVALID_OPTIONS, never ignored: a client asking for a policy this
 broker does not have must learn so.
+
+:func:`resolve` checks a new configuration in the NATS server's order
+(``checkStreamCfgLocked`` then ``configUpdateCheckLocked``; SEMANTICS 3.1), applies
+the same automatic fixes unless ``pedantic`` is set, and refuses with the server's
+exact descriptions.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from protocol import ErrorCode, error_class, filters_overlap, validate_filter
 
-__all__ = ["TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes"]
+__all__ = ["TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]
 
 _Invalid = error_class(ErrorCode.INVALID_OPTIONS)
 _Config = error_class(ErrorCode.INVALID_TOPIC_CONFIG)
 
 #: key -> (accepted Python types, meaning). ``message_expiry`` travels in the fixed
-#: layout on create and in the map on update.
+#: layout on create and in the map on update; ``pedantic`` applies to the request
+#: only and is not stored.
 OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "subjects": ((list,), "subject filters the topic captures (default: ['<stream>.<topic>.>'])"),
     "max_msgs_per_subject": ((int,), "live messages kept per subject, oldest removed first; 0 = unlimited"),
     "deny_purge": ((bool,), "refuse purges and deletes"),
     "segment_size": ((int,), "bytes after which a partition's segment is sealed (default from the config)"),
+    "allow_msg_ttl": ((bool,), "accept per-message TTLs (can be turned on by update, never off)"),
+    "subject_delete_marker_ttl": ((int,), "seconds a subject delete marker lives; 0 = no markers"),
+    "allow_rollup": ((bool,), "honour Nats-Rollup headers (sub, all)"),
+    "pedantic": ((bool,), "refuse instead of fixing the configuration automatically (this request only)"),
     "message_expiry": ((int,), "update only: max age in seconds; 0 = none"),
 }
 
@@ -44,6 +54,10 @@ def check_option_types(options: dict[str, Any], updating: bool) -> None:
     subjects = options.get("subjects")
     if subjects is not None and not all(isinstance(s, str) for s in subjects):
         raise _Invalid("option 'subjects' must be a list of strings")
+    for key in ("subject_delete_marker_ttl", "max_msgs_per_subject", "segment_size", "message_expiry"):
+        v = options.get(key)
+        if v is not None and not -(2**63) <= v < 2**63:
+            raise _Invalid(f"option {key!r} is out of range")
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,9 @@ class TopicConfig:
     segment_size: int
     max_msgs_per_subject: int = 0
     deny_purge: bool = False
+    allow_msg_ttl: bool = False
+    subject_delete_marker_ttl: int = 0
+    allow_rollup: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -66,7 +83,8 @@ class TopicConfig:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TopicConfig:
-        d = dict(d)
+        known = {f.name for f in fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
         d["subjects"] = tuple(d["subjects"])
         return cls(**d)
 
@@ -77,9 +95,13 @@ class TopicConfig:
             "max_msgs_per_subject": self.max_msgs_per_subject,
             "deny_purge": self.deny_purge,
             "segment_size": self.segment_size,
+            "allow_msg_ttl": self.allow_msg_ttl,
+            "subject_delete_marker_ttl": self.subject_delete_marker_ttl,
+            "allow_rollup": self.allow_rollup,
         }
 
     def validate(self, max_partitions: int) -> None:
+        """Shape rules that do not depend on a previous configuration."""
         if not 1 <= self.partitions_count <= max_partitions:
             raise error_class(ErrorCode.INVALID_PARTITIONS_COUNT)(
                 f"partitions count must be 1..{max_partitions}, not {self.partitions_count}"
@@ -101,8 +123,42 @@ class TopicConfig:
 
 
 def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
-    """The config after an update (types already checked)."""
-    kw: dict[str, Any] = {}
-    for key, value in changes.items():
-        kw[key] = tuple(value) if key == "subjects" else value
+    """The config after an update (types already checked; ``pedantic`` ignored)."""
+    kw = {k: (tuple(v) if k == "subjects" else v) for k, v in changes.items() if k != "pedantic"}
     return replace(cfg, **kw)
+
+
+def resolve(new: TopicConfig, old: TopicConfig | None, pedantic: bool, max_partitions: int) -> TopicConfig:
+    """Check ``new`` (an update of ``old`` when given) and return it with the
+    automatic fixes applied, in the NATS server's order (SEMANTICS 3.1).
+
+    Raises:
+        InvalidTopicConfigError: with the server's description of the first broken rule.
+        (and the shape errors of :meth:`TopicConfig.validate`)
+    """
+    new.validate(max_partitions)
+    # 2. Roll-ups need the purge permission (checked before anything about markers).
+    if new.deny_purge and new.allow_rollup:
+        raise _Config("roll-ups require the purge permission")
+    # 4. Subject delete markers.
+    sdm = new.subject_delete_marker_ttl
+    if sdm < 0:
+        raise _Config("subject delete marker TTL must not be negative")
+    if sdm > 0:
+        if sdm > 0xFFFFFFFE:
+            raise _Config("subject delete marker TTL must fit in 32 bits of seconds")
+        if not new.allow_msg_ttl:
+            if pedantic:
+                raise _Config("subject delete marker cannot be set if message TTLs are disabled")
+            new = replace(new, allow_msg_ttl=True)
+        if not new.allow_rollup:
+            if pedantic:
+                raise _Config("subject delete marker cannot be set if roll-ups are disabled")
+            new = replace(new, allow_rollup=True, deny_purge=False)
+    # Update-only rules (configUpdateCheckLocked), on the fixed configuration.
+    if old is not None:
+        if old.allow_msg_ttl and not new.allow_msg_ttl:
+            raise _Config("message TTL status can not be disabled")
+        if old.deny_purge and not new.deny_purge:
+            raise _Config("stream configuration update can not cancel deny purge")
+    return new

@@ -104,6 +104,9 @@ def _topic_json(t: Any) -> dict[str, Any]:
         "size": t.size,
         "messages_count": t.messages_count,
         **t.extra.get("options", {}),
+        "pending_expiries": t.extra.get("pending_expiries", 0),
+        "removed": t.extra.get("removed", {}),
+        "markers": t.extra.get("markers", {}),
         "partitions": t.extra.get("partitions", []),
     }
 
@@ -129,6 +132,14 @@ def _topic_options(args: argparse.Namespace, updating: bool) -> dict[str, Any]:
         opts["deny_purge"] = True
     if args.segment_size is not None:
         opts["segment_size"] = args.segment_size
+    if args.allow_msg_ttl:
+        opts["allow_msg_ttl"] = True
+    if args.marker_ttl is not None:
+        opts["subject_delete_marker_ttl"] = args.marker_ttl
+    if args.allow_rollup:
+        opts["allow_rollup"] = True
+    if args.pedantic:
+        opts["pedantic"] = True
     if updating and args.expiry is not None:
         opts["message_expiry"] = args.expiry
     return opts
@@ -321,6 +332,13 @@ def _add_topic_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-msgs-per-subject", type=int, metavar="N", help="keep at most N messages per subject (0 = unlimited)")
     p.add_argument("--deny-purge", action="store_true", help="refuse purges and deletes")
     p.add_argument("--segment-size", type=int, metavar="BYTES", help="seal segments at this size")
+    p.add_argument("--allow-msg-ttl", action="store_true", help="accept per-message TTLs (once on, never off)")
+    p.add_argument(
+        "--marker-ttl", type=int, metavar="SECONDS",
+        help="leave a subject delete marker living this long when a subject's last message goes (0 = off)",
+    )
+    p.add_argument("--allow-rollup", action="store_true", help="honour Nats-Rollup headers (sub, all)")
+    p.add_argument("--pedantic", action="store_true", help="refuse instead of fixing the configuration automatically")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -373,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("data", nargs="?")
     p.add_argument("--header", action="append", metavar="K=V", help="a header (repeatable)")
     p.add_argument("--count", type=int, default=1, help="publish the message N times")
+    p.add_argument("--ttl", metavar="VALUE", help="per-message TTL, sent as the Nats-TTL header (30, 90s, 1h30m, never)")
 
     p = sub.add_parser("fetch", parents=[common], help="read messages of a partition")
     p.add_argument("stream")

@@ -72,8 +72,9 @@ from ._names import Identifier as Identifier
 from ._names import normalize_name as normalize_name
 from ._records import BODY as BODY
 from ._records import RECORD_FIXED as RECORD_FIXED
-from ._records import TTL_NEVER as TTL_NEVER
-from ._records import TTL_NONE as TTL_NONE
+from ._records import FLAG_NO_MARKER as FLAG_NO_MARKER
+from ._records import MARKER_MASK as MARKER_MASK
+from ._records import BodyFields as BodyFields
 from ._records import Message as Message
 from ._records import PublishScan as PublishScan
 from ._records import body_fields as body_fields
@@ -85,7 +86,10 @@ from ._records import encode_body as encode_body
 from ._records import encode_headers as encode_headers
 from ._records import encode_record as encode_record
 from ._records import find_header as find_header
+from ._records import header_values as header_values
 from ._records import read_record_info as read_record_info
+from ._records import replace_header as replace_header
+from ._records import restamp_body as restamp_body
 from ._records import scan_bodies as scan_bodies
 from ._records import validate_header_block as validate_header_block
 from ._responses import PUSH_TYPES as PUSH_TYPES
@@ -107,6 +111,13 @@ from ._responses import TopicList as TopicList
 from ._responses import delivery_entry as delivery_entry
 from ._responses import encode_delivery as encode_delivery
 from ._responses import encode_uniform_acks as encode_uniform_acks
+from ._ttl import INVALID as TTL_INVALID
+from ._ttl import TTL_MAX as TTL_MAX
+from ._ttl import TTL_NEVER as TTL_NEVER
+from ._ttl import TTL_NONE as TTL_NONE
+from ._ttl import format_go_duration as format_go_duration
+from ._ttl import parse_go_duration as parse_go_duration
+from ._ttl import parse_ttl as parse_ttl
 from ._state import Role as Role
 from ._state import State as State
 from ._subjects import filter_is_subset as filter_is_subset

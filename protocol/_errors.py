@@ -100,6 +100,7 @@ class ErrorCode(IntEnum):
     ROLLUP_DENIED = 6008, "the message asks for a rollup the topic does not allow"
     INVALID_HEADERS = 6009, "a header name or value breaks the header rules"
     INVALID_MESSAGE_FLAGS = 6010, "message flags are reserved for the broker"
+    INVALID_ROLLUP = 6011, "the Nats-Rollup header is neither 'sub' nor 'all'"
 
     # -- subscriptions and consumers (7000s) -------------------------------------
     SUBSCRIPTION_EXISTS = 7001, "the connection already has a subscription with that id"

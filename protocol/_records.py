@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 from ._codes import MarkerReason
 from ._errors import ErrorCode, RemoteProtocolError, error_class
+from ._ttl import TTL_NEVER, TTL_NONE
 
 __all__ = [
     "BODY",
@@ -49,7 +50,11 @@ __all__ = [
     "encode_headers",
     "decode_headers",
     "find_header",
+    "header_values",
     "encode_body",
+    "replace_header",
+    "restamp_body",
+    "FLAG_NO_MARKER",
     "BodyFields",
     "body_fields",
     "PublishScan",
@@ -74,9 +79,10 @@ BODY_SIZE = BODY.size  # 14
 HEADER_SIZE = RECORD_HEADER.size  # 24
 FIXED_SIZE = RECORD_FIXED.size  # 38
 
-TTL_NONE = 0
-TTL_NEVER = 0xFFFFFFFF
 MARKER_MASK = 0x03
+#: Set by the broker on a message whose removal by age must not leave a marker (a KV
+#: purge tombstone, ``KV-Operation: PURGE``: SEMANTICS 5.1).
+FLAG_NO_MARKER = 0x04
 
 
 # -- headers -----------------------------------------------------------------------
@@ -195,6 +201,16 @@ def find_header(block: bytes | memoryview, name: bytes) -> bytes | None:
     return None
 
 
+def header_values(block: bytes | memoryview, names: frozenset[bytes]) -> dict[bytes, bytes]:
+    """The first value of each header in ``names`` that the block has, in one pass
+    (leading spaces skipped, as :func:`find_header`)."""
+    out: dict[bytes, bytes] = {}
+    for key, value in _iter_header_block(block):
+        if key in names and key not in out:
+            out[key] = value.lstrip(b" ")
+    return out
+
+
 # -- message bodies ----------------------------------------------------------------
 
 
@@ -222,6 +238,26 @@ def encode_body(
     if not 0 <= ttl <= TTL_NEVER:
         raise error_class(ErrorCode.INVALID_MSG_TTL)(f"TTL {ttl} does not fit the u32 TTL field")
     return b"".join((BODY.pack(ttl, flags, len(subj), len(headers), len(payload)), subj, headers, payload))
+
+
+def replace_header(block: bytes, name: str, value: str) -> bytes:
+    """The header block with every ``name`` header removed and ``name: value``
+    appended at the end (the NATS server's rewrite of ``Nats-TTL``, SEMANTICS 2.3)."""
+    raw_name = name.encode()
+    kept = [(k.decode("ascii"), v.decode()) for k, v in _iter_header_block(block) if k != raw_name]
+    return encode_headers(kept + [(name, value)])
+
+
+def restamp_body(body: bytes | memoryview, ttl: int, flags: int, headers: bytes | None = None) -> bytes:
+    """The same message body with a new TTL field and flags, and optionally a new
+    header block (the broker records the effective TTL in the field)."""
+    _, _, sl, hl, pl = BODY.unpack_from(body, 0)
+    s = BODY_SIZE
+    subject = bytes(body[s : s + sl])
+    old_headers = bytes(body[s + sl : s + sl + hl])
+    payload = bytes(body[s + sl + hl : s + sl + hl + pl])
+    new_headers = old_headers if headers is None else headers
+    return b"".join((BODY.pack(ttl, flags, sl, len(new_headers), pl), subject, new_headers, payload))
 
 
 class BodyFields(NamedTuple):

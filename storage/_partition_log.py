@@ -165,6 +165,42 @@ class PartitionLog:
         seg = self.segments[self._segment_index(offset)]
         return seg.timestamp_of(offset - seg.base)
 
+    def live_offsets_until(self, cutoff_ns: int, skip: Callable[[int], bool]) -> list[int]:
+        """Live offsets stamped at or before ``cutoff_ns``, oldest first, leaving out
+        those ``skip`` names. Uses the time index: O(segments + results)."""
+        out: list[int] = []
+        for seg in self.segments:
+            if not seg.time_ts or seg.time_ts[0] > cutoff_ns:
+                break
+            k = bisect_right(seg.time_ts, cutoff_ns)
+            bound = seg.time_rel[k] if k < len(seg.time_rel) else seg.count
+            if seg.live_count:
+                rel = seg.first_live_rel()
+                base = seg.base
+                while 0 <= rel < bound:
+                    if not skip(base + rel):
+                        out.append(base + rel)
+                    rel = seg.first_live_rel(rel + 1)
+            if bound < seg.count:
+                break
+        return out
+
+    def oldest_live(self, skip: Callable[[int], bool]) -> tuple[int, int] | None:
+        """``(offset, timestamp)`` of the oldest live record ``skip`` does not name."""
+        for seg in self.segments:
+            if not seg.live_count:
+                continue
+            rel = seg.first_live_rel()
+            while rel >= 0:
+                if not skip(seg.base + rel):
+                    return seg.base + rel, seg.timestamp_of(rel)
+                rel = seg.first_live_rel(rel + 1)
+        return None
+
+    def reclaimable(self) -> list[Segment]:
+        """Sealed segments in which no record is live (the cleaner removes them)."""
+        return [s for s in self.segments[:-1] if not s.live_count]
+
     # -- writing -------------------------------------------------------------------
 
     def append(self, data: bytes | bytearray | memoryview, starts: list[int], ends: list[int], timestamp: int) -> AppendResult:

@@ -224,8 +224,14 @@ class Segment:
         return seg, report
 
     @classmethod
-    def open_sealed(cls, directory: str, base: int, expected_count: int) -> tuple[Segment, RecoveryReport]:
-        """Open a sealed segment: check its files' shape, rebuild a bad index."""
+    def open_sealed(cls, directory: str, base: int, max_count: int) -> tuple[Segment, RecoveryReport]:
+        """Open a sealed segment: check its files' shape, rebuild a bad index.
+
+        How many records the segment holds comes from its index, written when it was
+        sealed; ``max_count`` (the distance to the next segment's base) bounds it and
+        stands in for it when the index is lost. The next base alone cannot say: the
+        cleaner may have removed the segments in between.
+        """
         seg = cls(directory, base)
         seg.sealed = True
         report = RecoveryReport()
@@ -233,10 +239,14 @@ class Segment:
         size = os.fstat(seg._fd).st_size
         positions = _read_u32_file(seg.index_path)
         times = _read_time_index(seg.time_path)
-        if positions is None or times is None or not seg._index_fits(positions, size, expected_count):
+        indexed = len(positions) if positions is not None else -1
+        if positions is None or times is None or indexed > max_count or not seg._index_fits(positions, size, indexed):
             buf = os.pread(seg._fd, size, 0) if size else b""
             positions, corrupt, time_rel, time_ts, valid_end = scan_records(buf, base)
             report.index_rebuilt = True
+            # With the index lost, only the next base can say how many records there
+            # were; with a damaged one, the larger of what it lists and what is found.
+            expected_count = max_count if indexed < 0 else min(max(indexed, len(positions)), max_count)
             seg._load(positions, time_rel, time_ts, size)
             for rel in corrupt:
                 seg._mark_corrupt(rel)

@@ -1,0 +1,118 @@
+"""Admission of one message into one topic: TTL, rollup and marker-related headers.
+
+Only messages that the publish scan marks *special* (a TTL field, flags, headers or
+a big payload) come here; plain messages go straight to storage. The checks run in
+the NATS server's order (``processJetStreamMsg``; SEMANTICS 2.2) with our decisions
+(SEMANTICS 10):
+
+1. a TTL (field or ``Nats-TTL`` header) on a topic without ``allow_msg_ttl``:
+   MSG_TTL_DISABLED, before the value is even looked at (decision 10.2);
+2. a ``Nats-Rollup`` header on a topic without ``allow_rollup``: ROLLUP_DENIED; a
+   value other than ``sub`` or ``all``: INVALID_ROLLUP;
+3. an unparsable or sub-second ``Nats-TTL``: INVALID_MSG_TTL; so is a TTL field and
+   a header that disagree (a client can send both; they must say the same thing);
+4. the minimum-TTL rule (SEMANTICS 2.3, decision 10.8): with subject delete markers
+   on and ``max_msgs_per_subject`` other than 1, a TTL below the marker TTL is raised
+   to it, and a ``Nats-TTL`` header is replaced by one with the integer seconds,
+   appended at the end of the header block.
+
+The effective TTL is written into the record's TTL field, so storage, recovery and
+the export read one field and never parse headers again. Headers are stored as sent
+(or as rewritten by rule 4).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from protocol import (
+    FLAG_NO_MARKER,
+    TTL_INVALID,
+    TTL_NEVER,
+    TTL_NONE,
+    BodyFields,
+    ErrorCode,
+    error_class,
+    header_values,
+    parse_ttl,
+    replace_header,
+    restamp_body,
+)
+
+from ._topic_config import TopicConfig
+
+__all__ = ["Admission", "admit", "ROLLUP_NONE", "ROLLUP_SUB", "ROLLUP_ALL"]
+
+ROLLUP_NONE = 0
+ROLLUP_SUB = 1
+ROLLUP_ALL = 2
+
+_TTL = b"Nats-TTL"
+_ROLLUP = b"Nats-Rollup"
+_KV_OP = b"KV-Operation"
+_MARKER_REASON = b"Nats-Marker-Reason"
+_WANTED = frozenset((_TTL, _ROLLUP, _KV_OP, _MARKER_REASON))
+_ROLLUPS = {b"sub": ROLLUP_SUB, b"all": ROLLUP_ALL}
+
+_Disabled = error_class(ErrorCode.MSG_TTL_DISABLED)
+_Invalid = error_class(ErrorCode.INVALID_MSG_TTL)
+_RollupDenied = error_class(ErrorCode.ROLLUP_DENIED)
+_RollupInvalid = error_class(ErrorCode.INVALID_ROLLUP)
+
+
+class Admission(NamedTuple):
+    """What the broker stores for an admitted message.
+
+    Attributes:
+        ttl: the effective TTL field (seconds, ``TTL_NONE`` or ``TTL_NEVER``).
+        rollup: ``ROLLUP_NONE``, ``ROLLUP_SUB`` or ``ROLLUP_ALL``.
+        flags: the record flags the broker sets (``FLAG_NO_MARKER``).
+        body: the body to store when it differs from the one sent, else None.
+    """
+
+    ttl: int
+    rollup: int
+    flags: int
+    body: bytes | None
+
+
+def admit(body: bytes | memoryview, f: BodyFields, cfg: TopicConfig) -> Admission:
+    """Check one message for a topic; see the module docstring.
+
+    Raises:
+        MsgTtlDisabledError, RollupDeniedError, InvalidRollupError, InvalidMsgTtlError.
+    """
+    hv = header_values(f.headers, _WANTED) if f.headers else {}
+    raw_ttl = hv.get(_TTL)
+    header_ttl = parse_ttl(raw_ttl) if raw_ttl else TTL_NONE
+    if not cfg.allow_msg_ttl and (f.ttl != TTL_NONE or header_ttl != TTL_NONE):
+        raise _Disabled("per-message TTL is disabled")
+    rollup = ROLLUP_NONE
+    raw_rollup = hv.get(_ROLLUP)
+    if raw_rollup:
+        if not cfg.allow_rollup:
+            raise _RollupDenied("rollup not permitted")
+        rollup = _ROLLUPS.get(raw_rollup, -1)
+        if rollup < 0:
+            raise _RollupInvalid(f"rollup value invalid: {raw_rollup.decode(errors='replace')!r}")
+    if header_ttl == TTL_INVALID:
+        raise _Invalid("invalid per-message TTL")
+    if f.ttl != TTL_NONE and header_ttl != TTL_NONE and f.ttl != header_ttl:
+        raise _Invalid(
+            f"invalid per-message TTL: the TTL field ({_ttl_text(f.ttl)}) and the Nats-TTL header "
+            f"({raw_ttl.decode(errors='replace')!r}) disagree"  # type: ignore[union-attr]
+        )
+    ttl = f.ttl or header_ttl
+    headers = f.headers
+    sdm = cfg.subject_delete_marker_ttl
+    if sdm and ttl != TTL_NEVER and 0 < ttl < sdm and cfg.max_msgs_per_subject != 1:
+        ttl = sdm
+        if raw_ttl is not None:
+            headers = replace_header(headers, "Nats-TTL", str(sdm))
+    flags = FLAG_NO_MARKER if hv.get(_KV_OP) == b"PURGE" or hv.get(_MARKER_REASON) else 0
+    changed = ttl != f.ttl or flags or headers is not f.headers
+    return Admission(ttl, rollup, flags, restamp_body(body, ttl, flags, headers) if changed else None)
+
+
+def _ttl_text(ttl: int) -> str:
+    return "never" if ttl == TTL_NEVER else f"{ttl}s"

@@ -1,0 +1,274 @@
+"""Retention: every way a message leaves a topic, and the markers it leaves behind.
+
+One :class:`Retention` per broker. It owns the expiry engine (``_expiry.py``) and is
+the only code that removes messages, so the log, the subject index, the deadline
+structure and the counters always agree:
+
+* **per-message TTL** and **max age** (SEMANTICS 2, 4): the engine calls
+  :meth:`Retention._expire` for every partition with something due;
+* **delete**, **purge**, **rollup** and **max_msgs_per_subject**: the broker's
+  handlers call :meth:`Retention.remove` with the reason;
+* **subject delete markers** (SEMANTICS 5, decisions 10.5 and 10.6): when a removal
+  by age (TTL or max age), by the delete API or by a subject purge takes away the last
+  live message of its subject, and that message was not itself a marker (nor a KV
+  purge tombstone, nor anything else carrying ``Nats-Marker-Reason``), a marker is
+  appended on the subject: empty payload, headers ``Nats-Marker-Reason``, ``Nats-TTL``
+  (the marker TTL as a Go duration) and ``Nats-Rollup: sub``, the next offset, and a
+  TTL of its own so that it expires too, leaving nothing behind. A removal that
+  finds the message already gone removes nothing, so an expiry pass that runs twice
+  never writes a second marker;
+* **the segment cleaner** (Iggy, decision 10.16): :meth:`Retention.clean` seals an
+  active segment whose messages are all gone and deletes every sealed segment file
+  with no live message left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import trio
+
+from protocol import (
+    TTL_NEVER,
+    MarkerReason,
+    delivery_entry,
+    encode_body,
+    encode_headers,
+    format_go_duration,
+)
+from storage import AppendResult
+
+from ._clock import Clock
+from ._commit import Committer
+from ._expiry import ExpiryEngine
+from ._log import get_logger
+from ._partition import Partition, Removed
+from ._stats import Counters
+from ._subject_index import MARKER, NO_MARKER
+
+__all__ = ["Retention", "REASONS"]
+
+log = get_logger(__name__)
+
+NS = 1_000_000_000
+
+#: Why messages are removed (the keys of each topic's ``removed`` counters).
+REASONS = ("ttl", "max_age", "delete", "purge", "rollup", "max_msgs_per_subject")
+
+_COUNTER_OF = {
+    "ttl": "expired_ttl",
+    "max_age": "expired_max_age",
+    "delete": "deleted",
+    "purge": "purged",
+    "rollup": "removed_rollup",
+    "max_msgs_per_subject": "removed_max_msgs_per_subject",
+}
+
+#: Which removals leave a marker, and which reason it carries.
+_MARKER_FOR = {"ttl": MarkerReason.MAX_AGE, "max_age": MarkerReason.MAX_AGE, "delete": MarkerReason.REMOVE, "purge": MarkerReason.PURGE}
+
+Deliver = Callable[[list[tuple[bytes, bytes, Any]]], None]
+
+
+class Retention:
+    """Args:
+    clock: the broker clock.
+    counters: the broker's counters.
+    committer: the group committer (removals and markers are writes like any other).
+    deliver: the broker's core delivery function, for markers.
+    """
+
+    def __init__(self, clock: Clock, counters: Counters, committer: Committer, deliver: Deliver) -> None:
+        self.clock = clock
+        self.counters = counters
+        self.committer = committer
+        self.deliver = deliver
+        self.engine = ExpiryEngine(clock, self._expire)
+
+    # -- scheduling --------------------------------------------------------------------
+
+    def after_append(self, part: Partition, res: AppendResult, ttls: Iterable[tuple[int, int]] = ()) -> None:
+        """Schedule what an append made pending: ``ttls`` are ``(offset, seconds)`` of
+        the appended messages that have a TTL (not never), and the partition's max-age
+        check is armed if the topic has a max age and none is armed.
+
+        Runtime complexity: O(1) without TTLs, O(log n) per TTL.
+        """
+        engine = self.engine
+        expiry = part.topic.config.message_expiry
+        if expiry and engine.age_armed(part) is None:
+            engine.schedule_age(part, res.timestamp + expiry * NS)
+        by_deadline: dict[int, list[int]] = {}
+        for offset, seconds in ttls:
+            by_deadline.setdefault(res.timestamp + seconds * NS, []).append(offset)
+        for deadline, offsets in by_deadline.items():
+            part.mark_pending(offsets)
+            engine.schedule_ttl_many(part, offsets, deadline)
+
+    def rebuild(self, part: Partition) -> None:
+        """Rebuild a partition's expiry state from its log (startup, and when a topic
+        starts allowing TTLs). Whatever fell due meanwhile expires on the engine's
+        first pass, markers included."""
+        self.forget(part)
+        records = part.rebuild_index()
+        if part.topic.config.allow_msg_ttl:
+            by_deadline: dict[int, list[int]] = {}
+            for rec in records:
+                by_deadline.setdefault(rec.timestamp + rec.ttl * NS, []).append(rec.offset)
+            for deadline, offsets in by_deadline.items():
+                part.mark_pending(offsets)
+                self.engine.schedule_ttl_many(part, offsets, deadline)
+        self.rearm_age(part)
+
+    def rearm_age(self, part: Partition) -> None:
+        """Arm the partition's max-age check at its oldest message's deadline (after a
+        change of the topic's max age, or a rebuild)."""
+        self.engine.schedule_age(part, self._next_age_deadline(part))
+
+    def forget(self, part: Partition) -> None:
+        """The partition is going away (its topic was deleted)."""
+        self.engine.forget(part)
+        self.engine.queue.discarded(part.pending)
+        part.pending = 0
+
+    @staticmethod
+    def _next_age_deadline(part: Partition) -> int | None:
+        expiry = part.topic.config.message_expiry
+        if not expiry:
+            return None
+        oldest = part.log.oldest_live(part.is_never)
+        return None if oldest is None else oldest[1] + expiry * NS
+
+    # -- removing ----------------------------------------------------------------------
+
+    def remove(self, part: Partition, offsets: Iterable[int], reason: str) -> list[Removed]:
+        """Remove live messages for ``reason`` (one of :data:`REASONS`), write the
+        markers the removal calls for, and return what was removed."""
+        removed, cleared = part.remove(offsets)
+        if cleared:
+            self.engine.queue.discarded(cleared)
+        if removed:
+            self.committer.note_write(part.log)
+            self._count(part, reason, len(removed))
+            marker = _MARKER_FOR.get(reason)
+            if marker is not None:
+                self._write_markers(part, removed, marker)
+        return removed
+
+    def purge_all(self, part: Partition) -> int:
+        """Remove every message of a partition (a whole-topic purge leaves no markers:
+        one per subject could be millions; decision 10.6)."""
+        removed, cleared = part.purge_all()
+        if cleared:
+            self.engine.queue.discarded(cleared)
+        self.engine.schedule_age(part, None)
+        if removed:
+            self._count(part, "purge", removed)
+        return removed
+
+    def _count(self, part: Partition, reason: str, n: int) -> None:
+        setattr(self.counters, _COUNTER_OF[reason], getattr(self.counters, _COUNTER_OF[reason]) + n)
+        stats = part.topic.removed
+        stats[reason] = stats.get(reason, 0) + n
+
+    def _expire(self, part: Partition, ttl_offsets: list[int], age_due: bool, now_ns: int) -> int | None:
+        """Remove what is due in one partition; returns its next max-age deadline."""
+        ttl_due = [o for o in ttl_offsets if part.is_pending(o)]
+        expiry = part.topic.config.message_expiry
+        aged: list[int] = []
+        if age_due and expiry:
+            aged = part.log.live_offsets_until(now_ns - expiry * NS, part.is_never)
+        if aged and ttl_due:
+            aged_set = set(aged)
+            ttl_due = [o for o in ttl_due if o not in aged_set]
+        # Both reasons together, so that one subject emptied by both gets one marker.
+        removed, cleared = part.remove(aged + ttl_due)
+        if cleared:
+            self.engine.queue.discarded(cleared)
+        if removed:
+            self.committer.note_write(part.log)
+            if aged:
+                self._count(part, "max_age", len(aged))
+            if ttl_due:
+                self._count(part, "ttl", len(removed) - len(aged))
+            self._write_markers(part, removed, MarkerReason.MAX_AGE)
+            log.debug("expired", topic=part.topic.full_name, partition=part.number, ttl=len(ttl_due), max_age=len(aged))
+        return self._next_age_deadline(part) if expiry else None
+
+    # -- markers -----------------------------------------------------------------------
+
+    def _write_markers(self, part: Partition, removed: list[Removed], reason: MarkerReason) -> None:
+        sdm = part.topic.config.subject_delete_marker_ttl
+        if not sdm:
+            return
+        # The message that emptied a subject is its newest removed one; a marker (or a
+        # KV purge tombstone) emptying its subject leaves nothing behind.
+        last: dict[bytes, Removed] = {}
+        for r in removed:
+            if r.state.count == 0:
+                prev = last.get(r.subject)
+                if prev is None or r.offset > prev.offset:
+                    last[r.subject] = r
+        subjects = [s for s, r in last.items() if not r.flags & (MARKER | NO_MARKER) and not r.state.count]
+        if subjects:
+            self.append_markers(part, subjects, reason)
+
+    def append_markers(self, part: Partition, subjects: list[bytes], reason: MarkerReason) -> AppendResult:
+        """Append one marker per subject (in one write) and schedule their expiry."""
+        sdm = part.topic.config.subject_delete_marker_ttl
+        headers = encode_headers(
+            [("Nats-Marker-Reason", reason.header_value), ("Nats-TTL", format_go_duration(sdm)), ("Nats-Rollup", "sub")]
+        )
+        bodies = [encode_body(s, b"", headers, sdm, int(reason)) for s in subjects]
+        starts, ends, pos = [], [], 0
+        for b in bodies:
+            starts.append(pos)
+            pos += len(b)
+            ends.append(pos)
+        res = part.append(b"".join(bodies), starts, ends, subjects, self.clock.now_ns(), bytes([MARKER]) * len(bodies))
+        self.committer.note_write(part.log)
+        n = len(bodies)
+        self.counters.messages_in += n
+        self.counters.bytes_in += len(res.records)
+        self.counters.markers += n
+        markers = part.topic.markers
+        markers[reason.header_value] = markers.get(reason.header_value, 0) + n
+        self.after_append(part, res, [(res.first_offset + k, sdm) for k in range(n)])
+        head = delivery_entry(part.topic.stream.id, part.topic.id, part.number)
+        records = memoryview(res.records)
+        bounds = res.positions + [len(records)]
+        self.deliver([(subjects[k], head, records[bounds[k] : bounds[k + 1]]) for k in range(n)])
+        return res
+
+    # -- the segment cleaner -------------------------------------------------------------
+
+    def clean(self, partitions: Iterable[Partition]) -> tuple[int, int]:
+        """One cleaner pass: seal active segments whose messages are all gone, delete
+        sealed segments with nothing live. Returns ``(segments, bytes)`` reclaimed."""
+        segments = freed = 0
+        for part in partitions:
+            plog = part.log
+            active = plog.active
+            if active.count and not active.live_count:
+                plog.seal_active()
+            for seg in plog.reclaimable():
+                freed += plog.remove_segment(seg)
+                segments += 1
+            part.trim_index()
+        if segments:
+            self.counters.segments_reclaimed += segments
+            self.counters.bytes_reclaimed += freed
+            log.info("segments_reclaimed", segments=segments, bytes=freed)
+        return segments, freed
+
+    async def run_cleaner(self, interval: float, partitions: Callable[[], list[Partition]]) -> None:
+        """The cleaner task: a pass every ``interval`` seconds."""
+        while True:
+            await trio.sleep(interval)
+            self.clean(partitions())
+
+
+def ttl_schedulable(ttl: int) -> bool:
+    """True for a TTL the deadline structure holds (seconds; not none, not never)."""
+    return 0 < ttl < TTL_NEVER
