@@ -90,7 +90,8 @@ class Identifier:
         """Decode an identifier at ``pos``; return it and the position after it.
 
         Raises:
-            InvalidIdentifierError: unknown kind, bad length or bad name.
+            InvalidIdentifierError: unknown kind or bad length.
+            InvalidNameError: a name identifier breaks the name rule.
             IndexError / struct.error: the buffer is too short (callers turn these into
                 MALFORMED_PAYLOAD).
         """

@@ -1,10 +1,14 @@
 """The message and record byte layouts, shared by the wire and the disk.
 
-A *message body* is what a publisher sends, and it is stored as it arrived::
+A *message body* is what a publisher sends. It is stored as it arrived, except that
+the broker writes the effective TTL into ``ttl`` and its own bits into ``flags``
+(and rewrites ``Nats-TTL`` under the minimum-TTL rule)::
 
     offset  size  field
     0       4     ttl            u32 LE seconds; 0 = none, 0xFFFFFFFF = never
-    4       1     flags          bits 0-1 marker reason (0 = not a marker); others 0
+    4       1     flags          bits 0-1 marker reason (0 = not a marker); bit 2
+                                 no-marker (``FLAG_NO_MARKER``); others 0. A
+                                 publisher sends 0: the bits are the broker's
     5       1     subject_len    1..255
     6       4     headers_len    length of the header block
     10      4     payload_len

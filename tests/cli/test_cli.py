@@ -179,3 +179,46 @@ def test_console_script_is_installed() -> None:
     p = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
     assert p.returncode == 0 and "serve" in p.stdout
 
+
+
+def test_ttl_marker_and_rollup_options_pub_ttl_delete_and_purge(broker: BrokerProcess) -> None:
+    a = broker.address
+    run(a, "stream", "create", "ttl")
+    t = lines(run(
+        a, "topic", "create", "ttl", "events", "--subjects", "ev.>", "--expiry", "600", "--allow-msg-ttl",
+        "--marker-ttl", "30", "--max-msgs-per-subject", "3", json_out=True,
+    ))[0]
+    # The marker TTL switched rollups on (the server's automatic fix).
+    assert (t["allow_msg_ttl"], t["subject_delete_marker_ttl"], t["allow_rollup"], t["max_msgs_per_subject"]) == (True, 30, True, 3)
+    assert t["message_expiry"] == 600 and t["pending_expiries"] == 0
+    bad = run(a, "topic", "create", "ttl", "strict", "--subjects", "st.>", "--marker-ttl", "5", "--pedantic", check=False)
+    assert bad.returncode != 0
+    assert "INVALID_TOPIC_CONFIG (2007)" in bad.stderr and "subject delete marker cannot be set if message TTLs are disabled" in bad.stderr
+    bad = run(a, "topic", "create", "ttl", "both", "--subjects", "b.>", "--allow-rollup", "--deny-purge", check=False)
+    assert "roll-ups require the purge permission" in bad.stderr
+    ok = lines(run(a, "topic", "create", "ttl", "plain", "--subjects", "p.>", json_out=True))[0]
+    assert ok["allow_msg_ttl"] is False
+    up = lines(run(a, "topic", "update", "ttl", "plain", "--allow-msg-ttl", "--allow-rollup", json_out=True))[0]
+    assert up["allow_msg_ttl"] is True and up["allow_rollup"] is True
+
+    ack = lines(run(a, "pub", "ev.a", "hello", "--ttl", "1h30m", json_out=True))[0]
+    msg = lines(run(a, "fetch", "ttl", "events", "--offset", str(ack["offset"]), "--count", "1", json_out=True))[0]
+    assert msg["ttl"] == 5400 and msg["headers"] == {"Nats-TTL": "1h30m"}
+    bad = run(a, "pub", "ev.a", "x", "--ttl", "500ms", check=False)
+    assert bad.returncode != 0 and "INVALID_MSG_TTL (6005)" in bad.stderr and "invalid per-message TTL" in bad.stderr
+    bad = run(a, "pub", "st.a", "x", "--ttl", "5s", check=False)  # no topic captures st.> (strict was refused)
+    assert bad.returncode != 0
+
+    run(a, "delete", "ttl", "events", "--partition", str(ack["partition"]), "--offset", str(ack["offset"]))
+    marker = lines(run(a, "last", "ttl", "events", "ev.a", json_out=True))[0]
+    assert marker["marker"] == "Remove" and marker["headers"]["Nats-Marker-Reason"] == "Remove" and marker["ttl"] == 30
+    run(a, "pub", "ev.b", "1")
+    run(a, "pub", "ev.b", "2")
+    assert lines(run(a, "purge", "ttl", "events", "--subject", "ev.b", json_out=True)) == [{"purged": 2}]
+    assert lines(run(a, "last", "ttl", "events", "ev.b", json_out=True))[0]["marker"] == "Purge"
+    info = lines(run(a, "topic", "info", "ttl", "events", json_out=True))[0]
+    assert info["removed"] == {"delete": 1, "purge": 2} and info["markers"] == {"Remove": 1, "Purge": 1}
+    assert info["pending_expiries"] == 2  # the two markers
+    stats = lines(run(a, "stats", json_out=True))[0]
+    assert stats["markers"] == 2 and stats["pending_expiries"] == 2
+    assert lines(run(a, "purge", "ttl", "events", json_out=True)) == [{"purged": 2}]
