@@ -30,7 +30,6 @@ from typing import Any
 import trio
 
 from protocol import (
-    TTL_NEVER,
     MarkerReason,
     delivery_entry,
     encode_body,
@@ -88,7 +87,7 @@ class Retention:
 
     # -- scheduling --------------------------------------------------------------------
 
-    def after_append(self, part: Partition, res: AppendResult, ttls: Iterable[tuple[int, int]] = ()) -> None:
+    def after_append(self, part: Partition, res: AppendResult, ttls: list[tuple[int, int]] | None = None) -> None:
         """Schedule what an append made pending: ``ttls`` are ``(offset, seconds)`` of
         the appended messages that have a TTL (not never), and the partition's max-age
         check is armed if the topic has a max age and none is armed.
@@ -99,12 +98,13 @@ class Retention:
         expiry = part.topic.config.message_expiry
         if expiry and engine.age_armed(part) is None:
             engine.schedule_age(part, res.timestamp + expiry * NS)
-        by_deadline: dict[int, list[int]] = {}
-        for offset, seconds in ttls:
-            by_deadline.setdefault(res.timestamp + seconds * NS, []).append(offset)
-        for deadline, offsets in by_deadline.items():
-            part.mark_pending(offsets)
-            engine.schedule_ttl_many(part, offsets, deadline)
+        if ttls:
+            by_deadline: dict[int, list[int]] = {}
+            for offset, seconds in ttls:
+                by_deadline.setdefault(res.timestamp + seconds * NS, []).append(offset)
+            for deadline, offsets in by_deadline.items():
+                part.mark_pending(offsets)
+                engine.schedule_ttl_many(part, offsets, deadline)
 
     def rebuild(self, part: Partition) -> None:
         """Rebuild a partition's expiry state from its log (startup, and when a topic
@@ -268,7 +268,3 @@ class Retention:
             await trio.sleep(interval)
             self.clean(partitions())
 
-
-def ttl_schedulable(ttl: int) -> bool:
-    """True for a TTL the deadline structure holds (seconds; not none, not never)."""
-    return 0 < ttl < TTL_NEVER

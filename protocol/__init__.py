@@ -111,7 +111,7 @@ from ._responses import TopicList as TopicList
 from ._responses import delivery_entry as delivery_entry
 from ._responses import encode_delivery as encode_delivery
 from ._responses import encode_uniform_acks as encode_uniform_acks
-from ._ttl import INVALID as TTL_INVALID
+from ._ttl import TTL_INVALID as TTL_INVALID
 from ._ttl import TTL_MAX as TTL_MAX
 from ._ttl import TTL_NEVER as TTL_NEVER
 from ._ttl import TTL_NONE as TTL_NONE

@@ -22,14 +22,14 @@ seconds.
 
 from __future__ import annotations
 
-__all__ = ["TTL_NONE", "TTL_NEVER", "TTL_MAX", "INVALID", "parse_ttl", "parse_go_duration", "format_go_duration"]
+__all__ = ["TTL_NONE", "TTL_NEVER", "TTL_MAX", "TTL_INVALID", "parse_ttl", "parse_go_duration", "format_go_duration"]
 
 TTL_NONE = 0
 TTL_NEVER = 0xFFFFFFFF
 TTL_MAX = 0xFFFFFFFE
 
 #: Returned by :func:`parse_ttl` for a value that must be refused.
-INVALID = -1
+TTL_INVALID = -1
 
 _NS = 1
 _US = 1000 * _NS
@@ -141,7 +141,7 @@ def parse_go_duration(text: str) -> int:
 
 
 def parse_ttl(value: bytes | str | None) -> int:
-    """A ``Nats-TTL`` header value -> seconds, ``TTL_NONE``, ``TTL_NEVER`` or ``INVALID``.
+    """A ``Nats-TTL`` header value -> seconds, ``TTL_NONE``, ``TTL_NEVER`` or ``TTL_INVALID``.
 
     Runtime complexity: O(len(value)).
     """
@@ -151,7 +151,7 @@ def parse_ttl(value: bytes | str | None) -> int:
         try:
             text = value.decode()
         except UnicodeDecodeError:
-            return INVALID
+            return TTL_INVALID
     else:
         text = value
     if text == "":
@@ -166,15 +166,15 @@ def parse_ttl(value: bytes | str | None) -> int:
         if ns == 0:
             return TTL_NONE  # decision 10.1: a TTL of zero is ignored (seed 001)
         if ns < _S:
-            return INVALID
+            return TTL_INVALID
         seconds = ns // _S
-        return seconds if seconds <= TTL_MAX else INVALID
+        return seconds if seconds <= TTL_MAX else TTL_INVALID
     if not text.isascii() or not text.isdigit():
-        return INVALID
+        return TTL_INVALID
     seconds = int(text)
     if seconds == 0:
         return TTL_NONE  # "00", "000": zero, as the server reads them
-    return seconds if seconds <= TTL_MAX else INVALID
+    return seconds if seconds <= TTL_MAX else TTL_INVALID
 
 
 def format_go_duration(seconds: int) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import trio
 from ttl_helpers import NS, advance, all_messages, broker_and_client
 
 import protocol as P
