@@ -111,6 +111,9 @@ from ._responses import TopicList as TopicList
 from ._responses import delivery_entry as delivery_entry
 from ._responses import encode_delivery as encode_delivery
 from ._responses import encode_uniform_acks as encode_uniform_acks
+from ._transform import SubjectTransform as SubjectTransform
+from ._transform import TransformError as TransformError
+from ._transform import fnv1a_32 as fnv1a_32
 from ._ttl import TTL_INVALID as TTL_INVALID
 from ._ttl import TTL_MAX as TTL_MAX
 from ._ttl import TTL_NEVER as TTL_NEVER
