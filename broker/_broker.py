@@ -40,6 +40,7 @@ from ._clock import Clock
 from ._commit import Committer
 from ._log import get_logger
 from ._partition import Partition, flags_for
+from ._republish import Republisher
 from ._retention import Retention
 from ._routing import NO_TOPIC, Router
 from ._stats import Counters
@@ -74,6 +75,13 @@ class Broker:
         self.subs = SubscriptionIndex()
         self.committer = Committer(config.system.partition.fsync, self.counters)
         self.retention = Retention(self.clock, self.counters, self.committer, self._deliver)
+        self.republisher = Republisher(
+            self.counters, self.committer, config.limits.max_republish_hops,
+            lambda bodies: self.publish(None, P.Publish.from_bodies(bodies, P.PUBLISH_NO_ACK)),
+        )
+        self.retention.on_markers = lambda part, res, epoch: self.republisher.after_append(
+            part, res, [0] * len(res.positions), epoch
+        )
         self.sessions: set[Any] = set()
         self.started_at = time.time()
         self.shutting_down = False
@@ -241,7 +249,7 @@ class Broker:
         now = self.clock.now_ns()
         counters = self.counters
         deliver = len(self.subs) > 0
-        if len(groups) == 1 and not failed and not unrouted and not admitted:
+        if len(groups) == 1 and not failed and not unrouted and not admitted and next(iter(groups)).topic.republisher is None:
             # Everything into one partition, in order: the common case.
             (part, _), = groups.items()
             res = part.append(data, starts, ends, subjects, now)
@@ -267,8 +275,10 @@ class Broker:
         errors: dict[int, str] = {}
         entries: list[tuple[bytes, bytes, memoryview | bytes] | None] | None = [None] * n if deliver else None
         rollups: list[tuple[int, Partition, int, int]] = []
+        republish: list[tuple[Partition, Any, list[int], int]] = []
         for part, idx in groups.items():
             gsubjects = [subjects[i] for i in idx]
+            lasts = part.last_offsets(gsubjects) if part.topic.republisher is not None else None
             flags = None
             if admitted:
                 flags = bytes(flags_for(a.ttl, a.flags) if (a := admitted.get(i)) else 0 for i in idx)
@@ -293,12 +303,16 @@ class Broker:
                 off += 1
             self.retention.after_append(part, res, ttls)
             self._enforce_max_msgs(part, gsubjects)
+            if lasts is not None:
+                republish.append((part, res, lasts, epoch))
             if entries is not None:
                 head = P.delivery_entry(topic.stream.id, topic.id, part.number)
                 for i, rec in zip(idx, _record_views(res)):
                     entries[i] = (subjects[i], head, rec)
         if rollups:
             self._apply_rollups(rollups, subjects, groups, offsets)
+        for part, res, lasts, at in republish:
+            self.republisher.after_append(part, res, lasts, at)
         if unrouted:
             counters.messages_unrouted += len(unrouted)
             head = P.delivery_entry(0, 0, 0)
@@ -699,6 +713,7 @@ class Broker:
             cfg = resolve(cfg, None, pedantic, self.config.limits.max_partitions)
             self.catalog.check_overlap(cfg.subjects)
             topic = Topic(stream, tid, cfg, self.clock.now_ns())
+            self.catalog.check_republish_cycles(topic, cfg)
             await trio.to_thread.run_sync(self._open_topic_storage, topic, False)
             stream.topics[tid] = topic
             try:
@@ -720,6 +735,7 @@ class Broker:
             new = resolve(new, topic.config, bool(cmd.changes.get("pedantic")), self.config.limits.max_partitions)
             if new.subjects != topic.config.subjects:
                 self.catalog.check_overlap(new.subjects, ignore=topic)
+            self.catalog.check_republish_cycles(topic, new)
             old, topic.config = topic.config, new
             try:
                 await self.save_catalog()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from protocol import ErrorCode, Identifier, TopicDetails, error_class, filters_overlap
+from protocol import ErrorCode, Identifier, SubjectTransform, TopicDetails, error_class, filters_overlap
 from storage import ConsumerOffsets
 
 from ._partition import Partition
@@ -31,7 +31,7 @@ class Topic:
     def __init__(self, stream: Stream, topic_id: int, config: TopicConfig, created_at: int) -> None:
         self.stream = stream
         self.id = topic_id
-        self.config = config
+        self.config = config  # also compiles the republish transform
         self.created_at = created_at
         self.partitions: list[Partition] = []
         self.consumers: ConsumerOffsets | None = None
@@ -40,6 +40,17 @@ class Topic:
         self.removed: dict[str, int] = {}
         #: Subject delete markers written since start, by reason (``MaxAge``, ...).
         self.markers: dict[str, int] = {}
+
+    @property
+    def config(self) -> TopicConfig:
+        return self._config
+
+    @config.setter
+    def config(self, value: TopicConfig) -> None:
+        self._config = value
+        rp = value.republish
+        #: The compiled republish transform, or None.
+        self.republisher = SubjectTransform(rp["src"], rp["dest"]) if rp else None
 
     @property
     def name(self) -> str:
@@ -171,6 +182,48 @@ class Catalog:
                         raise error_class(ErrorCode.SUBJECTS_OVERLAP)(
                             f"subject filter {mine!r} overlaps {theirs!r} of topic {other.full_name}"
                         )
+
+    def check_republish_cycles(self, topic: Topic, config: TopicConfig) -> None:
+        """Refuse a configuration of ``topic`` that closes a republish loop through
+        other topics (A republishes into what B captures, B into what A captures, or
+        longer chains). ADR-28 only guards a topic against itself; this sees the
+        whole graph. Before the change there was no cycle, so any new one runs
+        through ``topic``: a depth-first search from it finds it.
+
+        Raises:
+            RepublishCycleError: naming every topic of the cycle.
+        """
+        topics = [t for t in self.topics() if t is not topic] + [topic]
+        configs = {id(t): (config if t is topic else t.config) for t in topics}
+
+        def targets(t: Topic) -> list[Topic]:
+            rp = configs[id(t)].republish
+            if not rp:
+                return []
+            out_filter = SubjectTransform(rp["src"], rp["dest"]).as_filter()
+            return [u for u in topics if u is not t and any(filters_overlap(out_filter, f) for f in configs[id(u)].subjects)]
+
+        path: list[Topic] = [topic]
+        seen: set[int] = set()
+
+        def visit(t: Topic) -> list[Topic] | None:
+            for u in targets(t):
+                if u is topic:
+                    return path + [topic]
+                if id(u) in seen:
+                    continue
+                seen.add(id(u))
+                path.append(u)
+                found = visit(u)
+                if found:
+                    return found
+                path.pop()
+            return None
+
+        cycle = visit(topic)
+        if cycle:
+            names = " -> ".join(t.full_name for t in cycle)
+            raise error_class(ErrorCode.REPUBLISH_CYCLE)(f"republish destination forms a cycle through topics: {names}")
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.VERSION, "streams": [s.to_json() for s in sorted(self.streams.values(), key=lambda s: s.id)]}

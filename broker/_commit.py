@@ -51,6 +51,7 @@ class Committer:
         self._work = trio.Event()
         self._progress = trio.Event()
         self._watchers: set[object] = set()
+        self._after: list[tuple[int, Callable[[], None]]] = []
         self.last_sync_seconds = 0.0
 
     @property
@@ -70,6 +71,14 @@ class Committer:
     def watch(self, session: object) -> None:
         """Have ``session.kick()`` called after the next sync completes."""
         self._watchers.add(session)
+
+    def after(self, epoch: int, action: Callable[[], None]) -> None:
+        """Run ``action`` on the event loop once epoch ``epoch`` is durable (at once
+        if it is already)."""
+        if epoch <= self.synced:
+            action()
+        else:
+            self._after.append((epoch, action))
 
     def is_durable(self, epoch: int) -> bool:
         return epoch <= self.synced
@@ -119,6 +128,14 @@ class Committer:
         watchers, self._watchers = self._watchers, set()
         for w in watchers:
             w.kick()  # type: ignore[attr-defined]
+        if self._after:
+            due = [a for e, a in self._after if e <= target]
+            self._after = [(e, a) for e, a in self._after if e > target]
+            for action in due:
+                try:
+                    action()
+                except Exception as exc:  # one failed action must not stop durability
+                    log.error("after_sync_failed", error=repr(exc))
 
     @staticmethod
     def _take_fds(sources: Iterable[object]) -> list[int]:

@@ -136,6 +136,23 @@ class Partition:
         self.pending -= cleared
         return out, cleared
 
+    def last_offsets(self, subjects: list[bytes]) -> list[int]:
+        """For messages about to be appended on ``subjects``: the newest live offset of
+        each one's subject before it (0 if none), counting the batch's own earlier
+        messages (republish's ``Nats-Last-Sequence``). O(1) per message."""
+        out: list[int] = []
+        newest: dict[bytes, int] = {}
+        offset = self.log.next_offset
+        for s in subjects:
+            prev = newest.get(s)
+            if prev is None:
+                st = self.index.get(s)
+                prev = st.last if st is not None and st.count else 0
+            out.append(prev)
+            newest[s] = offset
+            offset += 1
+        return out
+
     def over_limit(self, subjects: Iterable[bytes], limit: int) -> list[int]:
         """Oldest offsets to remove so each subject keeps at most ``limit`` messages."""
         doomed: list[int] = []

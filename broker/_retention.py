@@ -84,6 +84,9 @@ class Retention:
         self.committer = committer
         self.deliver = deliver
         self.engine = ExpiryEngine(clock, self._expire)
+        #: Called with ``(partition, append result, epoch)`` after markers are
+        #: appended (the broker republishes them like any stored message).
+        self.on_markers: Callable[[Partition, AppendResult, int], None] | None = None
 
     # -- scheduling --------------------------------------------------------------------
 
@@ -227,7 +230,7 @@ class Retention:
             pos += len(b)
             ends.append(pos)
         res = part.append(b"".join(bodies), starts, ends, subjects, self.clock.now_ns(), bytes([MARKER]) * len(bodies))
-        self.committer.note_write(part.log)
+        epoch = self.committer.note_write(part.log)
         n = len(bodies)
         self.counters.messages_in += n
         self.counters.bytes_in += len(res.records)
@@ -239,6 +242,8 @@ class Retention:
         records = memoryview(res.records)
         bounds = res.positions + [len(records)]
         self.deliver([(subjects[k], head, records[bounds[k] : bounds[k + 1]]) for k in range(n)])
+        if self.on_markers is not None:
+            self.on_markers(part, res, epoch)
         return res
 
     # -- the segment cleaner -------------------------------------------------------------

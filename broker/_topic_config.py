@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from protocol import ErrorCode, error_class, filters_overlap, validate_filter
+from protocol import ErrorCode, SubjectTransform, TransformError, error_class, filters_overlap, validate_filter
 
 __all__ = ["TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]
 
@@ -34,6 +34,10 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "allow_msg_ttl": ((bool,), "accept per-message TTLs (can be turned on by update, never off)"),
     "subject_delete_marker_ttl": ((int,), "seconds a subject delete marker lives; 0 = no markers"),
     "allow_rollup": ((bool,), "honour Nats-Rollup headers (sub, all)"),
+    "republish": (
+        (dict, type(None)),
+        "{'src': filter (default '>'), 'dest': transform template, 'headers_only': bool}; nil removes it",
+    ),
     "pedantic": ((bool,), "refuse instead of fixing the configuration automatically (this request only)"),
     "message_expiry": ((int,), "update only: max age in seconds; 0 = none"),
 }
@@ -54,6 +58,16 @@ def check_option_types(options: dict[str, Any], updating: bool) -> None:
     subjects = options.get("subjects")
     if subjects is not None and not all(isinstance(s, str) for s in subjects):
         raise _Invalid("option 'subjects' must be a list of strings")
+    rp = options.get("republish")
+    if rp is not None:
+        unknown = set(rp) - {"src", "dest", "headers_only"}
+        if unknown:
+            raise _Invalid(f"option 'republish' has unknown keys {sorted(map(str, unknown))}; known: dest, headers_only, src")
+        for key, kind in (("src", str), ("dest", str), ("headers_only", bool)):
+            if key in rp and not isinstance(rp[key], kind):
+                raise _Invalid(f"option 'republish': {key!r} must be {kind.__name__}, not {type(rp[key]).__name__}")
+        if "dest" not in rp:
+            raise _Invalid("option 'republish' needs 'dest'")
     for key in ("subject_delete_marker_ttl", "max_msgs_per_subject", "segment_size", "message_expiry"):
         v = options.get(key)
         if v is not None and not -(2**63) <= v < 2**63:
@@ -74,6 +88,8 @@ class TopicConfig:
     allow_msg_ttl: bool = False
     subject_delete_marker_ttl: int = 0
     allow_rollup: bool = False
+    #: ``{"src", "dest", "headers_only"}`` or None
+    republish: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -98,6 +114,7 @@ class TopicConfig:
             "allow_msg_ttl": self.allow_msg_ttl,
             "subject_delete_marker_ttl": self.subject_delete_marker_ttl,
             "allow_rollup": self.allow_rollup,
+            "republish": dict(self.republish) if self.republish else None,
         }
 
     def validate(self, max_partitions: int) -> None:
@@ -125,6 +142,8 @@ class TopicConfig:
 def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
     """The config after an update (types already checked; ``pedantic`` ignored)."""
     kw = {k: (tuple(v) if k == "subjects" else v) for k, v in changes.items() if k != "pedantic"}
+    if kw.get("republish") is not None:
+        kw["republish"] = dict(kw["republish"])
     return replace(cfg, **kw)
 
 
@@ -155,6 +174,10 @@ def resolve(new: TopicConfig, old: TopicConfig | None, pedantic: bool, max_parti
             if pedantic:
                 raise _Config("subject delete marker cannot be set if roll-ups are disabled")
             new = replace(new, allow_rollup=True, deny_purge=False)
+    # 6. Republish (SEMANTICS 6.2): an empty destination (decision 10.11), the source
+    #    default, the cycle through the topic's own subjects, then the transform.
+    if new.republish is not None:
+        new = replace(new, republish=_check_republish(new.republish, new.subjects, pedantic))
     # Update-only rules (configUpdateCheckLocked), on the fixed configuration.
     if old is not None:
         if old.allow_msg_ttl and not new.allow_msg_ttl:
@@ -162,3 +185,29 @@ def resolve(new: TopicConfig, old: TopicConfig | None, pedantic: bool, max_parti
         if old.deny_purge and not new.deny_purge:
             raise _Config("stream configuration update can not cancel deny purge")
     return new
+
+
+def _check_republish(rp: dict[str, Any], subjects: tuple[str, ...], pedantic: bool) -> dict[str, Any]:
+    src = rp.get("src", "")
+    dest = rp.get("dest", "")
+    if not dest:
+        raise _Config("republish destination can not be empty")
+    if not src:
+        if pedantic:
+            raise error_class(ErrorCode.PEDANTIC)("pedantic mode: republish source can not be empty")
+        src = ">"
+    cycle = error_class(ErrorCode.REPUBLISH_CYCLE)("stream configuration for republish destination forms a cycle")
+    # The server's check compares the template itself with the subjects ...
+    if any(filters_overlap(dest, s) for s in subjects):
+        raise cycle
+    try:
+        transform = SubjectTransform(src, dest)
+    except TransformError as err:
+        raise error_class(ErrorCode.INVALID_TRANSFORM)(
+            f"stream configuration for republish with transform from '{src}' to '{dest}' not valid: {err}"
+        ) from None
+    # ... ours also sees what the references in it can become ({{wildcard(1)}}.x
+    # can give any subject ending in .x).
+    if any(filters_overlap(transform.as_filter(), s) for s in subjects):
+        raise cycle
+    return {"src": src, "dest": dest, "headers_only": bool(rp.get("headers_only", False))}

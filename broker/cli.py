@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import datetime as dt
 import json
 import os
 import sys
@@ -21,7 +20,7 @@ from typing import Any
 
 import trio
 
-from protocol import TTL_NEVER, BrokerError, Message
+from protocol import TTL_NEVER, BrokerError, Message, rfc3339_ns
 
 from .client import Client, ConnectionClosedError, connect, encode_msg
 
@@ -33,10 +32,7 @@ DEFAULT_SERVER = "127.0.0.1:8090"
 # -- output ---------------------------------------------------------------------------
 
 
-def _rfc3339(ns: int) -> str:
-    secs, frac = divmod(ns, 1_000_000_000)
-    base = dt.datetime.fromtimestamp(secs, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{base}.{frac:09d}".rstrip("0").rstrip(".") + "Z"
+_rfc3339 = rfc3339_ns
 
 
 def message_json(m: Message, stream: Any, topic: Any) -> dict[str, Any]:
@@ -140,6 +136,17 @@ def _topic_options(args: argparse.Namespace, updating: bool) -> dict[str, Any]:
         opts["allow_rollup"] = True
     if args.pedantic:
         opts["pedantic"] = True
+    if args.no_republish:
+        if args.republish_dest or args.republish_src or args.republish_headers_only:
+            raise SystemExit("error: --no-republish cannot be combined with the other --republish options")
+        opts["republish"] = None
+    elif args.republish_dest is not None:
+        rp: dict[str, Any] = {"dest": args.republish_dest, "headers_only": args.republish_headers_only}
+        if args.republish_src is not None:
+            rp["src"] = args.republish_src
+        opts["republish"] = rp
+    elif args.republish_src is not None or args.republish_headers_only:
+        raise SystemExit("error: --republish-src and --republish-headers-only need --republish-dest")
     if updating and args.expiry is not None:
         opts["message_expiry"] = args.expiry
     return opts
@@ -339,6 +346,10 @@ def _add_topic_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--allow-rollup", action="store_true", help="honour Nats-Rollup headers (sub, all)")
     p.add_argument("--pedantic", action="store_true", help="refuse instead of fixing the configuration automatically")
+    p.add_argument("--republish-dest", metavar="TEMPLATE", help="republish stored messages on this subject transform (ADR-28/30)")
+    p.add_argument("--republish-src", metavar="FILTER", help="only messages matching this filter (default '>')")
+    p.add_argument("--republish-headers-only", action="store_true", help="republish headers only (Nats-Msg-Size gives the size)")
+    p.add_argument("--no-republish", action="store_true", help="update: remove the republish rule")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -108,6 +108,7 @@ class LimitsConfig:
     max_subscriptions_per_connection: int = 1024
     max_partitions: int = 1024
     max_fetch_bytes: int = 8 * 1024 * 1024
+    max_republish_hops: int = 8
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,7 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("limits.max_frame_bytes: must be at least 1 KiB")
     if not 1 <= li.max_payload_bytes <= li.max_frame_bytes - 64:
         raise ConfigError("limits.max_payload_bytes: must be positive and fit in limits.max_frame_bytes")
-    for key in ("max_connections", "max_subscriptions_per_connection", "max_partitions"):
+    for key in ("max_connections", "max_subscriptions_per_connection", "max_partitions", "max_republish_hops"):
         if getattr(li, key) < 1:
             raise ConfigError(f"limits.{key}: must be at least 1")
     if li.max_pending_bytes_per_connection < li.max_frame_bytes:

@@ -111,6 +111,10 @@ from ._responses import TopicList as TopicList
 from ._responses import delivery_entry as delivery_entry
 from ._responses import encode_delivery as encode_delivery
 from ._responses import encode_uniform_acks as encode_uniform_acks
+from ._republish import HOPS_HEADER as HOPS_HEADER
+from ._republish import hops_of as hops_of
+from ._republish import republish_headers as republish_headers
+from ._republish import rfc3339_ns as rfc3339_ns
 from ._transform import SubjectTransform as SubjectTransform
 from ._transform import TransformError as TransformError
 from ._transform import fnv1a_32 as fnv1a_32
