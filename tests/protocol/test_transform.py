@@ -123,7 +123,7 @@ def test_every_output_matches_the_transform_filter(tokens: list[str], n: int) ->
     src = ".".join(["*"] * len(tokens))
     dests = [
         "out." + ".".join(f"${i}" for i in range(len(tokens), 0, -1)),
-        f"out.{{{{split(1,-)}}}}.x",
+        "out.{{split(1,-)}}.x",
         f"out.{{{{sliceFromLeft(1,{n})}}}}.{{{{partition({n},1)}}}}",
         f"out.{{{{left(1,{n})}}}}.{{{{right({len(tokens)},{n})}}}}.{{{{splitFromRight(1,{n})}}}}",
     ]
