@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 import protocol as P
+from protocol import RemovalReason as R
 from protocol import (
     EXPIRY_NONE,
     PROTOCOL_VERSION,
@@ -36,6 +37,7 @@ from storage import DataDir, PartitionLog, RecoveryReport
 
 from ._admission import ROLLUP_SUB, Admission, admit
 from ._catalog import Catalog, Stream, Topic
+from ._export import Exporter
 from ._clock import Clock
 from ._commit import Committer
 from ._log import get_logger
@@ -82,6 +84,7 @@ class Broker:
         self.retention.on_markers = lambda part, res, epoch: self.republisher.after_append(
             part, res, [0] * len(res.positions), epoch
         )
+        self.exporter = Exporter(config.export.dir, config.export.interval, self.counters)
         self.sessions: set[Any] = set()
         self.started_at = time.time()
         self.shutting_down = False
@@ -107,6 +110,7 @@ class Broker:
         }
         self.async_handlers: dict[type, Callable[[Any, Any], Awaitable[Reply]]] = {
             P.GetStats: self.stats,
+            P.Export: self.export,
             P.CreateStream: self.create_stream,
             P.UpdateStream: self.update_stream,
             P.DeleteStream: self.delete_stream,
@@ -123,6 +127,7 @@ class Broker:
         Blocking (file I/O); the server runs it in a worker thread before it listens.
         """
         self.datadir.lock()
+        self.exporter.open()
         data = self.datadir.load_catalog() or {"version": Catalog.VERSION, "streams": []}
         if data.get("version") != Catalog.VERSION:
             raise BrokerError(f"catalog version {data.get('version')} is not supported by this broker")
@@ -194,7 +199,10 @@ class Broker:
         tasks: list[Callable[[], Awaitable[None]]] = [self.retention.engine.run]
         cleaner = self.config.message_cleaner
         if cleaner.enabled:
-            tasks.append(lambda: self.retention.run_cleaner(cleaner.interval, self.all_partitions))
+            keep = self.exporter.keeps if self.exporter.enabled else None
+            tasks.append(lambda: self.retention.run_cleaner(cleaner.interval, self.all_partitions, keep))
+        if self.exporter.enabled:
+            tasks.append(lambda: self.exporter.run(self.all_partitions))
         return tasks
 
     def all_partitions(self) -> list[Partition]:
@@ -413,21 +421,21 @@ class Broker:
             if not part.log.is_live(off):
                 continue  # a later rollup of this batch took it already
             if kind == ROLLUP_SUB:
-                self.retention.remove(part, part.subject_offsets(subjects[i], before=off), "rollup")
+                self.retention.remove(part, part.subject_offsets(subjects[i], before=off), R.ROLLUP)
                 continue
             for q in part.topic.partitions:
                 later = [offsets[j] for j in groups.get(q, ()) if j > i]
                 limit = later[0] if later else q.log.next_offset
                 doomed = [o for o in q.live_offsets(except_offset=off) if o < limit]
                 if doomed:
-                    self.retention.remove(q, doomed, "rollup")
+                    self.retention.remove(q, doomed, R.ROLLUP)
 
     def _enforce_max_msgs(self, part: Partition, subjects: list[bytes]) -> None:
         limit = part.topic.config.max_msgs_per_subject
         if limit:
             doomed = part.over_limit(subjects, limit)
             if doomed:
-                self.retention.remove(part, doomed, "max_msgs_per_subject")
+                self.retention.remove(part, doomed, R.MAX_MSGS_PER_SUBJECT)
 
     # -- core deliveries -------------------------------------------------------------
 
@@ -511,7 +519,7 @@ class Broker:
         topic = self.catalog.topic(cmd.stream, cmd.topic)
         part = topic.partition(cmd.partition)
         self._check_purge_allowed(topic, "deletes")
-        if not self.retention.remove(part, [cmd.offset], "delete"):
+        if not self.retention.remove(part, [cmd.offset], R.DELETE):
             raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(
                 f"topic {topic.full_name} partition {part.number} has no live message at offset {cmd.offset}"
             )
@@ -539,7 +547,7 @@ class Broker:
             for part, subjects in targets:
                 offsets = [o for s in subjects for o in part.subject_offsets(s)]
                 if offsets:
-                    total += len(self.retention.remove(part, offsets, "purge"))
+                    total += len(self.retention.remove(part, offsets, R.PURGE))
                     epoch = self.committer.note_write(part.log)
         payload = P.PurgeResult(total).encode()
         return (payload, epoch) if epoch else payload
@@ -797,6 +805,9 @@ class Broker:
 
     def server_info(self, session: Any, cmd: P.GetServerInfo) -> Reply:
         return P.InfoMap(self.info()).encode()
+
+    async def export(self, session: Any, cmd: P.Export) -> Reply:
+        return P.InfoMap(await self.exporter.export_now(self.all_partitions(), cmd.seal)).encode()
 
     async def stats(self, session: Any, cmd: P.GetStats) -> Reply:
         values: dict[str, Any] = dict(self.counters.as_dict())

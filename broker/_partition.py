@@ -115,15 +115,16 @@ class Partition:
         self.index.extend(res.first_offset, subjects, flags)
         return res
 
-    def remove(self, offsets: Iterable[int]) -> tuple[list[Removed], int]:
-        """Delete live messages. Returns what was removed (in the order given) and
-        how many of them had a pending expiry (the caller tells the queue)."""
+    def remove(self, offsets: Iterable[int], tag: int = 0) -> tuple[list[Removed], int]:
+        """Delete live messages (``tag``: the :class:`protocol.RemovalReason` kept on
+        disk). Returns what was removed (in the order given) and how many of them had
+        a pending expiry (the caller tells the queue)."""
         live = [o for o in dict.fromkeys(offsets) if self.log.is_live(o)]
         if not live:
             return [], 0
         index = self.index
         before = [(index.subject_at(o), index.flags_at(o)) for o in live]
-        self.log.delete_many(live)
+        self.log.delete_many(live, tag)
         out = []
         cleared = 0
         for o, (subject, f) in zip(live, before):

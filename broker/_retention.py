@@ -31,6 +31,7 @@ import trio
 
 from protocol import (
     MarkerReason,
+    RemovalReason,
     delivery_entry,
     encode_body,
     encode_headers,
@@ -46,26 +47,25 @@ from ._partition import Partition, Removed
 from ._stats import Counters
 from ._subject_index import MARKER, NO_MARKER
 
-__all__ = ["Retention", "REASONS"]
+__all__ = ["Retention"]
 
 log = get_logger(__name__)
 
 NS = 1_000_000_000
 
-#: Why messages are removed (the keys of each topic's ``removed`` counters).
-REASONS = ("ttl", "max_age", "delete", "purge", "rollup", "max_msgs_per_subject")
+R = RemovalReason
 
 _COUNTER_OF = {
-    "ttl": "expired_ttl",
-    "max_age": "expired_max_age",
-    "delete": "deleted",
-    "purge": "purged",
-    "rollup": "removed_rollup",
-    "max_msgs_per_subject": "removed_max_msgs_per_subject",
+    R.TTL: "expired_ttl",
+    R.MAX_AGE: "expired_max_age",
+    R.DELETE: "deleted",
+    R.PURGE: "purged",
+    R.ROLLUP: "removed_rollup",
+    R.MAX_MSGS_PER_SUBJECT: "removed_max_msgs_per_subject",
 }
 
 #: Which removals leave a marker, and which reason it carries.
-_MARKER_FOR = {"ttl": MarkerReason.MAX_AGE, "max_age": MarkerReason.MAX_AGE, "delete": MarkerReason.REMOVE, "purge": MarkerReason.PURGE}
+_MARKER_FOR = {R.TTL: MarkerReason.MAX_AGE, R.MAX_AGE: MarkerReason.MAX_AGE, R.DELETE: MarkerReason.REMOVE, R.PURGE: MarkerReason.PURGE}
 
 Deliver = Callable[[list[tuple[bytes, bytes, Any]]], None]
 
@@ -145,10 +145,10 @@ class Retention:
 
     # -- removing ----------------------------------------------------------------------
 
-    def remove(self, part: Partition, offsets: Iterable[int], reason: str) -> list[Removed]:
-        """Remove live messages for ``reason`` (one of :data:`REASONS`), write the
-        markers the removal calls for, and return what was removed."""
-        removed, cleared = part.remove(offsets)
+    def remove(self, part: Partition, offsets: Iterable[int], reason: RemovalReason) -> list[Removed]:
+        """Remove live messages for ``reason`` (kept on disk with each deletion), write
+        the markers the removal calls for, and return what was removed."""
+        removed, cleared = part.remove(offsets, reason)
         if cleared:
             self.engine.queue.discarded(cleared)
         if removed:
@@ -167,13 +167,13 @@ class Retention:
             self.engine.queue.discarded(cleared)
         self.engine.schedule_age(part, None)
         if removed:
-            self._count(part, "purge", removed)
+            self._count(part, R.PURGE, removed)
         return removed
 
-    def _count(self, part: Partition, reason: str, n: int) -> None:
+    def _count(self, part: Partition, reason: RemovalReason, n: int) -> None:
         setattr(self.counters, _COUNTER_OF[reason], getattr(self.counters, _COUNTER_OF[reason]) + n)
         stats = part.topic.removed
-        stats[reason] = stats.get(reason, 0) + n
+        stats[reason.label] = stats.get(reason.label, 0) + n
 
     def _expire(self, part: Partition, ttl_offsets: list[int], age_due: bool, now_ns: int) -> int | None:
         """Remove what is due in one partition; returns its next max-age deadline."""
@@ -185,17 +185,18 @@ class Retention:
         if aged and ttl_due:
             aged_set = set(aged)
             ttl_due = [o for o in ttl_due if o not in aged_set]
-        # Both reasons together, so that one subject emptied by both gets one marker.
-        removed, cleared = part.remove(aged + ttl_due)
-        if cleared:
-            self.engine.queue.discarded(cleared)
-        if removed:
+        # Both reasons in one pass, so that one subject emptied by both gets one marker.
+        removed, cleared = part.remove(aged, R.MAX_AGE)
+        removed_ttl, cleared_ttl = part.remove(ttl_due, R.TTL)
+        if cleared or cleared_ttl:
+            self.engine.queue.discarded(cleared + cleared_ttl)
+        if removed or removed_ttl:
             self.committer.note_write(part.log)
-            if aged:
-                self._count(part, "max_age", len(aged))
-            if ttl_due:
-                self._count(part, "ttl", len(removed) - len(aged))
-            self._write_markers(part, removed, MarkerReason.MAX_AGE)
+            if removed:
+                self._count(part, R.MAX_AGE, len(removed))
+            if removed_ttl:
+                self._count(part, R.TTL, len(removed_ttl))
+            self._write_markers(part, removed + removed_ttl, MarkerReason.MAX_AGE)
             log.debug("expired", topic=part.topic.full_name, partition=part.number, ttl=len(ttl_due), max_age=len(aged))
         return self._next_age_deadline(part) if expiry else None
 
@@ -248,9 +249,10 @@ class Retention:
 
     # -- the segment cleaner -------------------------------------------------------------
 
-    def clean(self, partitions: Iterable[Partition]) -> tuple[int, int]:
+    def clean(self, partitions: Iterable[Partition], keep: Callable[[Partition, Any], bool] | None = None) -> tuple[int, int]:
         """One cleaner pass: seal active segments whose messages are all gone, delete
-        sealed segments with nothing live. Returns ``(segments, bytes)`` reclaimed."""
+        sealed segments with nothing live (except those ``keep`` names: not yet
+        exported). Returns ``(segments, bytes)`` reclaimed."""
         segments = freed = 0
         for part in partitions:
             plog = part.log
@@ -258,6 +260,8 @@ class Retention:
             if active.count and not active.live_count:
                 plog.seal_active()
             for seg in plog.reclaimable():
+                if keep is not None and keep(part, seg):
+                    continue
                 freed += plog.remove_segment(seg)
                 segments += 1
             part.trim_index()
@@ -267,9 +271,11 @@ class Retention:
             log.info("segments_reclaimed", segments=segments, bytes=freed)
         return segments, freed
 
-    async def run_cleaner(self, interval: float, partitions: Callable[[], list[Partition]]) -> None:
+    async def run_cleaner(
+        self, interval: float, partitions: Callable[[], list[Partition]], keep: Callable[[Partition, Any], bool] | None = None
+    ) -> None:
         """The cleaner task: a pass every ``interval`` seconds."""
         while True:
             await trio.sleep(interval)
-            self.clean(partitions())
+            self.clean(partitions(), keep)
 

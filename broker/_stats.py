@@ -48,6 +48,11 @@ class Counters:
     dropped_loops: int = 0
     #: Republished messages dropped because the transform gave an invalid subject.
     dropped_invalid_subject: int = 0
+    #: Segments exported to Parquet, and their rows.
+    segments_exported: int = 0
+    rows_exported: int = 0
+    #: Export passes that failed (retried on the next pass).
+    export_failures: int = 0
     #: Sealed segment files removed by the cleaner.
     segments_reclaimed: int = 0
     #: Bytes of those files.

@@ -293,6 +293,19 @@ async def cmd_stats(c: Client, args: argparse.Namespace, out: Out) -> None:
     out.obj(await c.stats())
 
 
+async def cmd_export(c: Client, args: argparse.Namespace, out: Out) -> None:
+    res = await c.export(seal=args.seal)
+    if out.json:
+        out.obj(res)
+        return
+    for e in res["exported"]:
+        print(f"exported {e['path']} ({e['rows']} rows, {e['bytes']} bytes)")
+    print(
+        f"{len(res['exported'])} segment(s) exported to {res['dir']}"
+        f" ({res['sealed']} sealed first; {res['segments_in_export']} in the export)"
+    )
+
+
 async def cmd_delete(c: Client, args: argparse.Namespace, out: Out) -> None:
     await c.delete_message(_ident(args.stream), _ident(args.topic), args.partition, args.offset)
     out.obj({"deleted": {"partition": args.partition, "offset": args.offset}}, f"deleted partition {args.partition} offset {args.offset}")
@@ -324,6 +337,7 @@ CLIENT_COMMANDS: dict[str, Callable[[Client, argparse.Namespace, Out], Awaitable
     "last": cmd_last,
     "sub": cmd_sub,
     "stats": cmd_stats,
+    "export": cmd_export,
     "delete": cmd_delete,
     "purge": cmd_purge,
     "offset": cmd_offset,
@@ -367,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="listen address (overrides [server] host)")
     p.add_argument("--port", type=int, help="listen port, 0 = any free one (overrides [server] port)")
     p.add_argument("--fsync", help="always | never | an interval like 200ms (overrides [system.partition] fsync)")
+    p.add_argument("--export-dir", metavar="DIR", help="export sealed segments to Parquet here (overrides [export] dir)")
     p.add_argument("--print-config", action="store_true", help="print the embedded default config and exit")
 
     p = sub.add_parser("stream", help="create, list or delete streams")
@@ -423,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("stats", parents=[common], help="the broker's counters")
 
+    p = sub.add_parser("export", parents=[common], help="export sealed segments to Parquet now (the broker's --export-dir)")
+    p.add_argument("--seal", action="store_true", help="seal the active segments first, so that everything stored is exported")
+
     p = sub.add_parser("delete", parents=[common], help="delete one message")
     p.add_argument("stream")
     p.add_argument("topic")
@@ -469,6 +487,8 @@ def _serve(args: argparse.Namespace) -> int:
             changes["server.port"] = args.port
         if args.fsync:
             changes["system.partition.fsync"] = args.fsync
+        if args.export_dir:
+            changes["export.dir"] = args.export_dir
         if changes:
             cfg = cfg.replace(**changes)
     except ConfigError as exc:

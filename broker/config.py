@@ -249,9 +249,6 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("system.segment.message_expiry: seconds, 0..4294967294")
     if cfg.message_cleaner.interval <= 0:
         raise ConfigError("message_cleaner.interval: must be positive")
-    if cfg.export.dir:
-        # Parsed but not built yet: refuse loudly rather than silently not export.
-        raise ConfigError("export.dir: the Parquet export is not available in this version; leave it empty")
     if cfg.export.interval <= 0:
         raise ConfigError("export.interval: must be positive")
     li = cfg.limits

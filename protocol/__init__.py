@@ -19,8 +19,11 @@ from ._codes import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._codes import Command as Command
 from ._codes import MarkerReason as MarkerReason
 from ._codes import PushKind as PushKind
+from ._codes import RemovalReason as RemovalReason
 from ._commands import COMMAND_TYPES as COMMAND_TYPES
 from ._commands import EXPIRY_NONE as EXPIRY_NONE
+from ._commands import EXPORT_SEAL as EXPORT_SEAL
+from ._commands import Export as Export
 from ._commands import PUBLISH_NO_ACK as PUBLISH_NO_ACK
 from ._commands import CreateStream as CreateStream
 from ._commands import CreateTopic as CreateTopic

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["Command", "PushKind", "MarkerReason", "PROTOCOL_VERSION", "HANDSHAKE_MAGIC"]
+__all__ = ["Command", "PushKind", "MarkerReason", "RemovalReason", "PROTOCOL_VERSION", "HANDSHAKE_MAGIC"]
 
 #: The version a client names in its handshake. The broker answers with the highest
 #: version it shares with the client or refuses with UNSUPPORTED_VERSION.
@@ -77,6 +77,9 @@ class Command(IntEnum):
     #: Change a topic's options.
     UPDATE_TOPIC = 304
 
+    #: Export sealed segments to Parquet now (optionally sealing active ones first).
+    EXPORT = 500
+
 
 class PushKind(IntEnum):
     """Kinds of frames the broker sends without being asked."""
@@ -119,3 +122,28 @@ _REASON_TEXT = {
     MarkerReason.PURGE: "Purge",
 }
 _REASON_BY_TEXT = {v: k for k, v in _REASON_TEXT.items() if v}
+
+
+class RemovalReason(IntEnum):
+    """Why a message was removed: the tag kept with each deletion on disk (4 bits),
+    the keys of the removal counters, and the export's ``removed_reason`` column."""
+
+    #: Not recorded (a deletion written before reasons were kept).
+    UNKNOWN = 0
+    #: Its per-message TTL ran out.
+    TTL = 1
+    #: The topic's max age removed it.
+    MAX_AGE = 2
+    #: The delete-message API.
+    DELETE = 3
+    #: A purge (of the topic or of its subject).
+    PURGE = 4
+    #: A later message's ``Nats-Rollup`` header.
+    ROLLUP = 5
+    #: The topic's ``max_msgs_per_subject``.
+    MAX_MSGS_PER_SUBJECT = 6
+
+    @property
+    def label(self) -> str:
+        """``ttl``, ``max_age``, ``delete``, ``purge``, ``rollup``, ``max_msgs_per_subject``."""
+        return self.name.lower()

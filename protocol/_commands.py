@@ -45,6 +45,8 @@ __all__ = [
     "CreateTopic",
     "DeleteTopic",
     "UpdateTopic",
+    "Export",
+    "EXPORT_SEAL",
     "COMMAND_TYPES",
     "PUBLISH_NO_ACK",
 ]
@@ -517,12 +519,40 @@ class UpdateTopic(_Request):
         return out
 
 
+#: Export flag: seal every active segment that holds records first.
+EXPORT_SEAL = 0x1
+
+
+@dataclass(frozen=True, slots=True)
+class Export(_Request):
+    """``u8 flags`` (``EXPORT_SEAL``: seal active segments first)"""
+
+    CODE: ClassVar[Command] = Command.EXPORT
+    flags: int = 0
+
+    def encode(self) -> bytes:
+        return u8(self.flags)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Export:
+        r = Reader(payload, "EXPORT")
+        out = cls(r.u8())
+        r.end()
+        if out.flags & ~EXPORT_SEAL:
+            raise malformed(f"EXPORT: unknown flags {out.flags:#x}")
+        return out
+
+    @property
+    def seal(self) -> bool:
+        return bool(self.flags & EXPORT_SEAL)
+
+
 COMMAND_TYPES: dict[int, type[_Request]] = {
     cls.CODE: cls
     for cls in (
         Handshake, Ping, GetServerInfo, GetStats, Publish, Fetch, GetLast, DeleteMessage, Purge,
         Subscribe, Unsubscribe, StoreConsumerOffset, GetConsumerOffset, DeleteConsumerOffset,
         GetStream, ListStreams, CreateStream, DeleteStream, UpdateStream,
-        GetTopic, ListTopics, CreateTopic, DeleteTopic, UpdateTopic,
+        GetTopic, ListTopics, CreateTopic, DeleteTopic, UpdateTopic, Export,
     )
 }

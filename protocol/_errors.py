@@ -89,6 +89,10 @@ class ErrorCode(IntEnum):
     CORRUPTED_RECORD = 4001, "the record failed its checksum or is truncated; it is never served"
     STORAGE_FAILURE = 4002, "the disk refused an operation (full, read-only, I/O error)"
 
+    # -- export (5000s) ----------------------------------------------------------
+    EXPORT_NOT_CONFIGURED = 5001, "the broker has no export directory ([export] dir)"
+    EXPORT_FAILED = 5002, "the export failed; the message says why and nothing was half-written"
+
     # -- messages (6000s) --------------------------------------------------------
     NO_TOPIC_FOR_SUBJECT = 6001, "no topic captures the subject; only core subscribers received it"
     INVALID_SUBJECT = 6002, "the subject is not a valid publish subject"

@@ -517,6 +517,7 @@ RESPONSE_TYPES: dict[int, type[_Response]] = {
     Command.CREATE_TOPIC: TopicDetails,
     Command.DELETE_TOPIC: Empty,
     Command.UPDATE_TOPIC: TopicDetails,
+    Command.EXPORT: InfoMap,
 }
 
 PUSH_TYPES: dict[int, type[_Response]] = {PushKind.DELIVERY: Delivery, PushKind.GOODBYE: Goodbye}

@@ -28,6 +28,7 @@ from ._segment import DELETED as DELETED
 from ._segment import LIVE as LIVE
 from ._segment import RecoveryReport as RecoveryReport
 from ._segment import Segment as Segment
+from ._segment import read_deletion_tags as read_deletion_tags
 from ._segment import segment_name as segment_name
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -246,15 +246,16 @@ class PartitionLog:
         """Delete one record; False if it was not live."""
         return self.delete_many([offset]) == 1
 
-    def delete_many(self, offsets: list[int]) -> int:
-        """Delete records (one ``.del`` write per segment); returns how many were live."""
+    def delete_many(self, offsets: list[int], tag: int = 0) -> int:
+        """Delete records (one ``.del`` write per segment); returns how many were live.
+        ``tag`` (0..15) is recorded with each deletion (why; the caller's vocabulary)."""
         by_segment: dict[int, list[int]] = {}
         for off in offsets:
             i = self._segment_index(off)
             by_segment.setdefault(i, []).append(off - self.segments[i].base)
         done = 0
         for i, rels in by_segment.items():
-            done += self.segments[i].delete_many(rels)
+            done += self.segments[i].delete_many(rels, tag)
         self.live_count -= done
         return done
 

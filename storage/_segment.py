@@ -51,6 +51,11 @@ DELETED = 0
 CORRUPT = 2
 
 _DEL_ENTRY = struct.Struct("<II")
+#: A ``.del`` entry's first word: the record's index in the segment in the low 28 bits
+#: (a segment of at most 1 GiB holds fewer than 2**25 records), and in the top 4 bits
+#: a tag the caller gives (why it was deleted; 0 = not said).
+_REL_MASK = 0x0FFFFFFF
+_TAG_SHIFT = 28
 _HEAD = struct.Struct("<IIQ")  # length, crc32, offset: the start of every record
 FIXED = 38  # record header (24) + body header (14)
 _TIME_ENTRY = struct.Struct("<IQ")
@@ -305,9 +310,10 @@ class Segment:
             return
         n = len(self.state)
         for i in range(0, len(raw) - len(raw) % 8, 8):
-            rel, crc = _DEL_ENTRY.unpack_from(raw, i)
+            word, crc = _DEL_ENTRY.unpack_from(raw, i)
             if zlib.crc32(raw[i : i + 4]) != crc:
                 continue  # torn or damaged entry: that delete was never acknowledged
+            rel = word & _REL_MASK
             if rel < n and self.state[rel] == LIVE:
                 self.state[rel] = DELETED
                 self.live_count -= 1
@@ -368,13 +374,15 @@ class Segment:
             return False
         return self.delete_many([rel]) == 1
 
-    def delete_many(self, rels: list[int]) -> int:
-        """Mark several records deleted with one write; returns how many were live."""
+    def delete_many(self, rels: list[int], tag: int = 0) -> int:
+        """Mark several records deleted with one write; returns how many were live.
+        ``tag`` (0..15) is kept with each deletion (:func:`read_deletion_tags`)."""
         entries = bytearray()
         state = self.state
         doomed = [rel for rel in dict.fromkeys(rels) if 0 <= rel < len(state) and state[rel] == LIVE]
+        high = (tag & 0xF) << _TAG_SHIFT
         for rel in doomed:
-            raw = _U32.pack(rel)
+            raw = _U32.pack(rel | high)
             entries += raw + _U32.pack(zlib.crc32(raw))
         done = len(doomed)
         if not done:
@@ -585,3 +593,19 @@ def _atomic_write(path: str, data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, path)
 
+
+
+def read_deletion_tags(del_path: str) -> dict[int, int]:
+    """``{record index: tag}`` of a segment's recorded deletions (the first one wins;
+    damaged entries are skipped). Safe to call while the file is appended to."""
+    try:
+        with open(del_path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return {}
+    out: dict[int, int] = {}
+    for i in range(0, len(raw) - len(raw) % 8, 8):
+        word, crc = _DEL_ENTRY.unpack_from(raw, i)
+        if zlib.crc32(raw[i : i + 4]) == crc:
+            out.setdefault(word & _REL_MASK, word >> _TAG_SHIFT)
+    return out

@@ -88,14 +88,15 @@ class BrokerProcess:
     """``python -m broker serve`` in a subprocess, for tests that need a separate
     process (kill -9, signals, the CLI, the asyncio client)."""
 
-    def __init__(self, data_dir: Path | str, *extra: str, config_file: Path | None = None) -> None:
+    def __init__(self, data_dir: Path | str, *extra: str, config_file: Path | None = None, env: dict[str, str] | None = None) -> None:
         import subprocess
 
         args = [sys.executable, "-m", "broker", "serve", "--port", "0", "--data", str(data_dir), *extra]
         if config_file is not None:
             args += ["--config", str(config_file)]
         self.proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with_project(), cwd=str(data_dir)
+            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env_with_project(), **(env or {})},
+            cwd=str(data_dir),
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

@@ -312,6 +312,16 @@ class Client:
     async def stats(self) -> dict[str, Any]:
         return (await self._request(P.GetStats())).values
 
+    async def export(self, *, seal: bool = False) -> dict[str, Any]:
+        """Export sealed segments to Parquet now (``seal``: seal the active segments
+        first, so that everything stored so far is exported). Returns ``dir``,
+        ``sealed``, ``exported`` (one entry per segment) and ``segments_in_export``.
+
+        Raises:
+            ExportNotConfiguredError: the broker has no export directory.
+        """
+        return (await self._request(P.Export(P.EXPORT_SEAL if seal else 0))).values
+
     # -- streams and topics ----------------------------------------------------------
 
     async def create_stream(self, name: str, stream_id: int = 0) -> P.StreamDetails:

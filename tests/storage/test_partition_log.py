@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import protocol as P
-from storage import CorruptedRecord, PartitionLog, Segment, segment_name
+from storage import CorruptedRecord, PartitionLog, Segment, read_deletion_tags, segment_name
 
 
 def bodies(n: int, start: int = 0, size: int = 40) -> tuple[bytes, list[int], list[int]]:
@@ -130,6 +130,19 @@ def test_deletes_in_sealed_segments_survive_restart(tmp_path: Path) -> None:
     with pytest.raises(P.MessageNotFoundError):  # type: ignore[attr-defined]
         log.get(50)
     assert P.check_record(bytes(log.get(51)), 0, len(log.get(51))) > 0
+
+
+def test_deletions_keep_their_tag(tmp_path: Path) -> None:
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    append(log, 6)
+    log.delete_many([1, 2], tag=3)
+    log.delete_many([2, 5], tag=15)  # 2 is already gone: its first tag stays
+    log.delete(6)
+    seg = log.segments[0]
+    log.close()
+    assert read_deletion_tags(seg.del_path) == {0: 3, 1: 3, 4: 15, 5: 0}
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    assert [log.is_live(o) for o in range(1, 7)] == [False, False, True, True, False, False]
 
 
 def test_torn_delete_entry_is_ignored(tmp_path: Path) -> None:

@@ -1,0 +1,149 @@
+"""The export task: sealed segments to Parquet, off the event loop.
+
+Every ``[export] interval`` seconds (and on demand, by the EXPORT command behind
+``ttlbroker export``), the task snapshots on the event loop the sealed segments that
+the manifest does not list yet, and hands them to ``spark_export.export_segments``
+in a worker thread: the conversion (pyarrow) never stalls publishing. Sealed segment
+files never change, so the thread reads them while the loop goes on appending to the
+active ones; deletions made meanwhile show up in the next segment's export only.
+
+While the export is on, the segment cleaner keeps every segment not yet exported
+(:meth:`Exporter.keeps`): a message that expired before it was exported still reaches
+the export, flagged as removed. ``spark_export`` (and pyarrow) are imported only when
+an export directory is configured.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from protocol import BrokerError, ErrorCode, error_class
+
+from ._log import get_logger
+
+if TYPE_CHECKING:
+    from storage import Segment
+
+    from ._partition import Partition
+    from ._stats import Counters
+
+__all__ = ["Exporter"]
+
+log = get_logger(__name__)
+
+
+class Exporter:
+    """Args:
+    root: the export directory ('' = export off).
+    interval: seconds between passes.
+    counters: the broker's counters.
+    """
+
+    def __init__(self, root: str, interval: float, counters: Counters) -> None:
+        self.root = root
+        self.interval = interval
+        self.counters = counters
+        self.exported: set[str] = set()
+        self._lock = trio.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.root)
+
+    def open(self) -> None:
+        """Load the manifest (blocking; the broker calls it from its worker thread at
+        start) and clear what a crash left half-written."""
+        if not self.enabled:
+            return
+        try:
+            from spark_export import Manifest
+        except ImportError as exc:
+            raise error_class(ErrorCode.EXPORT_NOT_CONFIGURED)(
+                f"the export needs pyarrow ({exc}): pip install 'ttlbroker[spark]'"
+            ) from None
+
+        manifest = Manifest.load(self.root)
+        self.exported = set(manifest.segments)
+
+    @staticmethod
+    def key(part: Partition, seg: Segment) -> str:
+        t = part.topic
+        # The topic's creation time tells a topic from a later one that got its id.
+        return f"{t.stream.id}/{t.id}@{t.created_at}/{part.number}/{seg.base}"
+
+    def keeps(self, part: Partition, seg: Segment) -> bool:
+        """True when the cleaner must keep ``seg`` (the export is on and it is not
+        exported yet)."""
+        return self.enabled and self.key(part, seg) not in self.exported
+
+    def _jobs(self, partitions: list[Partition]) -> list[Any]:
+        from spark_export import SegmentJob
+
+        jobs = []
+        for part in partitions:
+            topic = part.topic
+            for seg in part.log.segments[:-1]:
+                if not seg.count or self.key(part, seg) in self.exported:
+                    continue
+                jobs.append(
+                    SegmentJob(
+                        stream_id=topic.stream.id, topic_id=topic.id, partition=part.number,
+                        stream=topic.stream.name, topic=topic.name, base=seg.base, count=seg.count,
+                        log_path=seg.log_path, del_path=seg.del_path, positions=seg.positions.tobytes(),
+                        states=bytes(seg.state), purged_through=part.log.purged_through,
+                        max_age=topic.config.message_expiry, generation=topic.created_at,
+                    )
+                )
+        return jobs
+
+    async def export_now(self, partitions: list[Partition], seal: bool = False) -> dict[str, Any]:
+        """One export pass; returns what it exported.
+
+        Raises:
+            ExportNotConfiguredError: no export directory.
+            ExportFailedError: the conversion or a write failed (nothing half-written
+                is left under a final name; the next pass retries).
+        """
+        if not self.enabled:
+            raise error_class(ErrorCode.EXPORT_NOT_CONFIGURED)(
+                "the broker has no export directory: start it with --export-dir DIR or set [export] dir"
+            )
+        from spark_export import export_segments
+
+        async with self._lock:
+            sealed = 0
+            if seal:
+                for part in partitions:
+                    if part.log.seal_active():
+                        sealed += 1
+            jobs = self._jobs(partitions)
+            started = time.perf_counter()
+            try:
+                done = await trio.to_thread.run_sync(export_segments, self.root, jobs)
+            except Exception as exc:
+                self.counters.export_failures += 1
+                log.error("export_failed", error=repr(exc))
+                raise error_class(ErrorCode.EXPORT_FAILED)(f"export to {self.root} failed: {exc}") from None
+            for entry in done:
+                self.exported.add(entry["key"])
+            rows = sum(e["rows"] for e in done)
+            self.counters.segments_exported += len(done)
+            self.counters.rows_exported += rows
+            if done:
+                log.info("exported", segments=len(done), rows=rows, seconds=round(time.perf_counter() - started, 3), dir=self.root)
+            return {"dir": self.root, "sealed": sealed, "exported": done, "segments_in_export": len(self.exported)}
+
+    async def run(self, partitions: Any) -> None:
+        """The periodic task (``partitions()`` gives the current partitions)."""
+        while True:
+            await trio.sleep(self.interval)
+            try:
+                await self.export_now(partitions())
+            except BrokerError:
+                pass  # logged and counted in export_now; the next pass retries
+            except Exception as exc:  # a bug here must not stop the broker
+                self.counters.export_failures += 1
+                log.error("export_failed", error=repr(exc))

@@ -1,0 +1,22 @@
+"""ttlbroker's export to Parquet, and the PySpark jobs over it.
+
+* The broker's export task (``broker/_export.py``) snapshots sealed segments on its
+  event loop and calls :func:`export_segments` in a worker thread: pyarrow only.
+* ``python -m spark_export analyze|compact|load`` (also ``spark-submit
+  spark_export/submit.py ...``): the PySpark analytics and compaction, and loading a
+  compacted snapshot back into a broker.
+
+Nothing here runs on the broker's event loop, and nothing imports ``pyspark`` until a
+Spark job is asked for.
+"""
+
+from ._convert import SegmentJob as SegmentJob
+from ._exporter import CRASH_ENV as CRASH_ENV
+from ._exporter import export_segments as export_segments
+from ._manifest import MANIFEST_NAME as MANIFEST_NAME
+from ._manifest import Manifest as Manifest
+from ._schema import SCHEMA as SCHEMA
+from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
+from ._schema import VERSION_KEY as VERSION_KEY
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,77 @@
+"""Export sealed segments to Parquet, exactly once (runs in a worker thread).
+
+:func:`export_segments` is what the broker's export task calls off its event loop
+with the jobs it snapshotted; see ``_manifest.py`` for the order of writes that makes
+a crash at any point harmless. ``TTLBROKER_EXPORT_CRASH_AT`` (``before_write``,
+``after_write``, ``after_rename``) makes the process exit on the spot at that step:
+a fault-injection point for the crash tests, never set in operation.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ._convert import SegmentJob, relative_path, segment_table, write_table
+from ._manifest import Manifest
+
+__all__ = ["export_segments", "CRASH_ENV"]
+
+CRASH_ENV = "TTLBROKER_EXPORT_CRASH_AT"
+
+
+def _crash_point(step: str) -> None:
+    if os.environ.get(CRASH_ENV) == step:
+        os._exit(86)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def export_segments(
+    root: str, jobs: Iterable[SegmentJob], progress: Callable[[int, int], None] | None = None
+) -> list[dict[str, Any]]:
+    """Export every job not already in ``root``'s manifest; returns one entry per
+    segment exported now (``key``, ``path``, ``rows``, ``bytes``, ``corrupt``,
+    ``seconds``)."""
+    manifest = Manifest.load(root)
+    todo = [j for j in jobs if j.key not in manifest]
+    done: list[dict[str, Any]] = []
+    for i, job in enumerate(todo):
+        started = time.perf_counter()
+        rel = relative_path(job)
+        final = os.path.join(root, rel)
+        folder = os.path.dirname(final)
+        os.makedirs(folder, exist_ok=True)
+        tmp = final + ".tmp"
+        _crash_point("before_write")
+        table, corrupt = segment_table(job)
+        write_table(table, tmp)
+        _crash_point("after_write")
+        os.replace(tmp, final)
+        _fsync_dir(folder)
+        _crash_point("after_rename")
+        entry = {
+            "path": rel,
+            "stream": job.stream,
+            "topic": job.topic,
+            "partition": job.partition,
+            "first_offset": job.base,
+            "last_offset": job.last_offset,
+            "rows": table.num_rows,
+            "bytes": os.path.getsize(final),
+            "corrupt_records": corrupt,
+            "exported_at": time.time(),
+        }
+        manifest.record(job.key, entry)
+        done.append({"key": job.key, **entry, "seconds": round(time.perf_counter() - started, 3)})
+        if progress is not None:
+            progress(i + 1, len(todo))
+    return done

@@ -1,0 +1,182 @@
+"""The Parquet export (pyarrow, no Spark): contents, exactly-once under crashes at
+every step, idempotence, and the cleaner keeping what is not exported yet."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+import trio
+from conftest import BrokerProcess, make_config, start_server
+
+import protocol as P
+from broker import Clock
+from broker.client import ExportNotConfiguredError, connect
+from spark_export import CRASH_ENV, MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, VERSION_KEY
+
+NS = 1_000_000_000
+
+
+def read_export(root: Path):  # type: ignore[no-untyped-def]
+    return ds.dataset(str(root), format="parquet", partitioning="hive").to_table().to_pylist()
+
+
+async def advance(seconds: float) -> None:
+    trio.lowlevel.current_clock().jump(seconds)  # type: ignore[attr-defined]
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_export_of_plain_ttl_removed_and_marker_messages(mock_clock, tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    cfg = make_config(tmp_path / "data", **{"export.dir": str(export), "system.partition.fsync": "never"})
+    (tmp_path / "data").mkdir()
+    async with start_server(cfg, Clock()) as server, connect(server.address, timeout=None) as c:
+        await c.create_stream("Shop")
+        await c.create_topic(
+            "shop", "orders", subjects=["o.>"], message_expiry=3600, subject_delete_marker_ttl=60, max_msgs_per_subject=1
+        )
+        acks = await c.publish_batch([
+            ("o.plain", b"p", {"K": "v"}),
+            ("o.ttl", b"t", None, 10),
+            ("o.never", b"n", {"Nats-TTL": "never"}),
+            ("o.del", b"d"),
+            ("o.bin", bytes(range(256))),
+        ])
+        await c.delete_message("shop", "orders", 0, acks[3].offset)  # Remove marker at 6
+        await advance(10.2)  # o.ttl expires: MaxAge marker at 7
+        res = await c.export(seal=True)
+        assert res["sealed"] == 1 and len(res["exported"]) == 1
+        entry = res["exported"][0]
+        assert entry["path"] == "stream=shop/topic=orders/partition=0/1-7.parquet" and entry["rows"] == 7
+        rows = read_export(export)
+        by_offset = {r["offset"]: r for r in rows}
+        assert sorted(by_offset) == [1, 2, 3, 4, 5, 6, 7]
+        assert {(r["stream"], r["topic"], r["partition"]) for r in rows} == {("shop", "orders", 0)}
+        p, t, nv, d, b, m_remove, m_age = (by_offset[k] for k in range(1, 8))
+        assert p["subject"] == "o.plain" and p["headers"] == [("K", "v")] and p["payload"] == b"p"
+        assert (p["ttl_seconds"], p["ttl_never"], p["removed"], p["is_marker"]) == (None, False, False, False)
+        assert p["expires_at"].timestamp() == pytest.approx(p["timestamp"].timestamp() + 3600)
+        assert (t["ttl_seconds"], t["removed"], t["removed_reason"]) == (10, True, "ttl")
+        assert t["expires_at"].timestamp() == pytest.approx(t["timestamp"].timestamp() + 10)
+        assert (nv["ttl_seconds"], nv["ttl_never"], nv["expires_at"]) == (None, True, None)
+        assert (d["removed"], d["removed_reason"]) == (True, "delete")
+        assert b["payload"] == bytes(range(256))
+        assert (m_remove["is_marker"], m_remove["marker_reason"], m_remove["subject"], m_remove["ttl_seconds"]) == (True, "Remove", "o.del", 60)
+        assert (m_age["is_marker"], m_age["marker_reason"], m_age["subject"]) == (True, "MaxAge", "o.ttl")
+        # Versioned schema.
+        f = pq.ParquetFile(str(export / entry["path"]))
+        assert f.schema_arrow.metadata[VERSION_KEY] == str(SCHEMA_VERSION).encode()
+        assert f.schema_arrow.remove_metadata() == SCHEMA.remove_metadata()
+        # Idempotent: a second export changes nothing.
+        before = {p.name: p.stat().st_mtime_ns for p in export.rglob("*")}
+        again = await c.export()
+        assert again["exported"] == [] and again["segments_in_export"] == 1
+        assert {p.name: p.stat().st_mtime_ns for p in export.rglob("*")} == before
+        stats = await c.stats()
+        assert stats["segments_exported"] == 1 and stats["rows_exported"] == 7
+
+
+async def test_export_without_a_directory_is_a_clear_error(client) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ExportNotConfiguredError) as exc:
+        await client.export()
+    assert exc.value.code == 5001 and "--export-dir" in exc.value.message
+
+
+async def test_cleaner_keeps_segments_until_they_are_exported(mock_clock, tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    (tmp_path / "data").mkdir()
+    cfg = make_config(
+        tmp_path / "data",
+        **{"export.dir": str(export), "export.interval": 1000, "message_cleaner.interval": 10, "system.partition.fsync": "never"},
+    )
+    async with start_server(cfg, Clock()) as server, connect(server.address, timeout=None) as c:
+        await c.create_stream("s")
+        await c.create_topic("s", "t", subjects=["a.>"], allow_msg_ttl=True, segment_size=4096)
+        for _ in range(3):
+            await c.publish_batch([("a.x", b"x" * 400, None, 1)] * 10)
+        await advance(2)
+        await advance(10)
+        assert (await c.stats())["segments_reclaimed"] == 0  # expired but not exported
+        res = await c.export()  # the cleaner sealed the expired active segment too
+        assert [e["rows"] for e in res["exported"]] == [10, 10, 10]
+        await advance(10)
+        assert (await c.stats())["segments_reclaimed"] == 3
+        rows = read_export(export)
+        assert len(rows) == 30 and all(r["removed"] and r["removed_reason"] == "ttl" for r in rows)
+        # Reclaimed after export: never exported twice.
+        await c.publish_batch([("a.y", b"y")] * 5)
+        assert [e["path"] for e in (await c.export(seal=True))["exported"]] == ["stream=s/topic=t/partition=0/31-35.parquet"]
+        assert len(read_export(export)) == 35
+
+
+@pytest.mark.parametrize("step", ["before_write", "after_write", "after_rename"])
+async def test_a_crash_at_any_step_leaves_each_segment_exactly_once(tmp_path: Path, step: str) -> None:
+    data, export = tmp_path / "data", tmp_path / "export"
+    data.mkdir()
+    broker = BrokerProcess(data, "--export-dir", str(export), "--fsync", "always", env={CRASH_ENV: step})
+    try:
+        async with connect(broker.address) as c:
+            await c.create_stream("s")
+            await c.create_topic("s", "t", subjects=["a.>"], partitions=2)
+            await c.publish_batch([(f"a.{i}", str(i).encode()) for i in range(100)])
+            with pytest.raises(Exception):
+                await c.export(seal=True)  # the broker dies at `step`
+        assert broker.proc.wait(10) == 86
+    finally:
+        broker.stop()
+    parquet = sorted(p.relative_to(export).as_posix() for p in export.rglob("*.parquet"))
+    tmp = list(export.rglob("*.tmp"))
+    if step == "before_write":
+        assert parquet == [] and tmp == []
+    elif step == "after_write":
+        assert parquet == [] and len(tmp) == 1  # a partial name, never a .parquet
+    else:
+        assert len(parquet) == 1 and not (export / MANIFEST_NAME).exists()
+    broker = BrokerProcess(data, "--export-dir", str(export))
+    try:
+        async with connect(broker.address) as c:
+            res = await c.export(seal=True)
+            assert res["segments_in_export"] == 2
+            again = await c.export(seal=True)
+            assert again["exported"] == []
+    finally:
+        assert broker.stop(signal.SIGTERM) == 0
+    assert list(export.rglob("*.tmp")) == []
+    rows = read_export(export)
+    assert sorted(int(r["payload"]) for r in rows) == list(range(100))
+    assert len({(r["partition"], r["offset"]) for r in rows}) == 100
+    manifest = json.loads((export / MANIFEST_NAME).read_text())
+    assert len(manifest["segments"]) == 2
+
+
+def test_other_readers_see_the_same_rows(tmp_path: Path) -> None:
+    """The ecosystem check: pandas and DuckDB read the export as pyarrow does."""
+    import duckdb
+    import pandas as pd
+
+    export = tmp_path / "export"
+
+    async def main() -> None:
+        (tmp_path / "data").mkdir()
+        cfg = make_config(tmp_path / "data", **{"export.dir": str(export)})
+        async with start_server(cfg) as server, connect(server.address) as c:
+            await c.create_stream("s")
+            await c.create_topic("s", "t", subjects=["a.>"], partitions=2)
+            await c.publish_batch([(f"a.{i % 5}", str(i).encode(), {"n": str(i)}) for i in range(50)])
+            await c.export(seal=True)
+
+    trio.run(main)
+    expected = sorted((r["subject"], r["payload"]) for r in read_export(export))
+    frame = pd.read_parquet(str(export))
+    assert sorted(zip(frame["subject"], frame["payload"])) == expected
+    assert set(frame["stream"].astype(str)) == {"s"}
+    con = duckdb.connect()
+    got = con.execute(
+        f"select subject, payload, stream, partition from read_parquet('{export}/**/*.parquet', hive_partitioning=true)"
+    ).fetchall()
+    assert sorted((s, bytes(p)) for s, p, _, _ in got) == expected
+    assert {st for _, _, st, _ in got} == {"s"}
