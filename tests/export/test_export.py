@@ -13,7 +13,6 @@ import pytest
 import trio
 from conftest import BrokerProcess, make_config, start_server
 
-import protocol as P
 from broker import Clock
 from broker.client import ExportNotConfiguredError, connect
 from spark_export import CRASH_ENV, MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, VERSION_KEY
