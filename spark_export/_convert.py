@@ -82,7 +82,7 @@ def segment_table(job: SegmentJob) -> tuple[pa.Table, int]:
     tags = read_deletion_tags(job.del_path)
     unpack = RECORD_FIXED.unpack_from
     cols: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
-    offset_c, ts_c, subj_c, hdr_c, pay_c = cols["offset"], cols["timestamp"], cols["subject"], cols["headers"], cols["payload"]
+    offset_c, ts_c, subj_c, hdr_c, pay_c = cols["offset"], cols["timestamp_ns"], cols["subject"], cols["headers"], cols["payload"]
     ttl_c, never_c, exp_c = cols["ttl_seconds"], cols["ttl_never"], cols["expires_at"]
     mk_c, mkr_c, rm_c, rmr_c = cols["is_marker"], cols["marker_reason"], cols["removed"], cols["removed_reason"]
     max_age_ns = job.max_age * NS
@@ -108,7 +108,7 @@ def segment_table(job: SegmentJob) -> tuple[pa.Table, int]:
             deadlines.append(ts + ttl * NS)
         if max_age_ns and not never:
             deadlines.append(ts + max_age_ns)
-        exp_c.append(min(deadlines) if deadlines else None)
+        exp_c.append(min(deadlines) // 1000 if deadlines else None)
         reason = flags & MARKER_MASK
         mk_c.append(bool(reason))
         mkr_c.append(_MARKERS.get(reason))
@@ -122,6 +122,7 @@ def segment_table(job: SegmentJob) -> tuple[pa.Table, int]:
             rmr_c.append("purge")
         else:
             rmr_c.append("unknown")
+    cols["timestamp"] = [t // 1000 for t in ts_c]
     table = pa.Table.from_pydict(cols, schema=SCHEMA)
     return table, corrupt
 

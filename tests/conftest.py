@@ -134,3 +134,15 @@ def broker_process(data_dir: Path):  # type: ignore[no-untyped-def]
         yield p
     finally:
         p.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """One local SparkSession for the whole run (Spark takes seconds to start)."""
+    from spark_export._session import spark_session
+
+    session = spark_session("local[2]", "ttlbroker-tests")
+    try:
+        yield session
+    finally:
+        session.stop()
