@@ -21,6 +21,7 @@ file descriptors or memory" are logged and retried after 100 ms (trio does that 
 
 from __future__ import annotations
 
+import gc
 import itertools
 import signal
 from dataclasses import dataclass
@@ -153,11 +154,24 @@ async def _connection(broker: Broker, stream: trio.SocketStream, session_id: int
     log.debug("connection_closed", session=session_id, peer=peer)
 
 
+#: Allocations between young collections (CPython's default is 700). The broker keeps
+#: millions of small long-lived objects (subject states, index entries); collecting
+#: them often costs pauses of hundreds of milliseconds that delay expiry and acks,
+#: and they hold almost no reference cycles.
+GC_THRESHOLD = (50_000, 20, 100)
+
+
 async def run_server(config: Config) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully; prints
-    ``listening on HOST:PORT`` on stdout once ready."""
+    ``listening on HOST:PORT`` on stdout once ready.
+
+    As the process's owner it also tunes the garbage collector: what recovery built
+    is frozen out of every later collection, and collections run less often."""
+    gc.set_threshold(*GC_THRESHOLD)
     async with trio.open_nursery() as nursery:
         handle: ServerHandle = await nursery.start(serve, config)
+        gc.collect()
+        gc.freeze()
         print(f"listening on {handle.address}", flush=True)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
