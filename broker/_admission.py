@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from protocol import (
     FLAG_NO_MARKER,
+    FLAG_TOMBSTONE,
     TTL_INVALID,
     TTL_NEVER,
     TTL_NONE,
@@ -51,13 +52,15 @@ _TTL = b"Nats-TTL"
 _ROLLUP = b"Nats-Rollup"
 _KV_OP = b"KV-Operation"
 _MARKER_REASON = b"Nats-Marker-Reason"
-_WANTED = frozenset((_TTL, _ROLLUP, _KV_OP, _MARKER_REASON))
+_EXPECTED_LAST = b"Nats-Expected-Last-Subject-Sequence"
+_WANTED = frozenset((_TTL, _ROLLUP, _KV_OP, _MARKER_REASON, _EXPECTED_LAST))
 _ROLLUPS = {b"sub": ROLLUP_SUB, b"all": ROLLUP_ALL}
 
 _Disabled = error_class(ErrorCode.MSG_TTL_DISABLED)
 _Invalid = error_class(ErrorCode.INVALID_MSG_TTL)
 _RollupDenied = error_class(ErrorCode.ROLLUP_DENIED)
 _RollupInvalid = error_class(ErrorCode.INVALID_ROLLUP)
+_WrongLast = error_class(ErrorCode.WRONG_LAST_SEQUENCE)
 
 
 class Admission(NamedTuple):
@@ -66,14 +69,17 @@ class Admission(NamedTuple):
     Attributes:
         ttl: the effective TTL field (seconds, ``TTL_NONE`` or ``TTL_NEVER``).
         rollup: ``ROLLUP_NONE``, ``ROLLUP_SUB`` or ``ROLLUP_ALL``.
-        flags: the record flags the broker sets (``FLAG_NO_MARKER``).
+        flags: the record flags the broker sets (``FLAG_NO_MARKER``, ``FLAG_TOMBSTONE``).
         body: the body to store when it differs from the one sent, else None.
+        expected_last: the subject's last offset the publisher expects
+            (``Nats-Expected-Last-Subject-Sequence``; 0 = none stored), or None.
     """
 
     ttl: int
     rollup: int
     flags: int
     body: bytes | None
+    expected_last: int | None = None
 
 
 def admit(body: bytes | memoryview, f: BodyFields, cfg: TopicConfig) -> Admission:
@@ -103,15 +109,26 @@ def admit(body: bytes | memoryview, f: BodyFields, cfg: TopicConfig) -> Admissio
             f"({raw_ttl.decode(errors='replace')!r}) disagree"  # type: ignore[union-attr]
         )
     ttl = f.ttl or header_ttl
+    if ttl == TTL_NONE and cfg.kv and cfg.kv.get("ttl"):
+        ttl = cfg.kv["ttl"]  # a KV bucket's default TTL for a key put without one
     headers = f.headers
     sdm = cfg.subject_delete_marker_ttl
     if sdm and ttl != TTL_NEVER and 0 < ttl < sdm and cfg.max_msgs_per_subject != 1:
         ttl = sdm
         if raw_ttl is not None:
             headers = replace_header(headers, "Nats-TTL", str(sdm))
-    flags = FLAG_NO_MARKER if hv.get(_KV_OP) == b"PURGE" or hv.get(_MARKER_REASON) else 0
+    kv_op = hv.get(_KV_OP)
+    flags = FLAG_NO_MARKER if kv_op == b"PURGE" or hv.get(_MARKER_REASON) else 0
+    if kv_op in (b"DEL", b"PURGE"):
+        flags |= FLAG_TOMBSTONE
+    expected = None
+    raw_expected = hv.get(_EXPECTED_LAST)
+    if raw_expected:
+        if not raw_expected.isdigit():
+            raise _WrongLast(f"invalid Nats-Expected-Last-Subject-Sequence {raw_expected.decode(errors='replace')!r}")
+        expected = int(raw_expected)
     changed = ttl != f.ttl or flags or headers is not f.headers
-    return Admission(ttl, rollup, flags, restamp_body(body, ttl, flags, headers) if changed else None)
+    return Admission(ttl, rollup, flags, restamp_body(body, ttl, flags, headers) if changed else None, expected)
 
 
 def _ttl_text(ttl: int) -> str:

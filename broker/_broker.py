@@ -38,6 +38,7 @@ from storage import DataDir, PartitionLog, RecoveryReport
 from ._admission import ROLLUP_SUB, Admission, admit
 from ._catalog import Catalog, Stream, Topic
 from ._export import Exporter
+from ._kv import KvReads, load_leases
 from ._clock import Clock
 from ._commit import Committer
 from ._log import get_logger
@@ -66,6 +67,13 @@ def _record_views(res: Any) -> list[memoryview]:
     return [records[p:e] for p, e in zip(positions, ends)]
 
 
+def _check_expected_last(part: Partition, subject: bytes, expected: int, written: set[bytes]) -> None:
+    st = part.index.get(subject)
+    last = st.last if st is not None and st.count else 0
+    if subject in written or last != expected:
+        raise error_class(ErrorCode.WRONG_LAST_SEQUENCE)(f"wrong last sequence: {last}")
+
+
 class Broker:
     def __init__(self, config: Config, clock: Clock | None = None) -> None:
         self.config = config
@@ -85,6 +93,7 @@ class Broker:
             part, res, [0] * len(res.positions), epoch
         )
         self.exporter = Exporter(config.export.dir, config.export.interval, self.counters)
+        self.kv = KvReads(self.committer)
         self.sessions: set[Any] = set()
         self.started_at = time.time()
         self.shutting_down = False
@@ -107,6 +116,9 @@ class Broker:
             P.ListStreams: self.list_streams,
             P.GetTopic: self.get_topic,
             P.ListTopics: self.list_topics,
+            P.KvGet: self.kv_get,
+            P.KvTouch: self.kv_touch,
+            P.KvKeys: self.kv_keys,
         }
         self.async_handlers: dict[type, Callable[[Any, Any], Awaitable[Reply]]] = {
             P.GetStats: self.stats,
@@ -169,6 +181,8 @@ class Broker:
                 self.retention.rebuild(part)
             topic.partitions.append(part)
         topic.consumers = self.datadir.consumer_offsets(topic.stream.id, topic.id)
+        if recovering and topic.config.kv is not None:
+            load_leases(topic)
 
     def _report_recovery(self, topic: Topic, n: int, reports: list[RecoveryReport]) -> None:
         for r in reports:
@@ -251,8 +265,8 @@ class Broker:
             else:
                 failed[i] = route  # type: ignore[assignment]
         admitted: dict[int, Admission] = {}
-        if special and groups:
-            data, starts, ends = self._admit(data, starts, ends, special, failed, groups, admitted)
+        if groups and (special or any(p.topic.config.kv is not None for p in groups)):
+            data, starts, ends = self._admit(data, subjects, starts, ends, special, failed, groups, admitted)
 
         now = self.clock.now_ns()
         counters = self.counters
@@ -363,6 +377,7 @@ class Broker:
     @staticmethod
     def _admit(
         data: bytes,
+        subjects: list[bytes],
         starts: list[int],
         ends: list[int],
         special: list[int],
@@ -370,10 +385,15 @@ class Broker:
         groups: dict[Partition, list[int]],
         admitted: dict[int, Admission],
     ) -> tuple[bytes, list[int], list[int]]:
-        """Admit the special messages into their topics (``_admission.py``): refused
-        ones move to ``failed`` and leave their group; the others land in
-        ``admitted``. Rewritten bodies are appended to the batch's bytes and their
-        bounds moved there; returns the batch's ``(data, starts, ends)``."""
+        """Admit the special messages, and every message of a KV bucket, into their
+        topics (``_admission.py``): refused ones move to ``failed`` and leave their
+        group; the others land in ``admitted``. Rewritten bodies are appended to the
+        batch's bytes and their bounds moved there; returns the batch's ``(data,
+        starts, ends)``.
+
+        ``Nats-Expected-Last-Subject-Sequence`` is checked here against the subject's
+        last offset when the batch arrived; a message whose subject an earlier message
+        of the same batch wrote fails it (compare-and-set is one message at a time)."""
         todo = set(special).difference(failed)
         rewritten: list[bytes] = []
         new_starts: list[int] = starts
@@ -381,18 +401,23 @@ class Broker:
         pos = len(data)
         view = memoryview(data)
         for part, idx in list(groups.items()):
-            if todo.isdisjoint(idx):
-                continue
             cfg = part.topic.config
+            kv = cfg.kv is not None
+            if not kv and todo.isdisjoint(idx):
+                continue
             keep = []
+            written: set[bytes] = set()
             for i in idx:
-                if i in todo:
+                if kv or i in todo:
                     try:
                         a = admit(view[starts[i] : ends[i]], P.body_fields(data, starts[i]), cfg)
+                        if a.expected_last is not None:
+                            _check_expected_last(part, subjects[i], a.expected_last, written)
                     except BrokerError as err:
                         failed[i] = err
                         continue
                     admitted[i] = a
+                    written.add(subjects[i])
                     if a.body is not None:
                         if new_starts is starts:
                             new_starts, new_ends = list(starts), list(ends)
@@ -805,6 +830,28 @@ class Broker:
 
     def server_info(self, session: Any, cmd: P.GetServerInfo) -> Reply:
         return P.InfoMap(self.info()).encode()
+
+    # -- KV buckets --------------------------------------------------------------------
+
+    def kv_get(self, session: Any, cmd: P.KvGet) -> Reply:
+        topic = self.catalog.topic(cmd.stream, cmd.topic)
+        validate_subject(cmd.subject)
+        entry, epoch = self.kv.get(topic, cmd.subject, cmd.revision, self.clock.now_ns())
+        self.counters.messages_out += 1
+        payload = P.InfoMap(entry).encode()
+        return (payload, epoch) if epoch else payload
+
+    def kv_touch(self, session: Any, cmd: P.KvTouch) -> Reply:
+        topic = self.catalog.topic(cmd.stream, cmd.topic)
+        validate_subject(cmd.subject)
+        entry, epoch = self.kv.touch(topic, cmd.subject, self.clock.now_ns())
+        payload = P.InfoMap(entry).encode()
+        return (payload, epoch) if epoch else payload
+
+    def kv_keys(self, session: Any, cmd: P.KvKeys) -> Reply:
+        topic = self.catalog.topic(cmd.stream, cmd.topic)
+        validate_filter(cmd.subject_filter)
+        return P.InfoMap({"keys": self.kv.keys(topic, cmd.subject_filter, self.clock.now_ns())}).encode()
 
     async def export(self, session: Any, cmd: P.Export) -> Reply:
         return P.InfoMap(await self.exporter.export_now(self.all_partitions(), cmd.seal)).encode()

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
-from protocol import FLAG_NO_MARKER, MARKER_MASK, TTL_NEVER
+from protocol import FLAG_NO_MARKER, FLAG_TOMBSTONE, MARKER_MASK, TTL_NEVER
 from storage import AppendResult, PartitionLog, ReadResult, StoredRecord
 
-from ._subject_index import MARKER, NEVER, NO_MARKER, PENDING, SubjectIndex, SubjectState
+from ._subject_index import MARKER, NEVER, NO_MARKER, PENDING, TOMBSTONE, SubjectIndex, SubjectState
 
 if TYPE_CHECKING:
     from ._catalog import Topic
@@ -30,6 +30,8 @@ def flags_for(ttl: int, record_flags: int) -> int:
         f |= MARKER
     if record_flags & FLAG_NO_MARKER:
         f |= NO_MARKER
+    if record_flags & FLAG_TOMBSTONE:
+        f |= TOMBSTONE
     return f
 
 
@@ -57,6 +59,10 @@ class Partition:
         self.index = SubjectIndex(log.segments[0].base, log.is_live)
         #: Messages of this partition with a live entry in the deadline structure.
         self.pending = 0
+        #: KV buckets: offset -> deadline pushed back by a read or touch (FLIP-25's
+        #: lazy re-arm: the deadline structure keeps the first entry, and when it falls
+        #: due the expiry pass re-arms it here once instead of removing the message).
+        self.refreshed: dict[int, int] = {}
         self._filter_cache: dict[str, tuple[int, set[int]]] = {}
 
     def __repr__(self) -> str:
@@ -132,6 +138,8 @@ class Partition:
             if f & PENDING:
                 index.set_flags(o, f & ~PENDING)
                 cleared += 1
+            if self.refreshed:
+                self.refreshed.pop(o, None)
             if st is not None:
                 out.append(Removed(o, subject, f, st))
         self.pending -= cleared
@@ -174,6 +182,7 @@ class Partition:
         removed = self.log.purge()
         cleared = self.pending
         self.pending = 0
+        self.refreshed.clear()
         self.index = SubjectIndex(self.log.next_offset, self.log.is_live)
         self._filter_cache.clear()
         return removed, cleared

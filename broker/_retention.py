@@ -178,6 +178,8 @@ class Retention:
     def _expire(self, part: Partition, ttl_offsets: list[int], age_due: bool, now_ns: int) -> int | None:
         """Remove what is due in one partition; returns its next max-age deadline."""
         ttl_due = [o for o in ttl_offsets if part.is_pending(o)]
+        if part.refreshed and ttl_due:
+            ttl_due = self._rearm_refreshed(part, ttl_due, now_ns)
         expiry = part.topic.config.message_expiry
         aged: list[int] = []
         if age_due and expiry:
@@ -199,6 +201,21 @@ class Retention:
             self._write_markers(part, removed + removed_ttl, MarkerReason.MAX_AGE)
             log.debug("expired", topic=part.topic.full_name, partition=part.number, ttl=len(ttl_due), max_age=len(aged))
         return self._next_age_deadline(part) if expiry else None
+
+    def _rearm_refreshed(self, part: Partition, due: list[int], now_ns: int) -> list[int]:
+        """FLIP-25's lazy re-arm: a due entry whose key was read or touched since it
+        was armed gets one new entry at the pushed-back deadline instead of expiring.
+        Returns the offsets that really expire now."""
+        refreshed = part.refreshed
+        expiring = []
+        for o in due:
+            deadline = refreshed.get(o)
+            if deadline is not None and deadline > now_ns:
+                self.engine.queue.discarded()  # the entry that fell due is gone ...
+                self.engine.schedule_ttl(part, o, deadline)  # ... and one takes its place
+            else:
+                expiring.append(o)
+        return expiring
 
     # -- markers -----------------------------------------------------------------------
 

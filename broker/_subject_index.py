@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-__all__ = ["SubjectIndex", "SubjectState", "PENDING", "NEVER", "NO_MARKER", "MARKER"]
+__all__ = ["SubjectIndex", "SubjectState", "PENDING", "NEVER", "NO_MARKER", "MARKER", "TOMBSTONE"]
 
 _U32 = struct.Struct("<I")
 
@@ -27,6 +27,8 @@ NEVER = 0x02
 NO_MARKER = 0x04
 #: it is a subject delete marker (its removal never leaves another one)
 MARKER = 0x08
+#: it is a KV tombstone (``KV-Operation: DEL`` or ``PURGE``)
+TOMBSTONE = 0x10
 
 
 class SubjectState:

@@ -38,6 +38,11 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
         (dict, type(None)),
         "{'src': filter (default '>'), 'dest': transform template, 'headers_only': bool}; nil removes it",
     ),
+    "kv": (
+        (dict, type(None)),
+        "a KV bucket: {'ttl': default key TTL seconds, 'refresh': on_write|on_read_and_write, "
+        "'visibility': never_return_expired|return_expired_if_not_cleaned_up}",
+    ),
     "pedantic": ((bool,), "refuse instead of fixing the configuration automatically (this request only)"),
     "message_expiry": ((int,), "update only: max age in seconds; 0 = none"),
 }
@@ -90,6 +95,8 @@ class TopicConfig:
     allow_rollup: bool = False
     #: ``{"src", "dest", "headers_only"}`` or None
     republish: dict[str, Any] | None = None
+    #: ``{"ttl", "refresh", "visibility"}`` for a KV bucket, or None
+    kv: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -115,6 +122,7 @@ class TopicConfig:
             "subject_delete_marker_ttl": self.subject_delete_marker_ttl,
             "allow_rollup": self.allow_rollup,
             "republish": dict(self.republish) if self.republish else None,
+            "kv": dict(self.kv) if self.kv else None,
         }
 
     def validate(self, max_partitions: int) -> None:
@@ -142,8 +150,9 @@ class TopicConfig:
 def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
     """The config after an update (types already checked; ``pedantic`` ignored)."""
     kw = {k: (tuple(v) if k == "subjects" else v) for k, v in changes.items() if k != "pedantic"}
-    if kw.get("republish") is not None:
-        kw["republish"] = dict(kw["republish"])
+    for key in ("republish", "kv"):
+        if kw.get(key) is not None:
+            kw[key] = dict(kw[key])
     return replace(cfg, **kw)
 
 
@@ -178,6 +187,8 @@ def resolve(new: TopicConfig, old: TopicConfig | None, pedantic: bool, max_parti
     #    default, the cycle through the topic's own subjects, then the transform.
     if new.republish is not None:
         new = replace(new, republish=_check_republish(new.republish, new.subjects, pedantic))
+    if new.kv is not None:
+        new = replace(new, kv=_check_kv(new))
     # Update-only rules (configUpdateCheckLocked), on the fixed configuration.
     if old is not None:
         if old.allow_msg_ttl and not new.allow_msg_ttl:
@@ -211,3 +222,29 @@ def _check_republish(rp: dict[str, Any], subjects: tuple[str, ...], pedantic: bo
     if any(filters_overlap(transform.as_filter(), s) for s in subjects):
         raise cycle
     return {"src": src, "dest": dest, "headers_only": bool(rp.get("headers_only", False))}
+
+
+KV_REFRESH = ("on_write", "on_read_and_write")
+KV_VISIBILITY = ("never_return_expired", "return_expired_if_not_cleaned_up")
+
+
+def _check_kv(cfg: TopicConfig) -> dict[str, Any]:
+    """A KV bucket's settings (FLIP-25), and what a bucket needs of its topic."""
+    kv = cfg.kv or {}
+    unknown = set(kv) - {"ttl", "refresh", "visibility"}
+    if unknown:
+        raise _Invalid(f"option 'kv' has unknown keys {sorted(map(str, unknown))}; known: refresh, ttl, visibility")
+    ttl = kv.get("ttl", 0)
+    refresh = kv.get("refresh", "on_write")
+    visibility = kv.get("visibility", "never_return_expired")
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or not 0 <= ttl <= 0xFFFFFFFE:
+        raise _Config("kv ttl must be 0..4294967294 seconds (0 = keys live until deleted)")
+    if refresh not in KV_REFRESH:
+        raise _Config(f"kv refresh must be one of {', '.join(KV_REFRESH)}, not {refresh!r}")
+    if visibility not in KV_VISIBILITY:
+        raise _Config(f"kv visibility must be one of {', '.join(KV_VISIBILITY)}, not {visibility!r}")
+    if not (cfg.allow_msg_ttl and cfg.allow_rollup and cfg.subject_delete_marker_ttl):
+        raise _Config("a KV bucket needs allow_msg_ttl, allow_rollup and subject_delete_marker_ttl")
+    if cfg.partitions_count != 1:
+        raise _Config("a KV bucket has exactly one partition")
+    return {"ttl": ttl, "refresh": refresh, "visibility": visibility}

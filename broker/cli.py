@@ -293,6 +293,78 @@ async def cmd_stats(c: Client, args: argparse.Namespace, out: Out) -> None:
     out.obj(await c.stats())
 
 
+def _entry_json(e: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "bucket": e.bucket, "key": e.key, "revision": e.revision, "operation": e.operation,
+        "created": _rfc3339(e.created), "ttl_remaining": e.ttl_remaining,
+    }
+    try:
+        out["value"] = e.value.decode()
+    except UnicodeDecodeError:
+        out["value"] = base64.b64encode(e.value).decode()
+        out["value_encoding"] = "base64"
+    return out
+
+
+def _ttl_arg(text: str | None) -> int | str | None:
+    if text is None:
+        return None
+    return int(text) if text.isdigit() else text
+
+
+async def cmd_kv(c: Client, args: argparse.Namespace, out: Out) -> None:
+    a = args.action
+    if a == "add":
+        kv = await c.kv_create(args.bucket, history=args.history, ttl=args.ttl, refresh=args.refresh,
+                               visibility=args.visibility, marker_ttl=args.marker_ttl)
+        out.obj(await kv.status(), f"created bucket {kv.bucket!r}")
+        return
+    kv = await c.kv(args.bucket)
+    if a in ("put", "create", "update"):
+        value = args.value.encode() if args.value is not None else sys.stdin.buffer.read()
+        ttl = _ttl_arg(args.ttl)
+        if a == "put":
+            rev = await kv.put(args.key, value, ttl=ttl)
+        elif a == "create":
+            rev = await kv.create(args.key, value, ttl=ttl)
+        else:
+            rev = await kv.update(args.key, value, args.revision, ttl=ttl)
+        out.obj({"bucket": kv.bucket, "key": args.key, "revision": rev}, f"{args.key} revision {rev}")
+    elif a == "get":
+        e = await kv.get(args.key, revision=args.revision)
+        if out.json:
+            out.obj(_entry_json(e))
+        else:
+            sys.stdout.buffer.write(e.value + b"\n")
+    elif a in ("delete", "purge"):
+        rev = await (kv.delete(args.key) if a == "delete" else kv.purge(args.key))
+        out.obj({"bucket": kv.bucket, "key": args.key, "revision": rev, "operation": a.upper()}, f"{a}d {args.key}")
+    elif a == "touch":
+        left = await kv.touch(args.key)
+        out.obj({"bucket": kv.bucket, "key": args.key, "ttl_remaining": left},
+                f"{args.key}: {'no TTL' if left is None else f'{left:.3f} s left'}")
+    elif a == "keys":
+        keys = await kv.keys(args.pattern)
+        if out.json:
+            out.obj({"keys": keys})
+        else:
+            for k in keys:
+                print(k)
+    elif a == "history":
+        for e in await kv.history(args.key):
+            out.obj(_entry_json(e), f"{e.revision:>8}  {e.operation:<7} {e.value.decode(errors='replace')}")
+    elif a == "watch":
+        n = 0
+        async for e in kv.watch(args.keys, include_current=args.current):
+            out.obj(_entry_json(e), f"{e.revision:>8}  {e.operation:<7} {e.key} {e.value.decode(errors='replace')}")
+            sys.stdout.flush()
+            n += 1
+            if args.count and n >= args.count:
+                break
+    elif a == "info":
+        out.obj(await kv.status())
+
+
 async def cmd_export(c: Client, args: argparse.Namespace, out: Out) -> None:
     res = await c.export(seal=args.seal)
     if out.json:
@@ -338,6 +410,7 @@ CLIENT_COMMANDS: dict[str, Callable[[Client, argparse.Namespace, Out], Awaitable
     "sub": cmd_sub,
     "stats": cmd_stats,
     "export": cmd_export,
+    "kv": cmd_kv,
     "delete": cmd_delete,
     "purge": cmd_purge,
     "offset": cmd_offset,
@@ -462,6 +535,44 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--partition", type=int, default=0)
         if action == "set":
             q.add_argument("offset", type=int)
+
+    p = sub.add_parser("kv", help="KV buckets with per-key TTLs that reads can refresh")
+    kv = p.add_subparsers(dest="action", required=True)
+    q = kv.add_parser("add", parents=[common], help="create a bucket")
+    q.add_argument("bucket")
+    q.add_argument("--history", type=int, default=1, help="revisions kept per key (default 1)")
+    q.add_argument("--ttl", type=int, default=0, metavar="SECONDS", help="default TTL of a key (0 = none)")
+    q.add_argument("--refresh", choices=["on_write", "on_read_and_write"], default="on_write")
+    q.add_argument("--visibility", choices=["never_return_expired", "return_expired_if_not_cleaned_up"],
+                   default="never_return_expired")
+    q.add_argument("--marker-ttl", type=int, default=60, metavar="SECONDS", help="how long an expiry marker stays")
+    for action, helptext in (("put", "store a value"), ("create", "store a value only if the key holds none"),
+                             ("update", "compare-and-set on the key's revision")):
+        q = kv.add_parser(action, parents=[common], help=helptext)
+        q.add_argument("bucket")
+        q.add_argument("key")
+        q.add_argument("value", nargs="?", help="(stdin when absent)")
+        if action == "update":
+            q.add_argument("--revision", type=int, required=True, help="the revision the key must be at")
+        q.add_argument("--ttl", metavar="VALUE", help="the key's TTL: seconds, a duration (90s) or never")
+    for action, helptext in (("get", "the value of a key"), ("delete", "delete a key (a DEL tombstone)"),
+                             ("purge", "purge a key and its history"), ("history", "every stored revision of a key"),
+                             ("touch", "restart a key's TTL without a new revision")):
+        q = kv.add_parser(action, parents=[common], help=helptext)
+        q.add_argument("bucket")
+        q.add_argument("key")
+        if action == "get":
+            q.add_argument("--revision", type=int, default=0)
+    q = kv.add_parser("keys", parents=[common], help="keys that hold a value")
+    q.add_argument("bucket")
+    q.add_argument("pattern", nargs="?", default=">")
+    q = kv.add_parser("watch", parents=[common], help="print puts, deletes, purges and expirations")
+    q.add_argument("bucket")
+    q.add_argument("keys", nargs="?", default=">")
+    q.add_argument("--count", type=int, default=0, help="exit after N events (0 = until interrupted)")
+    q.add_argument("--current", action="store_true", help="start with the current values")
+    q = kv.add_parser("info", parents=[common], help="a bucket's settings and state")
+    q.add_argument("bucket")
     return parser
 
 

@@ -24,6 +24,9 @@ from ._commands import COMMAND_TYPES as COMMAND_TYPES
 from ._commands import EXPIRY_NONE as EXPIRY_NONE
 from ._commands import EXPORT_SEAL as EXPORT_SEAL
 from ._commands import Export as Export
+from ._commands import KvGet as KvGet
+from ._commands import KvKeys as KvKeys
+from ._commands import KvTouch as KvTouch
 from ._commands import PUBLISH_NO_ACK as PUBLISH_NO_ACK
 from ._commands import CreateStream as CreateStream
 from ._commands import CreateTopic as CreateTopic
@@ -76,6 +79,7 @@ from ._names import normalize_name as normalize_name
 from ._records import BODY as BODY
 from ._records import RECORD_FIXED as RECORD_FIXED
 from ._records import FLAG_NO_MARKER as FLAG_NO_MARKER
+from ._records import FLAG_TOMBSTONE as FLAG_TOMBSTONE
 from ._records import MARKER_MASK as MARKER_MASK
 from ._records import BodyFields as BodyFields
 from ._records import Message as Message

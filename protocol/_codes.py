@@ -80,6 +80,13 @@ class Command(IntEnum):
     #: Export sealed segments to Parquet now (optionally sealing active ones first).
     EXPORT = 500
 
+    #: A key of a KV bucket, with the bucket's refresh and visibility rules applied.
+    KV_GET = 700
+    #: Extend a key's TTL without writing a new revision.
+    KV_TOUCH = 701
+    #: The keys of a KV bucket that hold a value.
+    KV_KEYS = 702
+
 
 class PushKind(IntEnum):
     """Kinds of frames the broker sends without being asked."""

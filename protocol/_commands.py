@@ -47,6 +47,9 @@ __all__ = [
     "UpdateTopic",
     "Export",
     "EXPORT_SEAL",
+    "KvGet",
+    "KvTouch",
+    "KvKeys",
     "COMMAND_TYPES",
     "PUBLISH_NO_ACK",
 ]
@@ -547,12 +550,73 @@ class Export(_Request):
         return bool(self.flags & EXPORT_SEAL)
 
 
+@dataclass(frozen=True, slots=True)
+class KvGet(_Request):
+    """``ident stream | ident topic | str8 subject | u64 revision`` (revision 0 = the latest)"""
+
+    CODE: ClassVar[Command] = Command.KV_GET
+    stream: Identifier
+    topic: Identifier
+    subject: str
+    revision: int = 0
+
+    def encode(self) -> bytes:
+        return self.stream.encode() + self.topic.encode() + short_str(self.subject, "subject") + u64(self.revision)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> KvGet:
+        r = Reader(payload, cls.CODE.name)
+        out = cls(r.ident(), r.ident(), r.short_str("subject"), r.u64())
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class KvTouch(_Request):
+    """``ident stream | ident topic | str8 subject``"""
+
+    CODE: ClassVar[Command] = Command.KV_TOUCH
+    stream: Identifier
+    topic: Identifier
+    subject: str
+
+    def encode(self) -> bytes:
+        return self.stream.encode() + self.topic.encode() + short_str(self.subject, "subject")
+
+    @classmethod
+    def decode(cls, payload: bytes) -> KvTouch:
+        r = Reader(payload, cls.CODE.name)
+        out = cls(r.ident(), r.ident(), r.short_str("subject"))
+        r.end()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class KvKeys(_Request):
+    """``ident stream | ident topic | str8 subject_filter``"""
+
+    CODE: ClassVar[Command] = Command.KV_KEYS
+    stream: Identifier
+    topic: Identifier
+    subject_filter: str
+
+    def encode(self) -> bytes:
+        return self.stream.encode() + self.topic.encode() + short_str(self.subject_filter, "subject filter")
+
+    @classmethod
+    def decode(cls, payload: bytes) -> KvKeys:
+        r = Reader(payload, cls.CODE.name)
+        out = cls(r.ident(), r.ident(), r.short_str("subject filter"))
+        r.end()
+        return out
+
+
 COMMAND_TYPES: dict[int, type[_Request]] = {
     cls.CODE: cls
     for cls in (
         Handshake, Ping, GetServerInfo, GetStats, Publish, Fetch, GetLast, DeleteMessage, Purge,
         Subscribe, Unsubscribe, StoreConsumerOffset, GetConsumerOffset, DeleteConsumerOffset,
         GetStream, ListStreams, CreateStream, DeleteStream, UpdateStream,
-        GetTopic, ListTopics, CreateTopic, DeleteTopic, UpdateTopic, Export,
+        GetTopic, ListTopics, CreateTopic, DeleteTopic, UpdateTopic, Export, KvGet, KvTouch, KvKeys,
     )
 }

@@ -81,6 +81,7 @@ class ErrorCode(IntEnum):
     PEDANTIC = 2008, "pedantic mode refused an automatic fix of the configuration"
     REPUBLISH_CYCLE = 2009, "a republish destination would close a loop through topics"
     INVALID_TRANSFORM = 2010, "a subject transform is invalid"
+    NOT_A_BUCKET = 2011, "the topic is not a KV bucket"
 
     # -- partitions (3000s) ------------------------------------------------------
     PARTITION_NOT_FOUND = 3001, "the topic has no partition with that number"
@@ -105,6 +106,8 @@ class ErrorCode(IntEnum):
     INVALID_HEADERS = 6009, "a header name or value breaks the header rules"
     INVALID_MESSAGE_FLAGS = 6010, "message flags are reserved for the broker"
     INVALID_ROLLUP = 6011, "the Nats-Rollup header is neither 'sub' nor 'all'"
+    WRONG_LAST_SEQUENCE = 6012, "the subject's last offset is not the one Nats-Expected-Last-Subject-Sequence names"
+    INVALID_KEY = 6013, "a KV key or bucket name breaks the naming rule"
 
     # -- subscriptions and consumers (7000s) -------------------------------------
     SUBSCRIPTION_EXISTS = 7001, "the connection already has a subscription with that id"

@@ -59,6 +59,7 @@ __all__ = [
     "replace_header",
     "restamp_body",
     "FLAG_NO_MARKER",
+    "FLAG_TOMBSTONE",
     "BodyFields",
     "body_fields",
     "PublishScan",
@@ -87,6 +88,8 @@ MARKER_MASK = 0x03
 #: Set by the broker on a message whose removal by age must not leave a marker (a KV
 #: purge tombstone, ``KV-Operation: PURGE``: SEMANTICS 5.1).
 FLAG_NO_MARKER = 0x04
+#: Set by the broker on a KV tombstone (``KV-Operation: DEL`` or ``PURGE``).
+FLAG_TOMBSTONE = 0x08
 
 
 # -- headers -----------------------------------------------------------------------

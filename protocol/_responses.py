@@ -518,6 +518,9 @@ RESPONSE_TYPES: dict[int, type[_Response]] = {
     Command.DELETE_TOPIC: Empty,
     Command.UPDATE_TOPIC: TopicDetails,
     Command.EXPORT: InfoMap,
+    Command.KV_GET: InfoMap,
+    Command.KV_TOUCH: InfoMap,
+    Command.KV_KEYS: InfoMap,
 }
 
 PUSH_TYPES: dict[int, type[_Response]] = {PushKind.DELIVERY: Delivery, PushKind.GOODBYE: Goodbye}

@@ -39,6 +39,8 @@ from ._client import Client as Client
 from ._client import ConnectionClosedError as ConnectionClosedError
 from ._client import Fetched as Fetched
 from ._client import Msg as Msg
+from ._kv import Entry as Entry
+from ._kv import KeyValue as KeyValue
 from ._client import Subscription as Subscription
 from ._client import encode_msg as encode_msg
 from ._client import parse_address as parse_address

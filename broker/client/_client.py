@@ -36,6 +36,7 @@ from protocol import (
 )
 
 from ._backend import Backend, QueueClosed, QueueFull
+from ._kv import KV_STREAM, KeyValue, validate_bucket
 
 __all__ = ["Client", "Msg", "Fetched", "Subscription", "ConnectionClosedError", "parse_address"]
 
@@ -311,6 +312,56 @@ class Client:
 
     async def stats(self) -> dict[str, Any]:
         return (await self._request(P.GetStats())).values
+
+    # -- KV buckets --------------------------------------------------------------------
+
+    async def kv_create(
+        self,
+        bucket: str,
+        *,
+        history: int = 1,
+        ttl: int = 0,
+        refresh: str = "on_write",
+        visibility: str = "never_return_expired",
+        marker_ttl: int = 60,
+    ) -> KeyValue:
+        """Create a KV bucket (FLIP-25 semantics; ``docs/semantics.md``).
+
+        Args:
+            history: revisions kept per key.
+            ttl: default TTL of a key in seconds (0: keys live until deleted).
+            refresh: ``on_write`` (a put restarts the TTL) or ``on_read_and_write``
+                (a get does too).
+            visibility: ``never_return_expired`` or ``return_expired_if_not_cleaned_up``.
+            marker_ttl: how long the marker an expired key leaves stays, in seconds.
+
+        Raises:
+            InvalidKeyError: a bad bucket name. TopicNameExistsError: it exists.
+        """
+        name = validate_bucket(bucket)
+        try:
+            await self.create_stream(KV_STREAM)
+        except P.BrokerError as err:
+            if err.code != P.ErrorCode.STREAM_NAME_EXISTS:
+                raise
+        info = await self.create_topic(
+            KV_STREAM, name, partitions=1, message_expiry=0, subjects=[f"$KV.{name}.>"],
+            max_msgs_per_subject=history, allow_msg_ttl=True, allow_rollup=True, subject_delete_marker_ttl=marker_ttl,
+            kv={"ttl": ttl, "refresh": refresh, "visibility": visibility},
+        )
+        return KeyValue(self, name, info)
+
+    async def kv(self, bucket: str) -> KeyValue:
+        """An existing bucket.
+
+        Raises:
+            StreamNotFoundError / TopicNotFoundError: no such bucket. NotABucketError.
+        """
+        name = validate_bucket(bucket)
+        info = await self.get_topic(KV_STREAM, name)
+        if not info.options.get("kv"):
+            raise P.error_class(P.ErrorCode.NOT_A_BUCKET)(f"topic {KV_STREAM}/{name} is not a KV bucket")
+        return KeyValue(self, name, info)
 
     async def export(self, *, seal: bool = False) -> dict[str, Any]:
         """Export sealed segments to Parquet now (``seal``: seal the active segments

@@ -222,3 +222,46 @@ def test_ttl_marker_and_rollup_options_pub_ttl_delete_and_purge(broker: BrokerPr
     stats = lines(run(a, "stats", json_out=True))[0]
     assert stats["markers"] == 2 and stats["pending_expiries"] == 2
     assert lines(run(a, "purge", "ttl", "events", json_out=True)) == [{"purged": 2}]
+
+
+def test_kv_commands(broker: BrokerProcess) -> None:
+    a = broker.address
+    info = lines(run(a, "kv", "add", "sessions", "--history", "2", "--ttl", "3600", "--refresh", "on_read_and_write", json_out=True))[0]
+    assert (info["bucket"], info["history"], info["ttl"], info["refresh"], info["visibility"]) == (
+        "sessions", 2, 3600, "on_read_and_write", "never_return_expired",
+    )
+    put = lines(run(a, "kv", "put", "sessions", "alice", "token-1", json_out=True))[0]
+    assert put == {"bucket": "sessions", "key": "alice", "revision": 1}
+    assert run(a, "kv", "get", "sessions", "alice").stdout == "token-1\n"
+    got = lines(run(a, "kv", "get", "sessions", "alice", json_out=True))[0]
+    assert got["value"] == "token-1" and got["revision"] == 1 and 3590 < got["ttl_remaining"] <= 3600
+    run(a, "kv", "put", "sessions", "bob", "x", "--ttl", "90s")
+    bad = run(a, "kv", "create", "sessions", "alice", "other", check=False)
+    assert bad.returncode == 1 and "WRONG_LAST_SEQUENCE (6012)" in bad.stderr
+    up = lines(run(a, "kv", "update", "sessions", "alice", "token-2", "--revision", "1", json_out=True))[0]
+    assert up["revision"] == 3
+    assert lines(run(a, "kv", "keys", "sessions", json_out=True)) == [{"keys": ["alice", "bob"]}]
+    touched = lines(run(a, "kv", "touch", "sessions", "bob", json_out=True))[0]
+    assert 85 < touched["ttl_remaining"] <= 90
+    run(a, "kv", "delete", "sessions", "bob")
+    missing = run(a, "kv", "get", "sessions", "bob", check=False)
+    assert missing.returncode == 1 and missing.stderr.startswith("error: MESSAGE_NOT_FOUND (6004): key 'bob' not found")
+    assert len(missing.stderr.strip().splitlines()) == 1
+    hist = lines(run(a, "kv", "history", "sessions", "alice", json_out=True))
+    assert [(h["revision"], h["value"]) for h in hist] == [(1, "token-1"), (3, "token-2")]
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "broker", "kv", "watch", "sessions", "--count", "2", "--json", "--current", "--server", a],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with_project(),
+    )
+    try:
+        first = json.loads(watch.stdout.readline())  # the current value of alice
+        assert (first["key"], first["operation"], first["value"]) == ("alice", "PUT", "token-2")
+        run(a, "kv", "purge", "sessions", "alice")
+        second = json.loads(watch.stdout.readline())
+        assert (second["key"], second["operation"]) == ("alice", "PURGE")
+        assert watch.wait(30) == 0
+    finally:
+        watch.kill()
+        watch.wait()
+    bad = run(a, "kv", "put", "sessions", "bad key", "v", check=False)
+    assert bad.returncode == 1 and "INVALID_KEY (6013)" in bad.stderr

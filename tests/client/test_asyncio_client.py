@@ -82,3 +82,53 @@ def test_asyncio_timeout_and_closed_connection(proc: BrokerProcess) -> None:
                 pass
 
     aio.run(main())
+
+
+def test_asyncio_client_kv_and_ttl(proc: BrokerProcess) -> None:
+    """KV buckets, TTLs and export errors on the asyncio client."""
+
+    async def main() -> None:
+        async with aio.connect(proc.address) as c:
+            kv = await c.kv_create("cache", history=2, ttl=60, refresh="on_read_and_write")
+            r1 = await kv.put("a", b"1")
+            assert (await kv.get("a")).value == b"1"
+            with pytest.raises(P.WrongLastSequenceError):  # type: ignore[attr-defined]
+                await kv.create("a", b"x")
+            r2 = await kv.update("a", b"2", r1)
+            assert await kv.touch("a") == pytest.approx(60, abs=1)
+            assert await kv.keys() == ["a"]
+            assert [e.value for e in await kv.history("a")] == [b"1", b"2"]
+            events = []
+
+            async def watch() -> None:
+                async for e in kv.watch():
+                    events.append((e.key, e.operation, e.revision))
+                    if len(events) == 2:
+                        return
+
+            task = asyncio.ensure_future(watch())
+            await asyncio.sleep(0.2)
+            await kv.delete("a")
+            await kv.put("b", b"x", ttl=1)
+            await asyncio.wait_for(task, 10)
+            assert events == [("a", "DEL", r2 + 1), ("b", "PUT", r2 + 2)]
+            with pytest.raises(P.MessageNotFoundError):  # type: ignore[attr-defined]
+                await kv.get("a")
+            with pytest.raises(P.InvalidKeyError):  # type: ignore[attr-defined]
+                await kv.put("a b", b"")
+            bucket = await c.kv("cache")
+            assert (await bucket.status())["refresh"] == "on_read_and_write"
+            # Per-message TTLs through the asyncio client (their expiry is tested in
+            # virtual time with the trio client).
+            await c.create_stream("s2")
+            await c.create_topic("s2", "t", subjects=["ttl.>"], allow_msg_ttl=True)
+            await c.publish("ttl.x", b"", ttl=30)
+            await c.publish("ttl.y", b"", headers={"Nats-TTL": "never"})
+            got = (await c.fetch("s2", "t", 0, 1, 10)).messages
+            assert [(m.ttl, m.never_expires) for m in got] == [(30, False), (P.TTL_NEVER, True)]
+            with pytest.raises(P.InvalidMsgTtlError):  # type: ignore[attr-defined]
+                await c.publish("ttl.z", b"", headers={"Nats-TTL": "500ms"})
+            with pytest.raises(P.ExportNotConfiguredError):  # type: ignore[attr-defined]
+                await c.export()
+
+    aio.run(main())

@@ -1,0 +1,246 @@
+"""KV buckets in the client: the same methods on trio and asyncio (``Client.kv``).
+
+A bucket ``b`` is the topic ``kv/b`` capturing ``$KV.b.>``; a key ``k`` is the subject
+``$KV.b.k``. Writes are publishes with the KV headers (``KV-Operation: DEL`` for a
+delete, ``KV-Operation: PURGE`` with ``Nats-Rollup: sub`` for a purge,
+``Nats-Expected-Last-Subject-Sequence`` for create and update); reads go through the
+broker's KV commands, which apply the bucket's refresh and visibility rules.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import protocol as P
+from protocol import ErrorCode, Identifier, error_class
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["KeyValue", "Entry", "KV_STREAM", "validate_key", "validate_bucket"]
+
+#: The stream that holds every bucket.
+KV_STREAM = "kv"
+_KEY_RE = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
+_BUCKET_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
+_InvalidKey = error_class(ErrorCode.INVALID_KEY)
+_NotFound = error_class(ErrorCode.MESSAGE_NOT_FOUND)
+
+
+def validate_key(key: str) -> str:
+    """The NATS KV key rule: letters, digits and ``-/_=.``, no leading or trailing dot.
+
+    Raises:
+        InvalidKeyError: with what is wrong.
+    """
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise _InvalidKey(f"invalid key {key!r}: keys are letters, digits and -/_=. only")
+    if key.startswith(".") or key.endswith(".") or ".." in key:
+        raise _InvalidKey(f"invalid key {key!r}: no leading, trailing or double dot")
+    return key
+
+
+def validate_bucket(name: str) -> str:
+    if not isinstance(name, str) or not _BUCKET_RE.match(name):
+        raise _InvalidKey(f"invalid bucket name {name!r}: letters, digits, '_' and '-' only")
+    return name.lower()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One revision of a key.
+
+    ``operation`` is ``PUT``, ``DEL``, ``PURGE`` or ``EXPIRED`` (the subject delete
+    marker left when the key's TTL or the bucket's ran out). ``ttl_remaining`` is in
+    seconds (None: no TTL).
+    """
+
+    bucket: str
+    key: str
+    value: bytes
+    revision: int
+    created: int  # ns since the epoch
+    operation: str = "PUT"
+    ttl_remaining: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _operation(m: P.Message) -> str:
+    if m.is_marker:
+        return {"MaxAge": "EXPIRED", "Remove": "DEL", "Purge": "PURGE"}[m.marker_reason.header_value]
+    return m.headers.get("KV-Operation", "PUT")
+
+
+class KeyValue:
+    """A bucket. Get one with ``await client.kv_create(...)`` or ``await client.kv(name)``."""
+
+    def __init__(self, client: Client, bucket: str, info: P.TopicDetails) -> None:
+        self._client = client
+        self.bucket = bucket
+        self.info = info
+        self._prefix = f"$KV.{bucket}."
+        self._stream = Identifier.of(KV_STREAM)
+        self._topic = Identifier.of(bucket)
+
+    def subject(self, key: str) -> str:
+        return self._prefix + validate_key(key)
+
+    def _entry(self, d: dict[str, Any]) -> Entry:
+        remaining = d.get("ttl_remaining_ms")
+        return Entry(
+            self.bucket, d["subject"][len(self._prefix) :], d["value"], d["revision"], d["created"], d["operation"],
+            None if remaining is None else remaining / 1000, d.get("headers") or {},
+        )
+
+    def _from_message(self, m: P.Message) -> Entry:
+        return Entry(self.bucket, m.subject[len(self._prefix) :], m.payload, m.offset, m.timestamp, _operation(m), None, m.headers)
+
+    # -- writes ----------------------------------------------------------------------
+
+    @staticmethod
+    def _ttl(ttl: int | str | None, headers: dict[str, str]) -> int | str | None:
+        """Whole seconds and ``never`` travel in the TTL field, durations as a header."""
+        if isinstance(ttl, str) and ttl.lower() != "never":
+            headers["Nats-TTL"] = ttl
+            return None
+        return ttl
+
+    async def put(self, key: str, value: bytes | str, *, ttl: int | str | None = None) -> int:
+        """Store a value; returns its revision. ``ttl``: seconds, ``never``, or a
+        duration (``90s``); None: the bucket's default."""
+        headers: dict[str, str] = {}
+        ttl = self._ttl(ttl, headers)
+        ack = await self._client.publish(self.subject(key), value, headers=headers or None, ttl=ttl)
+        assert ack is not None
+        return ack.offset
+
+    async def update(self, key: str, value: bytes | str, last: int, *, ttl: int | str | None = None) -> int:
+        """Compare-and-set: store only if the key's latest revision is ``last``.
+
+        Raises:
+            WrongLastSequenceError: another revision came first.
+        """
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(last)}
+        ttl = self._ttl(ttl, headers)
+        ack = await self._client.publish(self.subject(key), value, headers=headers, ttl=ttl)
+        assert ack is not None
+        return ack.offset
+
+    async def create(self, key: str, value: bytes | str, *, ttl: int | str | None = None) -> int:
+        """Store only if the key holds no value (absent, deleted, purged or expired).
+
+        Raises:
+            WrongLastSequenceError: the key exists ("key exists").
+        """
+        try:
+            return await self.update(key, value, 0, ttl=ttl)
+        except P.BrokerError as err:
+            if err.code != ErrorCode.WRONG_LAST_SEQUENCE:
+                raise
+        try:
+            latest = await self._get_raw(key)
+        except P.BrokerError as err:
+            if err.code == ErrorCode.MESSAGE_NOT_FOUND:  # expired but not yet removed
+                raise error_class(ErrorCode.WRONG_LAST_SEQUENCE)(f"key {key!r} exists (expiring)") from None
+            raise
+        if latest.operation == "PUT":
+            raise error_class(ErrorCode.WRONG_LAST_SEQUENCE)(f"key {key!r} exists (revision {latest.revision})")
+        return await self.update(key, value, latest.revision, ttl=ttl)
+
+    async def delete(self, key: str) -> int:
+        """Leave a ``KV-Operation: DEL`` tombstone (history is kept)."""
+        ack = await self._client.publish(self.subject(key), b"", headers={"KV-Operation": "DEL"})
+        assert ack is not None
+        return ack.offset
+
+    async def purge(self, key: str) -> int:
+        """Leave a ``KV-Operation: PURGE`` tombstone that rolls up the key's history."""
+        ack = await self._client.publish(self.subject(key), b"", headers={"KV-Operation": "PURGE", "Nats-Rollup": "sub"})
+        assert ack is not None
+        return ack.offset
+
+    # -- reads -----------------------------------------------------------------------
+
+    async def _get_raw(self, key: str, revision: int = 0) -> Entry:
+        d = await self._client._request(P.KvGet(self._stream, self._topic, self.subject(key), revision))
+        return self._entry(d.values)
+
+    async def get(self, key: str, *, revision: int = 0) -> Entry:
+        """The key's value (or one revision). With ``refresh = on_read_and_write`` a
+        get of the latest revision restarts its TTL.
+
+        Raises:
+            MessageNotFoundError: absent, deleted, purged, or expired (and hidden).
+        """
+        entry = await self._get_raw(key, revision)
+        if entry.operation != "PUT" and not revision:
+            raise _NotFound(f"key {key!r} not found in bucket {self.bucket!r} ({entry.operation.lower()})")
+        return entry
+
+    async def touch(self, key: str) -> float | None:
+        """Restart the key's TTL without writing a revision; returns the seconds left."""
+        d = (await self._client._request(P.KvTouch(self._stream, self._topic, self.subject(key)))).values
+        return None if d["ttl_remaining_ms"] is None else d["ttl_remaining_ms"] / 1000
+
+    async def keys(self, pattern: str = ">") -> list[str]:
+        """Keys that hold a value (matching ``pattern``, a filter over keys)."""
+        d = (await self._client._request(P.KvKeys(self._stream, self._topic, self._prefix + pattern))).values
+        return [k[len(self._prefix) :] for k in d["keys"]]
+
+    async def history(self, key: str) -> list[Entry]:
+        """Every stored revision of the key, oldest first (tombstones and markers too)."""
+        subject = self.subject(key)
+        out: list[Entry] = []
+        offset = 1
+        while True:
+            page = await self._client.fetch(KV_STREAM, self.bucket, 0, offset, 1000, subject=subject)
+            out.extend(self._from_message(m) for m in page.messages)
+            if page.next_offset > page.last_offset or page.next_offset <= offset:
+                return out
+            offset = page.next_offset
+
+    async def watch(self, keys: str = ">", *, include_current: bool = False) -> AsyncIterator[Entry]:
+        """Puts, deletes, purges and expirations of matching keys as they happen;
+        with ``include_current``, first the latest revision of every matching key."""
+        sub = await self._client.subscribe(self._prefix + keys)
+        try:
+            seen = 0
+            if include_current:
+                latest: dict[str, Entry] = {}
+                offset = 1
+                while True:
+                    page = await self._client.fetch(KV_STREAM, self.bucket, 0, offset, 1000, subject=self._prefix + keys)
+                    for m in page.messages:
+                        latest[m.subject] = self._from_message(m)
+                    if page.next_offset > page.last_offset or page.next_offset <= offset:
+                        break
+                    offset = page.next_offset
+                for entry in sorted(latest.values(), key=lambda e: e.revision):
+                    seen = max(seen, entry.revision)
+                    if entry.operation == "PUT":
+                        yield entry
+            async for m in sub:
+                if m.offset and m.offset <= seen:
+                    continue  # already in the snapshot
+                yield self._from_message(m)
+        finally:
+            await sub.unsubscribe()
+
+    async def status(self) -> dict[str, Any]:
+        """The bucket's settings and state."""
+        t = await self._client.get_topic(KV_STREAM, self.bucket)
+        self.info = t
+        opts = t.options
+        return {
+            "bucket": self.bucket,
+            "history": opts.get("max_msgs_per_subject"),
+            "marker_ttl": opts.get("subject_delete_marker_ttl"),
+            **(opts.get("kv") or {}),
+            "values": len(await self.keys()),
+            "messages": t.messages_count,
+            "bytes": t.size,
+            "pending_expiries": t.extra.get("pending_expiries", 0),
+        }

@@ -1,0 +1,220 @@
+"""KV buckets with FLIP-25 TTL semantics, end to end through the client, in virtual
+time: refresh on read, touch, visibility at the exact deadline, durable refreshes
+across a restart, watches, and one pending entry per key."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from ttl_helpers import NS, advance, broker_and_client
+
+import protocol as P
+from broker import Clock
+from broker.client import InvalidKeyError, MessageNotFoundError, NotABucketError, WrongLastSequenceError
+
+
+async def test_put_get_create_update_delete_purge_keys_history(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir) as (_, c):
+        kv = await c.kv_create("Config", history=5)
+        assert kv.bucket == "config"
+        r1 = await kv.put("app.port", b"80")
+        e = await kv.get("app.port")
+        assert (e.key, e.value, e.revision, e.operation, e.ttl_remaining) == ("app.port", b"80", r1, "PUT", None)
+        r2 = await kv.update("app.port", b"81", r1)
+        with pytest.raises(WrongLastSequenceError) as exc:
+            await kv.update("app.port", b"82", r1)
+        assert exc.value.code == 6012 and exc.value.message == f"wrong last sequence: {r2}"
+        with pytest.raises(WrongLastSequenceError):
+            await kv.create("app.port", b"x")
+        r3 = await kv.create("app.host", b"localhost")
+        assert await kv.keys() == ["app.host", "app.port"]
+        await kv.delete("app.host")
+        with pytest.raises(MessageNotFoundError, match="del"):
+            await kv.get("app.host")
+        assert await kv.keys() == ["app.port"]
+        r5 = await kv.create("app.host", b"example.org")  # create over a tombstone
+        assert (await kv.get("app.host")).value == b"example.org"
+        assert [(h.operation, h.value) for h in await kv.history("app.host")] == [
+            ("PUT", b"localhost"), ("DEL", b""), ("PUT", b"example.org"),
+        ]
+        assert (await kv.get("app.port", revision=r1)).value == b"80"
+        await kv.purge("app.host")
+        assert [h.operation for h in await kv.history("app.host")] == ["PURGE"]
+        assert await kv.keys("app.*") == ["app.port"]
+        assert r3 < r5
+        status = await kv.status()
+        assert status["history"] == 5 and status["values"] == 1 and status["refresh"] == "on_write"
+
+
+async def test_bad_keys_and_buckets_are_clear_errors(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir) as (_, c):
+        kv = await c.kv_create("b")
+        for key in (".a", "a.", "a..b", "a b", "a*", "a>", ""):
+            with pytest.raises(InvalidKeyError) as exc:
+                await kv.put(key, b"")
+            assert exc.value.code == 6013 and "invalid key" in exc.value.message
+        with pytest.raises(InvalidKeyError):
+            await c.kv_create("no.dots")
+        await c.create_topic("kv", "plain", subjects=["plain.>"])
+        with pytest.raises(NotABucketError):
+            await c.kv("plain")
+        with pytest.raises(MessageNotFoundError):
+            await kv.get("missing")
+
+
+async def test_ttl_on_write_restarts_on_put_only(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir) as (_, c):
+        kv = await c.kv_create("b", ttl=10)
+        await kv.put("k", b"1")
+        await advance(8)
+        assert (await kv.get("k")).ttl_remaining == pytest.approx(2, abs=0.01)  # a read does not refresh
+        await advance(2.1)
+        with pytest.raises(MessageNotFoundError):
+            await kv.get("k")
+        await kv.put("k", b"2", ttl=5)  # a per-key TTL
+        await advance(4.9)
+        await kv.put("k", b"3")  # the bucket's default again, from now
+        await advance(9.9)
+        assert (await kv.get("k")).value == b"3"
+
+
+async def test_refresh_on_read_keeps_a_key_alive_and_lets_it_lapse(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir) as (h, c):
+        kv = await c.kv_create("b", ttl=10, refresh="on_read_and_write")
+        await kv.put("hot", b"v")
+        for _ in range(10):  # 90 s of reads every 9 s: far past the first deadline
+            await advance(9)
+            assert (await kv.get("hot")).ttl_remaining == pytest.approx(10, abs=0.01)
+        part = h.broker.catalog.topic(P.Identifier.of("kv"), P.Identifier.of("b")).partitions[0]
+        assert part.pending == 1 and len(h.broker.retention.engine.queue) == 1
+        await advance(9.9)  # reads stop: it lapses 10 s after the last one
+        assert (await kv.touch("hot")) == pytest.approx(10, abs=0.01)  # touch refreshes too
+        await advance(10.2)
+        with pytest.raises(MessageNotFoundError):
+            await kv.get("hot")
+        assert await kv.keys() == []
+        assert [e.operation for e in await kv.history("hot")] == ["EXPIRED"]
+
+
+async def test_touch_under_on_write_and_on_a_missing_key(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir) as (_, c):
+        kv = await c.kv_create("b", ttl=10)
+        await kv.put("k", b"v")
+        await advance(8)
+        assert await kv.touch("k") == pytest.approx(10, abs=0.01)
+        await advance(8)
+        assert (await kv.get("k")).value == b"v"  # alive at 16 s
+        await advance(2.2)
+        with pytest.raises(MessageNotFoundError):
+            await kv.touch("k")
+        with pytest.raises(MessageNotFoundError):
+            await kv.touch("never-was")
+
+
+@pytest.mark.parametrize("visibility", ["never_return_expired", "return_expired_if_not_cleaned_up"])
+async def test_visibility_at_the_exact_deadline(mock_clock, data_dir, visibility: str) -> None:
+    async with broker_and_client(data_dir) as (h, c):
+        kv = await c.kv_create("b", ttl=10, visibility=visibility)
+        await kv.put("k", b"v")
+        part = h.broker.catalog.topic(P.Identifier.of("kv"), P.Identifier.of("b")).partitions[0]
+        rec = P.read_record_info(part.log.get(1), 0)
+        deadline = rec.timestamp + 10 * NS
+        # Stop the clock exactly on the deadline (before the expiry pass, which fires
+        # at the end of the deadline's 100 ms bucket).
+        await advance((deadline - h.broker.clock.now_ns()) / NS)
+        assert h.broker.clock.now_ns() >= deadline and part.log.is_live(1)
+        if visibility == "never_return_expired":
+            with pytest.raises(MessageNotFoundError, match="expired"):
+                await kv.get("k")
+            assert await kv.keys() == []
+        else:
+            assert (await kv.get("k")).value == b"v"
+            assert await kv.keys() == ["k"]
+        await advance(0.2)
+        with pytest.raises(MessageNotFoundError):
+            await kv.get("k")
+
+
+async def test_a_refresh_survives_a_restart(mock_clock, data_dir) -> None:
+    clock = Clock()
+    async with broker_and_client(data_dir, clock, **{"system.partition.fsync": "always"}) as (_, c):
+        kv = await c.kv_create("b", ttl=10, refresh="on_read_and_write")
+        await kv.put("k", b"v")
+        await advance(8)
+        await kv.get("k")  # the deadline moves from 10 s to 18 s
+    await advance(4)  # down across the original deadline
+    async with broker_and_client(data_dir, clock) as (_, c):
+        kv = await c.kv("b")
+        await advance(0.5)
+        e = await kv.get("k")  # alive at 12.5 s, and read again: now 22.5 s
+        assert e.value == b"v"
+        await advance(9.9)
+        assert (await kv.get("k", revision=e.revision)).value == b"v"
+    await advance(30)
+    async with broker_and_client(data_dir, clock) as (_, c):
+        kv = await c.kv("b")
+        await advance(0.1)
+        with pytest.raises(MessageNotFoundError):
+            await kv.get("k")
+
+
+async def test_watch_sees_put_delete_purge_and_expiry_in_order(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir) as (_, c):
+        kv = await c.kv_create("b", history=3, ttl=30, marker_ttl=1)
+        await kv.put("before", b"0")
+        seen = []
+
+        async def watcher(task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+            it = kv.watch(include_current=True)
+            task_status.started()
+            async for e in it:
+                seen.append((e.key, e.operation, e.value))
+                if len(seen) == 7:
+                    return
+
+        async with trio.open_nursery() as n:
+            await n.start(watcher)
+            await trio.testing.wait_all_tasks_blocked()
+            await kv.put("k", b"1")
+            await kv.delete("k")
+            await kv.put("k", b"2")
+            await kv.purge("k")
+            await kv.put("short", b"s", ttl=2)
+            await advance(2.2)
+        assert seen == [
+            ("before", "PUT", b"0"), ("k", "PUT", b"1"), ("k", "DEL", b""), ("k", "PUT", b"2"), ("k", "PURGE", b""),
+            ("short", "PUT", b"s"), ("short", "EXPIRED", b""),
+        ]
+
+
+async def test_expiry_leaves_a_marker_that_expires_in_turn(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir) as (_, c):
+        kv = await c.kv_create("b", ttl=5, marker_ttl=3)
+        async with await c.subscribe("$KV.b.>") as sub:
+            await kv.put("k", b"v")
+            await advance(5.2)
+            put, marker = await sub.next(), await sub.next()
+            assert put.payload == b"v" and marker.is_marker and marker.headers["Nats-Marker-Reason"] == "MaxAge"
+        assert [e.operation for e in await kv.history("k")] == ["EXPIRED"]
+        await advance(3.2)
+        assert await kv.history("k") == []  # nothing piles up
+        t = await c.get_topic("kv", "b")
+        assert t.messages_count == 0
+
+
+async def test_one_pending_entry_per_key_under_100k_reads(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir) as (h, c):
+        kv = await c.kv_create("b", ttl=60, refresh="on_read_and_write")
+        await kv.put("hot", b"v")
+        await kv.put("cold", b"v")
+        engine = h.broker.retention.engine
+        for i in range(100):
+            async with trio.open_nursery() as n:
+                for _ in range(1000):
+                    n.start_soon(kv.get, "hot")
+            if i % 10 == 0:
+                await advance(5)
+        assert len(engine.queue) == 2 and engine.queue.entries() == 2
+        await advance(55)  # cold lapses (60 s after its put); hot, read at 50 s, lives to 110 s
+        assert await kv.keys() == ["hot"]
+        assert engine.queue.entries() == 2  # hot's entry, re-armed once, and cold's marker
