@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from storage import fsync_dir
+
 from ._convert import SegmentJob, relative_path, segment_table, write_table
 from ._manifest import Manifest
 
@@ -26,13 +28,6 @@ def _crash_point(step: str) -> None:
     if os.environ.get(CRASH_ENV) == step:
         os._exit(86)
 
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def export_segments(
@@ -56,7 +51,7 @@ def export_segments(
         write_table(table, tmp)
         _crash_point("after_write")
         os.replace(tmp, final)
-        _fsync_dir(folder)
+        fsync_dir(folder)
         _crash_point("after_rename")
         entry = {
             "path": rel,

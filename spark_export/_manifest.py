@@ -21,18 +21,13 @@ import json
 import os
 from typing import Any
 
+from storage import fsync_dir
+
 __all__ = ["Manifest", "MANIFEST_NAME"]
 
 MANIFEST_NAME = "_manifest.json"
 _VERSION = 1
 
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Manifest:
@@ -79,4 +74,4 @@ class Manifest:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
