@@ -118,13 +118,6 @@ class DeadlineQueue:
         """Entries physically held (live or lazily deleted); for tests and stats."""
         return sum(len(a) for slot in self._buckets.values() for a in slot.values())
 
-    def _check(self) -> None:
-        """Assert the invariants (tests call this after mutations)."""
-        keys = list(self._buckets)
-        assert keys == sorted(keys)
-        assert all(self._buckets[k] for k in keys), "empty bucket left behind"
-        assert 0 <= self.count <= self.entries()
-
 
 class ExpiryEngine:
     """Owns the deadline structures and the expiry task.

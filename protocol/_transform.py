@@ -37,7 +37,7 @@ import random as _random
 import re
 from dataclasses import dataclass
 
-__all__ = ["SubjectTransform", "TransformError", "fnv1a_32", "transform_filter"]
+__all__ = ["SubjectTransform", "TransformError", "fnv1a_32"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -301,9 +301,4 @@ def _sized(kind: int, v: str, n: int) -> str:
     r = len(v) % n
     head = [v[:r]] if r else []
     return ".".join(head + [v[i : i + n] for i in range(r, len(v), n)])
-
-
-def transform_filter(src: str, dest: str) -> str:
-    """``SubjectTransform(src, dest).as_filter()``."""
-    return SubjectTransform(src, dest).as_filter()
 
