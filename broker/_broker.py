@@ -87,7 +87,7 @@ class Broker:
         self.retention = Retention(self.clock, self.counters, self.committer, self._deliver)
         self.republisher = Republisher(
             self.counters, self.committer, config.limits.max_republish_hops,
-            lambda bodies: self.publish(None, P.Publish.from_bodies(bodies, P.PUBLISH_NO_ACK)),
+            lambda bodies: self.publish(None, P.Publish.from_bodies(bodies, P.PUBLISH_NO_ACK), trusted=True),
         )
         self.retention.on_markers = lambda part, res, epoch: self.republisher.after_append(
             part, res, [0] * len(res.positions), epoch
@@ -235,14 +235,16 @@ class Broker:
 
     # -- publish (the hot path) ----------------------------------------------------
 
-    def publish(self, session: Any, cmd: P.Publish) -> Reply:
+    def publish(self, session: Any, cmd: P.Publish, trusted: bool = False) -> Reply:
+        """A batch of messages (``trusted``: bodies the broker built itself, such as
+        republished copies, whose flags, sizes and headers need no checking)."""
         data: bytes = cmd.data
         n = cmd.count
         scan = scan_bodies(data, cmd.body_pos, n, self._max_payload)
         subjects = scan.subjects
         starts, ends = scan.starts, scan.ends
         special = scan.special
-        failed: dict[int, BrokerError] = self._check_basic(data, starts, special) if special else {}
+        failed: dict[int, BrokerError] = self._check_basic(data, starts, special) if special and not trusted else {}
 
         cache = self.router.cache
         resolve = self.router.resolve
@@ -339,8 +341,9 @@ class Broker:
             counters.messages_unrouted += len(unrouted)
             head = P.delivery_entry(0, 0, 0)
             for i in unrouted:
-                statuses[i] = ErrorCode.NO_TOPIC_FOR_SUBJECT
-                errors[i] = f"no topic captures subject {subjects[i].decode(errors='replace')!r}"
+                if not cmd.no_ack:
+                    statuses[i] = ErrorCode.NO_TOPIC_FOR_SUBJECT
+                    errors[i] = f"no topic captures subject {subjects[i].decode(errors='replace')!r}"
                 if entries is not None:
                     entries[i] = (subjects[i], head, P.encode_record(0, now, data[starts[i] : ends[i]]))
         if entries is not None:

@@ -129,6 +129,9 @@ class Committer:
         for w in watchers:
             w.kick()  # type: ignore[attr-defined]
         if self._after:
+            # Let the sessions send the acks this sync released before the actions
+            # (republished copies) take the loop.
+            await trio.lowlevel.checkpoint()
             due = [a for e, a in self._after if e <= target]
             self._after = [(e, a) for e, a in self._after if e > target]
             for action in due:

@@ -77,17 +77,26 @@ class Republisher:
         where = topic.full_name
         records = res.records
         out: list[bytes] = []
+        # subject -> (its text, the destination or None: no match, or "" invalid)
+        dests: dict[bytes, tuple[str, str | None]] = {}
         for k, pos in enumerate(res.positions):
             info = read_record_info(records, pos)
-            subject = info.subject.decode()
-            dest = transform.apply(subject)
+            known = dests.get(info.subject)
+            if known is None:
+                subject = info.subject.decode()
+                dest = transform.apply(subject)
+                if dest is not None:
+                    try:
+                        validate_subject(dest)
+                    except BrokerError as err:
+                        self._warn("invalid", "republish_dropped", topic=where, subject=subject, reason=err.message)
+                        dest = ""
+                known = dests[info.subject] = (subject, dest)
+            subject, dest = known
             if dest is None:
                 continue
-            try:
-                validate_subject(dest)
-            except BrokerError as err:
+            if not dest:
                 self.counters.dropped_invalid_subject += 1
-                self._warn("invalid", "republish_dropped", topic=where, subject=subject, reason=err.message)
                 continue
             hops = hops_of(info.headers) + 1
             if hops > self.max_hops:
