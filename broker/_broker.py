@@ -267,7 +267,7 @@ class Broker:
             else:
                 failed[i] = route  # type: ignore[assignment]
         admitted: dict[int, Admission] = {}
-        if groups and (special or any(p.topic.config.kv is not None for p in groups)):
+        if groups and (special or (self.router.any_kv and any(p.topic.config.kv is not None for p in groups))):
             data, starts, ends = self._admit(data, subjects, starts, ends, special, failed, groups, admitted)
 
         now = self.clock.now_ns()
