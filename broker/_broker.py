@@ -244,7 +244,8 @@ class Broker:
         subjects = scan.subjects
         starts, ends = scan.starts, scan.ends
         special = scan.special
-        failed: dict[int, BrokerError] = self._check_basic(data, starts, special) if special and not trusted else {}
+        fields: dict[int, P.BodyFields] = {}
+        failed: dict[int, BrokerError] = self._check_basic(data, starts, special, fields) if special and not trusted else {}
 
         cache = self.router.cache
         resolve = self.router.resolve
@@ -268,7 +269,7 @@ class Broker:
                 failed[i] = route  # type: ignore[assignment]
         admitted: dict[int, Admission] = {}
         if groups and (special or (self.router.any_kv and any(p.topic.config.kv is not None for p in groups))):
-            data, starts, ends = self._admit(data, subjects, starts, ends, special, failed, groups, admitted)
+            data, starts, ends = self._admit(data, subjects, starts, ends, special, failed, groups, admitted, fields)
 
         now = self.clock.now_ns()
         counters = self.counters
@@ -357,11 +358,14 @@ class Broker:
         payload = P.Acks(stream_ids, topic_ids, partitions, offsets, statuses, errors).encode()
         return (payload, epoch) if epoch else payload
 
-    def _check_basic(self, data: bytes, starts: list[int], special: list[int]) -> dict[int, BrokerError]:
-        """Checks that need no topic, for bodies with flags, headers, a TTL or a big payload."""
+    def _check_basic(
+        self, data: bytes, starts: list[int], special: list[int], fields: dict[int, P.BodyFields]
+    ) -> dict[int, BrokerError]:
+        """Checks that need no topic, for bodies with flags, headers, a TTL or a big
+        payload (their fields land in ``fields``, for admission to reuse)."""
         failed: dict[int, BrokerError] = {}
         for i in special:
-            f = P.body_fields(data, starts[i])
+            f = fields[i] = P.body_fields(data, starts[i])
             if f.flags:
                 failed[i] = error_class(ErrorCode.INVALID_MESSAGE_FLAGS)(
                     f"message flags {f.flags:#x} are reserved for the broker; publish with flags 0"
@@ -387,6 +391,7 @@ class Broker:
         failed: dict[int, BrokerError],
         groups: dict[Partition, list[int]],
         admitted: dict[int, Admission],
+        fields: dict[int, P.BodyFields],
     ) -> tuple[bytes, list[int], list[int]]:
         """Admit the special messages, and every message of a KV bucket, into their
         topics (``_admission.py``): refused ones move to ``failed`` and leave their
@@ -413,7 +418,8 @@ class Broker:
             for i in idx:
                 if kv or i in todo:
                     try:
-                        a = admit(view[starts[i] : ends[i]], P.body_fields(data, starts[i]), cfg)
+                        f = fields.get(i) or P.body_fields(data, starts[i])
+                        a = admit(view[starts[i] : ends[i]], f, cfg)
                         if a.expected_last is not None:
                             _check_expected_last(part, subjects[i], a.expected_last, written)
                     except BrokerError as err:
