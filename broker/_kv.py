@@ -111,7 +111,8 @@ class KvReads:
         if not offset or not part.log.is_live(offset) or part.index.subject_at(offset) != raw:
             what = f"revision {revision} of" if revision else "key"
             raise _NotFound(f"{what} {subject!r} not found in bucket {topic.name!r}")
-        info = read_record_info(part.log.get(offset), 0)
+        rec = part.log.get(offset)
+        info = read_record_info(rec, 0)
         deadline = self.deadline(part, offset, info.timestamp, info.ttl)
         if deadline and now_ns >= deadline and kv["visibility"] == "never_return_expired":
             raise _NotFound(f"key {subject!r} expired in bucket {topic.name!r}")
@@ -121,7 +122,6 @@ class KvReads:
         epoch = 0
         if op == "PUT" and offset == latest and kv["refresh"] == "on_read_and_write" and deadline and now_ns < deadline:
             deadline, epoch = self.refresh(topic, part, offset, info.ttl, now_ns)
-        rec = part.log.get(offset)
         payload_at = 38 + len(info.subject) + len(info.headers)
         entry = {
             "subject": subject,

@@ -138,8 +138,8 @@ class Partition:
             if f & PENDING:
                 index.set_flags(o, f & ~PENDING)
                 cleared += 1
-            if self.refreshed:
-                self.refreshed.pop(o, None)
+            if self.refreshed and self.refreshed.pop(o, None) is not None:
+                self._forget_lease(o)
             if st is not None:
                 out.append(Removed(o, subject, f, st))
         self.pending -= cleared
@@ -162,6 +162,12 @@ class Partition:
             offset += 1
         return out
 
+    def _forget_lease(self, offset: int) -> None:
+        """Drop a KV refresh lease with its message (``_kv.py``)."""
+        consumers = self.topic.consumers
+        if consumers is not None:
+            consumers.forget(f"$refresh.{offset}", self.number)
+
     def over_limit(self, subjects: Iterable[bytes], limit: int) -> list[int]:
         """Oldest offsets to remove so each subject keeps at most ``limit`` messages."""
         doomed: list[int] = []
@@ -171,9 +177,11 @@ class Partition:
                 continue
             excess = st.count - limit
             off = st.first
-            while excess and off:
+            while off:
                 doomed.append(off)
                 excess -= 1
+                if not excess:
+                    break
                 off = self.index.next_live(st.sid, off + 1)
         return doomed
 

@@ -139,6 +139,9 @@ class SubjectIndex:
         if st.count <= 0:
             st.count = 0
             st.first = st.last = 0
+        elif st.count == 1:
+            # One left: it is whichever of first and last is not going away.
+            st.first = st.last = st.last if offset == st.first else st.first
         else:
             if offset == st.first:
                 st.first = self.next_live(sid, offset + 1)

@@ -94,7 +94,7 @@ class InfoMap(_Response):
     @classmethod
     def decode(cls, payload: bytes) -> InfoMap:
         r = Reader(payload, "info response")
-        out = cls(r.map())
+        out = cls(r.map(limit=len(payload)))  # a KV value or a key list can be large
         r.end()
         return out
 

@@ -112,12 +112,14 @@ class Reader:
             raise malformed(f"{self.what}: identifier runs past the end of the payload") from None
         return ident
 
-    def map(self) -> dict[str, object]:
+    def map(self, limit: int = MAX_MAP_BYTES) -> dict[str, object]:
+        """A ``u32 length | msgpack map``; ``limit`` bounds the length (the options a
+        peer sends are small; a response's map is bounded by its frame instead)."""
         n = self.u32()
         if n == 0:
             return {}
-        if n > MAX_MAP_BYTES:
-            raise error_class(ErrorCode.INVALID_OPTIONS)(f"{self.what}: options map of {n} bytes exceeds {MAX_MAP_BYTES}")
+        if n > limit:
+            raise error_class(ErrorCode.INVALID_OPTIONS)(f"{self.what}: options map of {n} bytes exceeds {limit}")
         raw = self.raw(n)
         try:
             value = msgpack.unpackb(raw, raw=False, strict_map_key=True)  # size bounded above

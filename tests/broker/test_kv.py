@@ -218,3 +218,20 @@ async def test_one_pending_entry_per_key_under_100k_reads(mock_clock, data_dir) 
         await advance(55)  # cold lapses (60 s after its put); hot, read at 50 s, lives to 110 s
         assert await kv.keys() == ["hot"]
         assert engine.queue.entries() == 2  # hot's entry, re-armed once, and cold's marker
+
+
+async def test_large_values_and_many_keys_and_leases_that_go_with_their_key(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir) as (h, c):
+        kv = await c.kv_create("big", ttl=600, refresh="on_read_and_write")
+        await kv.put("blob", b"x" * 200_000)  # a reply far over the options-map limit
+        assert (await kv.get("blob")).value == b"x" * 200_000
+        await c.publish_batch([(f"$KV.big.k{i:05d}", b"v") for i in range(20_000)])
+        assert len(await kv.keys()) == 20_001
+        topic = h.broker.catalog.topic(P.Identifier.of("kv"), P.Identifier.of("big"))
+        await advance(1)
+        await kv.get("k00001")  # writes a lease
+        leases = [n for n, _ in topic.consumers.offsets if n.startswith("$refresh.")]
+        assert len(leases) == 2  # blob's (first get) and k00001's
+        await kv.put("k00001", b"w")  # overwritten: its lease goes with the old revision
+        assert len([n for n, _ in topic.consumers.offsets if n.startswith("$refresh.")]) == 1
+        assert (await kv.status())["values"] == 20_001
