@@ -10,6 +10,7 @@ counted, never exported.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ from storage import read_deletion_tags
 
 from ._schema import SCHEMA
 
-__all__ = ["SegmentJob", "segment_table", "write_table", "relative_path"]
+__all__ = ["SegmentJob", "segment_batches", "write_segment", "relative_path", "BATCH_ROWS"]
 
 NS = 1_000_000_000
 _LIVE = 1
@@ -71,8 +72,15 @@ def relative_path(job: SegmentJob) -> str:
     )
 
 
-def segment_table(job: SegmentJob) -> tuple[pa.Table, int]:
-    """The segment as a table; returns it and how many corrupt records were left out."""
+#: Rows per Arrow record batch: bounds the memory a conversion holds (a 64 MiB segment
+#: of small messages is ~370,000 rows, ~1.6 KB each as Python objects) and how long
+#: one Arrow call holds the GIL (the broker's event loop runs beside the thread).
+BATCH_ROWS = 16_384
+
+
+def segment_batches(job: SegmentJob, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The segment as record batches of at most ``batch_rows`` rows, each with how
+    many corrupt records (left out) it skipped."""
     from array import array
 
     positions = array("I")
@@ -81,57 +89,64 @@ def segment_table(job: SegmentJob) -> tuple[pa.Table, int]:
         buf = f.read()
     tags = read_deletion_tags(job.del_path)
     unpack = RECORD_FIXED.unpack_from
-    cols: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
-    offset_c, ts_c, subj_c, hdr_c, pay_c = cols["offset"], cols["timestamp_ns"], cols["subject"], cols["headers"], cols["payload"]
-    ttl_c, never_c, exp_c = cols["ttl_seconds"], cols["ttl_never"], cols["expires_at"]
-    mk_c, mkr_c, rm_c, rmr_c = cols["is_marker"], cols["marker_reason"], cols["removed"], cols["removed_reason"]
     max_age_ns = job.max_age * NS
-    corrupt = 0
     n = len(buf)
-    for rel in range(job.count):
-        pos = positions[rel]
-        if check_record(buf, pos, n) < 0:
-            corrupt += 1
-            continue
-        _, _, off, ts, ttl, flags, sl, hl, pl = unpack(buf, pos)
-        s = pos + 38
-        offset_c.append(off)
-        ts_c.append(ts)
-        subj_c.append(buf[s : s + sl].decode(errors="replace"))
-        hdr_c.append(list(decode_headers(buf[s + sl : s + sl + hl]).items()) if hl else [])
-        pay_c.append(buf[s + sl + hl : s + sl + hl + pl])
-        never = ttl == TTL_NEVER
-        never_c.append(never)
-        ttl_c.append(ttl if ttl and not never else None)
-        deadlines = []
-        if ttl and not never:
-            deadlines.append(ts + ttl * NS)
-        if max_age_ns and not never:
-            deadlines.append(ts + max_age_ns)
-        exp_c.append(min(deadlines) // 1000 if deadlines else None)
-        reason = flags & MARKER_MASK
-        mk_c.append(bool(reason))
-        mkr_c.append(_MARKERS.get(reason))
-        live = job.states[rel] == _LIVE if rel < len(job.states) else True
-        rm_c.append(not live)
-        if live:
-            rmr_c.append(None)
-        elif rel in tags and tags[rel]:
-            rmr_c.append(_REASONS.get(tags[rel], "unknown"))
-        elif off <= job.purged_through:
-            rmr_c.append("purge")
-        else:
-            rmr_c.append("unknown")
-    cols["timestamp"] = [t // 1000 for t in ts_c]
-    table = pa.Table.from_pydict(cols, schema=SCHEMA)
-    return table, corrupt
+    for start in range(0, job.count, batch_rows):
+        cols: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+        offset_c, ts_c, subj_c, hdr_c, pay_c = cols["offset"], cols["timestamp_ns"], cols["subject"], cols["headers"], cols["payload"]
+        ttl_c, never_c, exp_c = cols["ttl_seconds"], cols["ttl_never"], cols["expires_at"]
+        mk_c, mkr_c, rm_c, rmr_c = cols["is_marker"], cols["marker_reason"], cols["removed"], cols["removed_reason"]
+        corrupt = 0
+        for rel in range(start, min(start + batch_rows, job.count)):
+            pos = positions[rel]
+            if check_record(buf, pos, n) < 0:
+                corrupt += 1
+                continue
+            _, _, off, ts, ttl, flags, sl, hl, pl = unpack(buf, pos)
+            s = pos + 38
+            offset_c.append(off)
+            ts_c.append(ts)
+            subj_c.append(buf[s : s + sl].decode(errors="replace"))
+            hdr_c.append(list(decode_headers(buf[s + sl : s + sl + hl]).items()) if hl else [])
+            pay_c.append(buf[s + sl + hl : s + sl + hl + pl])
+            never = ttl == TTL_NEVER
+            never_c.append(never)
+            ttl_c.append(ttl if ttl and not never else None)
+            deadlines = []
+            if ttl and not never:
+                deadlines.append(ts + ttl * NS)
+            if max_age_ns and not never:
+                deadlines.append(ts + max_age_ns)
+            exp_c.append(min(deadlines) // 1000 if deadlines else None)
+            reason = flags & MARKER_MASK
+            mk_c.append(bool(reason))
+            mkr_c.append(_MARKERS.get(reason))
+            live = job.states[rel] == _LIVE if rel < len(job.states) else True
+            rm_c.append(not live)
+            if live:
+                rmr_c.append(None)
+            elif rel in tags and tags[rel]:
+                rmr_c.append(_REASONS.get(tags[rel], "unknown"))
+            elif off <= job.purged_through:
+                rmr_c.append("purge")
+            else:
+                rmr_c.append("unknown")
+        cols["timestamp"] = [t // 1000 for t in ts_c]
+        yield pa.RecordBatch.from_pydict(cols, schema=SCHEMA), corrupt
 
 
-def write_table(table: pa.Table, path: str) -> None:
-    """Write ``table`` to ``path`` and make it durable (file synced)."""
-    pq.write_table(table, path, compression="zstd")
+def write_segment(job: SegmentJob, path: str) -> tuple[int, int]:
+    """Convert the segment into the Parquet file ``path``, batch by batch, and make it
+    durable (file synced). Returns ``(rows, corrupt records left out)``."""
+    rows = corrupt = 0
+    with pq.ParquetWriter(path, SCHEMA, compression="zstd") as writer:
+        for batch, skipped in segment_batches(job):
+            writer.write_batch(batch)
+            rows += batch.num_rows
+            corrupt += skipped
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    return rows, corrupt

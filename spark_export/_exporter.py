@@ -16,7 +16,7 @@ from typing import Any
 
 from storage import fsync_dir
 
-from ._convert import SegmentJob, relative_path, segment_table, write_table
+from ._convert import SegmentJob, relative_path, write_segment
 from ._manifest import Manifest
 
 __all__ = ["export_segments", "CRASH_ENV"]
@@ -47,8 +47,7 @@ def export_segments(
         os.makedirs(folder, exist_ok=True)
         tmp = final + ".tmp"
         _crash_point("before_write")
-        table, corrupt = segment_table(job)
-        write_table(table, tmp)
+        rows, corrupt = write_segment(job, tmp)
         _crash_point("after_write")
         os.replace(tmp, final)
         fsync_dir(folder)
@@ -60,7 +59,7 @@ def export_segments(
             "partition": job.partition,
             "first_offset": job.base,
             "last_offset": job.last_offset,
-            "rows": table.num_rows,
+            "rows": rows,
             "bytes": os.path.getsize(final),
             "corrupt_records": corrupt,
             "exported_at": time.time(),
