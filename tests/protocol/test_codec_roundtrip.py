@@ -61,6 +61,10 @@ commands = st.one_of(
     st.builds(P.CreateTopic, idents, u32, u32, u32, names, option_maps),
     st.builds(P.DeleteTopic, idents, idents),
     st.builds(P.UpdateTopic, idents, idents, option_maps),
+    st.builds(P.Export, st.sampled_from([0, P.EXPORT_SEAL])),
+    st.builds(P.KvGet, idents, idents, subjects, u64),
+    st.builds(P.KvTouch, idents, idents, subjects),
+    st.builds(P.KvKeys, idents, idents, filters),
 )
 
 
