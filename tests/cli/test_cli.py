@@ -265,3 +265,28 @@ def test_kv_commands(broker: BrokerProcess) -> None:
         watch.wait()
     bad = run(a, "kv", "put", "sessions", "bad key", "v", check=False)
     assert bad.returncode == 1 and "INVALID_KEY (6013)" in bad.stderr
+
+
+def test_export_command(tmp_path: Path) -> None:
+    data, export = tmp_path / "data", tmp_path / "export"
+    data.mkdir()
+    proc = BrokerProcess(data, "--export-dir", str(export))
+    try:
+        a = proc.address
+        run(a, "stream", "create", "s")
+        run(a, "topic", "create", "s", "t", "--subjects", "e.>")
+        run(a, "pub", "e.x", "1", "--count", "10")
+        nothing = lines(run(a, "export", json_out=True))[0]
+        assert nothing["exported"] == [] and nothing["sealed"] == 0
+        human = run(a, "export", "--seal").stdout
+        assert "exported stream=s/topic=t/partition=0/1-10.parquet (10 rows" in human
+        assert "1 segment(s) exported to" in human
+        assert (export / "stream=s" / "topic=t" / "partition=0" / "1-10.parquet").exists()
+    finally:
+        proc.stop()
+    plain = BrokerProcess(tmp_path / "data")
+    try:
+        bad = run(plain.address, "export", check=False)
+        assert bad.returncode == 1 and bad.stderr.startswith("error: EXPORT_NOT_CONFIGURED (5001)")
+    finally:
+        plain.stop()
