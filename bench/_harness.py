@@ -625,3 +625,12 @@ def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> Path:
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
     tmp.replace(p)
     return p
+
+
+def print_cpu_share(others: dict[str, Any] | None) -> None:
+    """The line under a result table saying how much of the machine other processes
+    used during the run (``CpuWatch.stop()``'s result; nothing when it has none)."""
+    if others:
+        print(f"Other processes used {others['other_cpu_s']:.0f} CPU-seconds during the run "
+              f"({others['other_share_of_machine']:.0%} of the machine; the benchmark used "
+              f"{others['benchmark_cpu_s']:.0f}).")

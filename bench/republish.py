@@ -60,6 +60,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import (
+    print_cpu_share,
     CpuWatch,
     Harness,
     Progress,
@@ -566,10 +567,7 @@ def main(argv: list[str] | None = None) -> int:
           + f" ({env['cpus']} CPUs, {env['date']}, "
           f"{elapsed:.0f} s total, load average {env['load_avg_at_start'][0]:.2f} at start, "
           f"{env['load_avg_at_end'][0]:.2f} at end)")
-    if others:
-        print(f"Other processes used {others['other_cpu_s']:.0f} CPU-seconds during the run "
-              f"({others['other_share_of_machine']:.0%} of the machine; the benchmark used "
-              f"{others['benchmark_cpu_s']:.0f}).")
+    print_cpu_share(others)
     print()
     print(report(results, runs))
     c = cpu_table(results)
