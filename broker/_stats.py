@@ -69,6 +69,16 @@ class Counters:
     connections_refused: int = 0
     #: Requests that got an error response.
     request_errors: int = 0
+    #: Connections that ended on an error of their own (reset, broken pipe, bad frame).
+    connections_failed: int = 0
+    #: Connections closed because they did not complete the handshake in time.
+    handshake_timeouts: int = 0
+    #: Handshakes refused for a missing or wrong auth token.
+    auth_failures: int = 0
+    #: Connections closed as slow consumers (queued output over the limit too long).
+    slow_consumers: int = 0
+    #: Damage found in the data directory's files (each piece once; see ``ttlbroker check``).
+    damage_detected: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

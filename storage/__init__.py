@@ -10,6 +10,9 @@ the cleaner and the exporter), :class:`ConsumerOffsets`, the fsync policy and
 :func:`sync_fds`, and the errors.
 """
 
+from ._damage import Damage as Damage
+from ._damage import Report as Report
+from ._damage import ignore_damage as ignore_damage
 from ._datadir import ConsumerOffsets as ConsumerOffsets
 from ._datadir import DataDir as DataDir
 from ._durability import FsyncPolicy as FsyncPolicy
@@ -17,6 +20,11 @@ from ._durability import fsync_dir as fsync_dir
 from ._durability import parse_duration_ms as parse_duration_ms
 from ._durability import sync_fds as sync_fds
 from ._errors import CorruptedRecord as CorruptedRecord
+from ._files import atomic_write as atomic_write
+from ._files import makedirs as makedirs
+from ._files import open_file as open_file
+from ._files import set_modes as set_modes
+from ._files import write_all as write_all
 from ._errors import StorageFailure as StorageFailure
 from ._partition_log import SCAN_LIMIT as SCAN_LIMIT
 from ._partition_log import AppendResult as AppendResult

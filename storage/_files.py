@@ -1,0 +1,97 @@
+"""How storage creates, writes and replaces files: the one place that knows the
+permission bits, the write-everything-or-nothing rule and the atomic replace.
+
+Every file and directory of the data directory is created through these functions,
+with the modes set by :func:`set_modes` (the broker calls it once at start from its
+config; the default is owner-only, ``0o600`` files and ``0o700`` directories, so a
+broker's messages are not readable by other users of the machine).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ._durability import fsync_dir
+from ._errors import StorageFailure
+
+__all__ = ["set_modes", "file_mode", "dir_mode", "open_file", "makedirs", "write_all", "atomic_write"]
+
+_modes = {"file": 0o600, "dir": 0o700}
+
+
+def set_modes(file_mode: int = 0o600, dir_mode: int = 0o700) -> None:
+    """Set the permission bits of files and directories created from now on (the
+    process umask still applies on top, as for any ``open``)."""
+    if not 0 <= file_mode <= 0o777 or not 0 <= dir_mode <= 0o777:
+        raise ValueError("file and directory modes are permission bits, 0o000 to 0o777")
+    _modes["file"] = file_mode
+    _modes["dir"] = dir_mode
+
+
+def file_mode() -> int:
+    return _modes["file"]
+
+
+def dir_mode() -> int:
+    return _modes["dir"]
+
+
+def open_file(path: str, flags: int) -> int:
+    """``os.open`` with ``O_CLOEXEC`` and the configured file mode."""
+    return os.open(path, flags | os.O_CLOEXEC, _modes["file"])
+
+
+def makedirs(path: str) -> bool:
+    """Create ``path`` and any missing parents with the configured directory mode,
+    fsyncing each parent whose entries changed (so a new partition directory survives
+    a power loss on any POSIX file system). Returns True if anything was created."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return False
+    parent = os.path.dirname(path)
+    if parent != path:
+        makedirs(parent)
+    try:
+        os.mkdir(path, _modes["dir"])
+    except FileExistsError:
+        return False
+    fsync_dir(parent)
+    return True
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview, size_before: int) -> None:
+    """Write everything or nothing: on failure, cut the file back to its old size.
+
+    Raises:
+        StorageFailure: the write failed (disk full, I/O error).
+    """
+    view = memoryview(data)
+    try:
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+    except OSError as exc:
+        try:
+            os.ftruncate(fd, size_before)
+        except OSError:
+            pass
+        raise StorageFailure(f"write failed: {os.strerror(exc.errno or 0)}") from exc
+    finally:
+        view.release()
+
+
+def atomic_write(path: str, data: bytes, sync_dir: bool = True) -> None:
+    """Replace ``path`` with ``data``: write a temporary file, fsync it, rename it over
+    ``path`` and (unless told not to) fsync the directory, so a crash leaves either
+    the old or the new content and the new one survives a power loss once this
+    returns."""
+    tmp = path + ".tmp"
+    fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        write_all(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if sync_dir:
+        fsync_dir(os.path.dirname(path) or ".")
