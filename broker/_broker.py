@@ -13,6 +13,7 @@ deletes, purges, consumer offsets under ``fsync = "always"``).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,7 +34,7 @@ from protocol import (
     validate_filter,
     validate_subject,
 )
-from storage import DataDir, PartitionLog, RecoveryReport
+from storage import Damage, DataDir, PartitionLog, RecoveryReport
 
 from ._admission import ROLLUP_SUB, Admission, admit
 from ._catalog import Catalog, Stream, Topic
@@ -163,6 +164,7 @@ class Broker:
 
     def _open_topic_storage(self, topic: Topic, recovering: bool) -> None:
         topic.partitions = []
+        reserve = not self.committer.acks_wait
         for n in range(topic.config.partitions_count):
             path = self.datadir.partition_dir(topic.stream.id, topic.id, n)
 
@@ -170,9 +172,13 @@ class Broker:
                 self.counters.corrupt_records += 1
                 log.error("corrupt_record", topic=_t.full_name, partition=_n, offset=offset, reason=reason)
 
-            plog, reports = PartitionLog.open(path, topic.config.segment_size, on_corrupt)
+            plog, reports = PartitionLog.open(
+                path, topic.config.segment_size, on_corrupt, report=self._damage, reserve=reserve,
+                quarantine_dir=os.path.join(self.datadir.root, "quarantine", os.path.relpath(path, self.datadir.root)),
+                expect_existing=recovering,
+            )
             if recovering:
-                self._report_recovery(topic, n, reports)
+                self._report_recovery(topic, n, plog, reports)
             part = Partition(topic, n, plog)
             if recovering:
                 # Runs in the worker thread of open(), before the engine task starts:
@@ -184,7 +190,17 @@ class Broker:
         if recovering and topic.config.kv is not None:
             load_leases(topic)
 
-    def _report_recovery(self, topic: Topic, n: int, reports: list[RecoveryReport]) -> None:
+    def _damage(self, damage: Damage) -> None:
+        """Damage storage found: logged once with its file and position, counted."""
+        self.counters.damage_detected += 1
+        if damage.kind == "segment" and damage.offsets is not None:
+            self.counters.corrupt_records += damage.offsets[1] - damage.offsets[0] + 1
+        log.error(
+            "damage", kind=damage.kind, path=damage.path, position=damage.position, detail=damage.detail,
+            action=damage.action, offsets=f"{damage.offsets[0]}..{damage.offsets[1]}" if damage.offsets else None,
+        )
+
+    def _report_recovery(self, topic: Topic, n: int, plog: PartitionLog, reports: list[RecoveryReport]) -> None:
         for r in reports:
             if r.truncated_bytes:
                 self.counters.torn_records_truncated += 1
@@ -192,11 +208,14 @@ class Broker:
                     "torn_tail_truncated", topic=topic.full_name, partition=n,
                     offset=r.truncated_at_offset, bytes=r.truncated_bytes,
                 )
-            for off in r.corrupt_offsets:
-                self.counters.corrupt_records += 1
-                log.error("corrupt_record", topic=topic.full_name, partition=n, offset=off, reason="found on recovery")
             if r.index_rebuilt:
-                log.warning("index_rebuilt", topic=topic.full_name, partition=n)
+                log.info("index_rebuilt", topic=topic.full_name, partition=n)
+        if plog.skipped is not None:
+            first, last = plog.skipped
+            log.info(
+                "offsets_skipped", topic=topic.full_name, partition=n, first=first, last=last,
+                reason="reserved before an unclean stop or beyond missing records; never handed out",
+            )
 
     def close(self) -> None:
         """Close every file and release the data directory (after a final sync)."""

@@ -14,7 +14,7 @@ import os
 from ._durability import fsync_dir
 from ._errors import StorageFailure
 
-__all__ = ["set_modes", "file_mode", "dir_mode", "open_file", "makedirs", "write_all", "atomic_write"]
+__all__ = ["set_modes", "file_mode", "dir_mode", "open_file", "makedirs", "write_all", "atomic_write", "keep_aside"]
 
 _modes = {"file": 0o600, "dir": 0o700}
 
@@ -95,3 +95,28 @@ def atomic_write(path: str, data: bytes, sync_dir: bool = True) -> None:
     os.replace(tmp, path)
     if sync_dir:
         fsync_dir(os.path.dirname(path) or ".")
+
+
+def keep_aside(path: str, quarantine_dir: str, suffix: str = "") -> str:
+    """Copy ``path`` into ``quarantine_dir`` (created if needed) under its own name,
+    a UTC time stamp and ``suffix``, durably, before the caller rewrites or cuts it:
+    bytes the broker could not read are never discarded. Returns the copy's path."""
+    import shutil
+    import time
+
+    makedirs(quarantine_dir)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = os.path.join(quarantine_dir, f"{os.path.basename(path)}.{stamp}{suffix}")
+    n = 1
+    while os.path.exists(dest):
+        n += 1
+        dest = os.path.join(quarantine_dir, f"{os.path.basename(path)}.{stamp}-{n}{suffix}")
+    shutil.copyfile(path, dest)
+    os.chmod(dest, _modes["file"])
+    fd = os.open(dest, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(quarantine_dir)
+    return dest

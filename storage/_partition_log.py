@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
@@ -19,13 +20,20 @@ from typing import NamedTuple
 
 from protocol import RECORD_FIXED, ErrorCode, build_records, check_record, error_class
 
+from ._damage import Damage, Report, ignore_damage
 from ._durability import fsync_dir
 from ._errors import CorruptedRecord
-from ._segment import LIVE, RecoveryReport, Segment, _atomic_write
+from ._files import makedirs
+from ._segment import LIVE, Opening, RecoveryReport, Segment
+from ._state import STATE_NAME, StateFile
 
 __all__ = ["PartitionLog", "ReadResult", "AppendResult", "StoredRecord"]
 
 _PURGE = struct.Struct("<QI")
+_OLD_PURGE = "purged"  # the watermark file of the first format, read once on upgrade
+#: Offsets reserved ahead at a time (when acks do not wait for the disk).
+RESERVE_MIN = 4096
+RESERVE_MAX = 1 << 20
 _UNPACK_FIXED = RECORD_FIXED.unpack_from
 
 #: Fetches with a subject filter look at no more than this many records per call
@@ -76,55 +84,143 @@ class PartitionLog:
         size_bytes: bytes of all ``.log`` files.
     """
 
-    def __init__(self, path: str, segment_size: int, on_corrupt: Callable[[int, str], None] | None) -> None:
+    def __init__(
+        self, path: str, segment_size: int, on_corrupt: Callable[[int, str], None] | None, reserve: bool = False
+    ) -> None:
         self.path = path
         self.segment_size = segment_size
         self.segments: list[Segment] = []
         self._bases: list[int] = []
-        self.purged_through = 0
         self.live_count = 0
         self.size_bytes = 0
         self._on_corrupt = on_corrupt or (lambda offset, reason: None)
         self.corrupt_detected = 0
+        self._state = StateFile(os.path.join(path, STATE_NAME))
+        #: Reserve offsets ahead durably (acks that do not wait for the disk).
+        self._reserve = reserve
+        self._reserve_step = RESERVE_MIN
+        self._reserved_at = 0.0
+        #: The next offset when the last group commit took our descriptors (durable
+        #: once the next one does: the trailing ``acked_next``).
+        self._syncing_next = 0
+        #: Offsets recovery skipped, ``(first, last)``: reserved before an unclean
+        #: stop, or beyond records found missing (never handed out again).
+        self.skipped: tuple[int, int] | None = None
+
+    @property
+    def purged_through(self) -> int:
+        return self._state.state.purged_through
 
     # -- opening -------------------------------------------------------------------
 
     @classmethod
     def open(
-        cls, path: str, segment_size: int, on_corrupt: Callable[[int, str], None] | None = None
+        cls,
+        path: str,
+        segment_size: int,
+        on_corrupt: Callable[[int, str], None] | None = None,
+        *,
+        report: Report = ignore_damage,
+        reserve: bool = False,
+        quarantine_dir: str | None = None,
+        expect_existing: bool = False,
     ) -> tuple[PartitionLog, list[RecoveryReport]]:
-        """Open (or create) the partition at ``path`` and recover it."""
-        os.makedirs(path, exist_ok=True)
-        log = cls(path, segment_size, on_corrupt)
-        log.purged_through = _read_purge(os.path.join(path, "purged"))
+        """Open (or create) the partition at ``path`` and recover it.
+
+        Args:
+            report: where damage found on the way goes (each piece once).
+            reserve: acks do not wait for the disk (fsync interval or never): reserve
+                offsets ahead durably so a machine crash never makes an offset that
+                was acknowledged be handed out again.
+            quarantine_dir: where unreadable bytes are kept before a file is
+                rewritten (default ``<path>/quarantine``).
+            expect_existing: the partition is known to exist (a missing directory or
+                state file is then damage, not a new partition).
+        """
+        existed = os.path.isdir(path)
+        makedirs(path)
+        log = cls(path, segment_size, on_corrupt, reserve)
+        sf = log._state = StateFile.open(os.path.join(path, STATE_NAME))
         bases = sorted(
             int(name[:-4]) for name in os.listdir(path) if name.endswith(".log") and name[:-4].isdigit()
         )
+        strict = sf.found != "new"
+        if expect_existing and not existed:
+            report(Damage("segment", path, None, "the partition directory is missing",
+                          "started the partition empty; its messages are lost unless restored from a backup"))
+        if sf.found == "new" and (bases or os.path.exists(os.path.join(path, _OLD_PURGE))):
+            sf.state.purged_through = _read_old_purge(os.path.join(path, _OLD_PURGE), report)
+        elif sf.found == "new" and expect_existing and existed:
+            report(Damage("partition_state", sf.path, None, "missing", "recreated from the segment files"))
+        for pos in sf.bad_positions:
+            both = sf.found == "both_bad"
+            report(Damage(
+                "partition_state", sf.path, pos, "slot fails its checksum",
+                "purge watermark and high-water mark taken from the segment files; offsets skip ahead by the "
+                "largest reservation" if both else "used the other copy; rewritten",
+            ))
+        st = sf.state
+        opening = Opening(report, st.clean, strict, quarantine_dir or os.path.join(path, "quarantine"))
+        if sf.found == "both_bad":
+            # The watermark is lost: every purge removed whole segments below the
+            # active one, so the first segment left bounds it.
+            st.purged_through = bases[0] - 1 if bases else 0
         # A purge that crashed before it removed its files: finish it.
-        while len(bases) > 1 and bases[1] <= log.purged_through + 1:
+        while len(bases) > 1 and bases[1] <= st.purged_through + 1:
             Segment(path, bases.pop(0)).remove_files()
         reports = []
-        if not bases:
-            seg = Segment.create(path, max(1, log.purged_through + 1))
-            fsync_dir(path)
+        for i, base in enumerate(bases[:-1]):
+            seg, rep = Segment.open_sealed(path, base, bases[i + 1] - base, opening)
             log.segments.append(seg)
-        else:
-            for i, base in enumerate(bases[:-1]):
-                seg, report = Segment.open_sealed(path, base, bases[i + 1] - base)
-                log.segments.append(seg)
-                reports.append(report)
-            seg, report = Segment.open_active(path, bases[-1])
+            reports.append(rep)
+        if bases:
+            seg, rep = Segment.open_active(path, bases[-1], opening)
             log.segments.append(seg)
-            reports.append(report)
+            reports.append(rep)
+            found_next = seg.next_offset
+            if st.acked_next > found_next:
+                # Acknowledged records are missing: damage, never a torn tail to cut.
+                seg.seal_damaged(st.acked_next - seg.base, opening)
+            else:
+                seg.cut_tail(rep)
+        found_next = log.segments[-1].next_offset if log.segments else max(1, st.purged_through + 1)
+        next_offset = max(found_next, st.reserved_next, st.acked_next, st.purged_through + 1, 1)
+        if sf.found == "both_bad":
+            next_offset = found_next + RESERVE_MAX
+        if not log.segments or next_offset != log.segments[-1].next_offset or log.segments[-1].sealed:
+            log._start_segment_at(next_offset, found_next)
         for seg in log.segments:
-            if seg.base <= log.purged_through:
-                seg.drop_in_memory(log.purged_through - seg.base + 1)
+            if seg.base <= st.purged_through:
+                seg.drop_in_memory(st.purged_through - seg.base + 1)
         log._bases = [s.base for s in log.segments]
         log.live_count = sum(s.live_count for s in log.segments)
         log.size_bytes = sum(s.size for s in log.segments)
-        for report in reports:
-            log.corrupt_detected += len(report.corrupt_offsets)
+        for rep in reports:
+            log.corrupt_detected += len(rep.corrupt_offsets)
+        # From here on the partition is open: a crash is an unclean stop.
+        st.clean = False
+        st.reserved_next = max(st.reserved_next, log.next_offset)
+        if reserve:
+            st.reserved_next = log.next_offset + log._reserve_step
+            log._reserved_at = time.monotonic()
+        if sf.write():
+            fsync_dir(path)
         return log, reports
+
+    def _start_segment_at(self, next_offset: int, found_next: int) -> None:
+        """Start a new active segment at ``next_offset`` (recovery): seal the old
+        active one, or drop it if it is empty (an empty file holds nothing)."""
+        if self.segments:
+            old = self.segments[-1]
+            if old.count == 0 and old._file_size == 0:
+                old.remove_files()
+                self.segments.pop()
+            else:
+                old.seal()
+        if next_offset > found_next:
+            self.skipped = (found_next, next_offset - 1)
+        self.segments.append(Segment.create(self.path, next_offset))
+        fsync_dir(self.path)
 
     # -- state ---------------------------------------------------------------------
 
@@ -198,8 +294,9 @@ class PartitionLog:
         return None
 
     def reclaimable(self) -> list[Segment]:
-        """Sealed segments in which no record is live (the cleaner removes them)."""
-        return [s for s in self.segments[:-1] if not s.live_count]
+        """Sealed segments in which no record is live and none is damaged (the
+        cleaner removes them; damaged records are never proof of garbage)."""
+        return [s for s in self.segments[:-1] if not s.live_count and not s.corrupt_count]
 
     # -- writing -------------------------------------------------------------------
 
@@ -219,6 +316,8 @@ class PartitionLog:
         if timestamp < last_ts:
             timestamp = last_ts
         first = seg.next_offset
+        if self._reserve and first + len(starts) > self._state.state.reserved_next:
+            self._extend_reservation(first + len(starts))
         records, rel = build_records(data, starts, ends, first, timestamp)
         base_pos = seg.size
         seg.append(records, [base_pos + p for p in rel] if base_pos else rel, timestamp)
@@ -267,9 +366,8 @@ class PartitionLog:
         through = last if through is None else min(through, last)
         if through <= self.purged_through:
             return 0
-        _atomic_write(os.path.join(self.path, "purged"), _PURGE.pack(through, zlib.crc32(struct.pack("<Q", through))))
-        fsync_dir(self.path)
-        self.purged_through = through
+        self._state.state.purged_through = through
+        self._state.write()
         if through >= last and self.segments[-1].count:
             self._roll()
         removed = 0
@@ -289,9 +387,26 @@ class PartitionLog:
         self.live_count -= removed
         return removed
 
+    def _extend_reservation(self, needed: int) -> None:
+        """Reserve offsets ahead, durably, before any of them is handed out. The step
+        doubles while reservations last less than a second and halves when they last
+        over a minute, so a busy partition syncs its state about once a second at
+        most and a quiet one skips few offsets after a crash."""
+        now = time.monotonic()
+        if self._reserved_at:
+            lasted = now - self._reserved_at
+            if lasted < 1.0:
+                self._reserve_step = min(self._reserve_step * 2, RESERVE_MAX)
+            elif lasted > 60.0:
+                self._reserve_step = max(self._reserve_step // 2, RESERVE_MIN)
+        self._reserved_at = now
+        st = self._state.state
+        st.reserved_next = max(st.reserved_next, needed + self._reserve_step)
+        self._state.write()
+
     def remove_segment(self, seg: Segment) -> int:
         """Remove a sealed segment with no live record (the cleaner); returns bytes freed."""
-        if seg is self.segments[-1] or seg.live_count:
+        if seg is self.segments[-1] or seg.live_count or seg.corrupt_count:
             raise ValueError("only a sealed segment without live records can be removed")
         freed = seg.remove_files()
         self.segments.remove(seg)
@@ -301,13 +416,34 @@ class PartitionLog:
         return freed
 
     def take_dirty_fds(self) -> list[int]:
+        """Descriptors with writes to sync (the group commit calls this as it starts a
+        sync). What the previous sync covered is durable by now: the trailing
+        ``acked_next`` is written for it, without an fsync of its own."""
         fds: list[int] = []
         for seg in self.segments:
             if seg.dirty or seg.del_dirty:
                 fds.extend(seg.take_dirty_fds())
+        st = self._state.state
+        if self._syncing_next > st.acked_next:
+            st.acked_next = self._syncing_next
+            self._state.write_lazy()
+        if fds:
+            self._syncing_next = self.next_offset
         return fds
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
+        """Close every file. ``clean`` (everything written has been synced): record
+        a clean stop, with the exact next offset, so the next start skips nothing and
+        treats any torn byte as damage."""
+        if clean and self._state._fd >= 0:
+            st = self._state.state
+            st.clean = True
+            st.acked_next = st.reserved_next = self.next_offset
+            try:
+                self._state.write()
+            except OSError:
+                pass  # the next start treats the stop as unclean
+        self._state.close()
         for seg in self.segments:
             seg.close()
 
@@ -401,15 +537,20 @@ class PartitionLog:
                 yield StoredRecord(off, ts, ttl, flags, buf[s : s + sl], buf[s + sl : s + sl + hl] if hl else b"", pl)
 
 
-def _read_purge(path: str) -> int:
+def _read_old_purge(path: str, report: Report) -> int:
+    """The purge watermark of the first format (upgrade). A damaged one is reported
+    and the segment files bound the watermark instead."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
         return 0
-    if len(raw) != _PURGE.size:
-        raise CorruptedRecord(f"purge watermark {path} is damaged ({len(raw)} bytes)")
-    through, crc = _PURGE.unpack(raw)
-    if zlib.crc32(struct.pack("<Q", through)) != crc:
-        raise CorruptedRecord(f"purge watermark {path} fails its checksum")
-    return through
+    if len(raw) == _PURGE.size:
+        through, crc = _PURGE.unpack(raw)
+        if zlib.crc32(struct.pack("<Q", through)) == crc:
+            return through
+    bases = sorted(int(n[:-4]) for n in os.listdir(os.path.dirname(path)) if n.endswith(".log") and n[:-4].isdigit())
+    bound = bases[0] - 1 if bases else 0
+    report(Damage("partition_state", path, 0, "the purge watermark fails its checksum",
+                  f"took {bound} from the segment files (every purge removes whole segments below the active one)"))
+    return bound

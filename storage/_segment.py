@@ -7,31 +7,42 @@ Files, named by the segment's first offset zero-padded to 20 digits (Iggy's nami
     active (last) segment is appended to; a sealed segment never changes.
 ``.index``
     The offset index: one ``u32`` LE file position per record, record *i* of the
-    segment having offset ``base + i``. Written when the segment is sealed; for the
-    active segment the index lives in memory and is rebuilt by recovery.
+    segment having offset ``base + i``, then a 12-byte trailer ``"TBIX" | u32 count |
+    u32 CRC-32`` of the positions. Written when the segment is sealed; for the active
+    segment the index lives in memory and is rebuilt by recovery.
 ``.timeindex``
     The time index: ``(u32 relative offset, u64 timestamp ns)`` LE pairs, one per
     appended batch (every record of a batch carries the batch's timestamp), so it
-    gives the exact timestamp of every record with one bisect. Written at seal.
-``.del``
-    Deletions: ``(u32 relative offset, u32 CRC-32 of those 4 bytes)`` pairs,
-    appended on each delete and fsynced like the log. A torn last entry fails its CRC
-    and is ignored (that delete was never acknowledged).
+    gives the exact timestamp of every record with one bisect; then the trailer
+    ``"TBTX" | u32 count | u32 CRC-32``. Written at seal.
+``.del`` and ``.del2``
+    Deletions, the same entries in both files: ``(u32 word, u32 CRC-32 of the word)``
+    where the word holds the relative offset (low 28 bits) and a tag (top 4 bits).
+    Appended on each delete and fsynced like the log, before the delete is
+    acknowledged. Two copies, so that one damaged write, page or truncation loses
+    no acknowledged deletion: recovery takes the union of the valid entries of both.
+
+Both indexes can be rebuilt from the ``.log``: an index that fails its checksum or its
+shape is rebuilt (and the damage reported). Deletions cannot be rebuilt: a damaged
+entry is reported, and if neither copy holds it the segment's live records are put
+aside (reads of them fail) rather than risk serving a deleted message.
 
 In memory a segment holds the index (4 bytes per record), one state byte per record
 (live, deleted, corrupt) and the time index (12 bytes per batch).
 
-Recovery (``open_active``) reads the active segment, verifies every record, and
-truncates a torn tail: a record that fails its check and is *not* followed by a
-valid record with a later offset. A bad record that *is* followed by valid records
-is corruption, not a torn write: it is marked corrupt and reported, and everything
-after it stays. Sealed segments are checked structurally on open (index length,
-file length); their records are verified on every read.
+Recovery (``open_active``) reads the active segment and verifies every record. A bad
+record followed by valid records is corruption: it is marked corrupt and reported,
+and recovery resynchronises on the next record that passes its checksum, however far
+on, so nothing intact after damage is dropped. What follows the last valid record is
+a torn tail; whether it may be cut is the partition log's decision (it knows the
+high-water mark). Sealed segments are checked structurally on open (index checksum,
+length, file length); their records are verified on every read.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import struct
 import sys
 import zlib
@@ -42,9 +53,12 @@ from dataclasses import dataclass, field
 
 from protocol import check_record
 
+from ._damage import Damage, Report, ignore_damage
+from ._durability import fsync_dir
 from ._errors import CorruptedRecord, StorageFailure
+from ._files import atomic_write, keep_aside, open_file, write_all
 
-__all__ = ["Segment", "RecoveryReport", "LIVE", "DELETED", "CORRUPT", "segment_name"]
+__all__ = ["Segment", "RecoveryReport", "Opening", "LIVE", "DELETED", "CORRUPT", "segment_name", "read_deletion_tags"]
 
 LIVE = 1
 DELETED = 0
@@ -63,12 +77,36 @@ _U32 = struct.Struct("<I")
 _Q = struct.Struct("<Q")
 _OFFSET_AT = 8  # the offset field's position inside a record
 _LITTLE = sys.byteorder == "little"
+_TRAILER = struct.Struct("<4sII")  # magic, entry count, CRC-32 of the entries
+_INDEX_MAGIC = b"TBIX"
+_TIMES_MAGIC = b"TBTX"
+_OLD_FORMAT = "no checksum trailer (written by an older version, or cut short)"
+#: A ``.del`` word no real entry has (relative offset beyond any segment, tag 15): the
+#: segment's deletions could not all be read, so its remaining records are put aside.
+_UNCERTAIN_WORD = 0xFFFFFFFF
 _ONES = b"\x01" * 4096
-_RESYNC_WINDOW = 64  # how many later offsets recovery looks for after a bad record
 
 
 def segment_name(base: int) -> str:
     return f"{base:020d}"
+
+
+@dataclass(frozen=True)
+class Opening:
+    """How a partition is being opened, handed to each of its segments.
+
+    Attributes:
+        report: where damage goes.
+        clean: the partition was closed cleanly (a torn write is then damage).
+        strict: the partition was written by this format version (a missing
+            checksum or deletion copy is then damage, not an upgrade).
+        quarantine_dir: where bytes that could not be read are kept.
+    """
+
+    report: Report
+    clean: bool = False
+    strict: bool = True
+    quarantine_dir: str = "quarantine"
 
 
 @dataclass
@@ -77,6 +115,8 @@ class RecoveryReport:
 
     truncated_bytes: int = 0
     truncated_at_offset: int | None = None
+    #: Bytes after the last valid record of an active segment (before any cut).
+    tail_bytes: int = 0
     corrupt_offsets: list[int] = field(default_factory=list)
     index_rebuilt: bool = False
 
@@ -95,23 +135,6 @@ def _u32_bytes(a: array) -> bytes:
     b = array("I", a)
     b.byteswap()
     return b.tobytes()
-
-
-def _write_all(fd: int, data: bytes | bytearray | memoryview, size_before: int) -> None:
-    """Write everything or nothing: on failure, cut the file back to its old size."""
-    view = memoryview(data)
-    try:
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-    except OSError as exc:
-        try:
-            os.ftruncate(fd, size_before)
-        except OSError:
-            pass
-        raise StorageFailure(f"write failed: {os.strerror(exc.errno or 0)}") from exc
-    finally:
-        view.release()
 
 
 def scan_records(buf: bytes, base: int) -> tuple[array, list[int], list[int], list[int], int]:
@@ -155,22 +178,34 @@ def scan_records(buf: bytes, base: int) -> tuple[array, list[int], list[int], li
     return positions, corrupt, time_rel, time_ts, pos
 
 
+_NONZERO = re.compile(rb"[^\x00]")
+
+
 def _resync(buf: bytes, start: int, expected: int) -> tuple[int, int] | None:
-    """Find the first valid record after ``start`` whose offset follows ``expected``."""
-    best: tuple[int, int] | None = None
+    """Find the first valid record after the damaged slot that starts at ``start - 1``
+    whose offset is above ``expected`` (the damaged slot's offset), however far on.
+
+    Every position is a candidate: its offset field must lie in the range the rest of
+    the file could hold, and the record must pass its checksum. Runs of zero bytes (a
+    zeroed page, preallocated space) are skipped at C speed: a record's offset field
+    is never zero.
+    """
     end = len(buf)
-    for k in range(1, _RESYNC_WINDOW + 1):
-        needle = _Q.pack(expected + k)
-        i = buf.find(needle, start + _OFFSET_AT)
-        while i != -1:
-            cand = i - _OFFSET_AT
-            if best is not None and cand >= best[0]:
-                break
-            if check_record(buf, cand, end) > 0:
-                best = (cand, expected + k)
-                break
-            i = buf.find(needle, i + 1)
-    return best
+    unpack_q = _Q.unpack_from
+    p = start
+    while p + FIXED <= end:
+        (off,) = unpack_q(buf, p + _OFFSET_AT)
+        if off == 0:
+            m = _NONZERO.search(buf, p + _OFFSET_AT)
+            if m is None:
+                return None
+            p = max(p + 1, m.start() - _OFFSET_AT - 7)
+            continue
+        # The slots in between held at least FIXED bytes each.
+        if expected < off <= expected + (p - start) // FIXED + 1 and check_record(buf, p, end) > 0:
+            return p, off
+        p += 1
+    return None
 
 
 class Segment:
@@ -185,6 +220,7 @@ class Segment:
         self.index_path = stem + ".index"
         self.time_path = stem + ".timeindex"
         self.del_path = stem + ".del"
+        self.mirror_path = stem + ".del2"
         self.positions = array("I")
         self.state = bytearray()
         self.time_rel = array("I")
@@ -194,6 +230,8 @@ class Segment:
         self.sealed = False
         self._fd = -1
         self._del_fd = -1
+        self._mirror_fd = -1
+        self._file_size = 0
         self.dirty = False
         self.del_dirty = False
 
@@ -201,51 +239,98 @@ class Segment:
 
     @classmethod
     def create(cls, directory: str, base: int) -> Segment:
+        """A new, empty active segment (the caller fsyncs the directory)."""
         seg = cls(directory, base)
-        seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        seg._fd = open_file(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         return seg
 
     @classmethod
-    def open_active(cls, directory: str, base: int) -> tuple[Segment, RecoveryReport]:
-        """Open the last segment for appending, verifying every record (recovery)."""
+    def open_active(cls, directory: str, base: int, opening: Opening | None = None) -> tuple[Segment, RecoveryReport]:
+        """Open the last segment for appending, verifying every record (recovery).
+
+        Corrupt records are marked and reported; what follows the last valid record
+        is left in place and measured in ``RecoveryReport.tail_bytes``: the partition
+        log decides whether it is a torn write to cut (:meth:`cut_tail`) or damage to
+        keep (:meth:`seal_damaged`)."""
+        opening = opening or Opening(ignore_damage)
         seg = cls(directory, base)
         report = RecoveryReport()
-        seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        seg._fd = open_file(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         size = os.fstat(seg._fd).st_size
         buf = os.pread(seg._fd, size, 0) if size else b""
         positions, corrupt, time_rel, time_ts, valid_end = scan_records(buf, base)
-        if valid_end < size:
-            report.truncated_bytes = size - valid_end
-            report.truncated_at_offset = base + len(positions)
-            os.ftruncate(seg._fd, valid_end)
-            os.fsync(seg._fd)
-            size = valid_end
-        seg._load(positions, time_rel, time_ts, size)
+        report.tail_bytes = size - valid_end
+        seg._load(positions, time_rel, time_ts, valid_end)
+        seg._file_size = size
         for rel in corrupt:
-            seg.state[rel] = CORRUPT
-            seg.live_count -= 1
-            report.corrupt_offsets.append(base + rel)
-        seg._apply_deletions()
+            seg._mark_corrupt(rel)
+        seg._report_corrupt(corrupt, buf, opening, report)
+        seg._apply_deletions(opening)
         return seg, report
 
+    def cut_tail(self, report: RecoveryReport) -> None:
+        """Cut the torn tail found by :meth:`open_active` (a write that never
+        completed, beyond every acknowledged record)."""
+        if self._file_size > self.size:
+            report.truncated_bytes = self._file_size - self.size
+            report.truncated_at_offset = self.next_offset
+            os.ftruncate(self._fd, self.size)
+            os.fsync(self._fd)
+            self._file_size = self.size
+
+    def seal_damaged(self, count: int, opening: Opening) -> None:
+        """Seal the active segment with ``count`` record slots, the ones beyond what
+        recovery found being acknowledged records that are missing or unreadable:
+        they stay in the file (nothing is cut) and are marked corrupt."""
+        missing = count - len(self.positions)
+        if missing > 0:
+            first = self.next_offset
+            pos = self.size
+            for _ in range(missing):
+                self.positions.append(pos)
+                self.state.append(CORRUPT)
+            opening.report(Damage(
+                "segment", self.log_path, pos,
+                f"{missing} acknowledged record(s) missing or unreadable at the end of the active segment "
+                f"({self._file_size - self.size} bytes there do not form valid records)",
+                "kept the bytes; reads of these offsets fail with CORRUPTED_RECORD; new records go to a new segment",
+                (first, first + missing - 1),
+            ))
+        self.size = self._file_size
+        self.seal()
+
     @classmethod
-    def open_sealed(cls, directory: str, base: int, max_count: int) -> tuple[Segment, RecoveryReport]:
-        """Open a sealed segment: check its files' shape, rebuild a bad index.
+    def open_sealed(
+        cls, directory: str, base: int, max_count: int, opening: Opening | None = None
+    ) -> tuple[Segment, RecoveryReport]:
+        """Open a sealed segment: check its index files (checksum and shape), rebuild
+        a bad one from the log.
 
         How many records the segment holds comes from its index, written when it was
         sealed; ``max_count`` (the distance to the next segment's base) bounds it and
         stands in for it when the index is lost. The next base alone cannot say: the
         cleaner may have removed the segments in between.
         """
+        opening = opening or Opening(ignore_damage)
         seg = cls(directory, base)
         seg.sealed = True
         report = RecoveryReport()
-        seg._fd = os.open(seg.log_path, os.O_RDONLY | os.O_CLOEXEC)
+        seg._fd = open_file(seg.log_path, os.O_RDONLY)
         size = os.fstat(seg._fd).st_size
-        positions = _read_u32_file(seg.index_path)
-        times = _read_time_index(seg.time_path)
+        seg._file_size = size
+        index, index_problem = _read_index(seg.index_path, _INDEX_MAGIC, 4)
+        times, times_problem = _read_index(seg.time_path, _TIMES_MAGIC, _TIME_ENTRY.size)
+        positions = _u32_array(index) if index is not None else None
         indexed = len(positions) if positions is not None else -1
-        if positions is None or times is None or indexed > max_count or not seg._index_fits(positions, size, indexed):
+        if positions is not None and not (indexed <= max_count and (not positions or positions[-1] <= size)):
+            index_problem = "its positions do not fit the log file"
+        if index_problem is None and times_problem is None:
+            rels, tss = [], []
+            for r, t in _TIME_ENTRY.iter_unpack(times):  # type: ignore[arg-type]
+                rels.append(r)
+                tss.append(t)
+            seg._load(positions, array("I", rels), array("Q", tss), size)  # type: ignore[arg-type]
+        else:
             buf = os.pread(seg._fd, size, 0) if size else b""
             positions, corrupt, time_rel, time_ts, valid_end = scan_records(buf, base)
             report.index_rebuilt = True
@@ -255,24 +340,44 @@ class Segment:
             seg._load(positions, time_rel, time_ts, size)
             for rel in corrupt:
                 seg._mark_corrupt(rel)
-                report.corrupt_offsets.append(base + rel)
             # Records the file should hold but does not (a truncated file): keep their
             # slots, mark them corrupt, never pretend they were not there.
             while len(seg.positions) < expected_count:
-                rel = len(seg.positions)
+                corrupt.append(len(seg.positions))
                 seg.positions.append(valid_end)
                 seg.state.append(CORRUPT)
-                report.corrupt_offsets.append(base + rel)
             if len(seg.positions) > expected_count >= 0:
                 # More records than the next segment's base allows: keep the rest out.
                 del seg.positions[expected_count:]
                 del seg.state[expected_count:]
+                corrupt = [r for r in corrupt if r < expected_count]
             seg.live_count = seg.state.count(LIVE)
+            for path, kind, problem in ((seg.index_path, "offset_index", index_problem), (seg.time_path, "time_index", times_problem)):
+                if problem is not None and problem != "missing" and (opening.strict or problem != _OLD_FORMAT):
+                    opening.report(Damage(kind, path, None, problem, "rebuilt from the segment's records"))
+            seg._report_corrupt(corrupt, buf, opening, report)
             seg._write_indexes()
-        else:
-            seg._load(positions, array("I", times[0]), array("Q", times[1]), size)
-        seg._apply_deletions()
+        seg._apply_deletions(opening)
         return seg, report
+
+    def _report_corrupt(self, corrupt: list[int], buf: bytes, opening: Opening, report: RecoveryReport) -> None:
+        """One Damage per run of consecutive corrupt slots found by a scan."""
+        report.corrupt_offsets.extend(self.base + r for r in corrupt)
+        i = 0
+        while i < len(corrupt):
+            j = i
+            while j + 1 < len(corrupt) and corrupt[j + 1] == corrupt[j] + 1:
+                j += 1
+            first, last = corrupt[i], corrupt[j]
+            pos = self.positions[first]
+            end = self.positions[last + 1] if last + 1 < len(self.positions) else len(buf)
+            opening.report(Damage(
+                "segment", self.log_path, pos,
+                f"{last - first + 1} record(s) fail their checksum or are missing ({end - pos} bytes)",
+                "reads of these offsets fail with CORRUPTED_RECORD; the valid records after them are served",
+                (self.base + first, self.base + last),
+            ))
+            i = j + 1
 
     def _index_fits(self, positions: array, size: int, expected_count: int) -> bool:
         if len(positions) != expected_count:
@@ -302,21 +407,56 @@ class Segment:
             self.live_count -= 1
         self.state[rel] = CORRUPT
 
-    def _apply_deletions(self) -> None:
-        try:
-            with open(self.del_path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
+    def _apply_deletions(self, opening: Opening) -> None:
+        """Apply the recorded deletions: the union of both copies' valid entries.
+
+        Copies that differ are made equal again (after a crash between the two
+        writes, or damage to one); damaged bytes are kept aside first. An entry that
+        neither copy can give is an acknowledged deletion the broker cannot place:
+        the segment's live records are put aside (marked corrupt, durably, with an
+        ``UNCERTAIN`` entry) rather than risk serving a deleted message.
+        """
+        copies = [_read_bytes(self.del_path), _read_bytes(self.mirror_path)]
+        if copies[0] is None and copies[1] is None:
             return
+        words, unknown, damaged = _merge_deletions(copies, opening.clean)
+        for k, path in enumerate((self.del_path, self.mirror_path)):
+            raw = copies[k]
+            if raw is None:
+                if opening.strict:
+                    opening.report(Damage("deletions", path, None, "missing", "recreated from the other copy"))
+            elif damaged[k] is not None:
+                opening.report(Damage("deletions", path, damaged[k], "entries fail their checksum or are missing",
+                                      "the other copy holds them; rewritten from it (old bytes kept in quarantine)"
+                                      if not unknown else "kept in quarantine"))
+        if unknown:
+            words[_UNCERTAIN_WORD] = None
         n = len(self.state)
-        for i in range(0, len(raw) - len(raw) % 8, 8):
-            word, crc = _DEL_ENTRY.unpack_from(raw, i)
-            if zlib.crc32(raw[i : i + 4]) != crc:
-                continue  # torn or damaged entry: that delete was never acknowledged
+        uncertain = _UNCERTAIN_WORD in words
+        for word in words:
             rel = word & _REL_MASK
             if rel < n and self.state[rel] == LIVE:
                 self.state[rel] = DELETED
                 self.live_count -= 1
+        if uncertain:
+            held = [rel for rel in range(n) if self.state[rel] == LIVE]
+            for rel in held:
+                self._mark_corrupt(rel)
+            if unknown or held:
+                opening.report(Damage(
+                    "deletions", self.del_path, None,
+                    f"{unknown} deletion entr{'y' if unknown == 1 else 'ies'} unreadable in both copies"
+                    if unknown else "the segment's deletions were found unreadable before",
+                    f"{len(held)} live record(s) of the segment put aside: reads of them fail with CORRUPTED_RECORD "
+                    "(ttlbroker check lists them)",
+                    (self.base, self.base + n - 1) if n else None,
+                ))
+        merged = b"".join(_del_entry(w) for w in words)
+        for k, path in enumerate((self.del_path, self.mirror_path)):
+            if copies[k] != merged:
+                if copies[k] and damaged[k] is not None:
+                    keep_aside(path, opening.quarantine_dir, ".damaged")
+                atomic_write(path, merged)
 
     # -- properties ----------------------------------------------------------------
 
@@ -354,7 +494,7 @@ class Segment:
         """Append already built records; ``positions`` are absolute file positions."""
         if self.sealed:
             raise StorageFailure("cannot append to a sealed segment")
-        _write_all(self._fd, records, self.size)
+        write_all(self._fd, records, self.size)
         n = len(positions)
         if timestamp != (self.time_ts[-1] if self.time_ts else -1):
             self.time_rel.append(len(self.positions))
@@ -375,27 +515,34 @@ class Segment:
         return self.delete_many([rel]) == 1
 
     def delete_many(self, rels: list[int], tag: int = 0) -> int:
-        """Mark several records deleted with one write; returns how many were live.
-        ``tag`` (0..15) is kept with each deletion (:func:`read_deletion_tags`)."""
-        entries = bytearray()
+        """Mark several records deleted with one write to each copy of the deletions;
+        returns how many were live. ``tag`` (0..15) is kept with each deletion
+        (:func:`read_deletion_tags`). Durable once :meth:`take_dirty_fds`' descriptors
+        are synced."""
         state = self.state
         doomed = [rel for rel in dict.fromkeys(rels) if 0 <= rel < len(state) and state[rel] == LIVE]
-        high = (tag & 0xF) << _TAG_SHIFT
-        for rel in doomed:
-            raw = _U32.pack(rel | high)
-            entries += raw + _U32.pack(zlib.crc32(raw))
         done = len(doomed)
         if not done:
             return 0
+        high = (tag & 0xF) << _TAG_SHIFT
+        entries = b"".join([_del_entry(rel | high) for rel in doomed])
         if self._del_fd < 0:
-            self._del_fd = os.open(self.del_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        size_before = os.fstat(self._del_fd).st_size
-        _write_all(self._del_fd, entries, size_before)
+            self._del_fd, self._mirror_fd = self._open_deletions()
+        for fd in (self._del_fd, self._mirror_fd):
+            write_all(fd, entries, os.fstat(fd).st_size)
         for rel in doomed:
             state[rel] = DELETED
         self.live_count -= done
         self.del_dirty = True
         return done
+
+    def _open_deletions(self) -> tuple[int, int]:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        created = not os.path.exists(self.del_path) or not os.path.exists(self.mirror_path)
+        fds = open_file(self.del_path, flags), open_file(self.mirror_path, flags)
+        if created:
+            fsync_dir(self.directory)  # the new files' entries, before any delete is acked
+        return fds
 
     def drop_in_memory(self, upto_rel: int) -> int:
         """Mark records below ``upto_rel`` deleted in memory (purge watermark applied
@@ -414,8 +561,14 @@ class Segment:
             self.dirty = False
         if self.del_dirty:
             fds.append(self._del_fd)
+            fds.append(self._mirror_fd)
             self.del_dirty = False
         return fds
+
+    @property
+    def corrupt_count(self) -> int:
+        """Record slots found damaged (or put aside): never proof of garbage."""
+        return self.state.count(CORRUPT)
 
     def seal(self) -> None:
         """Freeze the segment: write its index files. The log itself is synced by the
@@ -426,9 +579,12 @@ class Segment:
         self.sealed = True
 
     def _write_indexes(self) -> None:
-        _atomic_write(self.index_path, _u32_bytes(self.positions))
+        # The indexes can be rebuilt from the log, so a lost directory entry after a
+        # power loss costs a rebuild, not data: no directory fsync on this path.
+        positions = _u32_bytes(self.positions)
+        atomic_write(self.index_path, positions + _trailer(_INDEX_MAGIC, len(self.positions), positions), sync_dir=False)
         times = b"".join(_TIME_ENTRY.pack(r, t) for r, t in zip(self.time_rel, self.time_ts))
-        _atomic_write(self.time_path, times)
+        atomic_write(self.time_path, times + _trailer(_TIMES_MAGIC, len(self.time_rel), times), sync_dir=False)
 
     # -- reading -------------------------------------------------------------------
 
@@ -535,7 +691,7 @@ class Segment:
     # -- closing -------------------------------------------------------------------
 
     def close(self) -> None:
-        for attr in ("_fd", "_del_fd"):
+        for attr in ("_fd", "_del_fd", "_mirror_fd"):
             fd = getattr(self, attr)
             if fd >= 0:
                 setattr(self, attr, -1)
@@ -548,7 +704,7 @@ class Segment:
         """Close and unlink every file of the segment; returns the bytes freed."""
         self.close()
         freed = 0
-        for path in (self.log_path, self.index_path, self.time_path, self.del_path):
+        for path in (self.log_path, self.index_path, self.time_path, self.del_path, self.mirror_path):
             try:
                 freed += os.stat(path).st_size
                 os.unlink(path)
@@ -557,55 +713,101 @@ class Segment:
         return freed
 
 
-def _read_u32_file(path: str) -> array | None:
+def _read_bytes(path: str) -> bytes | None:
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            return f.read()
     except FileNotFoundError:
         return None
-    if len(raw) % 4:
-        return None
-    return _u32_array(raw)
 
 
-def _read_time_index(path: str) -> tuple[list[int], list[int]] | None:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    if len(raw) % _TIME_ENTRY.size:
-        return None
-    rels, tss = [], []
-    for r, t in _TIME_ENTRY.iter_unpack(raw):
-        rels.append(r)
-        tss.append(t)
-    return rels, tss
+def _trailer(magic: bytes, count: int, content: bytes) -> bytes:
+    return _TRAILER.pack(magic, count, zlib.crc32(content))
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        _write_all(fd, data, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+def _read_index(path: str, magic: bytes, entry_size: int) -> tuple[bytes | None, str | None]:
+    """An index file's entries, or ``(None, what is wrong)``."""
+    raw = _read_bytes(path)
+    if raw is None:
+        return None, "missing"
+    if len(raw) < _TRAILER.size or raw[-_TRAILER.size : -_TRAILER.size + 4] != magic:
+        return None, _OLD_FORMAT
+    got_magic, count, crc = _TRAILER.unpack_from(raw, len(raw) - _TRAILER.size)
+    content = raw[: -_TRAILER.size]
+    if count * entry_size != len(content):
+        return None, f"its trailer counts {count} entries but it holds {len(content)} bytes of them"
+    if zlib.crc32(content) != crc:
+        return None, "checksum mismatch"
+    return content, None
 
+
+def _del_entry(word: int) -> bytes:
+    raw = _U32.pack(word)
+    return raw + _U32.pack(zlib.crc32(raw))
+
+
+def _parse_deletions(raw: bytes) -> list[int | None]:
+    """Each entry's word, or None where the entry fails its checksum."""
+    out: list[int | None] = []
+    crc32 = zlib.crc32
+    for i in range(0, len(raw) - len(raw) % 8, 8):
+        word, crc = _DEL_ENTRY.unpack_from(raw, i)
+        out.append(word if crc32(raw[i : i + 4]) == crc else None)
+    return out
+
+
+def _merge_deletions(copies: list[bytes | None], clean: bool) -> tuple[dict[int, None], int, list[int | None]]:
+    """Merge the two copies of a segment's deletions, entry by entry (both get the
+    same entries in the same order).
+
+    Returns ``(words, unknown, damaged)``: the valid words in order (as dict keys),
+    how many entries neither copy can give, and for each copy the byte position of
+    its first damage (None: undamaged). After an unclean stop, a bad or partial
+    last entry is a torn write (that delete was never acknowledged) and a copy that
+    lacks the other's last entries was cut between the two writes: neither is damage.
+    """
+    parsed = [_parse_deletions(raw) if raw is not None else None for raw in copies]
+    longest = max(len(p) for p in parsed if p is not None)
+    words: dict[int, None] = {}
+    unknown = 0
+    damaged: list[int | None] = [None, None]
+    for k, raw in enumerate(copies):
+        if raw is not None and len(raw) % 8 and clean:
+            damaged[k] = len(raw) - len(raw) % 8
+    for i in range(longest):
+        good = False
+        for k, p in enumerate(parsed):
+            if p is None:
+                continue
+            if i < len(p):
+                w = p[i]
+                if w is not None:
+                    words[w] = None
+                    good = True
+                elif (clean or i < len(p) - 1) and damaged[k] is None:
+                    damaged[k] = i * 8
+            elif clean and damaged[k] is None:
+                damaged[k] = len(copies[k] or b"")  # cut short
+        if not good and (clean or i < longest - 1):
+            unknown += 1
+    return words, unknown, damaged
 
 
 def read_deletion_tags(del_path: str) -> dict[int, int]:
-    """``{record index: tag}`` of a segment's recorded deletions (the first one wins;
-    damaged entries are skipped). Safe to call while the file is appended to."""
-    try:
-        with open(del_path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return {}
+    """``{record index: tag}`` of a segment's recorded deletions, from both copies
+    (the first entry for a record wins; damaged entries are skipped). Safe to call
+    while the files are appended to."""
     out: dict[int, int] = {}
-    for i in range(0, len(raw) - len(raw) % 8, 8):
-        word, crc = _DEL_ENTRY.unpack_from(raw, i)
-        if zlib.crc32(raw[i : i + 4]) == crc:
-            out.setdefault(word & _REL_MASK, word >> _TAG_SHIFT)
+    for path in (del_path, del_path + "2"):
+        raw = _read_bytes(path)
+        if raw is None:
+            continue
+        for word in _parse_deletions(raw):
+            if word is not None and word != _UNCERTAIN_WORD:
+                out.setdefault(word & _REL_MASK, word >> _TAG_SHIFT)
     return out
+
+
+# Old private names, still imported by modules being moved to ``_files``.
+_atomic_write = atomic_write
+_write_all = write_all

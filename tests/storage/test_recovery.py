@@ -56,7 +56,7 @@ def test_torn_tail_is_truncated_and_only_it(tmp_path: Path, cut: int) -> None:
     log = fill(tmp_path, 10)
     seg = log.segments[-1]
     last_start = seg.positions[-1]
-    log.close()
+    log.close(clean=False)  # a crash: nothing was synced, nothing acknowledged
     os.truncate(seg.log_path, last_start + cut)  # the last record, written in part
     log, reports = PartitionLog.open(str(tmp_path), 1 << 20)
     assert reports[-1].truncated_bytes == cut and reports[-1].truncated_at_offset == 10
@@ -70,7 +70,7 @@ def test_torn_tail_is_truncated_and_only_it(tmp_path: Path, cut: int) -> None:
 def test_garbage_after_the_tail_is_truncated(tmp_path: Path) -> None:
     log = fill(tmp_path, 5)
     path = log.segments[-1].log_path
-    log.close()
+    log.close(clean=False)
     with open(path, "ab") as f:
         f.write(b"\x00" * 100)  # preallocated-but-unwritten space after a crash
     log, reports = PartitionLog.open(str(tmp_path), 1 << 20)
@@ -160,10 +160,20 @@ def test_missing_index_is_rebuilt(tmp_path: Path) -> None:
     assert os.path.exists(sealed.index_path)
 
 
-def test_damaged_purge_watermark_is_an_error_not_silence(tmp_path: Path) -> None:
+def test_old_purge_watermark_is_read_on_upgrade_and_damage_reported(tmp_path: Path) -> None:
+    import struct
+    import zlib
+
     log = fill(tmp_path, 5)
-    log.purge(2)
     log.close()
+    # A partition of the first format: a ``purged`` file, no ``partition.state``.
+    os.unlink(tmp_path / "partition.state")
+    (tmp_path / "purged").write_bytes(struct.pack("<QI", 2, zlib.crc32(struct.pack("<Q", 2))))
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    assert log.purged_through == 2 and live_offsets(log) == [3, 4, 5]
+    log.close()
+    os.unlink(tmp_path / "partition.state")
     flip(str(tmp_path / "purged"), 0)
-    with pytest.raises(CorruptedRecord):
-        PartitionLog.open(str(tmp_path), 1 << 20)
+    found: list = []
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
+    assert [d.kind for d in found] == ["partition_state"] and "checksum" in found[0].detail
