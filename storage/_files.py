@@ -97,10 +97,11 @@ def atomic_write(path: str, data: bytes, sync_dir: bool = True) -> None:
         fsync_dir(os.path.dirname(path) or ".")
 
 
-def keep_aside(path: str, quarantine_dir: str, suffix: str = "") -> str:
-    """Copy ``path`` into ``quarantine_dir`` (created if needed) under its own name,
-    a UTC time stamp and ``suffix``, durably, before the caller rewrites or cuts it:
-    bytes the broker could not read are never discarded. Returns the copy's path."""
+def keep_aside(path: str, quarantine_dir: str, suffix: str = "", data: bytes | None = None) -> str:
+    """Copy ``path`` (or only ``data``, bytes of it) into ``quarantine_dir`` (created
+    if needed) under its own name, a UTC time stamp and ``suffix``, durably, before
+    the caller rewrites or cuts it: bytes the broker could not read are never
+    discarded. Returns the copy's path."""
     import shutil
     import time
 
@@ -111,8 +112,15 @@ def keep_aside(path: str, quarantine_dir: str, suffix: str = "") -> str:
     while os.path.exists(dest):
         n += 1
         dest = os.path.join(quarantine_dir, f"{os.path.basename(path)}.{stamp}-{n}{suffix}")
-    shutil.copyfile(path, dest)
-    os.chmod(dest, _modes["file"])
+    if data is None:
+        shutil.copyfile(path, dest)
+        os.chmod(dest, _modes["file"])
+    else:
+        fd = open_file(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            write_all(fd, data, 0)
+        finally:
+            os.close(fd)
     fd = os.open(dest, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)

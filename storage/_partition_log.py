@@ -182,7 +182,7 @@ class PartitionLog:
                 # Acknowledged records are missing: damage, never a torn tail to cut.
                 seg.seal_damaged(st.acked_next - seg.base, opening)
             else:
-                seg.cut_tail(rep)
+                seg.cut_tail(rep, opening)
         found_next = log.segments[-1].next_offset if log.segments else max(1, st.purged_through + 1)
         next_offset = max(found_next, st.reserved_next, st.acked_next, st.purged_through + 1, 1)
         if sf.found == "both_bad":

@@ -268,10 +268,19 @@ class Segment:
         seg._apply_deletions(opening)
         return seg, report
 
-    def cut_tail(self, report: RecoveryReport) -> None:
-        """Cut the torn tail found by :meth:`open_active` (a write that never
-        completed, beyond every acknowledged record)."""
+    def cut_tail(self, report: RecoveryReport, opening: Opening) -> None:
+        """Cut the tail found by :meth:`open_active`, beyond every acknowledged
+        record: after a crash, a write that never completed; after a clean stop,
+        bytes nobody accounts for, reported and kept aside first."""
         if self._file_size > self.size:
+            if opening.clean:
+                tail = os.pread(self._fd, self._file_size - self.size, self.size)
+                kept = keep_aside(self.log_path, opening.quarantine_dir, ".tail", tail)
+                opening.report(Damage(
+                    "segment", self.log_path, self.size,
+                    f"{len(tail)} bytes after the last record of a segment that was closed cleanly",
+                    f"no acknowledged record is missing; the bytes were kept in {kept} and cut from the segment",
+                ))
             report.truncated_bytes = self._file_size - self.size
             report.truncated_at_offset = self.next_offset
             os.ftruncate(self._fd, self.size)

@@ -1,10 +1,10 @@
 """A partition's small durable state: the purge watermark and the high-water marks.
 
-File ``partition.state``: two copies of one 48-byte slot, at byte 0 and at byte 4096
+File ``partition.state``: two copies of one 44-byte slot, at byte 0 and at byte 4096
 (so that one damaged page or one torn write cannot take both)::
 
     magic "TBPS" | u16 version | u16 flags | u64 generation | u64 purged_through
-    | u64 reserved_next | u64 acked_next | u32 CRC-32 of the 44 bytes before it
+    | u64 reserved_next | u64 acked_next | u32 CRC-32 of the 40 bytes before it
 
 ``purged_through``
     every offset at or below it is gone (a purge writes it, durably, before any file

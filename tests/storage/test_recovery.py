@@ -177,3 +177,155 @@ def test_old_purge_watermark_is_read_on_upgrade_and_damage_reported(tmp_path: Pa
     found: list = []
     log, _ = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
     assert [d.kind for d in found] == ["partition_state"] and "checksum" in found[0].detail
+
+
+def commit(log: PartitionLog) -> None:
+    """What the group commit does: take the dirty descriptors (and sync them); the
+    next take records that the previous one's records are durable (acknowledged)."""
+    log.take_dirty_fds()
+    log.take_dirty_fds()
+
+
+def test_acknowledged_records_cut_on_a_record_boundary_are_damage_and_their_offsets_never_reused(tmp_path: Path) -> None:
+    log = fill(tmp_path, 10)
+    commit(log)
+    seg = log.segments[-1]
+    cut = seg.positions[7]
+    log.close(clean=False)
+    os.truncate(seg.log_path, cut)  # records 8..10 gone, on a record boundary
+    found: list = []
+    log, reports = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
+    assert [(d.kind, d.offsets) for d in found] == [("segment", (8, 10))]
+    assert "acknowledged" in found[0].detail and reports[-1].truncated_bytes == 0
+    assert log.next_offset == 11 and live_offsets(log) == list(range(1, 8))
+    with pytest.raises(CorruptedRecord):
+        log.get(9)
+    log.append(P.encode_body("x", b"new"), [0], [len(P.encode_body("x", b"new"))], 2000)
+    assert log.last_offset == 11
+    log.close()
+    # Still reported, never reused, after the next start too.
+    found.clear()
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
+    assert log.next_offset == 12 and live_offsets(log) == list(range(1, 8)) + [11]
+
+
+def test_garbage_after_a_clean_stop_is_damage_not_a_torn_write(tmp_path: Path) -> None:
+    log = fill(tmp_path, 5)
+    path = log.segments[-1].log_path
+    log.close()
+    with open(path, "ab") as f:
+        f.write(b"\x07" * 100)
+    found: list = []
+    log, reports = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append, quarantine_dir=str(tmp_path / "q"))
+    assert [d.kind for d in found] == ["segment"] and "closed cleanly" in found[0].detail
+    assert live_offsets(log) == [1, 2, 3, 4, 5] and log.next_offset == 6
+    (kept,) = os.listdir(tmp_path / "q")
+    assert (tmp_path / "q" / kept).read_bytes() == b"\x07" * 100
+
+
+def test_a_zeroed_page_in_the_active_segment_loses_only_the_records_it_covered(tmp_path: Path) -> None:
+    log = fill(tmp_path, 400)  # ~50 bytes each: a page covers about 80 records
+    commit(log)
+    seg = log.segments[-1]
+    log.close(clean=False)
+    with open(seg.log_path, "r+b") as f:
+        f.seek(4096)
+        f.write(bytes(4096))
+    found: list = []
+    log, reports = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
+    (first, last), = [d.offsets for d in found]
+    assert last - first + 1 > 64  # more than the old resync window could bridge
+    assert reports[-1].corrupt_offsets == list(range(first, last + 1))
+    assert live_offsets(log) == [o for o in range(1, 401) if not first <= o <= last]
+    assert log.next_offset == 401
+
+
+def test_with_reservations_a_crash_never_hands_an_acknowledged_offset_out_again(tmp_path: Path) -> None:
+    # fsync interval or never: acks leave before the data is on disk, so a machine
+    # crash can lose acknowledged records; their offsets must stay used.
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20, reserve=True)
+    body = P.encode_body("s", b"x")
+    for _ in range(10):
+        log.append(body, [0], [len(body)], 1000)
+    seg = log.segments[-1]
+    log.close(clean=False)
+    os.truncate(seg.log_path, seg.positions[5])  # the page cache never reached the disk
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20, reserve=True)
+    assert log.next_offset > 10 and log.skipped is not None and log.skipped[0] == 6
+    assert live_offsets(log) == [1, 2, 3, 4, 5]
+    log.append(body, [0], [len(body)], 2000)
+    log.close()
+    # A clean stop records the exact next offset: no skip on the next start.
+    nxt = log.next_offset
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20, reserve=True)
+    assert log.next_offset == nxt and log.skipped is None
+
+
+def test_one_damaged_copy_of_the_deletions_brings_nothing_back(tmp_path: Path) -> None:
+    log = fill(tmp_path, 10)
+    log.delete_many([2, 5, 9])
+    seg = log.segments[-1]
+    log.close()
+    with open(seg.del_path, "r+b") as f:
+        f.write(bytes(8))  # the first entry zeroed
+    found: list = []
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append, quarantine_dir=str(tmp_path / "q"))
+    assert [d.kind for d in found] == ["deletions"] and found[0].position == 0
+    assert live_offsets(log) == [1, 3, 4, 6, 7, 8, 10]
+    assert os.listdir(tmp_path / "q")[0].startswith(os.path.basename(seg.del_path))
+    # Rewritten from the good copy: the next start finds nothing wrong.
+    log.close()
+    found.clear()
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
+    assert found == [] and live_offsets(log) == [1, 3, 4, 6, 7, 8, 10]
+
+
+def test_deletions_unreadable_in_both_copies_put_the_segment_aside_for_good(tmp_path: Path) -> None:
+    log = fill(tmp_path, 10)
+    log.delete_many([2, 5])
+    seg = log.segments[-1]
+    log.close()
+    for path in (seg.del_path, seg.mirror_path):
+        flip(path, 1)  # the first entry (offset 2's deletion) in both copies
+    found: list = []
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
+    assert any("unreadable in both copies" in d.detail for d in found)
+    # Which record that entry deleted cannot be told: none of the segment's records
+    # is served (offset 2 must not come back), every read says why.
+    assert live_offsets(log) == []
+    with pytest.raises(CorruptedRecord):
+        log.get(2)
+    log.close()
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    assert live_offsets(log) == []  # durable: not forgotten on the next start
+    # A sealed segment with records put aside is never reclaimed by the cleaner.
+    log.seal_active()
+    assert log.reclaimable() == []
+
+
+def test_a_damaged_index_is_rebuilt_and_reported(tmp_path: Path) -> None:
+    log = fill(tmp_path, 60, segment_size=1024, batches=6)
+    sealed = log.segments[0]
+    times = [log.timestamp_of(o) for o in range(1, 61)]
+    log.close()
+    flip(sealed.time_path, 5)
+    flip(sealed.index_path, 6)
+    found: list = []
+    log, _ = PartitionLog.open(str(tmp_path), 1024, report=found.append)
+    assert sorted(d.kind for d in found) == ["offset_index", "time_index"]
+    assert live_offsets(log) == list(range(1, 61))
+    assert [log.timestamp_of(o) for o in range(1, 61)] == times
+
+
+def test_both_state_slots_damaged_skip_offsets_and_keep_the_purge(tmp_path: Path) -> None:
+    log = fill(tmp_path, 10)
+    log.purge()
+    body = P.encode_body("s", b"x")
+    log.append(body, [0], [len(body)], 2000)
+    log.close()
+    with open(tmp_path / "partition.state", "r+b") as f:
+        f.write(bytes(8192))
+    found: list = []
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
+    assert len([d for d in found if d.kind == "partition_state"]) == 2
+    assert live_offsets(log) == [11] and log.next_offset > 12
