@@ -106,6 +106,7 @@ class PartitionLog:
         #: Offsets recovery skipped, ``(first, last)``: reserved before an unclean
         #: stop, or beyond records found missing (never handed out again).
         self.skipped: tuple[int, int] | None = None
+        self._readonly = False
 
     @property
     def purged_through(self) -> int:
@@ -124,6 +125,7 @@ class PartitionLog:
         reserve: bool = False,
         quarantine_dir: str | None = None,
         expect_existing: bool = False,
+        readonly: bool = False,
     ) -> tuple[PartitionLog, list[RecoveryReport]]:
         """Open (or create) the partition at ``path`` and recover it.
 
@@ -136,11 +138,18 @@ class PartitionLog:
                 rewritten (default ``<path>/quarantine``).
             expect_existing: the partition is known to exist (a missing directory or
                 state file is then damage, not a new partition).
+            readonly: verify and report, write nothing (``ttlbroker check``); the
+                log can then be read, not written.
         """
         existed = os.path.isdir(path)
-        makedirs(path)
+        if not readonly:
+            makedirs(path)
+        elif not existed:
+            report(Damage("segment", path, None, "the partition directory is missing", "none possible"))
+            raise FileNotFoundError(path)
         log = cls(path, segment_size, on_corrupt, reserve)
-        sf = log._state = StateFile.open(os.path.join(path, STATE_NAME))
+        log._readonly = readonly
+        sf = log._state = StateFile.open(os.path.join(path, STATE_NAME), readonly)
         bases = sorted(
             int(name[:-4]) for name in os.listdir(path) if name.endswith(".log") and name[:-4].isdigit()
         )
@@ -160,14 +169,16 @@ class PartitionLog:
                 "largest reservation" if both else "used the other copy; rewritten",
             ))
         st = sf.state
-        opening = Opening(report, st.clean, strict, quarantine_dir or os.path.join(path, "quarantine"))
+        opening = Opening(report, st.clean, strict, quarantine_dir or os.path.join(path, "quarantine"), readonly)
         if sf.found == "both_bad":
             # The watermark is lost: every purge removed whole segments below the
             # active one, so the first segment left bounds it.
             st.purged_through = bases[0] - 1 if bases else 0
         # A purge that crashed before it removed its files: finish it.
         while len(bases) > 1 and bases[1] <= st.purged_through + 1:
-            Segment(path, bases.pop(0)).remove_files()
+            doomed = Segment(path, bases.pop(0))
+            if not readonly:
+                doomed.remove_files()
         reports = []
         for i, base in enumerate(bases[:-1]):
             seg, rep = Segment.open_sealed(path, base, bases[i + 1] - base, opening)
@@ -187,6 +198,13 @@ class PartitionLog:
         next_offset = max(found_next, st.reserved_next, st.acked_next, st.purged_through + 1, 1)
         if sf.found == "both_bad":
             next_offset = found_next + RESERVE_MAX
+        if readonly:
+            log._bases = [s.base for s in log.segments]
+            for seg in log.segments:
+                if seg.base <= st.purged_through:
+                    seg.drop_in_memory(st.purged_through - seg.base + 1)
+            log.live_count = sum(s.live_count for s in log.segments)
+            return log, reports
         if not log.segments or next_offset != log.segments[-1].next_offset or log.segments[-1].sealed:
             log._start_segment_at(next_offset, found_next)
         for seg in log.segments:
@@ -435,7 +453,7 @@ class PartitionLog:
         """Close every file. ``clean`` (everything written has been synced): record
         a clean stop, with the exact next offset, so the next start skips nothing and
         treats any torn byte as damage."""
-        if clean and self._state._fd >= 0:
+        if clean and self._state._fd >= 0 and not self._readonly:
             st = self._state.state
             st.clean = True
             st.acked_next = st.reserved_next = self.next_offset

@@ -101,12 +101,18 @@ class Opening:
         strict: the partition was written by this format version (a missing
             checksum or deletion copy is then damage, not an upgrade).
         quarantine_dir: where bytes that could not be read are kept.
+        readonly: look, report, change nothing (``ttlbroker check``).
     """
 
     report: Report
     clean: bool = False
     strict: bool = True
     quarantine_dir: str = "quarantine"
+    readonly: bool = False
+
+    @property
+    def write_flags(self) -> int:
+        return os.O_RDONLY if self.readonly else os.O_RDWR | os.O_CREAT | os.O_APPEND
 
 
 @dataclass
@@ -255,7 +261,7 @@ class Segment:
         opening = opening or Opening(ignore_damage)
         seg = cls(directory, base)
         report = RecoveryReport()
-        seg._fd = open_file(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        seg._fd = open_file(seg.log_path, opening.write_flags)
         size = os.fstat(seg._fd).st_size
         buf = os.pread(seg._fd, size, 0) if size else b""
         positions, corrupt, time_rel, time_ts, valid_end = scan_records(buf, base)
@@ -273,6 +279,14 @@ class Segment:
         record: after a crash, a write that never completed; after a clean stop,
         bytes nobody accounts for, reported and kept aside first."""
         if self._file_size > self.size:
+            if opening.readonly:
+                if opening.clean:
+                    opening.report(Damage(
+                        "segment", self.log_path, self.size,
+                        f"{self._file_size - self.size} bytes after the last record of a segment that was closed cleanly",
+                        "repair keeps them in quarantine and cuts them",
+                    ))
+                return
             if opening.clean:
                 tail = os.pread(self._fd, self._file_size - self.size, self.size)
                 kept = keep_aside(self.log_path, opening.quarantine_dir, ".tail", tail)
@@ -306,7 +320,8 @@ class Segment:
                 (first, first + missing - 1),
             ))
         self.size = self._file_size
-        self.seal()
+        if not opening.readonly:
+            self.seal()
 
     @classmethod
     def open_sealed(
@@ -365,7 +380,8 @@ class Segment:
                 if problem is not None and problem != "missing" and (opening.strict or problem != _OLD_FORMAT):
                     opening.report(Damage(kind, path, None, problem, "rebuilt from the segment's records"))
             seg._report_corrupt(corrupt, buf, opening, report)
-            seg._write_indexes()
+            if not opening.readonly:
+                seg._write_indexes()
         seg._apply_deletions(opening)
         return seg, report
 
@@ -460,6 +476,8 @@ class Segment:
                     "(ttlbroker check lists them)",
                     (self.base, self.base + n - 1) if n else None,
                 ))
+        if opening.readonly:
+            return
         merged = b"".join(_del_entry(w) for w in words)
         for k, path in enumerate((self.del_path, self.mirror_path)):
             if copies[k] != merged:

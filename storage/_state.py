@@ -98,10 +98,10 @@ class StateFile:
         self._fd = -1
 
     @classmethod
-    def open(cls, path: str) -> StateFile:
+    def open(cls, path: str, readonly: bool = False) -> StateFile:
         sf = cls(path)
         try:
-            fd = open_file(path, os.O_RDWR)
+            fd = open_file(path, os.O_RDONLY if readonly else os.O_RDWR)
         except FileNotFoundError:
             return sf
         sf._fd = fd
