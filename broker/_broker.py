@@ -80,7 +80,7 @@ class Broker:
         self.config = config
         self.clock = clock or Clock()
         self.counters = Counters()
-        self.datadir = DataDir(config.system.path)
+        self.datadir = DataDir(config.system.path, report=self._damage)
         self.catalog = Catalog()
         self.router = Router()
         self.subs = SubscriptionIndex()
@@ -140,20 +140,36 @@ class Broker:
         Blocking (file I/O); the server runs it in a worker thread before it listens.
         """
         self.datadir.lock()
-        self.exporter.open()
-        data = self.datadir.load_catalog() or {"version": Catalog.VERSION, "streams": []}
+        self.exporter.open(self._damage)
+        # A damaged catalog copy is reported and rewritten from the other; with no
+        # valid copy this raises (the broker never starts empty over existing data).
+        try:
+            data = self.datadir.load_catalog() or {"version": Catalog.VERSION, "streams": []}
+        except BaseException:
+            self.datadir.unlock()
+            raise
         if data.get("version") != Catalog.VERSION:
             raise BrokerError(f"catalog version {data.get('version')} is not supported by this broker")
+        self.catalog.stream_id_mark = int(data.get("next_stream_id", 1)) - 1
+        # Finish the removals a stop interrupted: only what the catalog lists is
+        # proven garbage. Anything else it does not name is reported, never removed.
+        listed = [(int(s), None if t is None else int(t)) for s, t in data.get("removing", [])]
+        named = {sd["id"]: {td["id"] for td in sd["topics"]} for sd in data["streams"]}
+        removed, self.catalog.removing = self.datadir.remove_garbage(listed, named)
+        for path in removed:
+            log.info("removal_finished", path=path)
         for sd in data["streams"]:
             stream = Stream(sd["id"], sd["name"], sd["created_at"])
+            stream.topic_id_mark = int(sd.get("next_topic_id", 1)) - 1
             self.catalog.streams[stream.id] = stream
             for td in sd["topics"]:
                 topic = Topic(stream, td["id"], TopicConfig.from_json(td["config"]), td["created_at"])
                 self._open_topic_storage(topic, recovering=True)
                 stream.topics[topic.id] = topic
         known = {s.id: set(s.topics) for s in self.catalog.streams.values()}
-        for path in self.datadir.remove_unknown(known):
-            log.warning("orphan_removed", path=path)
+        self.datadir.report_unknown(known, self.catalog.removing)
+        if self.catalog.removing != listed:
+            self.datadir.save_catalog(self.catalog.to_json())
         self.router.rebuild(self.catalog.topics())
         log.info(
             "recovered",
@@ -677,16 +693,43 @@ class Broker:
         streams = sorted(self.catalog.streams.values(), key=lambda s: s.id)
         return P.StreamList(tuple(self._stream_details(s, False) for s in streams)).encode()
 
+    async def _new_id(self, wanted: int, kind: str, used: set[int], on_disk: Callable[[], set[int]], pending: set[int],
+                      next_id: int, where: Callable[[int], str], parent: str) -> int:
+        """The id of a new stream or topic: ``wanted``, or (0) the next id never given.
+        Never an id whose directory is on disk (one the catalog does not name, or one
+        still being removed), so a new stream or topic can never open old data."""
+        disk = await trio.to_thread.run_sync(on_disk)
+        code = ErrorCode.STREAM_ID_EXISTS if kind == "stream" else ErrorCode.TOPIC_ID_EXISTS
+        if wanted:
+            if wanted in used:
+                raise error_class(code)(f"{parent}a {kind} with id {wanted} already exists")
+            if wanted in disk or wanted in pending:
+                raise error_class(code)(
+                    f"{kind} id {wanted} is taken by {where(wanted)}, a directory the catalog does not name "
+                    "(see the broker's unknown_path damage reports; `ttlbroker repair` moves it to quarantine/)"
+                )
+            return wanted
+        new = next_id
+        while new in used or new in disk or new in pending:
+            new += 1
+        if new > 0xFFFFFFFF:
+            raise error_class(code)(f"{parent}no {kind} id is left (ids are u32 and never reused)")
+        return new
+
     async def create_stream(self, session: Any, cmd: P.CreateStream) -> Reply:
         async with self._admin_lock:
             name = normalize_name(cmd.name, "stream name")
             if any(s.name == name for s in self.catalog.streams.values()):
                 raise error_class(ErrorCode.STREAM_NAME_EXISTS)(f"a stream named {name!r} already exists")
-            sid = cmd.stream_id or self.catalog.next_stream_id()
-            if sid in self.catalog.streams:
-                raise error_class(ErrorCode.STREAM_ID_EXISTS)(f"a stream with id {sid} already exists")
+            sid = await self._new_id(
+                cmd.stream_id, "stream", set(self.catalog.streams), self.datadir.stream_ids_on_disk,
+                {s for s, t in self.catalog.removing if t is None}, self.catalog.next_stream_id(),
+                self.datadir.stream_dir, "",
+            )
             stream = Stream(sid, name, self.clock.now_ns())
             self.catalog.streams[sid] = stream
+            # Kept even if the save fails: a copy on disk may already name the id.
+            self.catalog.stream_id_mark = max(self.catalog.stream_id_mark, sid)
             try:
                 await self.save_catalog()
             except BaseException:
@@ -713,16 +756,20 @@ class Broker:
         async with self._admin_lock:
             stream = self.catalog.stream(cmd.stream)
             del self.catalog.streams[stream.id]
+            # The catalog lists the directory as garbage before any file goes.
+            entry: tuple[int, int | None] = (stream.id, None)
+            self.catalog.removing.append(entry)
             self.router.rebuild(self.catalog.topics())
             try:
                 await self.save_catalog()
             except BaseException:
                 self.catalog.streams[stream.id] = stream
+                self.catalog.removing.remove(entry)
                 self.router.rebuild(self.catalog.topics())
                 raise
             for topic in stream.topics.values():
                 self._close_topic(topic)
-            await trio.to_thread.run_sync(self.datadir.remove_stream, stream.id)
+            await self._finish_removal(entry)
             log.info("stream_deleted", stream=stream.name, id=stream.id)
             return b""
 
@@ -749,9 +796,11 @@ class Broker:
             check_option_types(cmd.options, updating=False)
             if any(t.name == name for t in stream.topics.values()):
                 raise error_class(ErrorCode.TOPIC_NAME_EXISTS)(f"stream {stream.name!r} already has a topic named {name!r}")
-            tid = cmd.topic_id or stream.next_topic_id()
-            if tid in stream.topics:
-                raise error_class(ErrorCode.TOPIC_ID_EXISTS)(f"stream {stream.name!r} already has a topic with id {tid}")
+            tid = await self._new_id(
+                cmd.topic_id, "topic", set(stream.topics), lambda: self.datadir.topic_ids_on_disk(stream.id),
+                {t for s, t in self.catalog.removing if s == stream.id and t is not None}, stream.next_topic_id(),
+                lambda t: self.datadir.topic_dir(stream.id, t), f"stream {stream.name!r}: ",
+            )
             opts = dict(cmd.options)
             pedantic = bool(opts.pop("pedantic", False))
             subjects = tuple(opts.pop("subjects", None) or (f"{stream.name}.{name}.>",))
@@ -775,14 +824,29 @@ class Broker:
             self.catalog.check_overlap(cfg.subjects)
             topic = Topic(stream, tid, cfg, self.clock.now_ns())
             self.catalog.check_republish_cycles(topic, cfg)
-            await trio.to_thread.run_sync(self._open_topic_storage, topic, False)
-            stream.topics[tid] = topic
+            # The new directory is listed as garbage until the catalog names the topic,
+            # so a crash in between leaves nothing unaccounted for.
+            entry: tuple[int, int | None] = (stream.id, tid)
+            stream.topic_id_mark = max(stream.topic_id_mark, tid)
+            self.catalog.removing.append(entry)
             try:
                 await self.save_catalog()
             except BaseException:
-                del stream.topics[tid]
-                self._close_topic(topic)
-                await trio.to_thread.run_sync(self.datadir.remove_topic, stream.id, tid)
+                self.catalog.removing.remove(entry)
+                raise
+            try:
+                await trio.to_thread.run_sync(self.datadir.make_topic_dirs, stream.id, tid, cfg.partitions_count)
+                await trio.to_thread.run_sync(self._open_topic_storage, topic, False)
+                stream.topics[tid] = topic
+                self.catalog.removing.remove(entry)
+                await self.save_catalog()
+            except BaseException:
+                stream.topics.pop(tid, None)
+                if entry not in self.catalog.removing:
+                    self.catalog.removing.append(entry)
+                with trio.CancelScope(shield=True):
+                    self._close_topic(topic)
+                    await self._finish_removal(entry)
                 raise
             self.router.rebuild(self.catalog.topics())
             log.info("topic_created", topic=topic.full_name, id=tid, partitions=cfg.partitions_count, subjects=",".join(cfg.subjects))
@@ -821,17 +885,38 @@ class Broker:
         async with self._admin_lock:
             topic = self.catalog.topic(cmd.stream, cmd.topic)
             del topic.stream.topics[topic.id]
+            # The catalog lists the directory as garbage before any file goes.
+            entry: tuple[int, int | None] = (topic.stream.id, topic.id)
+            self.catalog.removing.append(entry)
             self.router.rebuild(self.catalog.topics())
             try:
                 await self.save_catalog()
             except BaseException:
                 topic.stream.topics[topic.id] = topic
+                self.catalog.removing.remove(entry)
                 self.router.rebuild(self.catalog.topics())
                 raise
             self._close_topic(topic)
-            await trio.to_thread.run_sync(self.datadir.remove_topic, topic.stream.id, topic.id)
+            await self._finish_removal(entry)
             log.info("topic_deleted", topic=topic.full_name)
             return b""
+
+    async def _finish_removal(self, entry: tuple[int, int | None]) -> None:
+        """Remove a directory the catalog lists in ``removing`` (fsyncing its parent),
+        then drop the entry. A failure leaves the entry: the next start retries."""
+        sid, tid = entry
+        if tid is None:
+            path, done = self.datadir.stream_dir(sid), await trio.to_thread.run_sync(self.datadir.remove_stream, sid)
+        else:
+            path, done = self.datadir.topic_dir(sid, tid), await trio.to_thread.run_sync(self.datadir.remove_topic, sid, tid)
+        if not done:
+            log.error("removal_failed", path=path, action="listed in the catalog; retried at the next start")
+            return
+        self.catalog.removing.remove(entry)
+        try:
+            await self.save_catalog()
+        except Exception as exc:  # the files are gone; a stale entry only makes the next start look again
+            log.error("catalog_save_failed", error=str(exc), action="retried with the next catalog change")
 
     def _close_topic(self, topic: Topic) -> None:
         for p in topic.partitions:

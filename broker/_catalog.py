@@ -118,6 +118,8 @@ class Stream:
         self.name = name
         self.created_at = created_at
         self.topics: dict[int, Topic] = {}
+        #: The highest topic id ever given in this stream (ids are never reused).
+        self.topic_id_mark = 0
 
     def topic(self, ident: Identifier) -> Topic:
         if ident.is_numeric:
@@ -129,7 +131,9 @@ class Stream:
         return t
 
     def next_topic_id(self) -> int:
-        return max(self.topics, default=0) + 1
+        """One more than the highest id this stream ever gave a topic (the broker
+        also skips ids that have a directory on disk)."""
+        return max(max(self.topics, default=0), self.topic_id_mark) + 1
 
     @property
     def size_bytes(self) -> int:
@@ -144,6 +148,7 @@ class Stream:
             "id": self.id,
             "name": self.name,
             "created_at": self.created_at,
+            "next_topic_id": self.next_topic_id(),
             "topics": [t.to_json() for t in sorted(self.topics.values(), key=lambda t: t.id)],
         }
 
@@ -153,6 +158,13 @@ class Catalog:
 
     def __init__(self) -> None:
         self.streams: dict[int, Stream] = {}
+        #: The highest stream id ever given (ids are never reused).
+        self.stream_id_mark = 0
+        #: Directories that are garbage unless the catalog names them: ``(stream id,
+        #: topic id)`` or ``(stream id, None)`` for a whole stream. Written before a
+        #: deleted topic's files are removed (and before a new topic's are created),
+        #: dropped once done; at start the broker removes what is still listed.
+        self.removing: list[tuple[int, int | None]] = []
 
     def stream(self, ident: Identifier) -> Stream:
         if ident.is_numeric:
@@ -170,7 +182,9 @@ class Catalog:
         return [t for s in self.streams.values() for t in s.topics.values()]
 
     def next_stream_id(self) -> int:
-        return max(self.streams, default=0) + 1
+        """One more than the highest stream id ever given (the broker also skips ids
+        that have a directory on disk)."""
+        return max(max(self.streams, default=0), self.stream_id_mark) + 1
 
     def check_overlap(self, subjects: tuple[str, ...], ignore: Topic | None = None) -> None:
         for other in self.topics():
@@ -226,4 +240,9 @@ class Catalog:
             raise error_class(ErrorCode.REPUBLISH_CYCLE)(f"republish destination forms a cycle through topics: {names}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.VERSION, "streams": [s.to_json() for s in sorted(self.streams.values(), key=lambda s: s.id)]}
+        return {
+            "version": self.VERSION,
+            "next_stream_id": self.next_stream_id(),
+            "removing": [[s, t] for s, t in self.removing],
+            "streams": [s.to_json() for s in sorted(self.streams.values(), key=lambda s: s.id)],
+        }

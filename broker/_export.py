@@ -11,6 +11,13 @@ While the export is on, the segment cleaner keeps every segment not yet exported
 (:meth:`Exporter.keeps`): a message that expired before it was exported still reaches
 the export, flagged as removed. ``spark_export`` (and pyarrow) are imported only when
 an export directory is configured.
+
+A damaged manifest copy is reported (``export_manifest``) and rewritten from the
+other. When neither copy is valid the export is *paused*: which segments are
+already exported is unknown, so nothing is exported (a segment could end up in the
+export twice) and the cleaner keeps every segment (one could be lost before it is
+exported); EXPORT answers EXPORT_FAILED saying why and what to do, until the
+manifest is restored and the broker restarted.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from protocol import BrokerError, ErrorCode, error_class
 from ._log import get_logger
 
 if TYPE_CHECKING:
-    from storage import Segment
+    from storage import Damage, Report, Segment
 
     from ._partition import Partition
     from ._stats import Counters
@@ -47,26 +54,40 @@ class Exporter:
         self.interval = interval
         self.counters = counters
         self.exported: set[str] = set()
+        #: Why the export is paused (no valid manifest copy), or "".
+        self.paused = ""
+        self._report: Report = lambda damage: None
         self._lock = trio.Lock()
 
     @property
     def enabled(self) -> bool:
         return bool(self.root)
 
-    def open(self) -> None:
+    def open(self, report: Report | None = None) -> None:
         """Load the manifest (blocking; the broker calls it from its worker thread at
-        start) and clear what a crash left half-written."""
+        start) and clear what a crash left half-written. Damage in the manifest goes
+        to ``report``; with no valid copy the export is paused (see above)."""
+        if report is not None:
+            self._report = report
         if not self.enabled:
             return
         try:
-            from spark_export import Manifest
+            from spark_export import Manifest, ManifestUnreadable
         except ImportError as exc:
             raise error_class(ErrorCode.EXPORT_NOT_CONFIGURED)(
                 f"the export needs pyarrow ({exc}): pip install 'ttlbroker[spark]'"
             ) from None
 
-        manifest = Manifest.load(self.root)
+        try:
+            manifest = Manifest.load(self.root, self._report)
+        except ManifestUnreadable as exc:
+            self._pause(exc.message)
+            return
         self.exported = set(manifest.segments)
+
+    def _pause(self, why: str) -> None:
+        self.paused = why
+        log.error("export_paused", dir=self.root, reason=why)
 
     @staticmethod
     def key(part: Partition, seg: Segment) -> str:
@@ -77,7 +98,7 @@ class Exporter:
     def keeps(self, part: Partition, seg: Segment) -> bool:
         """True when the cleaner must keep ``seg`` (the export is on and it is not
         exported yet)."""
-        return self.enabled and self.key(part, seg) not in self.exported
+        return self.enabled and (bool(self.paused) or self.key(part, seg) not in self.exported)
 
     def _jobs(self, partitions: list[Partition]) -> list[Any]:
         from spark_export import SegmentJob
@@ -111,9 +132,11 @@ class Exporter:
             raise error_class(ErrorCode.EXPORT_NOT_CONFIGURED)(
                 "the broker has no export directory: start it with --export-dir DIR or set [export] dir"
             )
-        from spark_export import export_segments
+        from spark_export import ManifestUnreadable, export_segments
 
         async with self._lock:
+            if self.paused:
+                raise error_class(ErrorCode.EXPORT_FAILED)(self.paused)
             sealed = 0
             if seal:
                 for part in partitions:
@@ -121,12 +144,22 @@ class Exporter:
                         sealed += 1
             jobs = self._jobs(partitions)
             started = time.perf_counter()
+            damage: list[Damage] = []
             try:
-                done = await trio.to_thread.run_sync(export_segments, self.root, jobs)
+                done = await trio.to_thread.run_sync(export_segments, self.root, jobs, None, damage.append)
+            except ManifestUnreadable as exc:
+                for d in damage:
+                    self._report(d)
+                self._pause(exc.message)
+                raise error_class(ErrorCode.EXPORT_FAILED)(exc.message) from None
             except Exception as exc:
+                for d in damage:
+                    self._report(d)
                 self.counters.export_failures += 1
                 log.error("export_failed", error=repr(exc))
                 raise error_class(ErrorCode.EXPORT_FAILED)(f"export to {self.root} failed: {exc}") from None
+            for d in damage:  # reported here, on the loop, not from the worker thread
+                self._report(d)
             for entry in done:
                 self.exported.add(entry["key"])
             rows = sum(e["rows"] for e in done)

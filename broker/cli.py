@@ -607,7 +607,15 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     configure_logging(cfg.logging.level, cfg.logging.format)
     try:
-        trio.run(run_server, cfg)
+        try:
+            trio.run(run_server, cfg)
+        except BaseExceptionGroup as group:
+            # A refusal to start (a damaged catalog, a locked data directory) arrives
+            # wrapped by the server's nursery: show it as the one line it is.
+            leaves = _leaves(group)
+            if len(leaves) == 1 and isinstance(leaves[0], (BrokerError, OSError)):
+                raise leaves[0] from None
+            raise
     except BrokerError as exc:
         print(f"error: {exc.code.name} ({int(exc.code)}): {exc.message}", file=sys.stderr)
         return 1
@@ -615,6 +623,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: cannot serve on {cfg.server.host}:{cfg.server.port}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 async def _run_client(args: argparse.Namespace) -> int:

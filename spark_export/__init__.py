@@ -15,6 +15,7 @@ from ._exporter import CRASH_ENV as CRASH_ENV
 from ._exporter import export_segments as export_segments
 from ._manifest import MANIFEST_NAME as MANIFEST_NAME
 from ._manifest import Manifest as Manifest
+from ._manifest import ManifestUnreadable as ManifestUnreadable
 from ._schema import SCHEMA as SCHEMA
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import VERSION_KEY as VERSION_KEY

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from storage import fsync_dir
+from storage import Report, fsync_dir, ignore_damage
 
 from ._convert import SegmentJob, relative_path, write_segment
 from ._manifest import Manifest
@@ -31,12 +31,19 @@ def _crash_point(step: str) -> None:
 
 
 def export_segments(
-    root: str, jobs: Iterable[SegmentJob], progress: Callable[[int, int], None] | None = None
+    root: str,
+    jobs: Iterable[SegmentJob],
+    progress: Callable[[int, int], None] | None = None,
+    report: Report = ignore_damage,
 ) -> list[dict[str, Any]]:
     """Export every job not already in ``root``'s manifest; returns one entry per
     segment exported now (``key``, ``path``, ``rows``, ``bytes``, ``corrupt``,
-    ``seconds``)."""
-    manifest = Manifest.load(root)
+    ``seconds``). Damage found in the manifest goes to ``report``.
+
+    Raises:
+        ManifestUnreadable: no copy of the manifest is valid; nothing is exported.
+    """
+    manifest = Manifest.load(root, report)
     todo = [j for j in jobs if j.key not in manifest]
     done: list[dict[str, Any]] = []
     for i, job in enumerate(todo):

@@ -13,40 +13,99 @@ A crash before 2 leaves a temporary file, removed on the next start. A crash bet
 again to the same name, replacing it with the same rows. So each segment ends up
 exactly once, and no partial file is ever visible under a ``.parquet`` name. The
 leading ``_`` keeps Spark, pyarrow and pandas from reading the manifest as data.
+
+**Damage.** The manifest cannot be rebuilt from the broker's data (the cleaner
+removes segments once they are exported), and losing an entry could make a segment
+be exported twice, or its removal wait forever. So it is kept like the catalog
+(``storage._copies``): two checksummed copies, ``_manifest.json`` and
+``_manifest.json.1``, written one after the other with the same generation::
+
+    {"crc32": ..., "format": "ttlbroker.export_manifest", "generation": N,
+     "segments": {"<stream id>/<topic id>@<created>/<partition>/<first offset>": {...}},
+     "version": 1}
+
+A damaged or missing copy is reported (kind ``export_manifest``), kept aside in
+``DIR/_quarantine/`` and rewritten from the other: the list is exactly what it was.
+A copy one generation behind (a crash between the two writes) lacks at most the last
+segment, whose file the next pass rewrites under the same name. When neither copy is
+valid nobody can tell which segments are exported: :class:`ManifestUnreadable` is
+raised and the broker pauses the export (and keeps every segment from the cleaner)
+until an operator restores the manifest. A manifest of the first format (the same
+JSON without ``crc32``, ``generation`` and ``format``) loads and is rewritten in two
+copies.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-from storage import fsync_dir
+from storage import Copies, CopiesUnreadable, Damage, Report, ignore_damage, keep_aside
 
-__all__ = ["Manifest", "MANIFEST_NAME"]
+__all__ = ["Manifest", "MANIFEST_NAME", "ManifestUnreadable", "QUARANTINE_NAME"]
 
 MANIFEST_NAME = "_manifest.json"
+QUARANTINE_NAME = "_quarantine"
+_FORMAT = "ttlbroker.export_manifest"
 _VERSION = 1
 
 
+class ManifestUnreadable(Exception):
+    """No copy of the manifest is valid: which segments are exported is unknown.
+
+    Attributes:
+        message: one line naming the files and what to do.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _is_legacy(obj: dict[str, Any]) -> bool:
+    return obj.get("version") == _VERSION and isinstance(obj.get("segments"), dict)
+
 
 class Manifest:
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, report: Report = ignore_damage) -> None:
         self.root = root
         self.path = os.path.join(root, MANIFEST_NAME)
         self.segments: dict[str, dict[str, Any]] = {}
+        quarantine = os.path.join(root, QUARANTINE_NAME)
+        self._copies = Copies(
+            self.path, _FORMAT, "export_manifest", report, lambda p: keep_aside(p, quarantine), legacy=_is_legacy
+        )
+        self._report = report
+
+    @property
+    def paths(self) -> tuple[str, str]:
+        return self._copies.paths
 
     @classmethod
-    def load(cls, root: str) -> Manifest:
-        """Open (or start) the manifest of ``root`` and remove leftover temporary files."""
+    def load(cls, root: str, report: Report = ignore_damage) -> Manifest:
+        """Open (or start) the manifest of ``root`` and remove leftover temporary files.
+
+        Raises:
+            ManifestUnreadable: both copies are damaged (each one reported).
+            ValueError: a manifest version this ttlbroker does not know.
+        """
         os.makedirs(root, exist_ok=True)
-        m = cls(root)
+        m = cls(root, report)
         try:
-            with open(m.path, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
+            data = m._copies.load()
+        except CopiesUnreadable as exc:
+            for path, why in exc.reasons:
+                report(Damage("export_manifest", path, None, f"copy {why}", "export paused; nothing rewritten"))
+            what = "; ".join(f"{os.path.basename(p)} {why}" for p, why in exc.reasons)
+            raise ManifestUnreadable(
+                f"the export manifest of {root} is damaged ({what}), so which segments are already exported is "
+                f"unknown and the export is paused: restore {MANIFEST_NAME} from a backup and restart the broker, "
+                f"or move {root} aside to export every segment again into a new directory "
+                "(segments the cleaner removed after exporting them are only in the old one)"
+            ) from None
+        if data is None:
             data = {"version": _VERSION, "segments": {}}
-        if data.get("version") != _VERSION:
+        if data.get("version") != _VERSION or not isinstance(data.get("segments"), dict):
             raise ValueError(f"{m.path}: manifest version {data.get('version')!r} is not {_VERSION}")
         m.segments = data["segments"]
         m.remove_temporaries()
@@ -54,7 +113,8 @@ class Manifest:
 
     def remove_temporaries(self) -> list[str]:
         removed = []
-        for folder, _, files in os.walk(self.root):
+        for folder, dirs, files in os.walk(self.root):
+            dirs[:] = [d for d in dirs if d != QUARANTINE_NAME]
             for name in files:
                 if name.endswith(".tmp"):
                     path = os.path.join(folder, name)
@@ -66,12 +126,7 @@ class Manifest:
         return key in self.segments
 
     def record(self, key: str, entry: dict[str, Any]) -> None:
-        """Add a segment and rewrite the manifest atomically."""
+        """Add a segment and write the manifest's next generation (both copies, each
+        atomically and durably)."""
         self.segments[key] = entry
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"version": _VERSION, "segments": self.segments}, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fsync_dir(self.root)
+        self._copies.save({"version": _VERSION, "segments": self.segments})

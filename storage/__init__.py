@@ -10,6 +10,8 @@ the cleaner and the exporter), :class:`ConsumerOffsets`, the fsync policy and
 :func:`sync_fds`, and the errors.
 """
 
+from ._copies import Copies as Copies
+from ._copies import CopiesUnreadable as CopiesUnreadable
 from ._damage import Damage as Damage
 from ._damage import Report as Report
 from ._damage import ignore_damage as ignore_damage
@@ -21,6 +23,7 @@ from ._durability import parse_duration_ms as parse_duration_ms
 from ._durability import sync_fds as sync_fds
 from ._errors import CorruptedRecord as CorruptedRecord
 from ._files import atomic_write as atomic_write
+from ._files import keep_aside as keep_aside
 from ._files import makedirs as makedirs
 from ._files import open_file as open_file
 from ._files import set_modes as set_modes

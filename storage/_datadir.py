@@ -3,40 +3,79 @@
 Layout (directories are named by numeric ids only, never by user-given names)::
 
     <data>/LOCK                                  flock'ed by the running broker
-    <data>/catalog.json                          streams, topics and their options
-    <data>/streams/<stream id>/topics/<topic id>/consumers.log
-    <data>/streams/<stream id>/topics/<topic id>/partitions/<n>/
-        00000000000000000001.log / .index / .timeindex / .del
-        purged                                   the purge watermark
+    <data>/catalog.json, catalog.json.1          streams, topics, options: two checksummed copies
+    <data>/quarantine/                           damaged files kept aside (never read back)
+    <data>/streams/<stream id>/topics/<topic id>/consumers.log, consumers.log.1
+    <data>/streams/<stream id>/topics/<topic id>/partitions/<n>/   (storage._partition_log)
 
-``catalog.json`` is replaced atomically (write, fsync, rename, fsync the directory),
-so a crash leaves either the old or the new catalog, never a mix. Topic directories
-not named by the catalog (a crash between the catalog write and the removal of a
-deleted topic's files) are removed when the broker starts.
+**The catalog** is one JSON document written as two checksummed copies with a
+generation (``storage._copies``): a damaged or missing copy is reported and
+rewritten from the other; when neither is valid the broker refuses to start rather
+than start empty over existing data. Besides streams and topics it holds the id
+high-water marks (``next_stream_id``, and ``next_topic_id`` per stream: ids are
+never given out twice) and ``removing``, the directories that are garbage: a delete
+writes the catalog without the topic and with its directory in ``removing``
+*before* removing any file, and drops the entry once the files are gone; a create
+lists the new directory there until the catalog that names the topic is written.
+
+**Nothing else is ever deleted at start.** A directory or file under ``streams/``
+that the catalog neither names nor lists in ``removing`` is reported (Damage kind
+``unknown_path``) and left where it is; ``ttlbroker repair`` moves such paths to
+``quarantine/``.
+
+Every file and directory is created through ``storage._files`` (owner-only modes,
+parents fsynced); removing a directory fsyncs its parent.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import struct
 import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from ._copies import Copies, CopiesUnreadable
+from ._damage import Damage, Report, ignore_damage
 from ._durability import fsync_dir
 from ._errors import StorageFailure
-from ._segment import _atomic_write, _write_all
+from ._files import atomic_write, makedirs, open_file, write_all
+from ._files import keep_aside as _keep_aside
 
-__all__ = ["DataDir", "ConsumerOffsets"]
+__all__ = ["DataDir", "ConsumerOffsets", "CATALOG_NAME", "QUARANTINE_NAME"]
+
+CATALOG_NAME = "catalog.json"
+QUARANTINE_NAME = "quarantine"
+_CATALOG_FORMAT = "ttlbroker.catalog"
+_UNKNOWN_ACTION = "left in place; `ttlbroker repair` moves it to quarantine/"
+
+
+def _is_legacy_catalog(obj: dict) -> bool:
+    return isinstance(obj.get("streams"), list) and "version" in obj
 
 
 class DataDir:
-    """The broker's data directory. ``lock()`` before use; one broker per directory."""
+    """The broker's data directory. ``lock()`` before use; one broker per directory.
 
-    def __init__(self, root: str) -> None:
+    Args:
+        root: the directory.
+        report: where damage found in the catalog, in consumer offsets and among the
+            directories goes (the broker logs and counts it).
+    """
+
+    def __init__(self, root: str, report: Report = ignore_damage) -> None:
         self.root = os.path.abspath(root)
+        self.report = report
         self._lock_fd = -1
+        self._catalog = Copies(
+            os.path.join(self.root, CATALOG_NAME), _CATALOG_FORMAT, "catalog", self._report, self.keep_aside,
+            legacy=_is_legacy_catalog,
+        )
+
+    def _report(self, damage: Damage) -> None:
+        self.report(damage)
 
     def lock(self) -> None:
         """Create the directory if needed and take its lock.
@@ -44,8 +83,8 @@ class DataDir:
         Raises:
             StorageFailure: another broker holds the lock.
         """
-        os.makedirs(os.path.join(self.root, "streams"), exist_ok=True)
-        fd = os.open(os.path.join(self.root, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        makedirs(os.path.join(self.root, "streams"))
+        fd = open_file(os.path.join(self.root, "LOCK"), os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -61,27 +100,72 @@ class DataDir:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
-    # -- catalog -------------------------------------------------------------------
+    # -- quarantine ------------------------------------------------------------------
+
+    @property
+    def quarantine_dir(self) -> str:
+        return os.path.join(self.root, QUARANTINE_NAME)
+
+    def keep_aside(self, path: str) -> str:
+        """Copy a damaged file into ``quarantine/`` (durably) before it is rewritten,
+        under the same relative folder as the original (as the partition logs do),
+        with a UTC time stamp. Returns the copy's path."""
+        rel = os.path.relpath(os.path.dirname(os.path.abspath(path)), self.root)
+        return _keep_aside(path, self.quarantine_dir if rel == "." else os.path.join(self.quarantine_dir, rel))
+
+    # -- catalog ---------------------------------------------------------------------
 
     @property
     def catalog_path(self) -> str:
-        return os.path.join(self.root, "catalog.json")
+        return self._catalog.paths[0]
+
+    @property
+    def catalog_generation(self) -> int:
+        return self._catalog.generation
 
     def load_catalog(self) -> dict | None:
+        """The catalog (None: a new data directory), after reporting and rewriting a
+        damaged, missing or outdated copy. Blocking.
+
+        Raises:
+            StorageFailure: no copy is valid, or both are missing while ``streams/``
+                holds data: the message names the files and what to do.
+        """
+        for name in self._catalog.paths:
+            try:
+                os.unlink(name + ".tmp")  # a save cut short by a crash: never renamed, never used
+            except FileNotFoundError:
+                pass
+        advice = f"restore {CATALOG_NAME} from a backup, or run `ttlbroker repair --data {self.root}`"
         try:
-            with open(self.catalog_path, "rb") as f:
-                return json.loads(f.read())
-        except FileNotFoundError:
-            return None
-        except ValueError as exc:
-            raise StorageFailure(f"{self.catalog_path} is not valid JSON ({exc}); restore it from a backup") from None
+            body = self._catalog.load()
+        except CopiesUnreadable as exc:
+            what = "; ".join(f"{os.path.basename(p)} {why}" for p, why in exc.reasons)
+            raise StorageFailure(
+                f"the catalog of {self.root} is damaged ({what}) and the broker will not start without it: {advice}"
+            ) from None
+        if body is None and self._holds_data():
+            raise StorageFailure(
+                f"{self.root} has no catalog ({CATALOG_NAME} and {CATALOG_NAME}.1 are missing) but streams/ holds data; "
+                f"the broker will not start over it: {advice}"
+            )
+        return body
 
     def save_catalog(self, catalog: dict) -> None:
-        """Replace the catalog atomically and durably (blocking: call off the loop)."""
-        _atomic_write(self.catalog_path, json.dumps(catalog, indent=1, sort_keys=True).encode())
-        fsync_dir(self.root)
+        """Write the catalog's next generation, both copies (blocking: call off the loop).
 
-    # -- directories ---------------------------------------------------------------
+        Raises:
+            StorageFailure: a write failed.
+        """
+        self._catalog.save(catalog)
+
+    def _holds_data(self) -> bool:
+        try:
+            return bool(os.listdir(os.path.join(self.root, "streams")))
+        except FileNotFoundError:
+            return False
+
+    # -- directories -----------------------------------------------------------------
 
     def stream_dir(self, stream_id: int) -> str:
         return os.path.join(self.root, "streams", str(stream_id))
@@ -92,33 +176,84 @@ class DataDir:
     def partition_dir(self, stream_id: int, topic_id: int, partition: int) -> str:
         return os.path.join(self.topic_dir(stream_id, topic_id), "partitions", str(partition))
 
+    def make_topic_dirs(self, stream_id: int, topic_id: int, partitions: int) -> None:
+        """Create a new topic's directories, fsyncing every parent whose entries changed."""
+        makedirs(self.topic_dir(stream_id, topic_id))
+        for n in range(partitions):
+            makedirs(self.partition_dir(stream_id, topic_id, n))
+
     def consumer_offsets(self, stream_id: int, topic_id: int) -> ConsumerOffsets:
-        return ConsumerOffsets(os.path.join(self.topic_dir(stream_id, topic_id), "consumers.log"))
+        return ConsumerOffsets(
+            os.path.join(self.topic_dir(stream_id, topic_id), "consumers.log"), self._report, self.keep_aside
+        )
 
-    def remove_topic(self, stream_id: int, topic_id: int) -> None:
-        shutil.rmtree(self.topic_dir(stream_id, topic_id), ignore_errors=True)
+    def stream_ids_on_disk(self) -> set[int]:
+        """Ids that have a directory under ``streams/`` (named or not)."""
+        return _numeric_entries(os.path.join(self.root, "streams"))
 
-    def remove_stream(self, stream_id: int) -> None:
-        shutil.rmtree(self.stream_dir(stream_id), ignore_errors=True)
+    def topic_ids_on_disk(self, stream_id: int) -> set[int]:
+        return _numeric_entries(os.path.join(self.stream_dir(stream_id), "topics"))
 
-    def remove_unknown(self, known: dict[int, set[int]]) -> list[str]:
-        """Remove stream and topic directories the catalog does not name."""
-        removed = []
+    def remove_topic(self, stream_id: int, topic_id: int) -> bool:
+        """Remove a deleted topic's directory (and fsync its parent). Returns False if
+        some of it could not be removed (it stays listed in ``removing``)."""
+        return _remove_tree(self.topic_dir(stream_id, topic_id))
+
+    def remove_stream(self, stream_id: int) -> bool:
+        return _remove_tree(self.stream_dir(stream_id))
+
+    def remove_garbage(self, removing: list[tuple[int, int | None]], known: dict[int, set[int]]) -> tuple[list[str], list[tuple[int, int | None]]]:
+        """Remove the directories the catalog lists in ``removing`` (proven garbage:
+        deleted, or created and never named). An entry that the catalog also names is
+        left alone. Returns the paths removed and the entries still pending (a removal
+        failed)."""
+        removed: list[str] = []
+        pending: list[tuple[int, int | None]] = []
+        for sid, tid in removing:
+            if (tid is None and sid in known) or (tid is not None and tid in known.get(sid, ())):
+                continue
+            path = self.stream_dir(sid) if tid is None else self.topic_dir(sid, tid)
+            existed = os.path.lexists(path)
+            if not _remove_tree(path):
+                pending.append((sid, tid))
+            elif existed:
+                removed.append(path)
+        return removed, pending
+
+    def report_unknown(self, known: dict[int, set[int]], removing: list[tuple[int, int | None]] = ()) -> list[str]:  # type: ignore[assignment]
+        """Report (Damage ``unknown_path``) every directory or file under ``streams/``
+        that is neither a stream or topic of the catalog nor listed in ``removing``,
+        down to the topic level. Nothing is removed. Returns the paths."""
+        pending_streams = {s for s, t in removing if t is None}
+        pending_topics = {(s, t) for s, t in removing if t is not None}
+        found: list[str] = []
+
+        def unknown(path: str) -> None:
+            what = "directory" if os.path.isdir(path) and not os.path.islink(path) else "file"
+            self._report(Damage("unknown_path", path, None, f"a {what} the catalog does not name", _UNKNOWN_ACTION))
+            found.append(path)
+
         streams = os.path.join(self.root, "streams")
-        for sname in os.listdir(streams):
-            sdir = os.path.join(streams, sname)
-            if not sname.isdigit() or int(sname) not in known:
-                shutil.rmtree(sdir, ignore_errors=True)
-                removed.append(sdir)
+        for sname in _listdir(streams):
+            spath = os.path.join(streams, sname)
+            sid = int(sname) if sname.isdigit() and sname == str(int(sname)) else None
+            if sid in pending_streams:
                 continue
-            tdir_root = os.path.join(sdir, "topics")
-            if not os.path.isdir(tdir_root):
+            if sid is None or sid not in known or not os.path.isdir(spath):
+                unknown(spath)
                 continue
-            for tname in os.listdir(tdir_root):
-                if not tname.isdigit() or int(tname) not in known[int(sname)]:
-                    shutil.rmtree(os.path.join(tdir_root, tname), ignore_errors=True)
-                    removed.append(os.path.join(tdir_root, tname))
-        return removed
+            for name in _listdir(spath):
+                if name != "topics":
+                    unknown(os.path.join(spath, name))
+            troot = os.path.join(spath, "topics")
+            for tname in _listdir(troot):
+                tpath = os.path.join(troot, tname)
+                tid = int(tname) if tname.isdigit() and tname == str(int(tname)) else None
+                if (sid, tid) in pending_topics:
+                    continue
+                if tid is None or tid not in known[sid] or not os.path.isdir(tpath):
+                    unknown(tpath)
+        return found
 
     def size_on_disk(self) -> int:
         total = 0
@@ -131,92 +266,311 @@ class DataDir:
         return total
 
 
-_ENTRY_HEAD = struct.Struct("<IQB")  # partition, offset, name length
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _numeric_entries(path: str) -> set[int]:
+    return {int(n) for n in _listdir(path) if n.isdigit()}
+
+
+def _remove_tree(path: str) -> bool:
+    """Remove ``path`` and everything under it, then fsync its parent so the removal
+    is durable. True when nothing is left."""
+    if not os.path.lexists(path):
+        return True
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except OSError:
+        return False
+    fsync_dir(os.path.dirname(path))
+    return True
+
+
+# -- consumer offsets and KV leases ------------------------------------------------------
+
+#: Entry (current format): ``u8 0xC0 | u8 name_len | u64 seq | u32 partition |
+#: u64 offset | name | u32 CRC-32`` of everything before the CRC. 26 bytes + the name.
+_HEAD = struct.Struct("<BBQIQ")
+_MAGIC = 0xC0
+#: Entry of the first format (no magic, no sequence): ``u32 partition | u64 offset |
+#: u8 name_len | name | u32 CRC-32``. Read only (upgraded on open).
+_OLD_HEAD = struct.Struct("<IQB")
 _CRC = struct.Struct("<I")
 _FORGET = 0xFFFFFFFFFFFFFFFF
+_SNAPSHOT_PARTITION = 0xFFFFFFFF
+_MIRROR = ".1"
+
+
+@dataclass
+class _Entry:
+    seq: int
+    name: str
+    partition: int
+    offset: int
+    pos: int
+
+
+@dataclass
+class _Parsed:
+    path: str
+    exists: bool
+    raw: bytes
+    entries: list[_Entry]
+    damaged: list[tuple[int, int]]  # [start, end) byte ranges no entry validates in
+    snapshot: int = -1  # seq of the snapshot marker (-1: none)
+    snapshot_keys: frozenset[tuple[str, int]] = frozenset()
+    legacy: bool = False
+
+
+def _entry_at(raw: bytes, pos: int) -> _Entry | None:
+    n = len(raw)
+    if pos + _HEAD.size + 4 > n or raw[pos] != _MAGIC:
+        return None
+    _, nlen, seq, partition, offset = _HEAD.unpack_from(raw, pos)
+    end = pos + _HEAD.size + nlen + 4
+    if end > n or zlib.crc32(raw[pos : end - 4]) != _CRC.unpack_from(raw, end - 4)[0]:
+        return None
+    try:
+        name = raw[pos + _HEAD.size : end - 4].decode()
+    except UnicodeDecodeError:
+        return None
+    return _Entry(seq, name, partition, offset, end)  # pos holds the end while parsing
+
+
+def _old_entry_at(raw: bytes, pos: int) -> _Entry | None:
+    n = len(raw)
+    if pos + _OLD_HEAD.size + 4 > n:
+        return None
+    partition, offset, nlen = _OLD_HEAD.unpack_from(raw, pos)
+    end = pos + _OLD_HEAD.size + nlen + 4
+    if nlen == 0 or end > n or zlib.crc32(raw[pos : end - 4]) != _CRC.unpack_from(raw, end - 4)[0]:
+        return None
+    try:
+        name = raw[pos + _OLD_HEAD.size : end - 4].decode()
+    except UnicodeDecodeError:
+        return None
+    return _Entry(0, name, partition, offset, end)
+
+
+def _scan(raw: bytes, at: Callable[[bytes, int], _Entry | None], magic: bool) -> tuple[list[_Entry], list[tuple[int, int]]]:
+    """Every entry that validates, resynchronising past damage: after a position where
+    no entry validates, the next candidate is the next position where one does."""
+    entries: list[_Entry] = []
+    damaged: list[tuple[int, int]] = []
+    pos, n = 0, len(raw)
+    while pos < n:
+        e = at(raw, pos)
+        if e is not None:
+            end, e.pos = e.pos, pos
+            entries.append(e)
+            pos = end
+            continue
+        start = pos
+        pos += 1
+        while pos < n:
+            if magic:
+                pos = raw.find(b"\xc0", pos)
+                if pos < 0:
+                    pos = n
+                    break
+            if at(raw, pos) is not None:
+                break
+            pos += 1
+        damaged.append((start, pos))
+    return entries, damaged
+
+
+def _parse(path: str) -> _Parsed:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return _Parsed(path, False, b"", [], [])
+    entries, damaged = _scan(raw, _entry_at, True)
+    if raw and not entries:
+        old, old_damaged = _scan(raw, _old_entry_at, False)
+        if old:
+            for i, e in enumerate(old):
+                e.seq = i + 1
+            return _Parsed(path, True, raw, old, old_damaged, legacy=True)
+    p = _Parsed(path, True, raw, [], damaged)
+    keys: set[tuple[str, int]] = set()
+    for e in entries:
+        if not e.name and e.partition == _SNAPSHOT_PARTITION:
+            # The snapshot marker ends a compacted copy: what precedes it was the whole
+            # state at sequence e.seq. It only counts when nothing before it is damaged.
+            if not any(s < e.pos for s, _ in damaged):
+                p.snapshot, p.snapshot_keys = e.seq, frozenset(keys)
+            continue
+        if e.name:
+            p.entries.append(e)
+            keys.add((e.name, e.partition))
+    return p
 
 
 class ConsumerOffsets:
-    """Named consumer offsets of one topic, in an append-only file.
+    """Named consumer offsets (and KV refresh leases, ``$refresh.<offset>``) of one
+    topic, in two mirrored append-only files: ``consumers.log`` and
+    ``consumers.log.1`` get the same bytes, and the group commit syncs both.
 
-    Entry: ``u32 partition | u64 offset | u8 name_len | name | u32 CRC-32`` of what
-    precedes it; offset ``2**64-1`` forgets the consumer's offset. On open the file
-    is replayed (a torn last entry fails its CRC and is dropped: it was never
-    acknowledged) and rewritten compactly when it holds far more entries than live
-    offsets.
+    Entry::
+
+        u8 0xC0 | u8 name_len | u64 seq | u32 partition | u64 offset | name | u32 CRC-32
+
+    The CRC-32 (zlib) covers everything before it. ``seq`` grows by one per entry
+    and is never reused; offset ``2**64-1`` forgets the name's offset. A compacted
+    copy ends with a snapshot marker (empty name, partition ``2**32-1``, ``seq`` the
+    last sequence number at compaction): everything before it was the whole state
+    at that point, so a name it lacks whose newest entry anywhere is older was
+    forgotten (a stale copy left by a crash during compaction cannot bring it back).
+
+    On open both files are read; past a damaged range the scan resynchronises on the
+    next position where an entry validates. For each (name, partition) the valid
+    entry with the highest sequence in either file wins. Each damaged range is
+    reported once (kind ``consumer_offsets``, with its file and byte position), the
+    damaged file is copied to ``quarantine/``, and both files are rewritten,
+    compacted, from the merged state, one after the other (each with an atomic
+    replace), so a crash in between leaves one complete copy. They are also rewritten
+    when they differ without damage (a crash between the two appends) or hold many
+    more entries than live names. Files of the first format (no sequence numbers, one
+    file) are read in file order and rewritten in this format.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, report: Report = ignore_damage, keep_aside: Callable[[str], str] | None = None) -> None:
         self.path = path
+        self.paths = (path, path + _MIRROR)
+        self.report = report
         self.offsets: dict[tuple[str, int], int] = {}
-        entries = 0
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            raw = b""
-        pos = 0
-        good_end = 0
-        while pos + _ENTRY_HEAD.size <= len(raw):
-            partition, offset, nlen = _ENTRY_HEAD.unpack_from(raw, pos)
-            end = pos + _ENTRY_HEAD.size + nlen + 4
-            if end > len(raw):
-                break
-            (crc,) = _CRC.unpack_from(raw, end - 4)
-            if zlib.crc32(raw[pos : end - 4]) != crc:
-                break
-            name = raw[pos + _ENTRY_HEAD.size : end - 4].decode(errors="replace")
-            if offset == _FORGET:
-                self.offsets.pop((name, partition), None)
-            else:
-                self.offsets[(name, partition)] = offset
-            entries += 1
-            pos = good_end = end
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if good_end < len(raw) or entries > 4 * max(len(self.offsets), 16):
-            self._rewrite()
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._seq = 0
+        self._fds = [-1, -1]
         self.dirty = False
+        folder = os.path.dirname(path)
+        makedirs(folder)
+        for p in self.paths:
+            try:
+                os.unlink(p + ".tmp")  # a rewrite cut short by a crash: never renamed
+            except FileNotFoundError:
+                pass
+        if keep_aside is None:
+            quarantine = os.path.join(folder, QUARANTINE_NAME)
+            keep_aside = lambda p: _keep_aside(p, quarantine)  # noqa: E731
+        files = [_parse(p) for p in self.paths]
+        self._merge(files)
+        rewrite = False
+        for f in files:
+            if f.damaged:
+                where = keep_aside(f.path)
+                for start, end in f.damaged:
+                    tail = end == len(f.raw)
+                    what = f"{end - start} bytes at the end hold no complete valid entry (a torn write or damage)" if tail and start > 0 else f"{end - start} bytes hold no valid entry"
+                    self.report(Damage(
+                        "consumer_offsets", f.path, start, what,
+                        f"offsets taken from the newest valid entries of both copies; file kept aside as {where} and rewritten",
+                    ))
+                rewrite = True
+        a, b = files
+        if a.exists != b.exists:
+            present = a if a.exists else b
+            if present.raw and not present.legacy:
+                missing = b if present is a else a
+                self.report(Damage(
+                    "consumer_offsets", missing.path, None, "copy is missing",
+                    f"rewritten from {os.path.basename(present.path)}",
+                ))
+            rewrite = True
+        elif a.raw != b.raw:
+            rewrite = True  # a crash between the two appends (or a boundary cut): no bytes lost
+        if a.legacy or b.legacy:
+            rewrite = True
+        live = len(self.offsets)
+        if max(len(a.entries), len(b.entries)) > 4 * max(live, 16):
+            rewrite = True
+        if rewrite:
+            self._rewrite()
+        created = False
+        for i, p in enumerate(self.paths):
+            created |= not os.path.exists(p)
+            self._fds[i] = open_file(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        if created:
+            fsync_dir(folder)
+
+    def _merge(self, files: list[_Parsed]) -> None:
+        best: dict[tuple[str, int], _Entry] = {}
+        top = 0
+        for f in files:
+            top = max(top, f.snapshot)
+            for e in f.entries:
+                key = (e.name, e.partition)
+                cur = best.get(key)
+                if cur is None or e.seq > cur.seq:
+                    best[key] = e
+                top = max(top, e.seq)
+        for f in files:
+            if f.snapshot < 0:
+                continue
+            for key in [k for k, e in best.items() if e.seq <= f.snapshot and k not in f.snapshot_keys]:
+                del best[key]  # forgotten before that snapshot
+        self.offsets = {k: e.offset for k, e in best.items() if e.offset != _FORGET}
+        self._seqs = {k: best[k].seq for k in self.offsets}
+        self._seq = top
 
     @staticmethod
-    def _entry(name: str, partition: int, offset: int) -> bytes:
+    def _entry(seq: int, name: str, partition: int, offset: int) -> bytes:
         raw = name.encode()
-        head = _ENTRY_HEAD.pack(partition, offset, len(raw)) + raw
+        head = _HEAD.pack(_MAGIC, len(raw), seq, partition, offset) + raw
         return head + _CRC.pack(zlib.crc32(head))
 
     def _rewrite(self) -> None:
-        data = b"".join(self._entry(n, p, o) for (n, p), o in self.offsets.items())
-        _atomic_write(self.path, data)
+        """Both copies, compacted, one after the other (each fsynced and renamed)."""
+        items = sorted(self.offsets.items(), key=lambda kv: self._seqs[kv[0]])
+        data = b"".join(self._entry(self._seqs[(n, p)], n, p, o) for (n, p), o in items)
+        data += self._entry(self._seq, "", _SNAPSHOT_PARTITION, 0)
+        for p in reversed(self.paths):  # the mirror first: an interrupted upgrade keeps the old file
+            atomic_write(p, data)
 
     def get(self, name: str, partition: int) -> int | None:
         return self.offsets.get((name, partition))
 
     def store(self, name: str, partition: int, offset: int) -> None:
-        self._append(self._entry(name, partition, offset))
+        seq = self._append(name, partition, offset)
         self.offsets[(name, partition)] = offset
+        self._seqs[(name, partition)] = seq
 
     def forget(self, name: str, partition: int) -> bool:
         if (name, partition) not in self.offsets:
             return False
-        self._append(self._entry(name, partition, _FORGET))
+        self._append(name, partition, _FORGET)
         del self.offsets[(name, partition)]
+        del self._seqs[(name, partition)]
         return True
 
-    def _append(self, entry: bytes) -> None:
-        try:
-            size = os.fstat(self._fd).st_size
-        except OSError as exc:
-            raise StorageFailure(f"consumer offsets file: {exc}") from exc
-        _write_all(self._fd, entry, size)
+    def _append(self, name: str, partition: int, offset: int) -> int:
+        self._seq += 1  # never reused, even if the write fails
+        entry = self._entry(self._seq, name, partition, offset)
+        for fd in self._fds:
+            try:
+                size = os.fstat(fd).st_size
+            except OSError as exc:
+                raise StorageFailure(f"consumer offsets file: {exc}") from exc
+            write_all(fd, entry, size)
         self.dirty = True
+        return self._seq
 
     def take_dirty_fds(self) -> list[int]:
         if self.dirty:
             self.dirty = False
-            return [self._fd]
+            return [fd for fd in self._fds if fd >= 0]
         return []
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        for i, fd in enumerate(self._fds):
+            if fd >= 0:
+                os.close(fd)
+                self._fds[i] = -1
