@@ -13,6 +13,7 @@ import pytest
 import trio
 from conftest import BrokerProcess, make_config, start_server
 
+import protocol as P
 from broker import Clock
 from broker.client import ExportNotConfiguredError, connect
 from spark_export import CRASH_ENV, MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, VERSION_KEY
@@ -203,3 +204,100 @@ async def test_conversion_in_batches_gives_the_same_rows(tmp_path: Path) -> None
         assert [r for b, _ in parts for r in b.to_pylist()] == whole
         assert [r["offset"] for r in whole] == list(range(1, 51))
         assert [r["removed_reason"] for r in whole if r["removed"]] == ["delete"]
+
+
+# -- a damaged manifest ------------------------------------------------------------------
+
+
+async def _export_two_segments(data: Path, export: Path) -> bytes:
+    """Two segments exported (rows 0..19 then 20..39); returns the manifest as it was
+    after the first."""
+    async with start_server(make_config(data, **{"export.dir": str(export)})) as server, connect(server.address) as c:
+        await c.create_stream("s")
+        await c.create_topic("s", "t", subjects=["a.>"])
+        await c.publish_batch([(f"a.{i}", str(i).encode()) for i in range(20)])
+        await c.export(seal=True)
+        first = (export / MANIFEST_NAME).read_bytes()
+        await c.publish_batch([(f"a.{i}", str(i).encode()) for i in range(20, 40)])
+        await c.export(seal=True)
+    return first
+
+
+async def test_a_damaged_manifest_copy_is_reported_and_nothing_is_exported_twice(tmp_path: Path) -> None:
+    data, export = tmp_path / "data", tmp_path / "export"
+    data.mkdir()
+    await _export_two_segments(data, export)
+    path = export / MANIFEST_NAME
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x08
+    path.write_bytes(bytes(raw))
+    async with start_server(make_config(data, **{"export.dir": str(export)})) as server, connect(server.address) as c:
+        assert (await c.stats())["damage_detected"] == 1
+        again = await c.export(seal=True)
+        assert again["exported"] == [] and again["segments_in_export"] == 2
+        await c.publish_batch([(f"a.{i}", str(i).encode()) for i in range(40, 50)])
+        assert [e["rows"] for e in (await c.export(seal=True))["exported"]] == [10]
+    assert path.read_bytes() == (export / (MANIFEST_NAME + ".1")).read_bytes()
+    assert [p.read_bytes() for p in (export / "_quarantine").glob(MANIFEST_NAME + ".*")] == [bytes(raw)]
+    rows = read_export(export)
+    assert sorted(int(r["payload"]) for r in rows) == list(range(50))
+
+
+async def test_a_damaged_manifest_over_a_copy_one_generation_behind_exports_the_last_segment_once(tmp_path: Path) -> None:
+    """A crash between the two manifest writes left the second copy one segment
+    behind, and the newer copy is damaged: the older one is used, and the segment it
+    lacks is exported again under the same name, so it is in the export once."""
+    data, export = tmp_path / "data", tmp_path / "export"
+    data.mkdir()
+    first = await _export_two_segments(data, export)
+    (export / (MANIFEST_NAME + ".1")).write_bytes(first)
+    (export / MANIFEST_NAME).write_bytes((export / MANIFEST_NAME).read_bytes()[:-40])
+    async with start_server(make_config(data, **{"export.dir": str(export)})) as server, connect(server.address) as c:
+        assert (await c.stats())["damage_detected"] == 1
+        res = await c.export()
+        assert [e["path"] for e in res["exported"]] == ["stream=s/topic=t/partition=0/21-40.parquet"]
+        assert res["segments_in_export"] == 2
+    rows = read_export(export)
+    assert sorted(int(r["payload"]) for r in rows) == list(range(40))
+
+
+async def test_both_manifest_copies_damaged_pause_the_export(tmp_path: Path) -> None:
+    data, export = tmp_path / "data", tmp_path / "export"
+    data.mkdir()
+    await _export_two_segments(data, export)
+    (export / MANIFEST_NAME).write_bytes(b"")
+    raw = bytearray((export / (MANIFEST_NAME + ".1")).read_bytes())
+    raw[raw.index(b'"rows": 20') + 9] ^= 0x01  # 20 -> 21
+    (export / (MANIFEST_NAME + ".1")).write_bytes(bytes(raw))
+    before = {p.relative_to(export).as_posix(): p.read_bytes() for p in export.rglob("*") if p.is_file()}
+    async with start_server(make_config(data, **{"export.dir": str(export)})) as server, connect(server.address) as c:
+        assert (await c.stats())["damage_detected"] == 2
+        with pytest.raises(P.ExportFailedError) as info:  # type: ignore[attr-defined]
+            await c.export(seal=True)
+        assert info.value.message == (
+            f"the export manifest of {export} is damaged (_manifest.json is empty; _manifest.json.1 fails its "
+            "checksum (its content changed after it was written)), so which segments are already exported is "
+            "unknown and the export is paused: restore _manifest.json from a backup and restart the broker, or "
+            f"move {export} aside to export every segment again into a new directory (segments the cleaner "
+            "removed after exporting them are only in the old one)"
+        )
+        part = server.broker.catalog.topics()[0].partitions[0]
+        assert all(server.broker.exporter.keeps(part, seg) for seg in part.log.segments)  # the cleaner keeps all
+    after = {p.relative_to(export).as_posix(): p.read_bytes() for p in export.rglob("*") if p.is_file()}
+    assert after == before  # nothing rewritten, nothing exported
+
+
+async def test_a_manifest_of_the_previous_format_loads(tmp_path: Path) -> None:
+    data, export = tmp_path / "data", tmp_path / "export"
+    data.mkdir()
+    await _export_two_segments(data, export)
+    segments = json.loads((export / MANIFEST_NAME).read_bytes())["segments"]
+    (export / MANIFEST_NAME).write_text(json.dumps({"version": 1, "segments": segments}, indent=1, sort_keys=True))
+    (export / (MANIFEST_NAME + ".1")).unlink()
+    async with start_server(make_config(data, **{"export.dir": str(export)})) as server, connect(server.address) as c:
+        assert (await c.stats())["damage_detected"] == 0
+        res = await c.export(seal=True)
+        assert res["exported"] == [] and res["segments_in_export"] == 2
+    upgraded = json.loads((export / MANIFEST_NAME).read_bytes())
+    assert upgraded["format"] == "ttlbroker.export_manifest" and upgraded["segments"] == segments
+    assert (export / MANIFEST_NAME).read_bytes() == (export / (MANIFEST_NAME + ".1")).read_bytes()
