@@ -82,20 +82,22 @@ class Manifest:
         return self._copies.paths
 
     @classmethod
-    def load(cls, root: str, report: Report = ignore_damage) -> Manifest:
-        """Open (or start) the manifest of ``root`` and remove leftover temporary files.
+    def load(cls, root: str, report: Report = ignore_damage, readonly: bool = False) -> Manifest:
+        """Open (or start) the manifest of ``root`` and remove leftover temporary files
+        (``readonly``: report damage, change nothing).
 
         Raises:
             ManifestUnreadable: both copies are damaged (each one reported).
             ValueError: a manifest version this ttlbroker does not know.
         """
-        os.makedirs(root, exist_ok=True)
+        if not readonly:
+            os.makedirs(root, exist_ok=True)
         m = cls(root, report)
         try:
-            data = m._copies.load()
+            data = m._copies.load(readonly)
         except CopiesUnreadable as exc:
             for path, why in exc.reasons:
-                report(Damage("export_manifest", path, None, f"copy {why}", "export paused; nothing rewritten"))
+                report(Damage("export_manifest", path, None, f"copy {why}", "export paused; nothing rewritten" if not readonly else "left as is (check); the broker pauses the export"))
             what = "; ".join(f"{os.path.basename(p)} {why}" for p, why in exc.reasons)
             raise ManifestUnreadable(
                 f"the export manifest of {root} is damaged ({what}), so which segments are already exported is "
@@ -108,7 +110,8 @@ class Manifest:
         if data.get("version") != _VERSION or not isinstance(data.get("segments"), dict):
             raise ValueError(f"{m.path}: manifest version {data.get('version')!r} is not {_VERSION}")
         m.segments = data["segments"]
-        m.remove_temporaries()
+        if not readonly:
+            m.remove_temporaries()
         return m
 
     def remove_temporaries(self) -> list[str]:

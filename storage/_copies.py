@@ -164,11 +164,12 @@ class Copies:
             return _Copy(path, "invalid", raw, gen, body, detail="differs from the canonical form of its checksummed content")
         return _Copy(path, "ok", raw, gen, body)
 
-    def load(self) -> dict[str, Any] | None:
+    def load(self, readonly: bool = False) -> dict[str, Any] | None:
         """The newest valid content (None: no copy exists), after reporting and
         rewriting any copy that is damaged, missing or behind.
 
-        Blocking (file I/O).
+        Blocking (file I/O). ``readonly`` (``ttlbroker check``): report the same
+        damage, keep nothing aside and write nothing.
 
         Raises:
             CopiesUnreadable: copies exist but none is valid.
@@ -188,24 +189,26 @@ class Copies:
         self.generation = best.generation
         good = render(self.fmt, max(1, best.generation), best.body)
         source = f"{os.path.basename(best.path)} (generation {best.generation})"
+        rewritten = f"left as is (check); the next start rewrites it from {source}" if readonly else f"rewritten from {source}"
+
+        def kept(c: _Copy) -> str:
+            return "" if readonly or not c.raw else f"kept aside as {self.keep_aside(c.path)}; "
+
         rewrite = []
         for c in copies:
             if c is best:
                 continue
             if c.status == "invalid":
-                where = self.keep_aside(c.path) if c.raw else ""
                 pos = c.position
                 if pos is None and len(c.raw) == len(good):
                     pos = next((i for i, (a, b) in enumerate(zip(c.raw, good)) if a != b), None)
-                kept = f"kept aside as {where}; " if where else ""
-                self.report(Damage(self.kind, c.path, pos, f"copy {c.detail}", f"{kept}rewritten from {source}"))
+                self.report(Damage(self.kind, c.path, pos, f"copy {c.detail}", kept(c) + rewritten))
             elif c.status == "missing" and best.status == "ok":
-                self.report(Damage(self.kind, c.path, None, "copy is missing", f"rewritten from {source}"))
+                self.report(Damage(self.kind, c.path, None, "copy is missing", rewritten))
             elif c.status == "ok" and c.generation == best.generation and c.body != best.body:
-                where = self.keep_aside(c.path)
                 self.report(Damage(
                     self.kind, c.path, None, f"copy differs from {os.path.basename(best.path)} at the same generation",
-                    f"kept aside as {where}; rewritten from {source}",
+                    kept(c) + rewritten,
                 ))
             elif c.raw == good:
                 continue
@@ -216,6 +219,8 @@ class Copies:
             # Upgrade: the other copy first, so a crash in between leaves the legacy
             # file and a verified copy of the same content.
             rewrite.append(best.path)
+        if readonly:
+            return best.body
         for path in rewrite:
             self._write(path, good)
         self.generation = max(1, best.generation) if best.status == "legacy" else best.generation

@@ -123,22 +123,23 @@ class DataDir:
     def catalog_generation(self) -> int:
         return self._catalog.generation
 
-    def load_catalog(self) -> dict | None:
+    def load_catalog(self, readonly: bool = False) -> dict | None:
         """The catalog (None: a new data directory), after reporting and rewriting a
-        damaged, missing or outdated copy. Blocking.
+        damaged, missing or outdated copy. Blocking. ``readonly`` (``ttlbroker
+        check``): report, change nothing.
 
         Raises:
             StorageFailure: no copy is valid, or both are missing while ``streams/``
                 holds data: the message names the files and what to do.
         """
-        for name in self._catalog.paths:
+        for name in self._catalog.paths if not readonly else ():
             try:
                 os.unlink(name + ".tmp")  # a save cut short by a crash: never renamed, never used
             except FileNotFoundError:
                 pass
         advice = f"restore {CATALOG_NAME} from a backup, or run `ttlbroker repair --data {self.root}`"
         try:
-            body = self._catalog.load()
+            body = self._catalog.load(readonly)
         except CopiesUnreadable as exc:
             what = "; ".join(f"{os.path.basename(p)} {why}" for p, why in exc.reasons)
             raise StorageFailure(
@@ -182,9 +183,9 @@ class DataDir:
         for n in range(partitions):
             makedirs(self.partition_dir(stream_id, topic_id, n))
 
-    def consumer_offsets(self, stream_id: int, topic_id: int) -> ConsumerOffsets:
+    def consumer_offsets(self, stream_id: int, topic_id: int, readonly: bool = False) -> ConsumerOffsets:
         return ConsumerOffsets(
-            os.path.join(self.topic_dir(stream_id, topic_id), "consumers.log"), self._report, self.keep_aside
+            os.path.join(self.topic_dir(stream_id, topic_id), "consumers.log"), self._report, self.keep_aside, readonly
         )
 
     def stream_ids_on_disk(self) -> set[int]:
@@ -443,7 +444,18 @@ class ConsumerOffsets:
     file) are read in file order and rewritten in this format.
     """
 
-    def __init__(self, path: str, report: Report = ignore_damage, keep_aside: Callable[[str], str] | None = None) -> None:
+    def __init__(
+        self, path: str, report: Report = ignore_damage, keep_aside: Callable[[str], str] | None = None,
+        readonly: bool = False,
+    ) -> None:
+        """Args:
+        path: the first file (the mirror is ``path + ".1"``).
+        report: where damage goes.
+        keep_aside: copies a damaged file to quarantine before it is rewritten
+            (default: a ``quarantine`` folder beside the file).
+        readonly: ``ttlbroker check``: read and report, change nothing (then
+            ``store`` and ``forget`` fail).
+        """
         self.path = path
         self.paths = (path, path + _MIRROR)
         self.report = report
@@ -452,8 +464,9 @@ class ConsumerOffsets:
         self._fds = [-1, -1]
         self.dirty = False
         folder = os.path.dirname(path)
-        makedirs(folder)
-        for p in self.paths:
+        if not readonly:
+            makedirs(folder)
+        for p in self.paths if not readonly else ():
             try:
                 os.unlink(p + ".tmp")  # a rewrite cut short by a crash: never renamed
             except FileNotFoundError:
@@ -466,14 +479,15 @@ class ConsumerOffsets:
         rewrite = False
         for f in files:
             if f.damaged:
-                where = keep_aside(f.path)
+                action = (
+                    "left as is (check); the next start takes the newest valid entries of both copies and rewrites it"
+                    if readonly else
+                    f"offsets taken from the newest valid entries of both copies; file kept aside as {keep_aside(f.path)} and rewritten"
+                )
                 for start, end in f.damaged:
                     tail = end == len(f.raw)
                     what = f"{end - start} bytes at the end hold no complete valid entry (a torn write or damage)" if tail and start > 0 else f"{end - start} bytes hold no valid entry"
-                    self.report(Damage(
-                        "consumer_offsets", f.path, start, what,
-                        f"offsets taken from the newest valid entries of both copies; file kept aside as {where} and rewritten",
-                    ))
+                    self.report(Damage("consumer_offsets", f.path, start, what, action))
                 rewrite = True
         a, b = files
         if a.exists != b.exists:
@@ -482,7 +496,8 @@ class ConsumerOffsets:
                 missing = b if present is a else a
                 self.report(Damage(
                     "consumer_offsets", missing.path, None, "copy is missing",
-                    f"rewritten from {os.path.basename(present.path)}",
+                    ("left as is (check); the next start rewrites it from " if readonly else "rewritten from ")
+                    + os.path.basename(present.path),
                 ))
             rewrite = True
         elif a.raw != b.raw:
@@ -492,6 +507,8 @@ class ConsumerOffsets:
         live = len(self.offsets)
         if max(len(a.entries), len(b.entries)) > 4 * max(live, 16):
             rewrite = True
+        if readonly:
+            return
         if rewrite:
             self._rewrite()
         created = False

@@ -644,3 +644,32 @@ def test_export_manifest_trials(tmp_path: Path) -> None:
                 assert Manifest.load(str(root), again.append).segments == expected and again == []
                 TABLE["export manifest", how, "detected, other copy used"] += 1
     print_table("export manifest")
+
+
+def test_readonly_reports_the_same_damage_and_changes_nothing(template: Path, tmp_path: Path) -> None:
+    """``ttlbroker check`` opens every kind read-only: same reports, no byte changed."""
+    from spark_export import MANIFEST_NAME, Manifest
+
+    root = _copy(template, tmp_path / "data")
+    _manifest_template(tmp_path / "export")
+    targets = [
+        root / "catalog.json.1",
+        root / "streams" / "1" / "topics" / "1" / "consumers.log",
+        tmp_path / "export" / MANIFEST_NAME,
+    ]
+    for path in targets:
+        raw = bytearray(path.read_bytes())
+        raw[len(raw) // 2] ^= 0x20
+        path.write_bytes(bytes(raw))
+    before = tree(tmp_path)
+    seen: list[Damage] = []
+    dd = DataDir(str(root), seen.append)
+    body = dd.load_catalog(readonly=True)
+    c = dd.consumer_offsets(1, 1, readonly=True)
+    m = Manifest.load(str(tmp_path / "export"), seen.append, readonly=True)
+    assert tree(tmp_path) == before
+    assert [(d.kind, d.path) for d in seen] == [
+        ("catalog", str(targets[0])), ("consumer_offsets", str(targets[1])), ("export_manifest", str(targets[2])),
+    ]
+    assert all("left as is (check)" in d.action for d in seen)
+    assert body == DataDir(str(template)).load_catalog() and len(m.segments) == 25 and c.offsets
