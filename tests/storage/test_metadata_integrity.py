@@ -673,3 +673,30 @@ def test_readonly_reports_the_same_damage_and_changes_nothing(template: Path, tm
     ]
     assert all("left as is (check)" in d.action for d in seen)
     assert body == DataDir(str(template)).load_catalog() and len(m.segments) == 25 and c.offsets
+
+
+def test_kv_refresh_leases_survive_damage_to_one_mirror(template: Path, tmp_path: Path) -> None:
+    """Through Broker.open: a flipped bit in a bucket's consumers.log, where its
+    refresh leases live; every lease is back in place (keys keep their refreshed
+    deadlines), one damage counted."""
+    ref, _ = _open_broker(_copy(template, tmp_path / "ref"))
+    bucket = next(t for t in ref.catalog.topics() if t.config.kv is not None)
+    leases = dict(bucket.partitions[0].refreshed)
+    where = (bucket.stream.id, bucket.id)
+    ref.close()
+    assert len(leases) == 8
+    for trial, pos in enumerate((10, 45, 200)):
+        root = _copy(template, tmp_path / f"t{trial}")
+        path = Path(DataDir(str(root)).topic_dir(*where)) / "consumers.log"
+        raw = bytearray(path.read_bytes())
+        raw[pos % len(raw)] ^= 0x10
+        path.write_bytes(bytes(raw))
+        b, seen = _open_broker(root)
+        try:
+            bucket = next(t for t in b.catalog.topics() if t.config.kv is not None)
+            assert dict(bucket.partitions[0].refreshed) == leases
+            assert [d.kind for d in seen] == ["consumer_offsets"] and b.counters.damage_detected == 1
+        finally:
+            b.close()
+        TABLE["consumer offsets", "KV lease flip", "detected, exact from the mirror"] += 1
+    print_table("consumer offsets")
