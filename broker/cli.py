@@ -457,6 +457,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export-dir", metavar="DIR", help="export sealed segments to Parquet here (overrides [export] dir)")
     p.add_argument("--print-config", action="store_true", help="print the embedded default config and exit")
 
+    for name, text in (
+        ("check", "verify every file of a stopped broker's data directory; exit 0 clean, 1 damage found"),
+        ("repair", "recover a stopped broker's data directory, applying the documented fixes"),
+    ):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--data", metavar="DIR", help="data directory (default: [system] path of --config)")
+        p.add_argument("--config", metavar="FILE", help="TOML config to take the data and export directories from")
+        p.add_argument("--export-dir", metavar="DIR", help="also check the Parquet export's manifest there")
+
     p = sub.add_parser("stream", help="create, list or delete streams")
     ss = p.add_subparsers(dest="action", required=True)
     q = ss.add_parser("create", parents=[common])
@@ -625,6 +634,54 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    """``ttlbroker check`` / ``repair``: see ``storage/_check.py``."""
+    from storage import Damage, StorageFailure, check_data_dir
+
+    from .config import ConfigError, load_config
+
+    repair = args.command == "repair"
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"error: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    root = args.data or cfg.system.path
+    export_dir = args.export_dir or cfg.export.dir
+
+    def show(d: Damage) -> None:
+        print("damage " + d.line(), flush=True)
+
+    try:
+        summary = check_data_dir(root, show, repair=repair)
+    except StorageFailure as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2 if "not a directory" in exc.message or "in use" in exc.message else 1
+    found = len(summary.damage)
+    if export_dir:
+        from spark_export._manifest import Manifest, ManifestUnreadable
+
+        manifest_damage: list[Damage] = []
+        try:
+            Manifest.load(export_dir, lambda d: (manifest_damage.append(d), show(d)), readonly=True)
+        except ManifestUnreadable as exc:
+            print(f"damage export_manifest: {exc.message}")
+        found += len(manifest_damage)
+    for path, dest in summary.moved:
+        print(f"moved {path} to {dest}")
+    for path, first, last in summary.written_off:
+        rng = f"offset {first}" if first == last else f"offsets {first}..{last}"
+        print(f"written off {path}: {rng} could not be read and are lost for good (the segment's files are kept in quarantine/)")
+    what = "repaired" if repair else "checked"
+    print(
+        f"{what} {root}: {summary.topics} topic(s), {summary.partitions} partition(s), {summary.segments} segment(s), "
+        f"{summary.records} live record(s) verified; "
+        + (f"{found} piece(s) of damage" + (" handled as listed" if repair else " found (`ttlbroker repair` applies the fixes)")
+           if found else "no damage found")
+    )
+    return 0 if repair or not found else 1
+
+
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     out: list[BaseException] = []
     for exc in group.exceptions:
@@ -661,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command in ("check", "repair"):
+            return _check(args)
         return trio.run(_run_client, args)
     except KeyboardInterrupt:
         return 130

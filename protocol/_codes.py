@@ -149,6 +149,9 @@ class RemovalReason(IntEnum):
     ROLLUP = 5
     #: The topic's ``max_msgs_per_subject``.
     MAX_MSGS_PER_SUBJECT = 6
+    #: Unreadable (damaged on disk) and written off by ``ttlbroker repair``; its bytes
+    #: are kept in the data directory's ``quarantine/``.
+    DAMAGED = 15
 
     @property
     def label(self) -> str:

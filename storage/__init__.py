@@ -12,6 +12,8 @@ the cleaner and the exporter), :class:`ConsumerOffsets`, the fsync policy and
 
 from ._copies import Copies as Copies
 from ._copies import CopiesUnreadable as CopiesUnreadable
+from ._check import CheckSummary as CheckSummary
+from ._check import check_data_dir as check_data_dir
 from ._damage import Damage as Damage
 from ._damage import Report as Report
 from ._damage import ignore_damage as ignore_damage

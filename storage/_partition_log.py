@@ -21,10 +21,10 @@ from typing import NamedTuple
 from protocol import RECORD_FIXED, ErrorCode, build_records, check_record, error_class
 
 from ._damage import Damage, Report, ignore_damage
-from ._durability import fsync_dir
+from ._durability import fsync_dir, sync_fds
 from ._errors import CorruptedRecord
-from ._files import makedirs
-from ._segment import LIVE, Opening, RecoveryReport, Segment
+from ._files import keep_aside, makedirs
+from ._segment import CORRUPT, LIVE, Opening, RecoveryReport, Segment
 from ._state import STATE_NAME, StateFile
 
 __all__ = ["PartitionLog", "ReadResult", "AppendResult", "StoredRecord"]
@@ -163,10 +163,13 @@ class PartitionLog:
             report(Damage("partition_state", sf.path, None, "missing", "recreated from the segment files"))
         for pos in sf.bad_positions:
             both = sf.found == "both_bad"
+            action = (
+                "purge watermark and high-water mark taken from the segment files; offsets skip ahead by the "
+                "largest reservation" if both else "used the other copy; rewritten"
+            )
             report(Damage(
                 "partition_state", sf.path, pos, "slot fails its checksum",
-                "purge watermark and high-water mark taken from the segment files; offsets skip ahead by the "
-                "largest reservation" if both else "used the other copy; rewritten",
+                f"not changed; the next start or `ttlbroker repair`: {action}" if readonly else action,
             ))
         st = sf.state
         opening = Opening(report, st.clean, strict, quarantine_dir or os.path.join(path, "quarantine"), readonly)
@@ -375,6 +378,23 @@ class PartitionLog:
             done += self.segments[i].delete_many(rels, tag)
         self.live_count -= done
         return done
+
+    def write_off_corrupt(self, tag: int, quarantine_dir: str) -> list[tuple[Segment, list[int]]]:
+        """Delete (with ``tag``) every record found corrupt, after keeping each
+        affected segment's files in ``quarantine_dir`` (``ttlbroker repair``); durable
+        when it returns. Returns the offsets written off, by segment."""
+        out = []
+        for seg in self.segments:
+            rels = [rel for rel in range(seg.count) if seg.state[rel] == CORRUPT]
+            if not rels:
+                continue
+            for path in (seg.log_path, seg.del_path, seg.mirror_path):
+                if os.path.exists(path):
+                    keep_aside(path, quarantine_dir, ".written-off")
+            seg.delete_many(rels, tag, corrupt=True)
+            out.append((seg, [seg.base + r for r in rels]))
+        sync_fds(self.take_dirty_fds())
+        return out
 
     def purge(self, through: int | None = None) -> int:
         """Remove every record at or below ``through`` (default: all); returns how

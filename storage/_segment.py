@@ -110,6 +110,10 @@ class Opening:
     quarantine_dir: str = "quarantine"
     readonly: bool = False
 
+    def act(self, action: str) -> str:
+        """``action`` as the report of a read-only check words it (nothing was done)."""
+        return f"not changed; the next start or `ttlbroker repair`: {action}" if self.readonly else action
+
     @property
     def write_flags(self) -> int:
         return os.O_RDONLY if self.readonly else os.O_RDWR | os.O_CREAT | os.O_APPEND
@@ -270,8 +274,8 @@ class Segment:
         seg._file_size = size
         for rel in corrupt:
             seg._mark_corrupt(rel)
-        seg._report_corrupt(corrupt, buf, opening, report)
         seg._apply_deletions(opening)
+        seg._report_corrupt(corrupt, buf, opening, report)
         return seg, report
 
     def cut_tail(self, report: RecoveryReport, opening: Opening) -> None:
@@ -284,7 +288,7 @@ class Segment:
                     opening.report(Damage(
                         "segment", self.log_path, self.size,
                         f"{self._file_size - self.size} bytes after the last record of a segment that was closed cleanly",
-                        "repair keeps them in quarantine and cuts them",
+                        opening.act("keep them in quarantine and cut them"),
                     ))
                 return
             if opening.clean:
@@ -316,7 +320,7 @@ class Segment:
                 "segment", self.log_path, pos,
                 f"{missing} acknowledged record(s) missing or unreadable at the end of the active segment "
                 f"({self._file_size - self.size} bytes there do not form valid records)",
-                "kept the bytes; reads of these offsets fail with CORRUPTED_RECORD; new records go to a new segment",
+                opening.act("kept the bytes; reads of these offsets fail with CORRUPTED_RECORD; new records go to a new segment"),
                 (first, first + missing - 1),
             ))
         self.size = self._file_size
@@ -378,15 +382,19 @@ class Segment:
             seg.live_count = seg.state.count(LIVE)
             for path, kind, problem in ((seg.index_path, "offset_index", index_problem), (seg.time_path, "time_index", times_problem)):
                 if problem is not None and problem != "missing" and (opening.strict or problem != _OLD_FORMAT):
-                    opening.report(Damage(kind, path, None, problem, "rebuilt from the segment's records"))
-            seg._report_corrupt(corrupt, buf, opening, report)
+                    opening.report(Damage(kind, path, None, problem, opening.act("rebuilt from the segment's records")))
             if not opening.readonly:
                 seg._write_indexes()
+            seg._apply_deletions(opening)
+            seg._report_corrupt(corrupt, buf, opening, report)
+            return seg, report
         seg._apply_deletions(opening)
         return seg, report
 
     def _report_corrupt(self, corrupt: list[int], buf: bytes, opening: Opening, report: RecoveryReport) -> None:
-        """One Damage per run of consecutive corrupt slots found by a scan."""
+        """One Damage per run of consecutive corrupt slots found by a scan (slots a
+        repair wrote off are deleted, not reported again)."""
+        corrupt = [r for r in corrupt if self.state[r] == CORRUPT]
         report.corrupt_offsets.extend(self.base + r for r in corrupt)
         i = 0
         while i < len(corrupt):
@@ -449,20 +457,23 @@ class Segment:
             raw = copies[k]
             if raw is None:
                 if opening.strict:
-                    opening.report(Damage("deletions", path, None, "missing", "recreated from the other copy"))
+                    opening.report(Damage("deletions", path, None, "missing", opening.act("recreated from the other copy")))
             elif damaged[k] is not None:
-                opening.report(Damage("deletions", path, damaged[k], "entries fail their checksum or are missing",
-                                      "the other copy holds them; rewritten from it (old bytes kept in quarantine)"
-                                      if not unknown else "kept in quarantine"))
+                opening.report(Damage(
+                    "deletions", path, damaged[k], "entries fail their checksum or are missing",
+                    opening.act("the other copy holds them; rewritten from it (old bytes kept in quarantine)"
+                                if not unknown else "kept in quarantine"),
+                ))
         if unknown:
             words[_UNCERTAIN_WORD] = None
         n = len(self.state)
         uncertain = _UNCERTAIN_WORD in words
         for word in words:
             rel = word & _REL_MASK
-            if rel < n and self.state[rel] == LIVE:
+            if rel < n and self.state[rel] != DELETED:
+                if self.state[rel] == LIVE:
+                    self.live_count -= 1
                 self.state[rel] = DELETED
-                self.live_count -= 1
         if uncertain:
             held = [rel for rel in range(n) if self.state[rel] == LIVE]
             for rel in held:
@@ -472,8 +483,8 @@ class Segment:
                     "deletions", self.del_path, None,
                     f"{unknown} deletion entr{'y' if unknown == 1 else 'ies'} unreadable in both copies"
                     if unknown else "the segment's deletions were found unreadable before",
-                    f"{len(held)} live record(s) of the segment put aside: reads of them fail with CORRUPTED_RECORD "
-                    "(ttlbroker check lists them)",
+                    opening.act(f"{len(held)} live record(s) of the segment put aside: reads of them fail with "
+                                "CORRUPTED_RECORD (ttlbroker check lists them)"),
                     (self.base, self.base + n - 1) if n else None,
                 ))
         if opening.readonly:
@@ -541,13 +552,15 @@ class Segment:
             return False
         return self.delete_many([rel]) == 1
 
-    def delete_many(self, rels: list[int], tag: int = 0) -> int:
+    def delete_many(self, rels: list[int], tag: int = 0, corrupt: bool = False) -> int:
         """Mark several records deleted with one write to each copy of the deletions;
         returns how many were live. ``tag`` (0..15) is kept with each deletion
         (:func:`read_deletion_tags`). Durable once :meth:`take_dirty_fds`' descriptors
-        are synced."""
+        are synced. ``corrupt``: delete the corrupt ones among ``rels`` instead (a
+        repair writing off what cannot be read)."""
         state = self.state
-        doomed = [rel for rel in dict.fromkeys(rels) if 0 <= rel < len(state) and state[rel] == LIVE]
+        want = CORRUPT if corrupt else LIVE
+        doomed = [rel for rel in dict.fromkeys(rels) if 0 <= rel < len(state) and state[rel] == want]
         done = len(doomed)
         if not done:
             return 0
@@ -559,7 +572,8 @@ class Segment:
             write_all(fd, entries, os.fstat(fd).st_size)
         for rel in doomed:
             state[rel] = DELETED
-        self.live_count -= done
+        if not corrupt:
+            self.live_count -= done
         self.del_dirty = True
         return done
 
