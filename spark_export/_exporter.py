@@ -17,7 +17,7 @@ from typing import Any
 from storage import Report, fsync_dir, ignore_damage
 
 from ._convert import SegmentJob, relative_path, write_segment
-from ._manifest import Manifest
+from ._manifest import Manifest, makedirs_durably
 
 __all__ = ["export_segments", "CRASH_ENV"]
 
@@ -51,7 +51,7 @@ def export_segments(
         rel = relative_path(job)
         final = os.path.join(root, rel)
         folder = os.path.dirname(final)
-        os.makedirs(folder, exist_ok=True)
+        makedirs_durably(folder)
         tmp = final + ".tmp"
         _crash_point("before_write")
         rows, corrupt = write_segment(job, tmp)

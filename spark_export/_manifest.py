@@ -40,9 +40,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from storage import Copies, CopiesUnreadable, Damage, Report, ignore_damage, keep_aside
+from storage import Copies, CopiesUnreadable, Damage, Report, fsync_dir, ignore_damage, keep_aside
 
-__all__ = ["Manifest", "MANIFEST_NAME", "ManifestUnreadable", "QUARANTINE_NAME"]
+__all__ = ["Manifest", "MANIFEST_NAME", "ManifestUnreadable", "QUARANTINE_NAME", "makedirs_durably"]
 
 MANIFEST_NAME = "_manifest.json"
 QUARANTINE_NAME = "_quarantine"
@@ -60,6 +60,24 @@ class ManifestUnreadable(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+def makedirs_durably(path: str) -> None:
+    """Create ``path`` and its missing parents, fsyncing each parent whose entries
+    changed, so an export acknowledged after this survives a power loss on any POSIX
+    file system. The mode is the process's default (the export is for other readers
+    too, unlike the data directory)."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent != path:
+        makedirs_durably(parent)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return
+    fsync_dir(parent)
 
 
 def _is_legacy(obj: dict[str, Any]) -> bool:
@@ -91,7 +109,7 @@ class Manifest:
             ValueError: a manifest version this ttlbroker does not know.
         """
         if not readonly:
-            os.makedirs(root, exist_ok=True)
+            makedirs_durably(root)
         m = cls(root, report)
         try:
             data = m._copies.load(readonly)
