@@ -34,7 +34,7 @@ import os
 import shutil
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ._copies import Copies, CopiesUnreadable
@@ -221,10 +221,11 @@ class DataDir:
                 removed.append(path)
         return removed, pending
 
-    def report_unknown(self, known: dict[int, set[int]], removing: list[tuple[int, int | None]] = ()) -> list[str]:  # type: ignore[assignment]
+    def report_unknown(self, known: dict[int, set[int]], removing: Iterable[tuple[int, int | None]] = ()) -> list[str]:
         """Report (Damage ``unknown_path``) every directory or file under ``streams/``
         that is neither a stream or topic of the catalog nor listed in ``removing``,
         down to the topic level. Nothing is removed. Returns the paths."""
+        removing = list(removing)
         pending_streams = {s for s, t in removing if t is None}
         pending_topics = {(s, t) for s, t in removing if t is not None}
         found: list[str] = []
@@ -315,7 +316,8 @@ class _Entry:
     name: str
     partition: int
     offset: int
-    pos: int
+    pos: int  # where the entry starts
+    end: int  # where the next one may start
 
 
 @dataclass
@@ -342,7 +344,7 @@ def _entry_at(raw: bytes, pos: int) -> _Entry | None:
         name = raw[pos + _HEAD.size : end - 4].decode()
     except UnicodeDecodeError:
         return None
-    return _Entry(seq, name, partition, offset, end)  # pos holds the end while parsing
+    return _Entry(seq, name, partition, offset, pos, end)
 
 
 def _old_entry_at(raw: bytes, pos: int) -> _Entry | None:
@@ -357,7 +359,7 @@ def _old_entry_at(raw: bytes, pos: int) -> _Entry | None:
         name = raw[pos + _OLD_HEAD.size : end - 4].decode()
     except UnicodeDecodeError:
         return None
-    return _Entry(0, name, partition, offset, end)
+    return _Entry(0, name, partition, offset, pos, end)
 
 
 def _scan(raw: bytes, at: Callable[[bytes, int], _Entry | None], magic: bool) -> tuple[list[_Entry], list[tuple[int, int]]]:
@@ -369,9 +371,8 @@ def _scan(raw: bytes, at: Callable[[bytes, int], _Entry | None], magic: bool) ->
     while pos < n:
         e = at(raw, pos)
         if e is not None:
-            end, e.pos = e.pos, pos
             entries.append(e)
-            pos = end
+            pos = e.end
             continue
         start = pos
         pos += 1
