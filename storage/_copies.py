@@ -28,8 +28,15 @@ reported (one :class:`Damage` each, with the first byte where it differs from th
 good copy when they share a generation), its bytes are kept aside in the
 quarantine folder, and it is rewritten from the good copy. A valid copy one
 generation behind is what a crash between the two writes leaves: it is brought up
-to date without a report. When no copy is valid, :class:`CopiesUnreadable` says why
-for each file; the caller decides (the broker refuses to start).
+to date without a report.
+
+When neither copy is valid but both hold the same write damaged in different places
+(a flipped bit in one, a zeroed page or a cut in the other), the document is rebuilt
+from their intact parts: each run of bytes where they differ is taken from one copy
+or the other, and a combination is accepted only if it passes the checksum and the
+canonical form (at most 256 are tried); both copies are reported, kept aside and
+rewritten. Otherwise :class:`CopiesUnreadable` says why for each file, and the
+caller decides (the broker refuses to start, the export pauses).
 
 A document from before this format (the same JSON without ``crc32``,
 ``generation`` and ``format``) loads as generation 0, unverified, and is rewritten
@@ -38,6 +45,7 @@ in the new format.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -53,6 +61,10 @@ from ._files import atomic_write
 __all__ = ["Copies", "CopiesUnreadable", "render"]
 
 _ENVELOPE = ("crc32", "format", "generation")
+#: When both copies are damaged: the most runs of differing bytes tried both ways,
+#: and the shortest run of equal bytes that separates two runs.
+_MAX_RUNS = 8
+_GAP = 8
 
 
 class CopiesUnreadable(StorageFailure):
@@ -137,6 +149,9 @@ class Copies:
             return _Copy(path, "missing")
         except OSError as exc:
             return _Copy(path, "invalid", detail=f"cannot be read ({os.strerror(exc.errno or 0)})")
+        return self._check(path, raw)
+
+    def _check(self, path: str, raw: bytes) -> _Copy:
         try:
             text = raw.decode("ascii")
         except UnicodeDecodeError as exc:
@@ -180,6 +195,9 @@ class Copies:
         if not valid:
             if all(c.status == "missing" for c in copies):
                 return None
+            merged = self._merge(copies[0].raw, copies[1].raw) if all(c.raw for c in copies) else None
+            if merged is not None:
+                return self._use_merged(copies, merged, readonly)
             reasons = [(c.path, "missing" if c.status == "missing" else c.detail) for c in copies]
             text = "; ".join(f"{os.path.basename(p)} {why}" for p, why in reasons)
             raise CopiesUnreadable(f"no valid copy: {text}", reasons)
@@ -225,6 +243,56 @@ class Copies:
             self._write(path, good)
         self.generation = max(1, best.generation) if best.status == "legacy" else best.generation
         return best.body
+
+    def _merge(self, a: bytes, b: bytes) -> _Copy | None:
+        """Two damaged copies of the same write, damaged in different places: the
+        copy made of each run of bytes where they differ taken from one or the
+        other, if exactly such a combination passes the checksum and the canonical
+        form (a zeroed page in one and a flipped bit in the other, say). Nothing is
+        guessed: a combination is accepted only when it verifies, and at most
+        ``2 ** _MAX_RUNS`` are tried."""
+        n = max(len(a), len(b))
+        short = min(len(a), len(b))
+        runs: list[list[int]] = []
+        for i in range(n):
+            if i < short and a[i] == b[i]:
+                continue
+            if runs and i - runs[-1][1] < _GAP:
+                runs[-1][1] = i + 1
+            else:
+                runs.append([i, i + 1])
+        options = []
+        for start, end in runs:
+            opts = [x for x in (a, b) if end <= len(x)]
+            if not opts:
+                return None
+            options.append(opts)
+        if sum(len(o) > 1 for o in options) > _MAX_RUNS:
+            return None
+        longer = a if len(a) >= len(b) else b
+        for choice in itertools.product(*options):
+            out = bytearray(longer)
+            for (start, end), src in zip(runs, choice):
+                out[start:end] = src[start:end]
+            c = self._check(self.paths[0], bytes(out))
+            if c.status == "ok":
+                return c
+        return None
+
+    def _use_merged(self, copies: list[_Copy], merged: _Copy, readonly: bool) -> dict[str, Any]:
+        assert merged.body is not None
+        if readonly:
+            action = "left as is (check); the next start rebuilds both copies from their intact parts"
+        else:
+            action = "rebuilt from the intact parts of both copies (the result passes the checksum); rewritten"
+        for c in copies:
+            kept = "" if readonly else f"kept aside as {self.keep_aside(c.path)}; "
+            self.report(Damage(self.kind, c.path, c.position, f"copy {c.detail}", kept + action))
+        self.generation = merged.generation
+        if not readonly:
+            for path in self.paths:
+                self._write(path, merged.raw)
+        return merged.body
 
     # -- writing ---------------------------------------------------------------------
 

@@ -137,13 +137,15 @@ class DataDir:
                 os.unlink(name + ".tmp")  # a save cut short by a crash: never renamed, never used
             except FileNotFoundError:
                 pass
-        advice = f"restore {CATALOG_NAME} from a backup, or run `ttlbroker repair --data {self.root}`"
+        advice = f"restore {CATALOG_NAME} from a backup"
         try:
             body = self._catalog.load(readonly)
         except CopiesUnreadable as exc:
             what = "; ".join(f"{os.path.basename(p)} {why}" for p, why in exc.reasons)
             raise StorageFailure(
-                f"the catalog of {self.root} is damaged ({what}) and the broker will not start without it: {advice}"
+                f"the catalog of {self.root} is damaged ({what}) and the broker will not start without it: {advice} "
+                "(both copies are left as they are; docs/operations.md, 'Files and what protects them', says how "
+                "to mend one by hand)"
             ) from None
         if body is None and self._holds_data():
             raise StorageFailure(

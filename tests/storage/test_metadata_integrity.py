@@ -180,6 +180,42 @@ def test_catalog_trials(template: Path, tmp_path: Path) -> None:
     print_table("catalog")
 
 
+def test_catalog_trials_with_both_copies_damaged(template: Path, tmp_path: Path) -> None:
+    """Damage to both copies: rebuilt from their intact parts when the damage does not
+    overlap (two reports, exact state), otherwise the catalog is unreadable and
+    nothing changes. Never a wrong catalog."""
+    from storage import StorageFailure
+
+    names = ("catalog.json", "catalog.json.1")
+    expected = DataDir(str(template)).load_catalog()
+    raw = (template / names[0]).read_bytes()
+    rng = random.Random(10_004)
+    n = 0
+    for how_a in KINDS:
+        for how_b in KINDS:
+            for _ in range(10):
+                n += 1
+                root = tmp_path / f"t{n}"
+                (root / "streams").mkdir(parents=True)
+                bad = [damage(raw, how_a, rng), damage(raw, how_b, rng)]
+                for name, data in zip(names, bad):
+                    (root / name).write_bytes(data)
+                seen: list[Damage] = []
+                try:
+                    body = DataDir(str(root), seen.append).load_catalog()
+                except StorageFailure as exc:
+                    assert "the broker will not start without it" in exc.message
+                    assert [(root / m).read_bytes() for m in names] == bad and seen == []
+                    outcome = "unreadable: refused, nothing changed"
+                else:
+                    assert body == expected, (how_a, how_b)
+                    assert sorted(d.path for d in seen) == [str(root / m) for m in names]
+                    assert (root / names[0]).read_bytes() == (root / names[1]).read_bytes() == raw
+                    outcome = "rebuilt from both copies"
+                TABLE["catalog", f"{how_a}+{how_b}", outcome] += 1
+    print_table("catalog")
+
+
 def test_flipped_topic_ids_in_the_catalog_delete_nothing(template: Path, tmp_path: Path) -> None:
     """The issue's case through Broker.open: a flip that keeps the JSON valid (an id
     1 turned into 3) in either copy. Same topics and messages, every file still
@@ -236,8 +272,8 @@ def test_both_catalog_copies_damaged_refuse_to_start(template: Path, tmp_path: P
     assert err == (
         f"error: STORAGE_FAILURE (4002): the catalog of {root} is damaged (catalog.json is not valid JSON "
         "(Expecting ',' delimiter: line 1 column 13 (char 12)); catalog.json.1 fails its checksum (its content changed after it was written)) "
-        f"and the broker will not start without it: restore catalog.json from a backup, or run "
-        f"`ttlbroker repair --data {root}`\n"
+        "and the broker will not start without it: restore catalog.json from a backup (both copies are left as "
+        "they are; docs/operations.md, 'Files and what protects them', says how to mend one by hand)\n"
     )
     assert tree(root / "streams") == before
 
@@ -250,8 +286,7 @@ def test_a_missing_catalog_over_existing_data_refuses_to_start(template: Path, t
     assert code == 1
     assert err == (
         f"error: STORAGE_FAILURE (4002): {root} has no catalog (catalog.json and catalog.json.1 are missing) "
-        "but streams/ holds data; the broker will not start over it: restore catalog.json from a backup, "
-        f"or run `ttlbroker repair --data {root}`\n"
+        "but streams/ holds data; the broker will not start over it: restore catalog.json from a backup\n"
     )
     assert (root / "streams" / "1").is_dir()
 
