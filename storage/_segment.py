@@ -612,10 +612,14 @@ class Segment:
         return self.state.count(CORRUPT)
 
     def seal(self) -> None:
-        """Freeze the segment: write its index files. The log itself is synced by the
-        commit path like every write."""
+        """Freeze the segment: write its index files. The log's last records are
+        synced first (the group commit syncs them too, later): an index that reached
+        the disk before the records it lists would, after a power loss, make records
+        that were never acknowledged look like damage."""
         if self.sealed:
             return
+        if self.dirty:
+            os.fdatasync(self._fd)
         self._write_indexes()
         self.sealed = True
 
