@@ -190,7 +190,7 @@ class Broker:
 
             plog, reports = PartitionLog.open(
                 path, topic.config.segment_size, on_corrupt, report=self._damage, reserve=reserve,
-                quarantine_dir=os.path.join(self.datadir.root, "quarantine", os.path.relpath(path, self.datadir.root)),
+                quarantine_dir=os.path.join(self.datadir.quarantine_dir, os.path.relpath(path, self.datadir.root)),
                 expect_existing=recovering,
             )
             if recovering:
