@@ -523,6 +523,10 @@ class Broker:
                     batches[sub] = parts = []
                 parts.append(head)
                 parts.append(rec)
+        for sub in [s for s in batches if not s.session.accepts_pushes()]:
+            count = len(batches.pop(sub)) // 2  # not even encoded: it would be dropped
+            sub.dropped += count
+            self.counters.deliveries_dropped += count
         self._flush_deliveries(batches)
 
     def _flush_deliveries(self, batches: dict[Subscription, list[bytes | memoryview]]) -> None:
@@ -991,4 +995,7 @@ class Broker:
             expiry_passes=self.retention.engine.passes,
             expiry_lag_max_ms=round(self.retention.engine.lag_ns_max / 1e6, 3),
         )
+        budget = getattr(session, "budget", None)  # the output budget all sessions share
+        if budget is not None:
+            values.update(queued_bytes=budget.total, queued_bytes_max=budget.peak, queued_bytes_budget=budget.limit)
         return P.InfoMap(values).encode()

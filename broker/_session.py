@@ -3,23 +3,40 @@
 The reader turns bytes into requests (through ``protocol.ProtocolConnection``) and
 runs each handler in order. Responses go into one of two queues: *now* (sent as soon
 as the writer runs) or *durable* (sent once the group commit has made the epoch the
-handler returned durable). The writer sends whatever is ready in one ``send_all``,
-so pipelined requests get coalesced responses. Responses may therefore leave in a
-different order than their requests; correlation ids match them up.
+handler returned durable). The writer sends whatever is ready, in writes of up to
+:data:`WRITE_CHUNK` bytes of whole frames, so pipelined requests get coalesced
+responses. Responses may therefore leave in a different order than their requests;
+correlation ids match them up.
 
-Backpressure: when more than ``max_pending_bytes_per_connection`` of responses and
-deliveries wait to be sent (a client that stops reading), the reader stops reading
-requests until the writer catches up, and further deliveries to the connection are
-dropped and counted (core subscriptions are at most once).
+Opening: the first frame must be a HANDSHAKE, within ``limits.handshake_timeout``.
+Any other request before it is answered with HANDSHAKE_REQUIRED (UNKNOWN_COMMAND for
+an unknown code) and the connection closed; a frame before the handshake may not be
+larger than :data:`MAX_HANDSHAKE_FRAME`. A refused handshake is answered after the
+delay :class:`FailureThrottle` gives (logged at warning with the peer address); a
+connection that does not handshake in time gets a GOODBYE (HANDSHAKE_TIMEOUT). Until
+its handshake a session is in ``guard.waiting``, where a new connection arriving at
+the connection limit may evict it (:meth:`Session.evict`).
 
-Error handling: a frame that cannot be delimited gets an error response (with the
-frame's correlation id) and a GOODBYE push, and closes this connection only. A
-handler that raises a BrokerError gets that error as its response; any other
-exception is logged and answered with INTERNAL_ERROR, and the connection carries on.
+Memory: every queued byte is counted in ``pending_bytes`` and in the broker-wide
+:class:`OutputBudget` until it is sent (``_limits.py`` has the rules). When more than
+``max_pending_bytes_per_connection`` is queued, or the budget is spent, the reader
+handles no further request until there is room, and deliveries to the connection are
+dropped and counted (core subscriptions are at most once). The watch in
+``_limits.py`` calls :meth:`Session.cut_off` on slow consumers.
+
+Error handling: whatever the peer does, only this connection ends. Stream errors
+(reset, broken pipe) and bytes that break the framing end it with a debug log line
+and ``connections_failed``; :meth:`run` also catches, inside trio's exception groups,
+anything else the connection's tasks raise (logged at error: a bug), and lets only
+``trio.Cancelled`` and non-``Exception`` errors through. A handler that raises a
+BrokerError gets that error as its response; any other exception is logged and
+answered with INTERNAL_ERROR, and the connection carries on.
 """
 
 from __future__ import annotations
 
+import hmac
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +59,7 @@ from protocol import (
     error_class,
 )
 
+from ._limits import ConnectionGuard
 from ._log import get_logger
 
 if TYPE_CHECKING:
@@ -53,28 +71,76 @@ __all__ = ["Session"]
 log = get_logger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
+#: Largest frame accepted before the handshake. A handshake is at most 534 bytes
+#: (16 header, 4 magic, 2 version, two str8 of at most 256).
+MAX_HANDSHAKE_FRAME = 1024
 #: How long a closing connection may take to send what is still queued.
 DRAIN_SECONDS = 5.0
+#: How long a connection the broker closes (GOODBYE) gets to take its last frames.
+GOODBYE_SECONDS = 2.0
+#: Bytes of whole frames joined into one write (a larger single frame goes alone).
+WRITE_CHUNK = 1024 * 1024
+
+#: How each end of a connection is counted: reason -> counts as connections_failed.
+_FAILED = {
+    "closed": False,
+    "shutdown": False,
+    "slow_consumer": False,
+    "evicted": False,
+    "handshake_timeout": False,
+    "unauthorized": False,
+    "connection_lost": True,
+    "closed_mid_frame": True,
+    "protocol_error": True,
+    "request_before_handshake": True,
+    "handshake_refused": True,
+    "task_failed": True,
+}
 
 
 class Session:
-    def __init__(self, broker: Broker, stream: trio.abc.Stream, session_id: int, peer: str) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        stream: trio.abc.Stream,
+        session_id: int,
+        peer: str,
+        guard: ConnectionGuard | None = None,
+    ) -> None:
+        limits = broker.config.limits
         self.broker = broker
         self.stream = stream
         self.id = session_id
         self.peer = peer
-        self.conn = ProtocolConnection(Role.SERVER, broker.config.limits.max_frame_bytes)
+        self.peer_host = peer.rsplit(":", 1)[0]
+        self.guard = guard = guard or ConnectionGuard(limits)
+        self.budget = guard.budget
+        self.throttle = guard.throttle
+        guard.waiting[self] = None  # until its handshake
+        self.conn = ProtocolConnection(Role.SERVER, limits.max_frame_bytes)
         self.subs: dict[int, Subscription] = {}
         self.client_name = ""
-        self._now: list[bytes] = []
+        self.ready = False
+        self._now: deque[bytes] = deque()
+        self._now_bytes = 0
         self._durable: deque[tuple[int, bytes]] = deque()
+        #: Bytes queued or being written (the in-flight write included).
         self.pending_bytes = 0
-        self._limit = broker.config.limits.max_pending_bytes_per_connection
+        #: When pending_bytes went over the limit (the watch in _limits.py sets it).
+        self.over_limit_since: float | None = None
+        self._limit = limits.max_pending_bytes_per_connection
         self._wake = trio.Event()
         self._drained = trio.Event()
         self._closing = False
         self._sending = False
         self._handling = False
+        self._in_handler = False
+        self._write_started: float | None = None
+        self._broken = False
+        self._reason: str | None = None
+        self._drain_seconds = DRAIN_SECONDS
+        self._read_scope: trio.CancelScope | None = None
+        self._task_scope: trio.CancelScope | None = None
 
     # -- queues --------------------------------------------------------------------
 
@@ -83,62 +149,183 @@ class Session:
             self._wake.set()
 
     def send_now(self, frame: bytes) -> None:
+        n = len(frame)
         self._now.append(frame)
-        self.pending_bytes += len(frame)
+        self._now_bytes += n
+        self.pending_bytes += n
+        self.budget.add(n)
         if not self._handling:  # our own reader flushes what it queues itself
             self.kick()
 
     def send_durable(self, epoch: int, frame: bytes) -> None:
+        n = len(frame)
         self._durable.append((epoch, frame))
-        self.pending_bytes += len(frame)
+        self.pending_bytes += n
+        self.budget.add(n)
         self.kick()
 
+    def accepts_pushes(self) -> bool:
+        """False when a push would be dropped (this connection or the broker is full)."""
+        return not self._closing and self.pending_bytes <= self._limit and self.budget.has_room(1)
+
     def push(self, kind: PushKind, payload: bytes) -> bool:
-        """Queue a push; False (and nothing queued) when the connection is backed up."""
-        if self.pending_bytes > self._limit or self._closing:
+        """Queue a push; False (and nothing queued) when the connection is backed up
+        or the output budget has no room for it."""
+        if self._closing or self.pending_bytes > self._limit or not self.budget.has_room(len(payload) + 16):
             return False
         self.send_now(self.conn.send_push(kind, payload))
         return True
 
+    def _goodbye(self, code: ErrorCode, reason: str) -> None:
+        """Queue a GOODBYE (whatever the limits: it is the last frame)."""
+        self._handling = False
+        self.send_now(self.conn.send_push(PushKind.GOODBYE, reason.encode(), int(code)))
+
+    # -- ending --------------------------------------------------------------------
+
+    def _end_as(self, reason: str) -> None:
+        """Mark the connection as ending; the first reason given is the one kept."""
+        self._closing = True
+        self.guard.waiting.pop(self, None)  # no longer a candidate for eviction
+        if self._reason is None:
+            self._reason = reason
+
+    def _stop_reading(self) -> None:
+        # An async handler is not interrupted (it may be half-way through an admin
+        # change); the reader stops after it, seeing _closing.
+        if self._read_scope is not None and not self._in_handler:
+            self._read_scope.cancel()
+
+    def _lost(self) -> None:
+        """The stream broke (reset, broken pipe): end now, nothing more can be sent."""
+        self._broken = True
+        self._end_as("connection_lost")
+        if self._task_scope is not None:
+            self._task_scope.cancel()
+
+    def cut_off(self, reason: str, rule: str) -> None:
+        """Close a slow consumer: drop what it has queued (freeing the budget at once),
+        queue a GOODBYE with SLOW_CONSUMER, and stop reading its requests."""
+        if self._closing:
+            return  # ending anyway, within GOODBYE_SECONDS or DRAIN_SECONDS
+        self.broker.counters.slow_consumers += 1
+        log.warning(
+            "slow_consumer", session=self.id, peer=self.peer, client=self.client_name, rule=rule,
+            pending_bytes=self.pending_bytes, subscriptions=len(self.subs),
+        )
+        self._end_as("slow_consumer")
+        dropped = self._now_bytes + sum(len(f) for _, f in self._durable)
+        self._now.clear()
+        self._durable.clear()
+        self._now_bytes = 0
+        self.pending_bytes -= dropped
+        self.budget.sent(dropped)
+        self._goodbye(ErrorCode.SLOW_CONSUMER, reason)
+        self._drain_seconds = GOODBYE_SECONDS
+        self._stop_reading()
+
+    def evict(self, limit: int) -> None:
+        """Make room for a new connection: this one, still without a handshake, gets
+        a GOODBYE with TOO_MANY_CONNECTIONS and is closed."""
+        if self._closing:
+            return
+        self.broker.counters.connections_refused += 1
+        log.warning("connection_refused", session=self.id, peer=self.peer, reason="evicted_without_handshake")
+        self._end_as("evicted")
+        self._goodbye(
+            ErrorCode.TOO_MANY_CONNECTIONS,
+            f"the broker is at its limit of {limit} connections and this one has not handshaken",
+        )
+        self._drain_seconds = GOODBYE_SECONDS
+        self._stop_reading()
+
+    @property
+    def closing(self) -> bool:
+        """The connection is ending (it handles no more requests, takes no pushes)."""
+        return self._closing
+
+    def write_stalled_since(self, now: float) -> float:
+        """Seconds the current write has been waiting for the peer (0 if none)."""
+        started = self._write_started
+        return 0.0 if started is None else now - started
+
     # -- tasks ---------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Serve the connection until it ends; never raises anything but
+        ``trio.Cancelled`` (and BaseExceptions such as KeyboardInterrupt)."""
         try:
             async with trio.open_nursery() as nursery:
+                self._task_scope = nursery.cancel_scope
                 nursery.start_soon(self._writer)
-                try:
-                    await self._reader()
-                finally:
-                    self._closing = True
-                    self.kick()  # send what the reader queued before it stopped
-                await self.drain()
+                await self._read()
+                self.kick()  # send what the reader queued before it stopped
+                await self.drain(self._drain_seconds)
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._lost()
+        except* Exception:
+            # Not the peer's doing: a bug in our code. It costs this connection only.
+            self._end_as("task_failed")
+            log.error("connection_task_failed", exc_info=True, session=self.id, peer=self.peer)
         finally:
+            self.guard.waiting.pop(self, None)
             self.broker.drop_session(self)
+            leftover, self.pending_bytes = self.pending_bytes, 0
+            self.budget.sent(leftover)
+            self._now.clear()
+            self._durable.clear()
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
+            reason = self._reason or "closed"
+            if _FAILED.get(reason, True):
+                self.broker.counters.connections_failed += 1
+            log.debug("connection_closed", session=self.id, peer=self.peer, reason=reason)
 
     async def drain(self, seconds: float = DRAIN_SECONDS) -> None:
         """Wait (at most ``seconds``) until everything queued has been sent."""
         with trio.move_on_after(seconds):
-            while self._now or self._durable:
-                self._drained = trio.Event()
-                await self._drained.wait()
+            while self.pending_bytes and not self._broken:
+                await self._wait_sent()
 
-    async def _reader(self) -> None:
+    async def _wait_sent(self) -> None:
+        """Wait for the next write that leaves the connection within its limit (or
+        empties its queues). Every waiter shares one event."""
+        if self._drained.is_set():
+            self._drained = trio.Event()
+        self.kick()
+        await self._drained.wait()
+
+    async def _read(self) -> None:
+        """Read and handle requests until the connection ends; the handshake must
+        come within the timeout."""
+        timeout = self.broker.config.limits.handshake_timeout
+        with trio.CancelScope(deadline=trio.current_time() + timeout) as scope:
+            self._read_scope = scope
+            await self._read_loop()
+        self._read_scope = None
+        if scope.cancelled_caught and not self.ready and not self._closing:
+            self.broker.counters.handshake_timeouts += 1
+            log.info("handshake_timeout", session=self.id, peer=self.peer, seconds=timeout)
+            self._end_as("handshake_timeout")
+            self._goodbye(ErrorCode.HANDSHAKE_TIMEOUT, f"no handshake within {timeout:g} s")
+            self._drain_seconds = GOODBYE_SECONDS
+
+    async def _read_loop(self) -> None:
         conn = self.conn
         receive = self.stream.receive_some
+        budget = self.budget
         while True:
-            while self.pending_bytes > self._limit:
-                self._drained = trio.Event()
-                await self._drained.wait()
+            if self.pending_bytes > self._limit or budget.total > budget.limit:
+                await self._wait_room()
             try:
-                data = await receive(RECEIVE_SIZE)
+                data = await receive(RECEIVE_SIZE if self.ready else 4096)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._lost()
                 return
             if not data:
+                # The decoder keeps a partial frame; no public accessor exists for it.
+                self._end_as("closed_mid_frame" if conn._decoder.buffered else "closed")
                 return
             conn.receive_data(data)
             self._handling = True
@@ -147,23 +334,47 @@ class Session:
                     try:
                         event = conn.next_event()
                     except RemoteProtocolError as err:
-                        await self._protocol_error(err)
+                        self._protocol_error(err)
                         return
                     if event is NEED_DATA:
                         break
-                    if event.__class__ is Request:
+                    if not self.ready:
+                        await self._open(event)  # type: ignore[arg-type]
+                    elif event.__class__ is Request:
                         await self._handle(event)  # type: ignore[arg-type]
                     else:
                         assert isinstance(event, InvalidRequest)
                         self._refuse(event)
                     if self._closing:
-                        return  # a refused handshake
+                        return
+                    if self.pending_bytes > self._limit or budget.total > budget.limit:
+                        await self._wait_room()
             finally:
                 self._handling = False
+            if not self.ready and conn._decoder.buffered > MAX_HANDSHAKE_FRAME:
+                self._refuse_large_first_frame()
+                return
             if self._now:
                 await self._send_ready()  # answer without waking the writer task
             if self._durable:
                 self.kick()  # the writer waits for their sync
+
+    async def _wait_room(self) -> None:
+        """Backpressure: wait until this connection is within its limit and the
+        broker within its budget; the writer sends meanwhile."""
+        handling, self._handling = self._handling, False
+        budget = self.budget
+        try:
+            while not self._closing:
+                if self.pending_bytes > self._limit:
+                    await self._wait_sent()
+                elif budget.total > budget.limit:
+                    self.kick()
+                    await budget.wait_room()
+                else:
+                    return
+        finally:
+            self._handling = handling
 
     async def _writer(self) -> None:
         """Sends what the reader did not: durable acks once their epoch is synced, and
@@ -176,34 +387,136 @@ class Session:
             await self._wake.wait()
             self._wake = trio.Event()
 
-    def _take_ready(self) -> list[bytes]:
-        chunk = self._now
-        self._now = []
+    def _take_chunk(self) -> bytes | None:
+        """Up to WRITE_CHUNK bytes of whole frames that may go now, or None."""
+        now = self._now
         durable = self._durable
         if durable:
             synced = self.broker.committer.synced
             while durable and durable[0][0] <= synced:
-                chunk.append(durable.popleft()[1])
-        return chunk
+                frame = durable.popleft()[1]
+                now.append(frame)
+                self._now_bytes += len(frame)
+        if not now:
+            return None
+        if self._now_bytes <= WRITE_CHUNK:
+            data = now[0] if len(now) == 1 else b"".join(now)
+            now.clear()
+            self._now_bytes = 0
+            return data
+        frames = [now.popleft()]
+        size = len(frames[0])
+        while now and size + len(now[0]) <= WRITE_CHUNK:
+            frame = now.popleft()
+            frames.append(frame)
+            size += len(frame)
+        self._now_bytes -= size
+        return frames[0] if len(frames) == 1 else b"".join(frames)
 
     async def _send_ready(self) -> None:
-        """Send every frame that may go now, in one write where possible. Only one
-        task sends at a time; the other one returns at once (the sender loops)."""
-        if self._sending:
+        """Send every frame that may go now. Only one task sends at a time; the other
+        one returns at once (the sender loops). A broken stream ends the connection
+        here, so no stream error leaves this method."""
+        if self._sending or self._broken:
             return
         self._sending = True
         try:
             while True:
-                chunk = self._take_ready()
-                if not chunk:
+                data = self._take_chunk()
+                if data is None:
                     return
-                data = b"".join(chunk) if len(chunk) > 1 else chunk[0]
-                await self.stream.send_all(data)
-                self.pending_bytes -= len(data)
-                if self.pending_bytes <= self._limit or not (self._now or self._durable):
+                self._write_started = trio.current_time()
+                try:
+                    await self.stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._lost()
+                    return
+                except trio.Cancelled:
+                    self._broken = True  # part of a frame may be out: send nothing more
+                    raise
+                self._write_started = None
+                n = len(data)
+                self.pending_bytes -= n
+                self.budget.sent(n)
+                if self.pending_bytes <= self._limit:
+                    self.over_limit_since = None
+                    self._drained.set()
+                elif not (self._now or self._durable):
                     self._drained.set()
         finally:
             self._sending = False
+            self._write_started = None
+
+    # -- opening -------------------------------------------------------------------
+
+    async def _open(self, event: Request | InvalidRequest) -> None:
+        """The first frame: a handshake, or the end of the connection."""
+        corr = event.correlation_id
+        if event.__class__ is InvalidRequest:
+            assert isinstance(event, InvalidRequest)
+            if event.code == Command.HANDSHAKE:  # a handshake that cannot be decoded
+                await self._refuse_handshake(corr, event.error)
+                return
+            self.broker.counters.request_errors += 1
+            log.debug("request_before_handshake", session=self.id, peer=self.peer, code=event.code)
+            self.send_now(self.conn.send_error(corr, event.code, event.error))
+            self._end_as("request_before_handshake")
+            self._drain_seconds = GOODBYE_SECONDS
+            return
+        assert isinstance(event, Request) and isinstance(event.command, Handshake)
+        cmd = event.command
+        broker = self.broker
+        if broker.shutting_down:
+            self.send_now(self.conn.send_error(corr, Command.HANDSHAKE, error_class(ErrorCode.SHUTTING_DOWN)("the broker is shutting down")))
+            self._end_as("shutdown")
+            return
+        if cmd.version != PROTOCOL_VERSION:
+            await self._refuse_handshake(corr, error_class(ErrorCode.UNSUPPORTED_VERSION)(
+                f"this broker speaks protocol version {PROTOCOL_VERSION}, the client asked for {cmd.version}"
+            ))
+            return
+        token = broker.config.server.auth_token
+        if token and not hmac.compare_digest(cmd.token.encode(), token.encode()):
+            await self._refuse_handshake(corr, error_class(ErrorCode.UNAUTHORIZED)("the auth token is missing or wrong"))
+            return
+        self.ready = True
+        self.guard.waiting.pop(self, None)
+        if self._read_scope is not None:
+            self._read_scope.deadline = math.inf
+        self.client_name = cmd.client_name
+        info = broker.info()
+        info["session_id"] = self.id
+        self.send_now(self.conn.send_raw_response(corr, Command.HANDSHAKE, HandshakeOk(PROTOCOL_VERSION, info).encode()))
+
+    async def _refuse_handshake(self, corr: int, err: BrokerError) -> None:
+        """Answer a failed handshake after the throttle's delay, then close."""
+        counters = self.broker.counters
+        counters.request_errors += 1
+        if err.code == ErrorCode.UNAUTHORIZED:
+            counters.auth_failures += 1
+            self._end_as("unauthorized")
+        else:
+            self._end_as("handshake_refused")
+        delay = self.throttle.failure(self.peer_host, trio.current_time())
+        log.warning(
+            "handshake_failed", session=self.id, peer=self.peer, code=err.code.name, error=err.message,
+            delay_seconds=round(delay, 3),
+        )
+        if self._read_scope is not None:
+            self._read_scope.deadline = math.inf  # the delay is ours, not a timeout
+        await trio.sleep(delay)
+        self.send_now(self.conn.send_error(corr, Command.HANDSHAKE, err))
+        self._drain_seconds = GOODBYE_SECONDS
+
+    def _refuse_large_first_frame(self) -> None:
+        err = error_class(ErrorCode.FRAME_TOO_LARGE)(
+            f"a frame before the handshake may be at most {MAX_HANDSHAKE_FRAME} bytes"
+        )
+        self.broker.counters.request_errors += 1
+        log.debug("protocol_error", session=self.id, peer=self.peer, code=err.code.name, error=err.message)
+        self._goodbye(err.code, err.message)
+        self._end_as("protocol_error")
+        self._drain_seconds = GOODBYE_SECONDS
 
     # -- requests ------------------------------------------------------------------
 
@@ -218,15 +531,17 @@ class Session:
             handler = broker.sync_handlers.get(cmd.__class__)
             if handler is not None:
                 result: Any = handler(self, cmd)
-            elif cmd.__class__ is Handshake:
-                result = self._handshake(cmd)  # type: ignore[arg-type]
             else:
-                result = await broker.async_handlers[cmd.__class__](self, cmd)
+                self._in_handler = True
+                try:
+                    result = await broker.async_handlers[cmd.__class__](self, cmd)
+                finally:
+                    self._in_handler = False
+                if self._closing:
+                    return  # cut off meanwhile: its GOODBYE is the last frame
         except BrokerError as err:
             broker.counters.request_errors += 1
             self.send_now(self.conn.send_error(corr, code, err))
-            if code == Command.HANDSHAKE:
-                self._closing = True
             return
         except trio.Cancelled:
             raise
@@ -248,28 +563,15 @@ class Session:
         else:
             self.send_now(self.conn.send_raw_response(corr, code, result))
 
-    def _handshake(self, cmd: Handshake) -> bytes:
-        if cmd.version != PROTOCOL_VERSION:
-            raise error_class(ErrorCode.UNSUPPORTED_VERSION)(
-                f"this broker speaks protocol version {PROTOCOL_VERSION}, the client asked for {cmd.version}"
-            )
-        token = self.broker.config.server.auth_token
-        if token and cmd.token != token:
-            raise error_class(ErrorCode.UNAUTHORIZED)("the auth token is missing or wrong")
-        self.client_name = cmd.client_name
-        info = self.broker.info()
-        info["session_id"] = self.id
-        return HandshakeOk(PROTOCOL_VERSION, info).encode()
-
     def _refuse(self, event: InvalidRequest) -> None:
         self.broker.counters.request_errors += 1
         self.send_now(self.conn.send_error(event.correlation_id, event.code, event.error))
-        if event.fatal:
-            self._closing = True
 
-    async def _protocol_error(self, err: RemoteProtocolError) -> None:
+    def _protocol_error(self, err: RemoteProtocolError) -> None:
         self.broker.counters.request_errors += 1
-        log.warning("protocol_error", session=self.id, peer=self.peer, code=err.code.name, error=str(err))
+        log.debug("protocol_error", session=self.id, peer=self.peer, code=err.code.name, error=str(err))
         corr = getattr(err, "correlation_id", 0)
         self.send_now(self.conn.send_error(corr, getattr(err, "frame_code", 0), err))
-        self.send_now(self.conn.send_push(PushKind.GOODBYE, str(err).encode(), int(err.code)))
+        self._goodbye(err.code, str(err))
+        self._end_as("protocol_error")
+        self._drain_seconds = GOODBYE_SECONDS

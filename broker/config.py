@@ -19,7 +19,7 @@ from typing import Any
 
 from storage import FsyncPolicy, parse_duration_ms
 
-__all__ = ["Config", "ConfigError", "load_config", "parse_size", "DEFAULT_CONFIG_TOML"]
+__all__ = ["Config", "ConfigError", "load_config", "parse_size", "parse_mode", "DEFAULT_CONFIG_TOML"]
 
 
 class ConfigError(ValueError):
@@ -61,6 +61,25 @@ def _seconds(value: int | float | str, key: str) -> float:
         raise ConfigError(f"{key}: {exc}") from None
 
 
+_MODE_RE = re.compile(r"^(?:0o?)?([0-7]{1,3})$")
+
+
+def parse_mode(value: Any, key: str, required: int = 0) -> int:
+    """``"0600"`` (or ``"600"``, ``"0o600"``) → ``0o600``. Only strings: a TOML
+    integer such as ``600`` is decimal, which is never what a mode means.
+
+    ``required`` are the owner bits the broker needs to use its own files."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected an octal string such as \"0600\", got {value!r}")
+    m = _MODE_RE.match(value.strip().lower())
+    if not m:
+        raise ConfigError(f"{key}: {value!r} is not an octal permission mode such as \"0600\" (0000..0777)")
+    mode = int(m.group(1), 8)
+    if mode & required != required:
+        raise ConfigError(f"{key}: {value!r} must give the owner at least {required:04o} (the broker reads and writes its own files)")
+    return mode
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -83,8 +102,19 @@ class PartitionConfig:
 @dataclass(frozen=True)
 class SystemConfig:
     path: str = "./ttlbroker-data"
+    #: Permission bits of files and directories the broker creates (octal strings).
+    file_mode: str = "0600"
+    dir_mode: str = "0700"
     segment: SegmentConfig = field(default_factory=SegmentConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
+
+    @property
+    def file_mode_bits(self) -> int:
+        return parse_mode(self.file_mode, "system.file_mode", 0o600)
+
+    @property
+    def dir_mode_bits(self) -> int:
+        return parse_mode(self.dir_mode, "system.dir_mode", 0o700)
 
 
 @dataclass(frozen=True)
@@ -109,6 +139,16 @@ class LimitsConfig:
     max_partitions: int = 1024
     max_fetch_bytes: int = 8 * 1024 * 1024
     max_republish_hops: int = 8
+    #: Queued output of all connections together (the output budget).
+    max_pending_bytes_total: int = 512 * 1024 * 1024
+    #: How long a connection may stay over max_pending_bytes_per_connection.
+    slow_consumer_seconds: float = 10.0
+    #: How long a new connection has to complete its handshake.
+    handshake_timeout: float = 5.0
+    #: Delay before a failed handshake is answered (doubling per recent failure of the
+    #: same host, up to auth_failure_delay_max).
+    auth_failure_delay: float = 0.5
+    auth_failure_delay_max: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -209,6 +249,8 @@ def _build(d: dict[str, Any]) -> Config:
         ),
         system=SystemConfig(
             path=_typed(sysd["path"], str, "system.path"),
+            file_mode=_typed(sysd["file_mode"], str, "system.file_mode"),
+            dir_mode=_typed(sysd["dir_mode"], str, "system.dir_mode"),
             segment=SegmentConfig(
                 size_bytes=parse_size(sysd["segment"]["size_bytes"], "system.segment.size_bytes"),
                 message_expiry=_typed(sysd["segment"]["message_expiry"], int, "system.segment.message_expiry"),
@@ -230,12 +272,15 @@ def _build(d: dict[str, Any]) -> Config:
     return cfg
 
 
-_SIZE_LIMITS = {"max_frame_bytes", "max_payload_bytes", "max_pending_bytes_per_connection", "max_fetch_bytes"}
+_SIZE_LIMITS = {"max_frame_bytes", "max_payload_bytes", "max_pending_bytes_per_connection", "max_fetch_bytes", "max_pending_bytes_total"}
+_DURATION_LIMITS = {"slow_consumer_seconds", "handshake_timeout", "auth_failure_delay", "auth_failure_delay_max"}
 
 
-def _limit(key: str, value: Any) -> int:
+def _limit(key: str, value: Any) -> int | float:
     if key in _SIZE_LIMITS:
         return parse_size(value, f"limits.{key}")
+    if key in _DURATION_LIMITS:
+        return _seconds(value, f"limits.{key}")
     return _typed(value, int, f"limits.{key}")
 
 
@@ -263,6 +308,15 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("limits.max_pending_bytes_per_connection: must be at least limits.max_frame_bytes")
     if li.max_fetch_bytes < 1024:
         raise ConfigError("limits.max_fetch_bytes: must be at least 1 KiB")
+    if li.max_pending_bytes_total < li.max_pending_bytes_per_connection:
+        raise ConfigError("limits.max_pending_bytes_total: must be at least limits.max_pending_bytes_per_connection")
+    for key in ("slow_consumer_seconds", "handshake_timeout"):
+        if getattr(li, key) <= 0:
+            raise ConfigError(f"limits.{key}: must be positive")
+    if li.auth_failure_delay > li.auth_failure_delay_max:
+        raise ConfigError("limits.auth_failure_delay: must not exceed limits.auth_failure_delay_max")
+    parse_mode(cfg.system.file_mode, "system.file_mode", 0o600)
+    parse_mode(cfg.system.dir_mode, "system.dir_mode", 0o700)
     if cfg.logging.level not in ("debug", "info", "warning", "error"):
         raise ConfigError("logging.level: one of debug, info, warning, error")
     if cfg.logging.format not in ("logfmt", "json"):

@@ -14,9 +14,15 @@ cancelling it is a graceful shutdown:
 ``run_server`` wraps it for the command line: SIGINT and SIGTERM cancel it.
 
 Resource handling: each connection runs in its own task (``Session.run``), which
-closes its stream when it ends. Error handling: accept errors that mean "out of
-file descriptors or memory" are logged and retried after 100 ms (trio does that in
-``serve_listeners``); any other error stops the server.
+closes its stream when it ends. All connections share one output budget and one
+failed-handshake throttle, and a watch task cuts off slow consumers (``_limits.py``).
+Files and directories are created with ``[system] file_mode`` and ``dir_mode``.
+
+Error handling: nothing a connection does can reach the server's nursery.
+``_connection`` and ``Session.run`` catch what one connection raises (inside trio's
+exception groups too), log it and count it; only cancellation passes. Accept errors
+that mean "out of file descriptors or memory" are logged and retried after 100 ms
+(trio does that in ``serve_listeners``); any other accept error stops the server.
 """
 
 from __future__ import annotations
@@ -28,11 +34,13 @@ from dataclasses import dataclass
 
 import trio
 
+import storage
 from protocol import ErrorCode, ProtocolConnection, PushKind, Role
 from storage import sync_fds
 
 from ._broker import Broker
 from ._clock import Clock
+from ._limits import ConnectionGuard, watch_connections
 from ._log import get_logger
 from ._session import Session
 from .config import Config
@@ -62,6 +70,7 @@ async def serve(
     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a broker until cancelled. See the module docstring."""
+    storage.set_modes(config.system.file_mode_bits, config.system.dir_mode_bits)
     broker = Broker(config, clock)
     await trio.to_thread.run_sync(broker.open)
     try:
@@ -72,18 +81,24 @@ async def serve(
     sockname = listeners[0].socket.getsockname()
     handle = ServerHandle(broker, sockname[0], sockname[1])
     ids = itertools.count(1)
+    limits = config.limits
+    guard = ConnectionGuard(limits)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(broker.committer.run)
             for task in broker.background_tasks():
                 nursery.start_soon(task)
+            nursery.start_soon(
+                watch_connections, broker.sessions, guard.budget, limits.max_pending_bytes_per_connection,
+                limits.slow_consumer_seconds,
+            )
             conn_nursery_holder: list[trio.Nursery] = []
 
             async def accept_all(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                 async with trio.open_nursery() as conns:
                     conn_nursery_holder.append(conns)
                     await trio.serve_listeners(
-                        lambda stream: _connection(broker, stream, next(ids)), listeners,
+                        lambda stream: _connection(broker, guard, stream, next(ids)), listeners,
                         handler_nursery=conns, task_status=task_status,
                     )
 
@@ -127,31 +142,57 @@ async def _close(broker: Broker) -> None:
     log.info("stopped")
 
 
-async def _connection(broker: Broker, stream: trio.SocketStream, session_id: int) -> None:
+def _peer_name(stream: trio.SocketStream) -> str:
     try:
-        peer = "{}:{}".format(*stream.socket.getpeername()[:2])
-    except OSError:
-        peer = "?"
-    broker.counters.connections_total += 1
-    limit = broker.config.limits.max_connections
-    if len(broker.sessions) >= limit or broker.shutting_down:
-        broker.counters.connections_refused += 1
-        code = ErrorCode.SHUTTING_DOWN if broker.shutting_down else ErrorCode.TOO_MANY_CONNECTIONS
-        reason = "the broker is shutting down" if broker.shutting_down else f"the broker is at its limit of {limit} connections"
-        conn = ProtocolConnection(Role.SERVER)
-        with trio.move_on_after(1):
-            try:
-                await stream.send_all(conn.send_push(PushKind.GOODBYE, reason.encode(), int(code)))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-        await trio.aclose_forcefully(stream)
-        log.warning("connection_refused", peer=peer, reason=code.name)
-        return
-    session = Session(broker, stream, session_id, peer)
-    broker.sessions.add(session)
-    log.debug("connection_opened", session=session_id, peer=peer)
-    await session.run()
-    log.debug("connection_closed", session=session_id, peer=peer)
+        addr = stream.socket.getpeername()
+    except OSError:  # already reset by the peer
+        return "?"
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host, port = addr[0], addr[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(addr) or "?"
+
+
+async def _connection(broker: Broker, guard: ConnectionGuard, stream: trio.SocketStream, session_id: int) -> None:
+    """One accepted connection, from accept to close. Never raises (but Cancelled).
+
+    At the connection limit it takes the place of the connection that has waited
+    longest for its handshake, if any (``_limits.py``, rule 4)."""
+    peer = "?"
+    try:
+        peer = _peer_name(stream)
+        broker.counters.connections_total += 1
+        limit = broker.config.limits.max_connections
+        if len(broker.sessions) >= limit or broker.shutting_down:
+            victim = None if broker.shutting_down else guard.oldest_waiting()
+            if victim is None:
+                await _refuse(broker, stream, peer, limit)
+                return
+            victim.evict(limit)
+        session = Session(broker, stream, session_id, peer, guard)
+        broker.sessions.add(session)
+        log.debug("connection_opened", session=session_id, peer=peer)
+        await session.run()
+    except* Exception:
+        # Session.run catches its own; this is a bug in the lines above.
+        broker.counters.connections_failed += 1
+        log.error("connection_failed", exc_info=True, session=session_id, peer=peer)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.aclose_forcefully(stream)
+
+
+async def _refuse(broker: Broker, stream: trio.SocketStream, peer: str, limit: int) -> None:
+    broker.counters.connections_refused += 1
+    code = ErrorCode.SHUTTING_DOWN if broker.shutting_down else ErrorCode.TOO_MANY_CONNECTIONS
+    reason = "the broker is shutting down" if broker.shutting_down else f"the broker is at its limit of {limit} connections"
+    frame = ProtocolConnection(Role.SERVER).send_push(PushKind.GOODBYE, reason.encode(), int(code))
+    with trio.move_on_after(1):
+        try:
+            await stream.send_all(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+    log.warning("connection_refused", peer=peer, reason=code.name)
 
 
 #: Allocations between young collections (CPython's default is 700). The broker keeps

@@ -64,6 +64,8 @@ class ErrorCode(IntEnum):
     INVALID_NAME = 11, "a stream, topic or consumer name breaks the naming rule"
     INVALID_IDENTIFIER = 12, "an identifier is neither a valid numeric id nor a valid name"
     INVALID_OPTIONS = 13, "the options map is malformed, has an unknown key or a value of the wrong type"
+    HANDSHAKE_TIMEOUT = 14, "the connection did not complete its handshake in time; it is closed"
+    SLOW_CONSUMER = 15, "the connection did not read what the broker sent it fast enough; it is closed"
 
     # -- streams (1000s) ---------------------------------------------------------
     STREAM_NOT_FOUND = 1001, "no stream has that id or name"

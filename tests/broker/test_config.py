@@ -57,6 +57,16 @@ def test_a_file_overrides_key_by_key(tmp_path: Path) -> None:
         ("[logging]\nlevel = \"loud\"\n", "logging.level"),
         ("server = 1\n", "must be a section"),
         ("[server\n", "not valid TOML"),
+        ("[system]\nfile_mode = 600\n", "system.file_mode: expected a string"),
+        ("[system]\nfile_mode = \"0999\"\n", "not an octal permission mode"),
+        ("[system]\nfile_mode = \"01777\"\n", "not an octal permission mode"),
+        ("[system]\nfile_mode = \"0400\"\n", "must give the owner at least 0600"),
+        ("[system]\ndir_mode = \"0600\"\n", "system.dir_mode: '0600' must give the owner at least 0700"),
+        ("[limits]\nhandshake_timeout = \"0s\"\n", "limits.handshake_timeout: must be positive"),
+        ("[limits]\nhandshake_timeout = \"soon\"\n", "limits.handshake_timeout"),
+        ("[limits]\nslow_consumer_seconds = 0\n", "limits.slow_consumer_seconds: must be positive"),
+        ("[limits]\nmax_pending_bytes_total = \"1 MiB\"\n", "at least limits.max_pending_bytes_per_connection"),
+        ("[limits]\nauth_failure_delay = \"20s\"\n", "must not exceed limits.auth_failure_delay_max"),
     ],
 )
 def test_config_mistakes_name_the_key(tmp_path: Path, text: str, fragment: str) -> None:
@@ -85,3 +95,15 @@ def test_fsync_policy_parsing() -> None:
     assert str(FsyncPolicy.parse("200ms")) == "interval 200ms"
     with pytest.raises(ValueError):
         FsyncPolicy.parse("soon")
+
+
+def test_connection_limits_and_file_modes() -> None:
+    c = Config()
+    li = c.limits
+    assert (li.handshake_timeout, li.slow_consumer_seconds) == (5.0, 10.0)
+    assert (li.auth_failure_delay, li.auth_failure_delay_max) == (0.5, 10.0)
+    assert li.max_pending_bytes_total == 512 * 1024 * 1024
+    assert (c.system.file_mode, c.system.dir_mode) == ("0600", "0700")
+    assert (c.system.file_mode_bits, c.system.dir_mode_bits) == (0o600, 0o700)
+    c = Config().replace(**{"system.file_mode": "640", "system.dir_mode": "0o750", "limits.handshake_timeout": "250ms"})
+    assert (c.system.file_mode_bits, c.system.dir_mode_bits, c.limits.handshake_timeout) == (0o640, 0o750, 0.25)
