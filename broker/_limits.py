@@ -22,10 +22,11 @@ Rules of this file:
    :data:`LOW_WATER` of the budget is left. A client that reads, however much it
    asked for, is never cut by the budget: its writes complete.
 4. At ``max_connections``, a new connection takes the place of the connection that
-   has waited longest without completing its handshake (it gets a GOODBYE with
-   TOO_MANY_CONNECTIONS); only when every connection has handshaken is the new one
-   refused. So connections that never handshake cannot lock clients out, even for
-   the ``handshake_timeout`` they may each wait.
+   has waited longest without completing its handshake, if it has waited at least
+   :data:`EVICT_AFTER_SECONDS` (it gets a GOODBYE with TOO_MANY_CONNECTIONS);
+   otherwise the new one is refused. So connections that never handshake cannot
+   lock clients out for the ``handshake_timeout`` they may each wait, and a client
+   that got in has a second to handshake before a flood can push it out.
 
 Time is ``trio.current_time()``, so tests drive all of this with a MockClock.
 """
@@ -50,6 +51,9 @@ STALL_SECONDS = 1.0
 #: LOW_WATER of it, so that it does not cut one connection per sweep.
 HIGH_WATER = 0.9
 LOW_WATER = 0.5
+#: A connection without a handshake may be evicted for a new one after this long
+#: (or half the handshake timeout, if shorter).
+EVICT_AFTER_SECONDS = 1.0
 #: Failed handshakes of a host older than this are forgotten.
 FAILURE_MEMORY_SECONDS = 60.0
 #: Hosts remembered by the failure throttle (the oldest are forgotten first).
@@ -155,11 +159,16 @@ class ConnectionGuard:
     def __init__(self, limits: Any) -> None:
         self.budget = OutputBudget(limits.max_pending_bytes_total)
         self.throttle = FailureThrottle(limits.auth_failure_delay, limits.auth_failure_delay_max)
-        self.waiting: dict[Session, None] = {}
+        #: Connections without a handshake yet, oldest first, with their arrival time.
+        self.waiting: dict[Session, float] = {}
+        self.evict_after = min(EVICT_AFTER_SECONDS, limits.handshake_timeout / 2)
 
-    def oldest_waiting(self) -> Session | None:
-        """The connection that has waited longest for its handshake. O(1)."""
-        return next(iter(self.waiting), None)
+    def evictable(self, now: float) -> Session | None:
+        """The connection that has waited longest for its handshake, if it has waited
+        long enough to be evicted for a new one. Runtime complexity: O(1)."""
+        for session, since in self.waiting.items():
+            return session if now - since >= self.evict_after else None
+        return None
 
 
 async def watch_connections(sessions: set[Any], budget: OutputBudget, limit: int, slow_seconds: float) -> None:

@@ -116,7 +116,7 @@ class Session:
         self.guard = guard = guard or ConnectionGuard(limits)
         self.budget = guard.budget
         self.throttle = guard.throttle
-        guard.waiting[self] = None  # until its handshake
+        guard.waiting[self] = trio.current_time()  # until its handshake
         self.conn = ProtocolConnection(Role.SERVER, limits.max_frame_bytes)
         self.subs: dict[int, Subscription] = {}
         self.client_name = ""

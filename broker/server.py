@@ -164,7 +164,7 @@ async def _connection(broker: Broker, guard: ConnectionGuard, stream: trio.Socke
         broker.counters.connections_total += 1
         limit = broker.config.limits.max_connections
         if len(broker.sessions) >= limit or broker.shutting_down:
-            victim = None if broker.shutting_down else guard.oldest_waiting()
+            victim = None if broker.shutting_down else guard.evictable(trio.current_time())
             if victim is None:
                 await _refuse(broker, stream, peer, limit)
                 return

@@ -291,29 +291,36 @@ async def test_the_client_reports_a_handshake_timeout(tmp_path: Path, autojump_c
         ]
 
 
-async def test_at_the_limit_a_new_connection_replaces_one_that_has_not_handshaken(tmp_path: Path) -> None:
+async def test_at_the_limit_a_new_connection_replaces_one_that_has_not_handshaken(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
     cfg = make_config(tmp_path, **{"system.partition.fsync": "never", "limits.max_connections": 3})
-    async with start_server(cfg) as h, connect(h.address) as admin:
+    async with start_server(cfg) as h, connect(h.address, timeout=None) as admin:
         oldest = await RawPeer.open(h.address)
-        await trio.sleep(0.05)
+        await trio.sleep(0.5)
         younger = await RawPeer.open(h.address)
-        await trio.sleep(0.05)
-        async with connect(h.address) as newcomer:  # takes the oldest idle one's place
+        await trio.sleep(0.2)
+        with pytest.raises(P.TooManyConnectionsError):  # type: ignore[attr-defined]
+            async with connect(h.address, timeout=None):  # nobody has waited a second yet
+                pass
+        await trio.sleep(0.4)
+        async with connect(h.address, timeout=None) as newcomer:  # takes the oldest idle one's place
             await newcomer.ping()
             (bye,) = await oldest.wait_closed()
             assert isinstance(bye, P.Push) and bye.kind == P.PushKind.GOODBYE
             assert bye.status == P.ErrorCode.TOO_MANY_CONNECTIONS
             assert bye.value.reason == "the broker is at its limit of 3 connections and this one has not handshaken"  # type: ignore[attr-defined]
-            async with connect(h.address) as another:  # then the younger one's
+            await trio.sleep(0.5)
+            async with connect(h.address, timeout=None) as another:  # then the younger one's
                 await another.ping()
                 assert len(await younger.wait_closed()) == 1
                 with pytest.raises(P.TooManyConnectionsError) as info:  # type: ignore[attr-defined]
-                    async with connect(h.address):  # every connection has handshaken: refused
+                    async with connect(h.address, timeout=None):  # every connection has handshaken
                         pass
                 assert info.value.message == "the broker is at its limit of 3 connections"
                 await admin.ping()
         stats = await admin.stats()
-        assert stats["connections_refused"] == 3 and stats["connections_failed"] == 0
+        assert stats["connections_refused"] == 4 and stats["connections_failed"] == 0
 
 
 # -- failed handshakes ----------------------------------------------------------------
