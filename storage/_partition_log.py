@@ -32,8 +32,8 @@ __all__ = ["PartitionLog", "ReadResult", "AppendResult", "StoredRecord"]
 _PURGE = struct.Struct("<QI")
 _OLD_PURGE = "purged"  # the watermark file of the first format, read once on upgrade
 #: Offsets reserved ahead at a time (when acks do not wait for the disk).
-RESERVE_MIN = 4096
-RESERVE_MAX = 1 << 20
+RESERVE_MIN = 1 << 16
+RESERVE_MAX = 1 << 22
 _UNPACK_FIXED = RECORD_FIXED.unpack_from
 
 #: Fetches with a subject filter look at no more than this many records per call
@@ -427,14 +427,14 @@ class PartitionLog:
 
     def _extend_reservation(self, needed: int) -> None:
         """Reserve offsets ahead, durably, before any of them is handed out. The step
-        doubles while reservations last less than a second and halves when they last
-        over a minute, so a busy partition syncs its state about once a second at
-        most and a quiet one skips few offsets after a crash."""
+        grows fourfold while reservations last less than a second and halves when
+        they last over a minute, so a busy partition syncs its state about once a
+        second at most and a quiet one skips few offsets after a crash."""
         now = time.monotonic()
         if self._reserved_at:
             lasted = now - self._reserved_at
             if lasted < 1.0:
-                self._reserve_step = min(self._reserve_step * 2, RESERVE_MAX)
+                self._reserve_step = min(self._reserve_step * 4, RESERVE_MAX)
             elif lasted > 60.0:
                 self._reserve_step = max(self._reserve_step // 2, RESERVE_MIN)
         self._reserved_at = now
