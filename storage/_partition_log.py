@@ -107,6 +107,8 @@ class PartitionLog:
         #: stop, or beyond records found missing (never handed out again).
         self.skipped: tuple[int, int] | None = None
         self._readonly = False
+        #: ``partition.state`` holds a write the next group commit must sync.
+        self._state_unsynced = False
 
     @property
     def purged_through(self) -> int:
@@ -219,13 +221,22 @@ class PartitionLog:
         for rep in reports:
             log.corrupt_detected += len(rep.corrupt_offsets)
         # From here on the partition is open: a crash is an unclean stop.
+        was_clean = st.clean
+        before = (st.purged_through, st.reserved_next, st.acked_next)
         st.clean = False
         st.reserved_next = max(st.reserved_next, log.next_offset)
         if reserve:
             st.reserved_next = log.next_offset + log._reserve_step
             log._reserved_at = time.monotonic()
-        if sf.write():
-            fsync_dir(path)
+        if sf.found != "ok" or (st.purged_through, st.reserved_next, st.acked_next) != before:
+            if sf.write():
+                fsync_dir(path)
+        elif was_clean:
+            # Only the clean flag changes. It must be on disk before anything written
+            # from now on is, and the first group commit syncs it with those writes
+            # (a restart of many partitions does not pay two fsyncs each).
+            sf.write_lazy()
+            log._state_unsynced = True
         return log, reports
 
     def _start_segment_at(self, next_offset: int, found_next: int) -> None:
@@ -467,13 +478,16 @@ class PartitionLog:
             self._state.write_lazy()
         if fds:
             self._syncing_next = self.next_offset
+            if self._state_unsynced:
+                self._state_unsynced = False
+                fds.append(self._state.fd)
         return fds
 
     def close(self, clean: bool = True) -> None:
         """Close every file. ``clean`` (everything written has been synced): record
         a clean stop, with the exact next offset, so the next start skips nothing and
         treats any torn byte as damage."""
-        if clean and self._state._fd >= 0 and not self._readonly:
+        if clean and self._state.fd >= 0 and not self._readonly:
             st = self._state.state
             st.clean = True
             st.acked_next = st.reserved_next = self.next_offset

@@ -151,6 +151,10 @@ class StateFile:
         self.state.generation += 1
         os.pwrite(self._fd, _pack(self.state), _SECOND)
 
+    @property
+    def fd(self) -> int:
+        return self._fd
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
