@@ -12,8 +12,9 @@ Rules of this file (after h11's ``_state.py``):
 
 Theory of operation. A client opens with exactly one HANDSHAKE request; until the
 server has answered it successfully, the server accepts nothing else (other commands
-get HANDSHAKE_REQUIRED and the connection stays open, so a client can still
-handshake). A refused handshake closes the connection. After the handshake both
+get HANDSHAKE_REQUIRED; the table leaves the connection usable, and the broker's
+policy is to close it, so that idle or probing sockets cannot hold connection slots).
+A refused handshake closes the connection. After the handshake both
 sides are READY: requests flow one way, responses and pushes the other, matched by
 correlation id, in any order. A frame that cannot be delimited moves the receiving
 side to ERROR, from which every call refuses; the broker then says GOODBYE and
