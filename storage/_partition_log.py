@@ -210,7 +210,8 @@ class PartitionLog:
                     seg.drop_in_memory(st.purged_through - seg.base + 1)
             log.live_count = sum(s.live_count for s in log.segments)
             return log, reports
-        if not log.segments or next_offset != log.segments[-1].next_offset or log.segments[-1].sealed:
+        last = log.segments[-1] if log.segments else None
+        if last is None or next_offset != last.next_offset or last.sealed or last.uncertain:
             log._start_segment_at(next_offset, found_next)
         for seg in log.segments:
             if seg.base <= st.purged_through:

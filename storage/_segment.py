@@ -242,6 +242,9 @@ class Segment:
         self._del_fd = -1
         self._mirror_fd = -1
         self._file_size = 0
+        #: Some deletion of this segment could not be read: its records are put aside,
+        #: and nothing more may be appended to it (new records are not in doubt).
+        self.uncertain = False
         self.dirty = False
         self.del_dirty = False
 
@@ -475,6 +478,7 @@ class Segment:
                     self.live_count -= 1
                 self.state[rel] = DELETED
         if uncertain:
+            self.uncertain = True
             held = [rel for rel in range(n) if self.state[rel] == LIVE]
             for rel in held:
                 self._mark_corrupt(rel)

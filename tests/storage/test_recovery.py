@@ -295,12 +295,15 @@ def test_deletions_unreadable_in_both_copies_put_the_segment_aside_for_good(tmp_
     assert live_offsets(log) == []
     with pytest.raises(CorruptedRecord):
         log.get(2)
+    # Records appended later are not in doubt: they go to a new segment.
+    body = P.encode_body("s", b"later")
+    log.append(body, [0], [len(body)], 3000)
+    assert live_offsets(log) == [11]
     log.close()
     log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
-    assert live_offsets(log) == []  # durable: not forgotten on the next start
+    assert live_offsets(log) == [11]  # durable: the doubt is not forgotten on the next start
     # A sealed segment with records put aside is never reclaimed by the cleaner.
-    log.seal_active()
-    assert log.reclaimable() == []
+    assert log.segments[0].corrupt_count and log.reclaimable() == []
 
 
 def test_a_damaged_index_is_rebuilt_and_reported(tmp_path: Path) -> None:
