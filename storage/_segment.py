@@ -855,8 +855,3 @@ def read_deletion_tags(del_path: str) -> dict[int, int]:
             if word is not None and word != _UNCERTAIN_WORD:
                 out.setdefault(word & _REL_MASK, word >> _TAG_SHIFT)
     return out
-
-
-# Old private names, still imported by modules being moved to ``_files``.
-_atomic_write = atomic_write
-_write_all = write_all
