@@ -90,8 +90,8 @@ class Broker:
             self.counters, self.committer, config.limits.max_republish_hops,
             lambda bodies: self.publish(None, P.Publish.from_bodies(bodies, P.PUBLISH_NO_ACK), trusted=True),
         )
-        self.retention.on_markers = lambda part, res, epoch: self.republisher.after_append(
-            part, res, [0] * len(res.positions), epoch
+        self.retention.on_markers = lambda part, res, epoch, removed: self.republisher.after_append(
+            part, res, removed, epoch
         )
         self.exporter = Exporter(config.export.dir, config.export.interval, self.counters)
         self.kv = KvReads(self.committer)

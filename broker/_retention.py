@@ -86,7 +86,10 @@ class Retention:
         self.engine = ExpiryEngine(clock, self._expire)
         #: Called with ``(partition, append result, epoch)`` after markers are
         #: appended (the broker republishes them like any stored message).
-        self.on_markers: Callable[[Partition, AppendResult, int], None] | None = None
+        #: Called after markers are appended: ``(partition, append result, epoch,
+        #: offsets)``, ``offsets[k]`` being the message whose removal marker ``k``
+        #: marks (republish's ``Nats-Last-Sequence``).
+        self.on_markers: Callable[[Partition, AppendResult, int, list[int]], None] | None = None
 
     # -- scheduling --------------------------------------------------------------------
 
@@ -231,12 +234,15 @@ class Retention:
                 prev = last.get(r.subject)
                 if prev is None or r.offset > prev.offset:
                     last[r.subject] = r
-        subjects = [s for s, r in last.items() if not r.flags & (MARKER | NO_MARKER) and not r.state.count]
-        if subjects:
-            self.append_markers(part, subjects, reason)
+        marked = [(s, r.offset) for s, r in last.items() if not r.flags & (MARKER | NO_MARKER) and not r.state.count]
+        if marked:
+            self.append_markers(part, [s for s, _ in marked], reason, [o for _, o in marked])
 
-    def append_markers(self, part: Partition, subjects: list[bytes], reason: MarkerReason) -> AppendResult:
-        """Append one marker per subject (in one write) and schedule their expiry."""
+    def append_markers(
+        self, part: Partition, subjects: list[bytes], reason: MarkerReason, removed: list[int] | None = None
+    ) -> AppendResult:
+        """Append one marker per subject (in one write) and schedule their expiry.
+        ``removed[k]``: the offset of the message whose removal marker ``k`` marks."""
         sdm = part.topic.config.subject_delete_marker_ttl
         headers = encode_headers(
             [("Nats-Marker-Reason", reason.header_value), ("Nats-TTL", format_go_duration(sdm)), ("Nats-Rollup", "sub")]
@@ -261,7 +267,7 @@ class Retention:
         bounds = res.positions + [len(records)]
         self.deliver([(subjects[k], head, records[bounds[k] : bounds[k + 1]]) for k in range(n)])
         if self.on_markers is not None:
-            self.on_markers(part, res, epoch)
+            self.on_markers(part, res, epoch, removed if removed is not None else [0] * n)
         return res
 
     # -- the segment cleaner -------------------------------------------------------------

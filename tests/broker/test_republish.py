@@ -238,6 +238,8 @@ async def test_markers_are_republished(client: Client) -> None:
         assert put.payload == b"v" and put.headers["Nats-Last-Sequence"] == "0"
         assert marker.subject == "watch.a.k" and marker.payload == b""
         assert marker.headers["Nats-Marker-Reason"] == "Remove" and marker.headers["Nats-Sequence"] == "2"
+        # The offset of the message whose removal it marks (SEMANTICS 10.10), never 0.
+        assert marker.headers["Nats-Last-Sequence"] == str(ack.offset)
 
 
 async def test_under_fsync_always_the_copy_follows_the_group_commit(tmp_path: Path) -> None:
