@@ -4,7 +4,8 @@ A bucket is a topic with the ``kv`` option (``ttl``, ``refresh``, ``visibility``
 one partition, per-message TTLs, rollups and subject delete markers; its keys are
 the subjects ``$KV.<bucket>.<key>``. Puts, creates, updates, deletes and purges are
 ordinary publishes (the client sets the headers); this module answers what a
-publish cannot: get with the bucket's rules, touch, and the list of keys.
+publish cannot: get with the bucket's rules, touch, and the list of keys
+(``KvReads``, and the KV_GET, KV_TOUCH and KV_KEYS handlers at the end).
 
 **One pending entry per key, re-armed lazily.** A key's message has one entry in the
 deadline structure, armed at its timestamp + TTL when it was stored. A read (with
@@ -31,16 +32,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from protocol import TTL_NEVER, ErrorCode, decode_headers, error_class, read_record_info
+import protocol as P
+from protocol import TTL_NEVER, ErrorCode, decode_headers, error_class, read_record_info, validate_filter, validate_subject
 
 from ._subject_index import MARKER, TOMBSTONE
 
 if TYPE_CHECKING:
+    from ._broker import Broker, Reply
     from ._catalog import Topic
     from ._commit import Committer
     from ._partition import Partition
 
-__all__ = ["KvReads", "LEASE_PREFIX", "load_leases"]
+__all__ = ["KvReads", "LEASE_PREFIX", "kv_get", "kv_keys", "kv_touch", "load_leases"]
 
 NS = 1_000_000_000
 LEASE_PREFIX = "$refresh."
@@ -199,3 +202,29 @@ class KvReads:
                         continue
                 out.append(text)
         return sorted(out)
+
+
+# -- handlers ------------------------------------------------------------------
+
+
+def kv_get(broker: Broker, session: Any, cmd: P.KvGet) -> Reply:
+    topic = broker.catalog.topic(cmd.stream, cmd.topic)
+    validate_subject(cmd.subject)
+    entry, epoch = broker.kv.get(topic, cmd.subject, cmd.revision, broker.clock.now_ns())
+    broker.counters.messages_out += 1
+    payload = P.InfoMap(entry).encode()
+    return (payload, epoch) if epoch else payload
+
+
+def kv_touch(broker: Broker, session: Any, cmd: P.KvTouch) -> Reply:
+    topic = broker.catalog.topic(cmd.stream, cmd.topic)
+    validate_subject(cmd.subject)
+    entry, epoch = broker.kv.touch(topic, cmd.subject, broker.clock.now_ns())
+    payload = P.InfoMap(entry).encode()
+    return (payload, epoch) if epoch else payload
+
+
+def kv_keys(broker: Broker, session: Any, cmd: P.KvKeys) -> Reply:
+    topic = broker.catalog.topic(cmd.stream, cmd.topic)
+    validate_filter(cmd.subject_filter)
+    return P.InfoMap({"keys": broker.kv.keys(topic, cmd.subject_filter, broker.clock.now_ns())}).encode()

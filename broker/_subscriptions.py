@@ -4,18 +4,23 @@ A subscription is a subject filter held by one connection. Matching a published
 subject against every subscription would cost O(subscriptions) per message, so the
 answer is cached per subject (cleared when subscriptions change or the cache grows
 past ``CACHE_LIMIT``). With no subscription at all, publishing skips this entirely.
+
+The SUBSCRIBE and UNSUBSCRIBE handlers are here too, and ``deliver``, which pushes
+published (and republished or marker) records to the matching subscriptions.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from protocol import subject_matches
+import protocol as P
+from protocol import ErrorCode, error_class, subject_matches, validate_filter
 
 if TYPE_CHECKING:
+    from ._broker import Broker, Reply
     from ._session import Session
 
-__all__ = ["Subscription", "SubscriptionIndex"]
+__all__ = ["Subscription", "SubscriptionIndex", "deliver", "subscribe", "unsubscribe"]
 
 CACHE_LIMIT = 100_000
 
@@ -60,3 +65,65 @@ class SubscriptionIndex:
         found = tuple(s for s in self._all if subject_matches(s.tokens, tokens))
         self._cache[subject] = found
         return found
+
+
+# -- handlers ------------------------------------------------------------------
+
+
+def subscribe(broker: Broker, session: Any, cmd: P.Subscribe) -> Reply:
+    validate_filter(cmd.subject_filter)
+    if cmd.subscription_id in session.subs:
+        raise error_class(ErrorCode.SUBSCRIPTION_EXISTS)(f"subscription id {cmd.subscription_id} is already in use")
+    limit = broker.config.limits.max_subscriptions_per_connection
+    if len(session.subs) >= limit:
+        raise error_class(ErrorCode.TOO_MANY_SUBSCRIPTIONS)(f"a connection may hold at most {limit} subscriptions")
+    sub = Subscription(session, cmd.subscription_id, cmd.subject_filter)
+    session.subs[cmd.subscription_id] = sub
+    broker.subs.add(sub)
+    return b""
+
+
+def unsubscribe(broker: Broker, session: Any, cmd: P.Unsubscribe) -> Reply:
+    sub = session.subs.pop(cmd.subscription_id, None)
+    if sub is None:
+        raise error_class(ErrorCode.SUBSCRIPTION_NOT_FOUND)(f"no subscription with id {cmd.subscription_id}")
+    broker.subs.remove(sub)
+    return b""
+
+
+# -- core deliveries -------------------------------------------------------------
+
+
+def deliver(broker: Broker, entries: list[tuple[bytes, bytes, memoryview | bytes]]) -> None:
+    """Deliver ``(subject, entry head, record)`` to matching subscriptions, in the
+    order given (publish order), one DELIVERY push per subscription."""
+    match = broker.subs.match
+    batches: dict[Subscription, list[bytes | memoryview]] = {}
+    for subj, head, rec in entries:
+        subs = match(subj)
+        if not subs:
+            continue
+        for sub in subs:
+            parts = batches.get(sub)
+            if parts is None:
+                batches[sub] = parts = []
+            parts.append(head)
+            parts.append(rec)
+    for sub in [s for s in batches if not s.session.accepts_pushes()]:
+        count = len(batches.pop(sub)) // 2  # not even encoded: it would be dropped
+        sub.dropped += count
+        broker.counters.deliveries_dropped += count
+    _flush_deliveries(broker, batches)
+
+
+def _flush_deliveries(broker: Broker, batches: dict[Subscription, list[bytes | memoryview]]) -> None:
+    for sub, parts in batches.items():
+        count = len(parts) // 2
+        payload = P.encode_delivery(sub.sid, count, parts)
+        if sub.session.push(P.PushKind.DELIVERY, payload):
+            sub.delivered += count
+            broker.counters.messages_out += count
+            broker.counters.bytes_out += len(payload)
+        else:
+            sub.dropped += count
+            broker.counters.deliveries_dropped += count

@@ -1,0 +1,74 @@
+"""Information: PING, GET_SERVER_INFO (also sent with the handshake), GET_STATS and
+EXPORT (an export pass on demand)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+import protocol as P
+from protocol import PROTOCOL_VERSION
+
+if TYPE_CHECKING:
+    from ._broker import Broker, Reply
+
+__all__ = ["VERSION", "export", "info", "ping", "server_info", "stats"]
+
+VERSION = "0.1.0"
+
+
+def ping(broker: Broker, session: Any, cmd: P.Ping) -> Reply:
+    return b""
+
+
+def info(broker: Broker) -> dict[str, Any]:
+    li = broker.config.limits
+    return {
+        "name": broker.config.server.name,
+        "version": VERSION,
+        "protocol_version": PROTOCOL_VERSION,
+        "max_frame_bytes": li.max_frame_bytes,
+        "max_payload_bytes": li.max_payload_bytes,
+        "max_fetch_bytes": li.max_fetch_bytes,
+        "fsync": str(broker.config.system.partition.fsync),
+        "auth_required": bool(broker.config.server.auth_token),
+        "started_at": broker.started_at,
+    }
+
+
+def server_info(broker: Broker, session: Any, cmd: P.GetServerInfo) -> Reply:
+    return P.InfoMap(info(broker)).encode()
+
+
+async def export(broker: Broker, session: Any, cmd: P.Export) -> Reply:
+    return P.InfoMap(await broker.exporter.export_now(broker.all_partitions(), cmd.seal)).encode()
+
+
+async def stats(broker: Broker, session: Any, cmd: P.GetStats) -> Reply:
+    values: dict[str, Any] = dict(broker.counters.as_dict())
+    topics = broker.catalog.topics()
+    values.update(
+        name=broker.config.server.name,
+        version=VERSION,
+        uptime_seconds=round(time.time() - broker.started_at, 3),
+        connections=len(broker.sessions),
+        subscriptions=len(broker.subs),
+        streams=len(broker.catalog.streams),
+        topics=len(topics),
+        partitions=sum(len(t.partitions) for t in topics),
+        segments=sum(len(p.log.segments) for t in topics for p in t.partitions),
+        messages=sum(t.messages_count for t in topics),
+        bytes_in_logs=sum(t.size_bytes for t in topics),
+        bytes_on_disk=await trio.to_thread.run_sync(broker.datadir.size_on_disk),
+        fsync=str(broker.config.system.partition.fsync),
+        last_fsync_seconds=round(broker.committer.last_sync_seconds, 6),
+        pending_expiries=len(broker.retention.engine.queue),
+        expiry_passes=broker.retention.engine.passes,
+        expiry_lag_max_ms=round(broker.retention.engine.lag_ns_max / 1e6, 3),
+    )
+    budget = getattr(session, "budget", None)  # the output budget all sessions share
+    if budget is not None:
+        values.update(queued_bytes=budget.total, queued_bytes_max=budget.peak, queued_bytes_budget=budget.limit)
+    return P.InfoMap(values).encode()

@@ -1,0 +1,281 @@
+"""Publishing: the PUBLISH command, the broker's hot path, and what it applies on the
+way in (admission of headers and TTLs, ``Nats-Rollup``, ``max_msgs_per_subject``).
+
+A batch is routed subject by subject to partitions, appended, counted, scheduled for
+expiry and delivered to core subscriptions. ``publish`` never awaits; its reply is
+``(acks, epoch)`` when it must wait for the group commit. Keep this path free of extra
+per-call layers: it is bound once into ``Broker.sync_handlers``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import protocol as P
+from protocol import RemovalReason as R
+from protocol import TTL_NEVER, BrokerError, ErrorCode, error_class, scan_bodies
+
+from ._admission import ROLLUP_SUB, Admission, admit
+from ._partition import Partition, flags_for
+from ._routing import NO_TOPIC
+from ._subscriptions import deliver
+
+if TYPE_CHECKING:
+    from ._broker import Broker, Reply
+
+__all__ = ["enforce_max_msgs", "publish"]
+
+
+def _record_views(res: Any) -> list[memoryview]:
+    """The records of an append, one view each."""
+    records = memoryview(res.records)
+    positions = res.positions
+    ends = positions[1:] + [len(records)]
+    return [records[p:e] for p, e in zip(positions, ends)]
+
+
+def _check_expected_last(part: Partition, subject: bytes, expected: int, written: set[bytes]) -> None:
+    st = part.index.get(subject)
+    last = st.last if st is not None and st.count else 0
+    if subject in written or last != expected:
+        raise error_class(ErrorCode.WRONG_LAST_SEQUENCE)(f"wrong last sequence: {last}")
+
+
+def publish(broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False) -> Reply:
+    """A batch of messages (``trusted``: bodies the broker built itself, such as
+    republished copies, whose flags, sizes and headers need no checking)."""
+    data: bytes = cmd.data
+    n = cmd.count
+    scan = scan_bodies(data, cmd.body_pos, n, broker.max_payload)
+    subjects = scan.subjects
+    starts, ends = scan.starts, scan.ends
+    special = scan.special
+    fields: dict[int, P.BodyFields] = {}
+    failed: dict[int, BrokerError] = _check_basic(broker, data, starts, special, fields) if special and not trusted else {}
+
+    cache = broker.router.cache
+    resolve = broker.router.resolve
+    groups: dict[Partition, list[int]] = {}
+    unrouted: list[int] = []
+    for i in range(n):
+        if failed and i in failed:
+            continue
+        subj = subjects[i]
+        route = cache.get(subj)
+        if route is None:
+            route = resolve(subj)
+        if route.__class__ is Partition:
+            g = groups.get(route)  # type: ignore[arg-type]
+            if g is None:
+                groups[route] = g = []  # type: ignore[index]
+            g.append(i)
+        elif route is NO_TOPIC:
+            unrouted.append(i)
+        else:
+            failed[i] = route  # type: ignore[assignment]
+    admitted: dict[int, Admission] = {}
+    if groups and (special or (broker.router.any_kv and any(p.topic.config.kv is not None for p in groups))):
+        data, starts, ends = _admit(data, subjects, starts, ends, special, failed, groups, admitted, fields)
+
+    now = broker.clock.now_ns()
+    counters = broker.counters
+    delivering = len(broker.subs) > 0
+    if len(groups) == 1 and not failed and not unrouted and not admitted and next(iter(groups)).topic.republisher is None:
+        # Everything into one partition, in order: the common case.
+        (part, _), = groups.items()
+        res = part.append(data, starts, ends, subjects, now)
+        epoch = broker.committer.note_write(part.log)
+        counters.messages_in += n
+        counters.bytes_in += len(res.records)
+        broker.retention.after_append(part, res)
+        enforce_max_msgs(broker, part, subjects)
+        if delivering:
+            head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
+            deliver(broker, [(s, head, rec) for s, rec in zip(subjects, _record_views(res))])
+        if cmd.no_ack:
+            return b""
+        topic = part.topic
+        return P.encode_uniform_acks(topic.stream.id, topic.id, part.number, res.first_offset, n), epoch
+
+    epoch = 0
+    stream_ids = [0] * n
+    topic_ids = [0] * n
+    partitions = [0] * n
+    offsets = [0] * n
+    statuses = [0] * n
+    errors: dict[int, str] = {}
+    entries: list[tuple[bytes, bytes, memoryview | bytes] | None] | None = [None] * n if delivering else None
+    rollups: list[tuple[int, Partition, int, int]] = []
+    republish: list[tuple[Partition, Any, list[int], int]] = []
+    for part, idx in groups.items():
+        gsubjects = [subjects[i] for i in idx]
+        lasts = part.last_offsets(gsubjects) if part.topic.republisher is not None else None
+        flags = None
+        if admitted:
+            flags = bytes(flags_for(a.ttl, a.flags) if (a := admitted.get(i)) else 0 for i in idx)
+        res = part.append(data, [starts[i] for i in idx], [ends[i] for i in idx], gsubjects, now, flags)
+        epoch = broker.committer.note_write(part.log)
+        counters.messages_in += len(idx)
+        counters.bytes_in += len(res.records)
+        topic = part.topic
+        off = res.first_offset
+        ttls: list[tuple[int, int]] = []
+        for i in idx:
+            stream_ids[i] = topic.stream.id
+            topic_ids[i] = topic.id
+            partitions[i] = part.number
+            offsets[i] = off
+            a = admitted.get(i) if admitted else None
+            if a is not None:
+                if 0 < a.ttl < TTL_NEVER:
+                    ttls.append((off, a.ttl))
+                if a.rollup:
+                    rollups.append((i, part, off, a.rollup))
+            off += 1
+        broker.retention.after_append(part, res, ttls)
+        enforce_max_msgs(broker, part, gsubjects)
+        if lasts is not None:
+            republish.append((part, res, lasts, epoch))
+        if entries is not None:
+            head = P.delivery_entry(topic.stream.id, topic.id, part.number)
+            for i, rec in zip(idx, _record_views(res)):
+                entries[i] = (subjects[i], head, rec)
+    if rollups:
+        _apply_rollups(broker, rollups, subjects, groups, offsets)
+    for part, res, lasts, at in republish:
+        broker.republisher.after_append(part, res, lasts, at)
+    if unrouted:
+        counters.messages_unrouted += len(unrouted)
+        head = P.delivery_entry(0, 0, 0)
+        for i in unrouted:
+            if not cmd.no_ack:
+                statuses[i] = ErrorCode.NO_TOPIC_FOR_SUBJECT
+                errors[i] = f"no topic captures subject {subjects[i].decode(errors='replace')!r}"
+            if entries is not None:
+                entries[i] = (subjects[i], head, P.encode_record(0, now, data[starts[i] : ends[i]]))
+    if entries is not None:
+        deliver(broker, [e for e in entries if e is not None])
+    for i, err in failed.items():
+        statuses[i] = int(err.code)
+        errors[i] = err.message
+    counters.publish_errors += len(failed)
+    if cmd.no_ack:
+        return b""
+    payload = P.Acks(stream_ids, topic_ids, partitions, offsets, statuses, errors).encode()
+    return (payload, epoch) if epoch else payload
+
+
+def _check_basic(
+    broker: Broker, data: bytes, starts: list[int], special: list[int], fields: dict[int, P.BodyFields]
+) -> dict[int, BrokerError]:
+    """Checks that need no topic, for bodies with flags, headers, a TTL or a big
+    payload (their fields land in ``fields``, for admission to reuse)."""
+    failed: dict[int, BrokerError] = {}
+    for i in special:
+        f = fields[i] = P.body_fields(data, starts[i])
+        if f.flags:
+            failed[i] = error_class(ErrorCode.INVALID_MESSAGE_FLAGS)(
+                f"message flags {f.flags:#x} are reserved for the broker; publish with flags 0"
+            )
+        elif f.payload_len > broker.max_payload:
+            failed[i] = error_class(ErrorCode.PAYLOAD_TOO_LARGE)(
+                f"payload of {f.payload_len} bytes exceeds the maximum of {broker.max_payload} bytes"
+            )
+        elif f.headers:
+            try:
+                P.validate_header_block(f.headers)
+            except BrokerError as err:
+                failed[i] = err
+    return failed
+
+
+def _admit(
+    data: bytes,
+    subjects: list[bytes],
+    starts: list[int],
+    ends: list[int],
+    special: list[int],
+    failed: dict[int, BrokerError],
+    groups: dict[Partition, list[int]],
+    admitted: dict[int, Admission],
+    fields: dict[int, P.BodyFields],
+) -> tuple[bytes, list[int], list[int]]:
+    """Admit the special messages, and every message of a KV bucket, into their
+    topics (``_admission.py``): refused ones move to ``failed`` and leave their
+    group; the others land in ``admitted``. Rewritten bodies are appended to the
+    batch's bytes and their bounds moved there; returns the batch's ``(data,
+    starts, ends)``.
+
+    ``Nats-Expected-Last-Subject-Sequence`` is checked here against the subject's
+    last offset when the batch arrived; a message whose subject an earlier message
+    of the same batch wrote fails it (compare-and-set is one message at a time)."""
+    todo = set(special).difference(failed)
+    rewritten: list[bytes] = []
+    new_starts: list[int] = starts
+    new_ends: list[int] = ends
+    pos = len(data)
+    view = memoryview(data)
+    for part, idx in list(groups.items()):
+        cfg = part.topic.config
+        kv = cfg.kv is not None
+        if not kv and todo.isdisjoint(idx):
+            continue
+        keep = []
+        written: set[bytes] = set()
+        for i in idx:
+            if kv or i in todo:
+                try:
+                    f = fields.get(i) or P.body_fields(data, starts[i])
+                    a = admit(view[starts[i] : ends[i]], f, cfg)
+                    if a.expected_last is not None:
+                        _check_expected_last(part, subjects[i], a.expected_last, written)
+                except BrokerError as err:
+                    failed[i] = err
+                    continue
+                admitted[i] = a
+                written.add(subjects[i])
+                if a.body is not None:
+                    if new_starts is starts:
+                        new_starts, new_ends = list(starts), list(ends)
+                    new_starts[i] = pos
+                    pos += len(a.body)
+                    new_ends[i] = pos
+                    rewritten.append(a.body)
+            keep.append(i)
+        if keep:
+            groups[part] = keep
+        else:
+            del groups[part]
+    view.release()
+    if rewritten:
+        data = b"".join((data, *rewritten))
+    return data, new_starts, new_ends
+
+
+def _apply_rollups(
+    broker: Broker, rollups: list[tuple[int, Partition, int, int]], subjects: list[bytes], groups: dict[Partition, list[int]],
+    offsets: list[int],
+) -> None:
+    """``Nats-Rollup`` (decision 10.7), in publish order: ``sub`` removes the earlier
+    messages of the subject, ``all`` every earlier message of the topic (in other
+    partitions, everything stored before it, so not the batch's later messages)."""
+    for i, part, off, kind in sorted(rollups, key=lambda r: r[0]):
+        if not part.log.is_live(off):
+            continue  # a later rollup of this batch took it already
+        if kind == ROLLUP_SUB:
+            broker.retention.remove(part, part.subject_offsets(subjects[i], before=off), R.ROLLUP)
+            continue
+        for q in part.topic.partitions:
+            later = [offsets[j] for j in groups.get(q, ()) if j > i]
+            limit = later[0] if later else q.log.next_offset
+            doomed = [o for o in q.live_offsets(except_offset=off) if o < limit]
+            if doomed:
+                broker.retention.remove(q, doomed, R.ROLLUP)
+
+
+def enforce_max_msgs(broker: Broker, part: Partition, subjects: list[bytes]) -> None:
+    limit = part.topic.config.max_msgs_per_subject
+    if limit:
+        doomed = part.over_limit(subjects, limit)
+        if doomed:
+            broker.retention.remove(part, doomed, R.MAX_MSGS_PER_SUBJECT)

@@ -1,0 +1,61 @@
+"""Removing: DELETE_MESSAGE (one message by offset) and PURGE (a topic, or the
+messages of the subjects a filter matches). Both refuse on a ``deny_purge`` topic and
+reply once the group commit has made the removal durable."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import protocol as P
+from protocol import RemovalReason as R
+from protocol import ErrorCode, error_class, validate_filter
+
+if TYPE_CHECKING:
+    from ._broker import Broker, Reply
+    from ._catalog import Topic
+
+__all__ = ["delete_message", "purge"]
+
+
+def _check_purge_allowed(topic: Topic, what: str) -> None:
+    if topic.config.deny_purge:
+        raise error_class(ErrorCode.PURGE_DENIED)(f"topic {topic.full_name} denies {what} (deny_purge is set)")
+
+
+def delete_message(broker: Broker, session: Any, cmd: P.DeleteMessage) -> Reply:
+    topic = broker.catalog.topic(cmd.stream, cmd.topic)
+    part = topic.partition(cmd.partition)
+    _check_purge_allowed(topic, "deletes")
+    if not broker.retention.remove(part, [cmd.offset], R.DELETE):
+        raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(
+            f"topic {topic.full_name} partition {part.number} has no live message at offset {cmd.offset}"
+        )
+    return b"", broker.committer.note_write(part.log)
+
+
+def purge(broker: Broker, session: Any, cmd: P.Purge) -> Reply:
+    topic = broker.catalog.topic(cmd.stream, cmd.topic)
+    _check_purge_allowed(topic, "purges")
+    total = 0
+    epoch = 0
+    if not cmd.subject:
+        for part in topic.partitions:
+            total += broker.retention.purge_all(part)
+    else:
+        validate_filter(cmd.subject)
+        if P.is_literal(cmd.subject):
+            raw = cmd.subject.encode()
+            targets = [(topic.partition_for(raw), [raw])]
+        else:
+            ftokens = tuple(cmd.subject.split("."))
+            targets = [
+                (p, [s for s, st in p.index.subjects.items() if st.count and P.subject_matches(ftokens, s.decode().split("."))])
+                for p in topic.partitions
+            ]
+        for part, subjects in targets:
+            offsets = [o for s in subjects for o in part.subject_offsets(s)]
+            if offsets:
+                total += len(broker.retention.remove(part, offsets, R.PURGE))
+                epoch = broker.committer.note_write(part.log)
+    payload = P.PurgeResult(total).encode()
+    return (payload, epoch) if epoch else payload
