@@ -14,6 +14,8 @@ broker in ``sync_handlers`` and ``async_handlers``:
 - ``_admin.py``: streams and topics
 - ``_kv.py``: KV_GET, KV_TOUCH, KV_KEYS
 - ``_info.py``: PING, GET_SERVER_INFO, GET_STATS, EXPORT
+- ``_consumers.py`` (not written yet): the consumer engine, a family of its own that
+  adds its commands to ``SYNC_HANDLERS`` / ``ASYNC_HANDLERS`` like the others
 
 Handlers run on the event loop; the ones that only touch memory and append to files
 are plain functions (the publish path never awaits), the ones that rewrite the
