@@ -126,6 +126,8 @@ class Session:
         self._durable: deque[tuple[int, bytes]] = deque()
         #: Bytes queued or being written (the in-flight write included).
         self.pending_bytes = 0
+        #: Bytes written since the connection opened.
+        self._sent_bytes = 0
         #: When pending_bytes went over the limit (the watch in _limits.py sets it).
         self.over_limit_since: float | None = None
         self._limit = limits.max_pending_bytes_per_connection
@@ -141,6 +143,13 @@ class Session:
         self._drain_seconds = DRAIN_SECONDS
         self._read_scope: trio.CancelScope | None = None
         self._task_scope: trio.CancelScope | None = None
+        #: The reader is writing (a cancel now could cut a frame in half).
+        self._reader_sending = False
+        #: Shields the connection from the server's cancellation, so that a shutdown
+        #: can say GOODBYE first; ``abort`` cancels it.
+        self._shield: trio.CancelScope | None = None
+        self._aborted = False
+        self._ended = trio.Event()
 
     # -- queues --------------------------------------------------------------------
 
@@ -239,6 +248,43 @@ class Session:
         self._drain_seconds = GOODBYE_SECONDS
         self._stop_reading()
 
+    def shut_down(self, reason: str) -> None:
+        """The broker is shutting down: queue a GOODBYE with SHUTTING_DOWN (after
+        every ack already durable; an ack whose fsync has not happened is dropped,
+        its request may or may not have been carried out) and stop reading. The
+        connection then sends what it holds, waits a little for the client to close
+        (so the GOODBYE is not lost to a reset), and ends."""
+        if self._closing:
+            return  # ending anyway, with its own GOODBYE or none
+        self._end_as("shutdown")
+        synced = self.broker.committer.synced
+        dropped = 0
+        while self._durable:
+            epoch, frame = self._durable.popleft()
+            if epoch <= synced:
+                self._now.append(frame)
+                self._now_bytes += len(frame)
+            else:
+                dropped += len(frame)
+        self.pending_bytes -= dropped
+        self.budget.sent(dropped)
+        self._goodbye(ErrorCode.SHUTTING_DOWN, reason)
+        self._drain_seconds = GOODBYE_SECONDS
+        # A reader in a handler or in the middle of a write sees _closing when it
+        # gets back to its loop; a cancel could cut a frame in half.
+        if self._read_scope is not None and not self._in_handler and not self._reader_sending:
+            self._read_scope.cancel()
+
+    def abort(self) -> None:
+        """End the connection now, whatever it is doing (the end of a shutdown)."""
+        self._aborted = True
+        if self._shield is not None:
+            self._shield.cancel()
+
+    async def wait_ended(self) -> None:
+        """Wait until :meth:`run` has closed the connection."""
+        await self._ended.wait()
+
     @property
     def closing(self) -> bool:
         """The connection is ending (it handles no more requests, takes no pushes)."""
@@ -253,7 +299,20 @@ class Session:
 
     async def run(self) -> None:
         """Serve the connection until it ends; never raises anything but
-        ``trio.Cancelled`` (and BaseExceptions such as KeyboardInterrupt)."""
+        ``trio.Cancelled`` (and BaseExceptions such as KeyboardInterrupt).
+
+        The server's cancellation does not reach it (a shutdown first says GOODBYE,
+        see :meth:`shut_down`); :meth:`abort` ends it."""
+        with trio.CancelScope(shield=True) as shield:
+            self._shield = shield
+            if self._aborted:
+                shield.cancel()
+            try:
+                await self._run()
+            finally:
+                self._ended.set()
+
+    async def _run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 self._task_scope = nursery.cancel_scope
@@ -261,6 +320,8 @@ class Session:
                 await self._read()
                 self.kick()  # send what the reader queued before it stopped
                 await self.drain(self._drain_seconds)
+                if self._reason == "shutdown" and not self.pending_bytes and not self._broken:
+                    await self._linger(GOODBYE_SECONDS)
                 nursery.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
             self._lost()
@@ -282,10 +343,32 @@ class Session:
                 self.broker.counters.connections_failed += 1
             log.debug("connection_closed", session=self.id, peer=self.peer, reason=reason)
 
+    async def _linger(self, seconds: float) -> None:
+        """After the last frame: half-close, and read (discarding) until the client
+        closes too, for at most ``seconds``. Closing a socket with unread bytes
+        resets it, and a reset can destroy the GOODBYE before the client reads it."""
+        with trio.move_on_after(seconds):
+            try:
+                send_eof = getattr(self.stream, "send_eof", None)
+                if send_eof is not None:
+                    await send_eof()
+                while await self.stream.receive_some(RECEIVE_SIZE):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
     async def drain(self, seconds: float = DRAIN_SECONDS) -> None:
         """Wait (at most ``seconds``) until everything queued has been sent."""
         with trio.move_on_after(seconds):
             while self.pending_bytes and not self._broken:
+                await self._wait_sent()
+
+    async def drain_queued(self, seconds: float = DRAIN_SECONDS) -> None:
+        """Wait (at most ``seconds``) until what is queued now has been sent; what is
+        queued meanwhile (a client that goes on sending requests) is not waited for."""
+        target = self._sent_bytes + self.pending_bytes
+        with trio.move_on_after(seconds):
+            while self._sent_bytes < target and self.pending_bytes and not self._broken:
                 await self._wait_sent()
 
     async def _wait_sent(self) -> None:
@@ -316,6 +399,8 @@ class Session:
         receive = self.stream.receive_some
         budget = self.budget
         while True:
+            if self._closing:
+                return  # ended while the reader was writing
             if self.pending_bytes > self._limit or budget.total > budget.limit:
                 await self._wait_room()
             try:
@@ -327,6 +412,8 @@ class Session:
                 # The decoder keeps a partial frame; no public accessor exists for it.
                 self._end_as("closed_mid_frame" if conn._decoder.buffered else "closed")
                 return
+            if self._closing:
+                return  # ended while these bytes were on their way to us: its GOODBYE is the last frame
             conn.receive_data(data)
             self._handling = True
             try:
@@ -349,13 +436,19 @@ class Session:
                         return
                     if self.pending_bytes > self._limit or budget.total > budget.limit:
                         await self._wait_room()
+                        if self._closing:
+                            return
             finally:
                 self._handling = False
             if not self.ready and conn._decoder.buffered > MAX_HANDSHAKE_FRAME:
                 self._refuse_large_first_frame()
                 return
             if self._now:
-                await self._send_ready()  # answer without waking the writer task
+                self._reader_sending = True
+                try:
+                    await self._send_ready()  # answer without waking the writer task
+                finally:
+                    self._reader_sending = False
             if self._durable:
                 self.kick()  # the writer waits for their sync
 
@@ -436,6 +529,7 @@ class Session:
                     raise
                 self._write_started = None
                 n = len(data)
+                self._sent_bytes += n
                 self.pending_bytes -= n
                 self.budget.sent(n)
                 if self.pending_bytes <= self._limit:

@@ -42,7 +42,7 @@ from ._broker import Broker
 from ._clock import Clock
 from ._limits import ConnectionGuard, watch_connections
 from ._log import get_logger
-from ._session import Session
+from ._session import DRAIN_SECONDS, GOODBYE_SECONDS, Session
 from .config import Config
 
 __all__ = ["serve", "run_server", "ServerHandle"]
@@ -117,18 +117,32 @@ async def serve(
 
 
 async def _shutdown(broker: Broker, listeners: list[trio.SocketListener]) -> None:
+    """Refuse new work, make it durable, send what is queued, then say GOODBYE
+    (SHUTTING_DOWN) to every connection and close it.
+
+    Connections do not see the server's cancellation (``Session.run`` shields
+    itself): they are ended here, once their GOODBYE is out (or after
+    ``GOODBYE_SECONDS`` for a client that does not read), and in any case by the
+    ``abort`` at the end."""
     broker.shutting_down = True
-    for listener in listeners:
-        await listener.aclose()
-    with trio.move_on_after(5):
-        await broker.committer.sync_now()
+    try:
+        for listener in listeners:
+            await listener.aclose()
+        with trio.move_on_after(DRAIN_SECONDS):
+            await broker.committer.sync_now()
+            for session in list(broker.sessions):
+                session.kick()
+                await session.drain_queued()
+        sessions = list(broker.sessions)
+        log.info("shutting_down", connections=len(sessions))
+        for session in sessions:
+            session.shut_down("the broker is shutting down")
+        with trio.move_on_after(GOODBYE_SECONDS):
+            for session in sessions:
+                await session.wait_ended()
+    finally:
         for session in list(broker.sessions):
-            session.kick()
-            await session.drain()
-    for session in list(broker.sessions):
-        session.push(PushKind.GOODBYE, b"the broker is shutting down")
-    await trio.sleep(0)
-    log.info("shutting_down", connections=len(broker.sessions))
+            session.abort()
 
 
 async def _close(broker: Broker) -> None:
