@@ -16,6 +16,11 @@
 Errors from the broker are raised as the ``protocol`` error classes, one per code
 (``StreamNotFoundError``, ``InvalidSubjectError``, ...), all subclasses of
 :class:`BrokerError` with ``code`` and ``message``.
+
+The client reconnects when its connection is lost (``reconnect=True``, the default):
+see ``broker.client._client`` for what happens to requests in flight
+(:class:`ConnectionLostError`), to subscriptions, and when it gives up
+(:class:`ReconnectFailedError`).
 """
 
 from __future__ import annotations
@@ -35,8 +40,12 @@ from protocol import StreamDetails as StreamDetails
 from protocol import TopicDetails as TopicDetails
 
 from ._backend import TrioBackend
+from ._client import MSG_ID_HEADER as MSG_ID_HEADER
+from ._client import RECONNECT_ATTEMPTS, RECONNECT_WAIT, RECONNECT_WAIT_MAX, Callback
 from ._client import Client as Client
 from ._client import ConnectionClosedError as ConnectionClosedError
+from ._client import ConnectionLostError as ConnectionLostError
+from ._client import ReconnectFailedError as ReconnectFailedError
 from ._client import Fetched as Fetched
 from ._client import Msg as Msg
 from ._kv import Entry as Entry
@@ -55,16 +64,30 @@ async def connect(
     token: str = "",
     name: str = "ttlbroker-python",
     timeout: float | None = 30.0,
+    reconnect: bool = True,
+    max_reconnect_attempts: int = RECONNECT_ATTEMPTS,
+    reconnect_wait: float = RECONNECT_WAIT,
+    reconnect_wait_max: float = RECONNECT_WAIT_MAX,
+    on_disconnect: Callback | None = None,
+    on_reconnect: Callback | None = None,
+    on_closed: Callback | None = None,
 ) -> AsyncIterator[Client]:
     """Connect (trio) and handshake; the connection closes when the block ends.
 
+    The first connection is not retried: its errors are raised. Later losses are
+    handled as :class:`Client` says (``reconnect`` and the options after it).
+
     Raises:
         OSError: nothing listens there.
-        UnauthorizedError / UnsupportedVersionError / TooManyConnectionsError: the
-            broker refused the handshake.
+        UnauthorizedError / UnsupportedVersionError / TooManyConnectionsError /
+            ShuttingDownError: the broker refused the handshake.
     """
     host, port = parse_address(address)
-    client = Client(TrioBackend(), timeout)
+    client = Client(
+        TrioBackend(), timeout, reconnect=reconnect, max_reconnect_attempts=max_reconnect_attempts,
+        reconnect_wait=reconnect_wait, reconnect_wait_max=reconnect_wait_max,
+        on_disconnect=on_disconnect, on_reconnect=on_reconnect, on_closed=on_closed,
+    )
     await client._open(host, port, token, name)
     try:
         yield client
@@ -72,4 +95,10 @@ async def connect(
         await client.aclose()
 
 
-__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "contextlib", "AsyncIterator")]
+__all__ = [
+    n for n in dir()
+    if not n.startswith("_") and n not in (
+        "annotations", "contextlib", "AsyncIterator", "Callback", "RECONNECT_ATTEMPTS", "RECONNECT_WAIT",
+        "RECONNECT_WAIT_MAX",
+    )
+]

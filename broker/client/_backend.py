@@ -9,16 +9,25 @@ without blocking, incoming bytes are handed to ``on_data`` and the end of the
 connection to ``on_lost``. On asyncio the link is an ``asyncio.Protocol``: bytes
 arrive in a callback and ``write`` goes straight to the transport, so a request costs
 no task switch at all. On trio a reader task and a writer task do the same job.
+
+A backend also runs the client's background tasks (``spawn``: the reconnection,
+the callbacks, closing a lost link) from ``start`` until ``aclose``. On trio they run
+in a nursery that ``start`` opens in the task that connects and ``aclose`` closes
+in the same task (``connect`` does both); the links' tasks run there too, so a
+link opened by the reconnection outlives the task that opened it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-__all__ = ["Backend", "TrioBackend", "AsyncioBackend", "QueueFull", "QueueClosed", "Link"]
+__all__ = ["Backend", "TrioBackend", "AsyncioBackend", "QueueFull", "QueueClosed", "Link", "Event"]
+
+log = logging.getLogger("broker.client")
 
 OnData = Callable[[bytes], None]
 OnLost = Callable[[BaseException | None], None]
@@ -54,9 +63,20 @@ class Queue(Protocol):
     def qsize(self) -> int: ...
 
 
+class Event(Protocol):
+    def set(self) -> None: ...
+    def is_set(self) -> bool: ...
+    async def wait(self) -> Any: ...
+
+
 class Backend(Protocol):
     name: str
 
+    async def start(self) -> None: ...
+    async def aclose(self) -> None: ...
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None: ...
+    async def sleep(self, seconds: float) -> None: ...
+    def event(self) -> Event: ...
     def waiter(self) -> Waiter: ...
     def queue(self, maxsize: int) -> Queue: ...
     async def open_link(self, host: str, port: int, on_data: OnData, on_lost: OnLost) -> Link: ...
@@ -120,7 +140,8 @@ class _TrioQueue:
 
 
 class _TrioLink:
-    """A trio stream with a reader task and a coalescing writer task."""
+    """A trio stream with a reader task and a coalescing writer task (both run in
+    the backend's nursery, under the link's own cancel scope)."""
 
     def __init__(self, stream: Any, on_data: OnData, on_lost: OnLost) -> None:
         import trio
@@ -133,24 +154,32 @@ class _TrioLink:
         self._queued = 0
         self._wake = trio.Event()
         self._drained = trio.Event()
-        self._nursery_cm: Any = None
-        self._nursery: Any = None
+        self._scope = trio.CancelScope()
+        self._closed = False
 
-    async def start(self) -> None:
-        self._nursery_cm = self._trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
-        self._nursery.start_soon(self._reader)
-        self._nursery.start_soon(self._writer)
+    async def run(self) -> None:
+        with self._scope:
+            async with self._trio.open_nursery() as nursery:
+                nursery.start_soon(self._reader)
+                nursery.start_soon(self._writer)
 
     def write(self, data: bytes) -> None:
+        if self._closed:
+            return
         self._out.append(data)
         self._queued += len(data)
         self._wake.set()
 
     async def drain(self) -> None:
-        while self._queued > HIGH_WATER:
+        while self._queued > HIGH_WATER and not self._closed:
             self._drained = self._trio.Event()
             await self._drained.wait()
+
+    def _lose(self, error: BaseException | None) -> None:
+        if not self._closed:
+            self._closed = True
+            self._drained.set()
+            self._on_lost(error)
 
     async def _reader(self) -> None:
         error: BaseException | None = None
@@ -162,7 +191,7 @@ class _TrioLink:
                 self._on_data(data)
         except Exception as exc:  # the stream broke
             error = exc
-        self._on_lost(error)
+        self._lose(error)
 
     async def _writer(self) -> None:
         while True:
@@ -175,18 +204,16 @@ class _TrioLink:
             try:
                 await self._stream.send_all(data)
             except Exception as exc:
-                self._on_lost(exc)
+                self._lose(exc)
                 return
             self._queued -= len(data)
             if self._queued <= HIGH_WATER:
                 self._drained.set()
 
     async def aclose(self) -> None:
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
-            with contextlib.suppress(Exception):
-                await self._nursery_cm.__aexit__(None, None, None)
-            self._nursery = None
+        self._closed = True
+        self._drained.set()
+        self._scope.cancel()
         await self._trio.aclose_forcefully(self._stream)
 
 
@@ -197,6 +224,54 @@ class TrioBackend:
         import trio
 
         self._trio = trio
+        self._nursery_cm: Any = None
+        self._nursery: Any = None
+        self._owner: Any = None
+        self._scopes: set[Any] = set()
+        self._stopped = False
+
+    async def start(self) -> None:
+        """Open the nursery of the client's tasks (in the connecting task)."""
+        self._owner = self._trio.lowlevel.current_task()
+        self._nursery_cm = self._trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+
+    async def aclose(self) -> None:
+        """Cancel every task of the client; in the task that called ``start``, also
+        close the nursery (elsewhere that is left to the owner's own ``aclose``)."""
+        self._stopped = True
+        for scope in list(self._scopes):
+            scope.cancel()
+        if self._nursery is None or self._trio.lowlevel.current_task() is not self._owner:
+            return
+        self._nursery = None
+        try:
+            await self._nursery_cm.__aexit__(None, None, None)
+        except Exception:  # the tasks catch their own errors: this is a bug
+            log.exception("a background task of the client failed")
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        if self._nursery is not None and not self._stopped:
+            self._nursery.start_soon(self._task, fn, args)
+
+    async def _task(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        # Each task has its own scope: the nursery's would cancel the owner's code too.
+        with self._trio.CancelScope() as scope:
+            if self._stopped:
+                scope.cancel()
+            self._scopes.add(scope)
+            try:
+                await fn(*args)
+            except Exception:
+                log.exception("a background task of the client failed")
+            finally:
+                self._scopes.discard(scope)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._trio.sleep(seconds)
+
+    def event(self) -> Any:
+        return self._trio.Event()
 
     def waiter(self) -> _TrioWaiter:
         return _TrioWaiter()
@@ -205,8 +280,12 @@ class TrioBackend:
         return _TrioQueue(maxsize)
 
     async def open_link(self, host: str, port: int, on_data: OnData, on_lost: OnLost) -> _TrioLink:
-        link = _TrioLink(await self._trio.open_tcp_stream(host, port), on_data, on_lost)
-        await link.start()
+        stream = await self._trio.open_tcp_stream(host, port)
+        if self._nursery is None or self._stopped:
+            await self._trio.aclose_forcefully(stream)
+            raise RuntimeError("the client is closed")
+        link = _TrioLink(stream, on_data, on_lost)
+        self.spawn(link.run)
         return link
 
     @contextlib.contextmanager
@@ -292,9 +371,10 @@ class _AsyncioLink(asyncio.Protocol):
         self._on_data(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._on_lost(exc)
+        self._transport = None
         if self._paused is not None and not self._paused.done():
             self._paused.set_result(None)
+        self._on_lost(exc)
 
     def pause_writing(self) -> None:
         self._paused = asyncio.get_running_loop().create_future()
@@ -321,6 +401,36 @@ class _AsyncioLink(asyncio.Protocol):
 
 class AsyncioBackend:
     name = "asyncio"
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    async def start(self) -> None:
+        self._closed = False
+
+    async def aclose(self) -> None:
+        """Cancel every task of the client and wait for them."""
+        self._closed = True
+        tasks = [t for t in self._tasks if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(result, Exception):  # the tasks catch their own errors: a bug
+                log.error("a background task of the client failed", exc_info=result)
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        if self._closed:
+            return
+        task = asyncio.ensure_future(fn(*args))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def event(self) -> asyncio.Event:
+        return asyncio.Event()
 
     def waiter(self) -> _AsyncioWaiter:
         return _AsyncioWaiter(asyncio.get_running_loop())
@@ -354,6 +464,8 @@ class AsyncioBackend:
             yield
         except asyncio.CancelledError:
             if fired:
+                if task is not None:
+                    task.uncancel()  # our cancel, consumed here (as asyncio.timeout does)
                 raise TimeoutError(f"no answer within {seconds} s") from None
             raise
         finally:

@@ -1,19 +1,56 @@
 """The client, written once for both runtimes.
 
-A :class:`Client` holds one connection: a background reader task turns frames into
-events (``protocol.ProtocolConnection``) and completes the waiting request or feeds a
-subscription; a background writer task sends everything queued in one write, so
-concurrent requests are pipelined and coalesced. Requests are matched to responses by
-correlation id. Error statuses become the matching :class:`protocol.BrokerError`
-subclass (``StreamNotFoundError``, ``InvalidSubjectError``, ...), carrying ``code`` and
-``message``.
+A :class:`Client` holds one connection at a time: a background reader task turns
+frames into events (``protocol.ProtocolConnection``) and completes the waiting request
+or feeds a subscription; a background writer task sends everything queued in one
+write, so concurrent requests are pipelined and coalesced. Requests are matched to
+responses by correlation id. Error statuses become the matching
+:class:`protocol.BrokerError` subclass (``StreamNotFoundError``,
+``InvalidSubjectError``, ...), carrying ``code`` and ``message``.
+
+Reconnection (on by default, as in nats-py). When the connection is lost (a reset,
+the broker closing it, a GOODBYE such as SHUTTING_DOWN):
+
+- requests in flight fail with :class:`ConnectionLostError`: the broker may or may
+  not have carried them out. Two exceptions: a publish whose messages all carry a
+  ``Nats-Msg-Id`` header is sent again after the reconnection (the topic's duplicate
+  window makes that safe), and a SUBSCRIBE is sent again (the broker forgets
+  subscriptions with the connection);
+- the client reconnects in the background, waiting ``reconnect_wait`` seconds
+  before the first attempt and twice as long before each next one, up to
+  ``reconnect_wait_max``, each wait shortened at random by up to half (jitter, so
+  that the clients of a restarted broker do not all come back at once). Each
+  attempt connects, handshakes with the same token and name, and subscribes again
+  every core subscription under its old id, so the same :class:`Subscription`
+  objects go on yielding messages. Messages published while no connection was up
+  are not delivered: core subscriptions are at most once;
+- calls made meanwhile wait for the reconnection, within their ``timeout``;
+- a request the broker refused with SHUTTING_DOWN was not carried out: it is sent
+  again once reconnected, within its ``timeout``;
+- ``on_disconnect(error)`` and ``on_reconnect(attempts)`` are called (plain functions
+  or coroutine functions, one at a time, in order, from a task of the client);
+- after ``max_reconnect_attempts`` failed attempts in a row (60 by default, -1 for no
+  limit) the client gives up: it is closed, ``on_closed(error)`` is called, and every
+  pending call, every later call and every ``async for`` over its subscriptions raise
+  :class:`ReconnectFailedError`. With ``reconnect=False`` the first loss does the same
+  with the :class:`ConnectionClosedError` that says why (the GOODBYE's reason and
+  code when the broker sent one).
+
+Closing the client (``aclose``, or leaving ``async with connect(...)``) ends every
+``async for`` over its subscriptions normally, and fails pending calls with
+:class:`ConnectionClosedError`.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import logging
+import os
+import random
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,6 +63,7 @@ from protocol import (
     Ack,
     Acks,
     BrokerError,
+    ErrorCode,
     ErrorResponse,
     Identifier,
     Message,
@@ -38,18 +76,111 @@ from protocol import (
 from ._backend import Backend, QueueClosed, QueueFull
 from ._kv import KV_STREAM, KeyValue, validate_bucket
 
-__all__ = ["Client", "Msg", "Fetched", "Subscription", "ConnectionClosedError", "parse_address"]
+__all__ = [
+    "Client", "Msg", "Fetched", "Subscription", "ConnectionClosedError", "ConnectionLostError",
+    "ReconnectFailedError", "parse_address", "MSG_ID_HEADER",
+]
+
+log = logging.getLogger("broker.client")
 
 DEFAULT_PORT = 8090
+#: The header that identifies a message for the broker's de-duplication (JetStream's).
+MSG_ID_HEADER = "Nats-Msg-Id"
+_MSG_ID = MSG_ID_HEADER.encode()
+
+#: Reconnection defaults (see the module docstring).
+RECONNECT_ATTEMPTS = 60
+RECONNECT_WAIT = 0.25
+RECONNECT_WAIT_MAX = 2.0
 
 
 class ConnectionClosedError(ConnectionError):
-    """The connection to the broker is gone; ``reason`` says why, if known."""
+    """The connection to the broker is gone.
+
+    Attributes:
+        reason: why, in words (for a GOODBYE: ``"the broker said goodbye: " +`` the
+            broker's reason).
+        code: the GOODBYE's status (an :class:`ErrorCode`, e.g. ``SHUTTING_DOWN``),
+            or None when the broker sent none.
+    """
 
     def __init__(self, reason: str, code: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.code = code
+
+
+class ConnectionLostError(ConnectionClosedError):
+    """The connection was lost while this request was in flight: the broker may or
+    may not have carried it out. Retry it if it is idempotent (a publish with a
+    ``Nats-Msg-Id`` header is, within its topic's duplicate window). ``__cause__``
+    is the :class:`ConnectionClosedError` that says why the connection went."""
+
+    def __init__(self, lost: ConnectionClosedError) -> None:
+        super().__init__(
+            f"the connection was lost while the request was in flight, so it may or may not have been "
+            f"carried out ({lost.reason})",
+            lost.code,
+        )
+        self.__cause__ = lost
+
+
+class ReconnectFailedError(ConnectionClosedError):
+    """The client gave up reconnecting: ``attempts`` attempts in a row failed, the last
+    with ``last_error``. ``code`` is the code of the loss (e.g. ``SHUTTING_DOWN``);
+    ``__cause__`` is the :class:`ConnectionClosedError` that says why the connection
+    went."""
+
+    def __init__(self, lost: ConnectionClosedError, attempts: int, last_error: BaseException | None) -> None:
+        tries = f"{attempts} attempt{'' if attempts == 1 else 's'}"
+        last = f"; the last one failed: {_describe(last_error)}" if last_error is not None else ""
+        super().__init__(f"gave up reconnecting after {tries} ({lost.reason}{last})", lost.code)
+        self.attempts = attempts
+        self.last_error = last_error
+        self.__cause__ = lost
+
+
+def _describe(exc: BaseException) -> str:
+    """A short text for what failed (the same on trio and asyncio: the system's
+    error text where there is one, e.g. "Connection refused")."""
+    if isinstance(exc, ConnectionClosedError):
+        return exc.reason
+    if isinstance(exc, BrokerError):
+        return f"{exc.code.name} ({int(exc.code)}): {exc.message}"
+    if isinstance(exc, TimeoutError):
+        return str(exc) or "timed out"
+    errno = _errno(exc)
+    if errno is not None:
+        return os.strerror(errno)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _errno(exc: BaseException | None, depth: int = 0) -> int | None:
+    """The first OS error number in ``exc``, its causes and (for trio's "all attempts
+    to connect failed") the exception group behind it."""
+    if exc is None or depth > 5:
+        return None
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _errno(inner, depth + 1)
+            if found is not None:
+                return found
+    return _errno(exc.__cause__ or exc.__context__, depth + 1)
+
+
+def _code(status: int) -> int:
+    try:
+        return ErrorCode(status)
+    except ValueError:
+        return status
+
+
+def _has_msg_id(body: bytes) -> bool:
+    headers = P.body_fields(body, 0).headers
+    return bool(headers) and P.find_header(headers, _MSG_ID) is not None
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -113,6 +244,11 @@ class Subscription:
     """A core subscription: an async iterator of :class:`Message`, and an async
     context manager that unsubscribes on exit.
 
+    It survives reconnections (the client subscribes again under the same id); the
+    iteration ends when it is unsubscribed or the client closed, and raises the
+    client's error (:class:`ReconnectFailedError`, :class:`ConnectionClosedError`)
+    when the client stopped on its own, after the messages already received.
+
     Attributes:
         subject_filter: what it subscribed to.
         dropped: messages discarded because more than ``max_pending`` were waiting
@@ -127,6 +263,13 @@ class Subscription:
         self._queue = client._backend.queue(max_pending)
         self.dropped = 0
         self.closed = False
+        #: The connection on which the broker has it.
+        self._conn: _Conn | None = None
+        self._error: BaseException | None = None
+        #: Reconnections so far; with ``_marks``, each also queues RECONNECTED (a
+        #: reader that must not miss what was published meanwhile fetches it then).
+        self._gaps = 0
+        self._marks = False
 
     @property
     def pending(self) -> int:
@@ -141,18 +284,48 @@ class Subscription:
             except QueueClosed:
                 return
 
+    def _end(self, error: BaseException | None = None) -> None:
+        """No more messages: the iteration ends (``error`` None) or raises ``error``
+        once the messages already queued are read."""
+        if not self.closed:
+            self.closed = True
+            self._error = error
+            self._queue.close()
+
     async def next(self, timeout: float | None = None) -> Message:
         """The next message.
 
         Raises:
             TimeoutError: none arrived within ``timeout`` seconds.
-            StopAsyncIteration: the subscription or the connection was closed.
+            StopAsyncIteration: the subscription or the client was closed.
+            ConnectionClosedError: the client stopped on its own (gave up
+                reconnecting: :class:`ReconnectFailedError`; or lost its connection
+                with ``reconnect=False``).
         """
+        while True:
+            item = await self._next_item(timeout)
+            if item is not RECONNECTED:
+                return item
+
+    async def _next_item(self, timeout: float | None = None) -> Any:
+        """The next message, or RECONNECTED (see ``_marks``)."""
         with self._client._backend.timeout(timeout):
             try:
                 return await self._queue.get()
             except QueueClosed:
-                raise StopAsyncIteration from None
+                pass
+        if self._error is not None:
+            raise self._error  # as it is (its __cause__ says why)
+        raise StopAsyncIteration
+
+    def _reconnecting(self) -> None:
+        """Called before it is subscribed again on a new connection."""
+        self._gaps += 1
+        if self._marks:
+            try:
+                self._queue.put_nowait(RECONNECTED)
+            except (QueueFull, QueueClosed):
+                pass  # a full queue is read soon anyway, and _gaps tells
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self
@@ -163,11 +336,17 @@ class Subscription:
     async def unsubscribe(self) -> None:
         if self.closed:
             return
-        self.closed = True
-        self._client._subs.pop(self.sid, None)
-        self._queue.close()
-        if not self._client.closed:
-            await self._client._request(P.Unsubscribe(self.sid))
+        self._end()
+        client = self._client
+        client._subs.pop(self.sid, None)
+        conn = client._conn
+        if conn is None or self._conn is not conn:
+            return  # the broker forgot it with the connection
+        try:
+            with client._backend.timeout(client._timeout):
+                await client._roundtrip(conn, P.Unsubscribe(self.sid))
+        except ConnectionClosedError:
+            pass  # gone with the connection
 
     async def __aenter__(self) -> Subscription:
         return self
@@ -176,47 +355,211 @@ class Subscription:
         await self.unsubscribe()
 
 
+#: Queued in a subscription with ``_marks`` when the client has reconnected.
+RECONNECTED: Any = object()
+
+
+class _Conn:
+    """One TCP connection of a client and what belongs to it."""
+
+    __slots__ = ("link", "proto", "pending", "ready", "lost", "goodbye", "refusal", "gone")
+
+    def __init__(self, gone: Any) -> None:
+        self.link: Any = None
+        self.proto = P.ProtocolConnection(Role.CLIENT)
+        self.pending: dict[int, Any] = {}
+        #: Handshake done (and subscriptions re-created): requests may use it.
+        self.ready = False
+        #: Why it ended, once it has.
+        self.lost: ConnectionClosedError | None = None
+        self.goodbye: ConnectionClosedError | None = None
+        #: A GOODBYE that refused the handshake, as the broker's error.
+        self.refusal: BrokerError | None = None
+        #: Set when it ends.
+        self.gone = gone
+
+
+Callback = Callable[..., Any]
+
+
 class Client:
-    """A connection to a broker. Build one with ``broker.client.connect`` (trio) or
-    ``broker.client.aio.connect`` (asyncio); both give this same class.
+    """A connection to a broker, kept up (see the module docstring). Build one with
+    ``broker.client.connect`` (trio) or ``broker.client.aio.connect`` (asyncio); both
+    give this same class.
 
     Args:
         backend: the runtime backend.
-        timeout: seconds to wait for any one response (None = forever).
+        timeout: seconds to wait for any one response, including any wait for a
+            reconnection (None = forever); also the limit of each connection attempt.
+        reconnect: reconnect when the connection is lost.
+        max_reconnect_attempts: failed attempts in a row before giving up (-1: never).
+        reconnect_wait: seconds before the first attempt; doubled for each next one.
+        reconnect_wait_max: the longest wait between two attempts.
+        on_disconnect: called with the :class:`ConnectionClosedError` saying why,
+            each time the connection is lost.
+        on_reconnect: called with the number of attempts it took, each time the
+            client is connected again.
+        on_closed: called with the error once the client stops on its own (it gave
+            up reconnecting, or lost the connection with ``reconnect=False``); not
+            when you close it.
+
+    Attributes:
+        closed: the client is closed for good (by ``aclose``, or it stopped).
+        close_reason: the :class:`ConnectionClosedError` every call raises then.
+        connected: a connection is up now.
+        reconnects: how many times it has reconnected.
+        server_info: the broker's handshake info (of the current connection).
     """
 
-    def __init__(self, backend: Backend, timeout: float | None = 30.0) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        timeout: float | None = 30.0,
+        *,
+        reconnect: bool = True,
+        max_reconnect_attempts: int = RECONNECT_ATTEMPTS,
+        reconnect_wait: float = RECONNECT_WAIT,
+        reconnect_wait_max: float = RECONNECT_WAIT_MAX,
+        on_disconnect: Callback | None = None,
+        on_reconnect: Callback | None = None,
+        on_closed: Callback | None = None,
+    ) -> None:
+        if reconnect_wait < 0 or reconnect_wait_max < 0:
+            raise ValueError("reconnect_wait and reconnect_wait_max must not be negative")
         self._backend = backend
         self._timeout = timeout
-        self._conn = P.ProtocolConnection(Role.CLIENT)
+        self._reconnect = reconnect
+        self._max_attempts = max_reconnect_attempts
+        self._wait = reconnect_wait
+        self._wait_max = max(reconnect_wait_max, reconnect_wait)
+        self._on_disconnect = on_disconnect
+        self._on_reconnect = on_reconnect
+        self._on_closed = on_closed
         self._corr = itertools.count(1)
         self._sids = itertools.count(1)
-        self._pending: dict[int, Any] = {}
         self._subs: dict[int, Subscription] = {}
-        self._link: Any = None
+        self._conn: _Conn | None = None
+        self._attempt: _Conn | None = None
+        self._ready: Any = None
+        self._address: tuple[str, int, str, str] = ("", 0, "", "")
+        self._callbacks: deque[tuple[Callback, tuple[Any, ...]]] = deque()
+        self._dispatching = False
+        self._user_closed = False
+        #: Why the current (or last) connection was lost.
+        self.last_error: ConnectionClosedError | None = None
         self.closed = False
         self.close_reason: ConnectionClosedError | None = None
-        self._goodbye: ConnectionClosedError | None = None
+        self.reconnects = 0
         self.server_info: dict[str, Any] = {}
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
 
     # -- connection ------------------------------------------------------------------
 
     async def _open(self, host: str, port: int, token: str = "", name: str = "ttlbroker-python") -> None:
-        self._link = await self._backend.open_link(host, port, self._feed, self._lost)
+        """Connect for the first time (no retry: errors are raised)."""
+        self._address = (host, port, token, name)
+        await self._backend.start()
+        self._ready = self._backend.event()
         try:
-            ok = await self._request(P.Handshake(PROTOCOL_VERSION, token, name))
+            conn = await self._connect(resubscribe=False)
         except BaseException:
             await self.aclose()
             raise
+        self._conn = conn
+        self._ready.set()
+
+    async def _connect(self, resubscribe: bool) -> _Conn:
+        """One connection attempt: connect, handshake, subscribe again. Raises what
+        failed (OSError, TimeoutError, BrokerError, ConnectionClosedError)."""
+        host, port, token, name = self._address
+        conn = _Conn(self._backend.event())
+        self._attempt = conn
+        try:
+            with self._backend.timeout(self._timeout):
+                conn.link = await self._backend.open_link(
+                    host, port, lambda data: self._feed(conn, data), lambda exc: self._conn_lost(conn, exc)
+                )
+                lost: ConnectionLostError | None = None
+                try:
+                    ok = await self._roundtrip(conn, P.Handshake(PROTOCOL_VERSION, token, name))
+                    conn.ready = True
+                    if resubscribe:
+                        await self._resubscribe(conn)
+                except ConnectionLostError as exc:
+                    lost = exc
+                if lost is not None:
+                    # Nothing was in flight for the application: say why it went.
+                    raise conn.refusal or conn.lost or lost
+        except BaseException:
+            if conn.lost is None:
+                conn.lost = ConnectionClosedError("the connection attempt was abandoned")
+                conn.gone.set()
+            if conn.link is not None:
+                await conn.link.aclose()
+            raise
+        finally:
+            if self._attempt is conn:
+                self._attempt = None
         self.server_info = ok.info
+        return conn
+
+    async def _resubscribe(self, conn: _Conn) -> None:
+        """Subscribe again, pipelined, every subscription (those still being created
+        too: ``subscribe`` sees that this did it)."""
+        subs = [s for s in self._subs.values() if not s.closed]
+        waits = [self._backend.waiter() for _ in subs]
+        for sub, w in zip(subs, waits):
+            sub._reconnecting()  # before anything the new connection delivers
+            corr = next(self._corr) & 0xFFFFFFFF or next(self._corr)
+            conn.pending[corr] = w
+            conn.link.write(conn.proto.send_request(corr, P.Subscribe(sub.sid, sub.subject_filter)))
+        lost: ConnectionClosedError | None = None
+        for sub, w in zip(subs, waits):  # every answer is awaited (asyncio logs the others)
+            try:
+                await w.wait()
+            except BrokerError as err:  # e.g. the broker's limits changed
+                self._subs.pop(sub.sid, None)
+                sub._end(err)
+            except ConnectionClosedError as err:
+                lost = lost or err
+            else:
+                sub._conn = conn
+        if lost is not None:
+            raise lost
 
     async def aclose(self) -> None:
-        """Close the connection (pending requests fail with ConnectionClosedError)."""
-        link, self._link = self._link, None
-        if link is None:
-            return
-        self._fail_all(ConnectionClosedError("the client closed the connection"))
-        await link.aclose()
+        """Close the client: pending requests fail with ConnectionClosedError, the
+        iterations over its subscriptions end, reconnection stops."""
+        try:
+            await self._close_connection()
+        finally:
+            await self._backend.aclose()
+
+    async def _close_connection(self) -> None:
+        if not self._user_closed:
+            self._user_closed = True
+            err = ConnectionClosedError("the client closed the connection")
+            if not self.closed:
+                self.closed = True
+                self.close_reason = err
+            for conn in (self._conn, self._attempt):
+                if conn is not None and conn.lost is None:
+                    conn.lost = err
+                    conn.gone.set()
+                    pending, conn.pending = conn.pending, {}
+                    for w in pending.values():
+                        w.set_exception(err)
+            conn, self._conn = self._conn, None
+            for sub in list(self._subs.values()):
+                sub._end()
+            self._subs.clear()
+            if self._ready is not None:
+                self._ready.set()
+            if conn is not None and conn.link is not None:
+                await conn.link.aclose()
 
     async def __aenter__(self) -> Client:
         return self
@@ -224,80 +567,217 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def _fail_all(self, err: ConnectionClosedError) -> None:
-        if not self.closed:
-            self.closed = True
-            self.close_reason = err
-        pending, self._pending = self._pending, {}
+    def _conn_lost(self, conn: _Conn, exc: BaseException | None, err: ConnectionClosedError | None = None) -> None:
+        """A connection ended (called by its link, or on a GOODBYE or a protocol
+        error): fail what was in flight on it and, if it was the one in use,
+        reconnect or stop."""
+        if conn.lost is not None:
+            return
+        if err is None:
+            err = conn.goodbye
+        if err is None:
+            if exc is None:
+                err = ConnectionClosedError("the broker closed the connection")
+            else:
+                err = ConnectionClosedError(f"the connection broke ({_describe(exc)})")
+        conn.lost = err
+        conn.gone.set()
+        pending, conn.pending = conn.pending, {}
         for w in pending.values():
-            w.set_exception(err)
-        for sub in list(self._subs.values()):
-            sub._queue.close()
-
-    def _lost(self, exc: BaseException | None) -> None:
+            w.set_exception(ConnectionLostError(err))
+        if conn.link is not None:
+            self._backend.spawn(conn.link.aclose)
+        if self._conn is not conn:
+            return  # an attempt: it sees the failure itself
+        self._conn = None
+        self.last_error = err
         if self.closed:
             return
-        reason = self._goodbye or ConnectionClosedError(
-            f"connection lost: {exc!r}" if exc is not None else "the broker closed the connection"
-        )
-        self._fail_all(reason)
+        if not self._reconnect:
+            self._emit(self._on_disconnect, err)
+            self._stop(err)
+            return
+        self._ready = self._backend.event()
+        self._emit(self._on_disconnect, err)
+        self._backend.spawn(self._reconnect_loop, err)
 
-    def _feed(self, data: bytes) -> None:
-        """Bytes from the broker (called by the link, never concurrently)."""
-        conn = self._conn
+    def _stop(self, err: ConnectionClosedError) -> None:
+        """Stop for good on our own: every pending and later call, and every
+        iteration, raise ``err``."""
+        self.closed = True
+        self.close_reason = err
+        for sub in list(self._subs.values()):
+            sub._end(err)
+        self._subs.clear()
+        self._ready.set()
+        self._emit(self._on_closed, err)
+
+    def _backoff(self, attempt: int) -> float:
+        """The wait before attempt ``attempt`` (1, 2, ...): exponential, capped, with
+        up to half of it taken off at random."""
+        wait = min(self._wait_max, self._wait * 2 ** min(attempt - 1, 32))
+        return wait * (1 - random.random() / 2)
+
+    async def _reconnect_loop(self, lost: ConnectionClosedError) -> None:
+        attempts = 0
+        last: BaseException | None = None
+        while not self.closed:
+            if 0 <= self._max_attempts <= attempts:
+                self._stop(ReconnectFailedError(lost, attempts, last))
+                return
+            attempts += 1
+            await self._backend.sleep(self._backoff(attempts))
+            if self.closed:
+                return
+            try:
+                conn = await self._connect(resubscribe=True)
+            except Exception as exc:  # OSError, TimeoutError, BrokerError, ConnectionClosedError, ...
+                last = exc
+                log.debug("reconnect attempt %d failed: %s", attempts, _describe(exc))
+                continue
+            if conn.lost is not None:  # lost again before we could use it
+                last = conn.lost
+                continue
+            self._conn = conn
+            self.reconnects += 1
+            self._ready.set()
+            self._emit(self._on_reconnect, attempts)
+            return
+
+    def _emit(self, callback: Callback | None, *args: Any) -> None:
+        """Call an application callback from the client's own task, in order."""
+        if callback is None:
+            return
+        self._callbacks.append((callback, args))
+        if not self._dispatching:
+            self._dispatching = True
+            self._backend.spawn(self._dispatch)
+
+    async def _dispatch(self) -> None:
         try:
-            conn.receive_data(data)
+            while self._callbacks:
+                callback, args = self._callbacks.popleft()
+                try:
+                    result = callback(*args)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:
+                    log.exception("a connection callback failed")
+        finally:
+            self._dispatching = False
+
+    def _feed(self, conn: _Conn, data: bytes) -> None:
+        """Bytes from the broker (called by the link, never concurrently)."""
+        if conn.lost is not None:
+            return
+        proto = conn.proto
+        try:
+            proto.receive_data(data)
             while True:
-                event = conn.next_event()
+                event = proto.next_event()
                 if event is NEED_DATA:
                     return
                 cls = event.__class__
                 if cls is Response:
-                    w = self._pending.pop(event.correlation_id, None)  # type: ignore[union-attr]
+                    w = conn.pending.pop(event.correlation_id, None)  # type: ignore[union-attr]
                     if w is not None:
                         w.set_result(event.result)  # type: ignore[union-attr]
                 elif cls is ErrorResponse:
-                    w = self._pending.pop(event.correlation_id, None)  # type: ignore[union-attr]
+                    w = conn.pending.pop(event.correlation_id, None)  # type: ignore[union-attr]
                     if w is not None:
                         w.set_exception(event.error)  # type: ignore[union-attr]
                 elif cls is Push:
-                    self._on_push(event)  # type: ignore[arg-type]
+                    self._on_push(conn, event)  # type: ignore[arg-type]
+                    if conn.lost is not None:
+                        return
         except P.RemoteProtocolError as exc:
-            self._fail_all(ConnectionClosedError(f"the broker broke the protocol: {exc}"))
+            self._conn_lost(conn, None, ConnectionClosedError(f"the broker broke the protocol: {exc}"))
 
-    def _on_push(self, event: Push) -> None:
+    def _on_push(self, conn: _Conn, event: Push) -> None:
         if event.kind == PushKind.DELIVERY:
             delivery = event.value
             sub = self._subs.get(delivery.subscription_id)  # type: ignore[attr-defined]
             if sub is not None:
                 sub._deliver(delivery.messages)  # type: ignore[attr-defined]
         elif event.kind == PushKind.GOODBYE:
-            code = event.status
+            # The broker's last frame: the connection is over now.
+            status = event.status
             text = event.value.reason  # type: ignore[attr-defined]
-            err = BrokerError.from_code(code, text) if code else None
-            self._goodbye = ConnectionClosedError(f"the broker said goodbye: {text}", code)
-            if err is not None:
-                self._goodbye.__cause__ = err
-                # A goodbye on a connection still handshaking answers the handshake.
-                pending, self._pending = self._pending, {}
-                for w in pending.values():
-                    w.set_exception(err)
+            goodbye = ConnectionClosedError(f"the broker said goodbye: {text}", _code(status) if status else None)
+            if status:
+                err = BrokerError.from_code(status, text)
+                goodbye.__cause__ = err
+                if not conn.ready:
+                    # A goodbye on a connection still handshaking answers the handshake.
+                    conn.refusal = err
+                    pending, conn.pending = conn.pending, {}
+                    for w in pending.values():
+                        w.set_exception(err)
+            conn.goodbye = goodbye
+            self._conn_lost(conn, None)
 
-    def _send(self, frame: bytes) -> None:
-        self._link.write(frame)
+    async def _wait_connected(self) -> _Conn:
+        """The connection in use, once there is one (raises close_reason if closed)."""
+        while True:
+            conn = self._conn
+            if conn is not None:
+                return conn
+            if self.closed:
+                raise self.close_reason or ConnectionClosedError("the connection is closed")
+            await self._ready.wait()
 
-    async def _request(self, command: Any) -> Any:
-        if self.closed:
-            raise self.close_reason or ConnectionClosedError("the connection is closed")
+    async def _roundtrip(self, conn: _Conn, command: Any) -> Any:
+        """Send one request on ``conn`` and wait for its answer."""
+        if conn.lost is not None:
+            raise conn.refusal or conn.lost
         corr = next(self._corr) & 0xFFFFFFFF or next(self._corr)
         waiter = self._backend.waiter()
-        self._pending[corr] = waiter
-        self._link.write(self._conn.send_request(corr, command))
+        conn.pending[corr] = waiter
+        conn.link.write(conn.proto.send_request(corr, command))
+        try:
+            return await waiter.wait()
+        finally:
+            conn.pending.pop(corr, None)
+
+    async def _request(self, command: Any, retry: bool | Callable[[], bool] = False) -> Any:
+        """Send a request and wait for its answer, within the timeout; wait for a
+        reconnection first if the connection is down. ``retry`` (or what it returns,
+        asked only then): the request may be sent again after a reconnection if the
+        connection drops with it in flight."""
+        conn = self._conn
         try:
             with self._backend.timeout(self._timeout):
-                return await waiter.wait()
-        finally:
-            self._pending.pop(corr, None)
+                while True:
+                    if conn is None:
+                        conn = await self._wait_connected()
+                    try:
+                        return await self._roundtrip(conn, command)
+                    except ConnectionLostError:
+                        if not self._reconnect or self.closed or not (retry() if callable(retry) else retry):
+                            raise
+                    except BrokerError as err:
+                        # Refused by a broker on its way down: not carried out.
+                        if err.code != ErrorCode.SHUTTING_DOWN or not self._reconnect or self.closed:
+                            raise
+                        await conn.gone.wait()
+                    conn = None
+        except TimeoutError as exc:
+            raise self._timeout_error(exc) from None
+
+    def _timeout_error(self, exc: TimeoutError) -> TimeoutError:
+        """The timeout, saying so when the connection is down."""
+        if self._conn is None and not self.closed and self.last_error is not None:
+            return TimeoutError(f"{exc}: the connection is down ({self.last_error.reason}) and the client is still reconnecting")
+        return exc
+
+    async def _send_no_ack(self, command: Any) -> None:
+        """Send a request that gets no response (waiting for a connection first)."""
+        conn = self._conn
+        if conn is None:
+            with self._backend.timeout(self._timeout):
+                conn = await self._wait_connected()
+        conn.link.write(conn.proto.send_request(0, command))
+        await conn.link.drain()
 
     # -- server --------------------------------------------------------------------
 
@@ -444,17 +924,25 @@ class Client:
     ) -> Ack | None:
         """Publish one message and wait for its ack.
 
+        A message with a ``Nats-Msg-Id`` header is sent again after a reconnection if
+        the connection dropped before its ack came: the topic's duplicate window
+        (``duplicate_window``) makes the broker store it once. Without one, the loss
+        raises :class:`ConnectionLostError` (it may or may not have been stored).
+        ``ack=False`` sends and forgets (at most once).
+
         Raises:
             BrokerError: the message was not stored (its ack's error); for a subject no
                 topic captures that is NoTopicForSubjectError (core subscribers still
                 received it).
+            ConnectionLostError: the connection dropped with the publish in flight.
+            TimeoutError: no ack (or no connection) within the client's timeout.
         """
         body = encode_msg(subject, payload, headers, ttl)
         if not ack:
-            self._send(self._conn.send_request(0, P.Publish.from_bodies([body], P.PUBLISH_NO_ACK)))
-            await self._link.drain()
+            await self._send_no_ack(P.Publish.from_bodies([body], P.PUBLISH_NO_ACK))
             return None
-        acks: Acks = await self._request(P.Publish.from_bodies([body]))
+        retry = headers is not None and MSG_ID_HEADER in headers
+        acks: Acks = await self._request(P.Publish.from_bodies([body]), retry)
         a = acks[0]
         if a.error is not None:
             raise a.error
@@ -465,15 +953,16 @@ class Client:
         the acks, not raised: see ``Acks.raise_for_errors``).
 
         ``messages`` may hold :class:`Msg`, ``(subject, payload[, headers[, ttl]])``
-        tuples, or bodies already encoded with ``encode_msg``.
+        tuples, or bodies already encoded with ``encode_msg``. A batch whose every
+        message has a ``Nats-Msg-Id`` header is sent again after a reconnection, as
+        :meth:`publish` does; any other raises :class:`ConnectionLostError`.
         """
         bodies = [m if isinstance(m, (bytes, bytearray)) else encode_msg(*m) for m in messages]
         cmd = P.Publish.from_bodies(bodies, 0 if ack else P.PUBLISH_NO_ACK)
         if not ack:
-            self._send(self._conn.send_request(0, cmd))
-            await self._link.drain()
+            await self._send_no_ack(cmd)
             return None
-        return await self._request(cmd)
+        return await self._request(cmd, lambda: bool(bodies) and all(_has_msg_id(b) for b in bodies))
 
     async def fetch(
         self,
@@ -523,11 +1012,36 @@ class Client:
         once (stored or not)."""
         sid = next(self._sids)
         sub = Subscription(self, sid, subject_filter, max_pending)
-        self._subs[sid] = sub
+        self._subs[sid] = sub  # before the answer: deliveries may come with it
         try:
-            await self._request(P.Subscribe(sid, subject_filter))
+            with self._backend.timeout(self._timeout):
+                while True:
+                    conn = await self._wait_connected()
+                    if sub._error is not None:
+                        raise sub._error
+                    if sub._conn is conn:
+                        break  # a reconnection subscribed it meanwhile
+                    try:
+                        await self._roundtrip(conn, P.Subscribe(sid, subject_filter))
+                    except ConnectionLostError:
+                        # The broker forgot it with the connection: subscribe again.
+                        if not self._reconnect or self.closed:
+                            raise
+                        continue
+                    except BrokerError as err:
+                        if err.code != ErrorCode.SHUTTING_DOWN or not self._reconnect or self.closed:
+                            raise
+                        await conn.gone.wait()
+                        continue
+                    sub._conn = conn
+                    break
+        except TimeoutError as exc:
+            self._subs.pop(sid, None)
+            sub._end()
+            raise self._timeout_error(exc) from None
         except BaseException:
             self._subs.pop(sid, None)
+            sub._end()
             raise
         return sub
 

@@ -204,28 +204,55 @@ class KeyValue:
 
     async def watch(self, keys: str = ">", *, include_current: bool = False) -> AsyncIterator[Entry]:
         """Puts, deletes, purges and expirations of matching keys as they happen;
-        with ``include_current``, first the latest revision of every matching key."""
-        sub = await self._client.subscribe(self._prefix + keys)
+        with ``include_current``, first the latest revision of every matching key.
+
+        Across a reconnection of the client nothing is missed: what was written
+        meanwhile is fetched from the bucket and given first (each revision once)."""
+        from ._client import RECONNECTED
+
+        subject = self._prefix + keys
+        seen = 0  # the revisions up to this one have been given (or predate the watch)
+        if not include_current:
+            seen = (await self._client.fetch(KV_STREAM, self.bucket, 0, 1, 1)).last_offset
+        sub = await self._client.subscribe(subject)
+        sub._marks = True
+        gaps = sub._gaps
         try:
-            seen = 0
             if include_current:
                 latest: dict[str, Entry] = {}
                 offset = 1
                 while True:
-                    page = await self._client.fetch(KV_STREAM, self.bucket, 0, offset, 1000, subject=self._prefix + keys)
+                    page = await self._client.fetch(KV_STREAM, self.bucket, 0, offset, 1000, subject=subject)
                     for m in page.messages:
                         latest[m.subject] = self._from_message(m)
+                    seen = max(seen, page.last_offset if page.next_offset > page.last_offset else page.next_offset - 1)
                     if page.next_offset > page.last_offset or page.next_offset <= offset:
                         break
                     offset = page.next_offset
                 for entry in sorted(latest.values(), key=lambda e: e.revision):
-                    seen = max(seen, entry.revision)
                     if entry.operation == "PUT":
                         yield entry
-            async for m in sub:
-                if m.offset and m.offset <= seen:
-                    continue  # already in the snapshot
-                yield self._from_message(m)
+            while True:
+                try:
+                    item = await sub._next_item()
+                except StopAsyncIteration:
+                    return
+                if sub._gaps != gaps:  # reconnected: fetch what the gap held
+                    gaps = sub._gaps
+                    offset = seen + 1
+                    while True:
+                        page = await self._client.fetch(KV_STREAM, self.bucket, 0, offset, 1000, subject=subject)
+                        for m in page.messages:
+                            if m.offset > seen:
+                                seen = m.offset
+                                yield self._from_message(m)
+                        if page.next_offset > page.last_offset or page.next_offset <= offset:
+                            break
+                        offset = page.next_offset
+                if item is RECONNECTED or (item.offset and item.offset <= seen):
+                    continue  # already given
+                seen = max(seen, item.offset)
+                yield self._from_message(item)
         finally:
             await sub.unsubscribe()
 

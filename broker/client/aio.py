@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 from ._backend import AsyncioBackend
-from ._client import Client, parse_address
+from ._client import RECONNECT_ATTEMPTS, RECONNECT_WAIT, RECONNECT_WAIT_MAX, Callback, Client, parse_address
 
 __all__ = ["connect", "run", "loop_factory"]
 
@@ -34,10 +34,22 @@ async def connect(
     token: str = "",
     name: str = "ttlbroker-python",
     timeout: float | None = 30.0,
+    reconnect: bool = True,
+    max_reconnect_attempts: int = RECONNECT_ATTEMPTS,
+    reconnect_wait: float = RECONNECT_WAIT,
+    reconnect_wait_max: float = RECONNECT_WAIT_MAX,
+    on_disconnect: Callback | None = None,
+    on_reconnect: Callback | None = None,
+    on_closed: Callback | None = None,
 ) -> AsyncIterator[Client]:
-    """Connect (asyncio) and handshake; the connection closes when the block ends."""
+    """Connect (asyncio) and handshake; the connection closes when the block ends.
+    The same options and errors as ``broker.client.connect``."""
     host, port = parse_address(address)
-    client = Client(AsyncioBackend(), timeout)
+    client = Client(
+        AsyncioBackend(), timeout, reconnect=reconnect, max_reconnect_attempts=max_reconnect_attempts,
+        reconnect_wait=reconnect_wait, reconnect_wait_max=reconnect_wait_max,
+        on_disconnect=on_disconnect, on_reconnect=on_reconnect, on_closed=on_closed,
+    )
     await client._open(host, port, token, name)
     try:
         yield client

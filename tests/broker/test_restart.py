@@ -62,7 +62,7 @@ async def test_kill_9_under_publish_load_loses_no_acknowledged_message(data_dir:
     proc = await trio.to_thread.run_sync(lambda: BrokerProcess(data_dir, "--fsync", fsync))
     acked: dict[tuple[int, int], bytes] = {}
     try:
-        async with connect(proc.address) as c:
+        async with connect(proc.address, reconnect=False) as c:  # the workers end at the kill
             await c.create_stream("s")
             await c.create_topic("s", "t", partitions=3, subjects=["t.>"], segment_size=256 * 1024)
 

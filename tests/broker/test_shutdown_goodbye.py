@@ -16,7 +16,7 @@ from helpers import RawPeer
 import protocol as P
 from broker import ServerHandle
 from broker._session import GOODBYE_SECONDS
-from broker.client import connect, encode_msg
+from broker.client import ConnectionClosedError, ShuttingDownError, connect, encode_msg
 
 REASON = "the broker is shutting down"
 
@@ -93,6 +93,33 @@ async def test_every_connection_gets_a_goodbye_with_shutting_down(runner: Runner
     assert ready.eof and fresh.eof
 
 
+async def test_the_trio_client_reports_the_goodbye(runner: Runner) -> None:
+    """With reconnect=False the GOODBYE ends the client: the iteration over a
+    subscription raises it (code and reason), and so does every later call."""
+    disconnects: list[ConnectionClosedError] = []
+    closes: list[ConnectionClosedError] = []
+    async with connect(
+        runner.handle.address, reconnect=False, on_disconnect=disconnects.append, on_closed=closes.append
+    ) as c:
+        sub = await c.subscribe("anything.>")
+        await runner.stop()
+        with pytest.raises(ConnectionClosedError) as info:
+            async for _ in sub:
+                pass
+        err = info.value
+        assert type(err) is ConnectionClosedError
+        assert err.reason == "the broker said goodbye: the broker is shutting down"
+        assert str(err) == err.reason
+        assert err.code == P.ErrorCode.SHUTTING_DOWN == 10
+        assert isinstance(err.__cause__, ShuttingDownError) and err.__cause__.message == REASON
+        assert c.closed and c.close_reason is err and not c.connected
+        with pytest.raises(ConnectionClosedError) as later:
+            await c.ping()
+        assert later.value is err
+        await trio.testing.wait_all_tasks_blocked()
+        assert disconnects == [err] and closes == [err]
+
+
 async def test_acks_already_queued_come_before_the_goodbye_and_nothing_acked_is_lost(data_dir: Path) -> None:
     """A peer that pipelines publishes while the broker stops: every frame it gets is an
     ack of a stored message or a SHUTTING_DOWN refusal, the GOODBYE is the last one,
@@ -145,6 +172,47 @@ async def test_acks_already_queued_come_before_the_goodbye_and_nothing_acked_is_
             stored = {m.payload for m in (await c.fetch("s", "t", 0, 1, 100_000)).messages}
         assert acked <= stored
         nursery.cancel_scope.cancel()
+
+
+async def test_requests_during_the_shutdown_are_refused_and_the_client_retries_them(data_dir: Path) -> None:
+    """SHUTTING_DOWN means "not carried out": a reconnecting client sends the request
+    again on its next connection, so the caller sees only the answer."""
+    async with trio.open_nursery() as nursery:
+        runner = Runner(nursery, data_dir, **{"system.partition.fsync": "never"})
+        h = await runner.start()
+        async with connect(h.address, reconnect_wait=0.01, reconnect_wait_max=0.05, max_reconnect_attempts=-1) as c:
+            await c.create_stream("s")
+            await c.create_topic("s", "t", subjects=["t.>"])
+            h.broker.shutting_down = True  # what _shutdown does first
+            result: list[object] = []
+
+            async def publish() -> None:
+                result.append(await c.publish("t.x", b"during the shutdown"))
+
+            nursery.start_soon(publish)
+            with trio.fail_after(10):
+                while h.broker.counters.request_errors == 0:  # refused with SHUTTING_DOWN
+                    await trio.sleep(0.01)
+            await trio.sleep(0.05)
+            assert result == []  # waiting for the next connection
+            await runner.stop()
+            await runner.start(h.port)
+            with trio.fail_after(10):
+                while not result:
+                    await trio.sleep(0.01)
+            (ack,) = result
+            assert ack.offset == 1  # type: ignore[attr-defined]
+            assert [m.payload for m in (await c.fetch("s", "t", 0, 1, 10)).messages] == [b"during the shutdown"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_without_reconnect_a_refused_request_raises_shutting_down(runner: Runner) -> None:
+    async with connect(runner.handle.address, reconnect=False) as c:
+        runner.handle.broker.shutting_down = True
+        with pytest.raises(ShuttingDownError) as info:
+            await c.ping()
+        assert info.value.code == P.ErrorCode.SHUTTING_DOWN and info.value.message == REASON
+        runner.handle.broker.shutting_down = False
 
 
 async def test_a_peer_that_never_closes_holds_the_shutdown_for_goodbye_seconds_at_most(

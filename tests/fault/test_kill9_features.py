@@ -41,7 +41,7 @@ async def test_kill_9_with_ttls_deletes_republish_and_kv(data_dir: Path, fsync: 
     kv_acked: dict[str, tuple[int, bytes]] = {}
     rng = random.Random(7)
     try:
-        async with connect(proc.address) as c:
+        async with connect(proc.address, reconnect=False) as c:  # the workers end at the kill
             await c.create_stream("s")
             await c.create_topic(
                 "s", "a", partitions=2, subjects=["a.>"], allow_msg_ttl=True, segment_size=64 * 1024,
