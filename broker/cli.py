@@ -5,7 +5,7 @@ HOST:PORT`` once it accepts connections. Every other command talks to a running
 broker (``--server HOST:PORT``, default ``127.0.0.1:8090`` or ``$TTLBROKER_SERVER``).
 With ``--json`` results are JSON (messages as JSON Lines, one object each); errors go
 to stderr as one line naming the error and its code, and the exit status is 1 (2 when
-the broker cannot be reached, 130 on Ctrl-C).
+the broker cannot be reached or the connection is lost, 130 on Ctrl-C).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import trio
 
 from protocol import TTL_NEVER, BrokerError, Message, rfc3339_ns
 
-from .client import Client, ConnectionClosedError, connect, encode_msg
+from .client import Client, ConnectionClosedError, ReconnectFailedError, connect, encode_msg
+from .client._client import RECONNECT_ATTEMPTS
 
 __all__ = ["main", "build_parser"]
 
@@ -265,7 +266,40 @@ async def cmd_last(c: Client, args: argparse.Namespace, out: Out) -> None:
     out.message(m, args.stream, args.topic)
 
 
+class _ExitStatus(Exception):
+    """End the command with this exit status (its message is already printed)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _closed_text(err: ConnectionClosedError) -> str:
+    """Why a connection went, for one line on stderr: the reason, and the GOODBYE's
+    code when there was one."""
+    code = err.code
+    if code is None:
+        return err.reason
+    name = getattr(code, "name", None)
+    return f"{err.reason} ({name} {int(code)})" if name else f"{err.reason} (code {int(code)})"
+
+
+def _on_disconnect(err: ConnectionClosedError) -> None:
+    print(f"disconnected: {_closed_text(err)}; reconnecting", file=sys.stderr, flush=True)
+
+
+def _on_reconnect_to(server: str) -> Callable[[int], None]:
+    def on_reconnect(attempts: int) -> None:
+        tries = f"{attempts} attempt{'' if attempts == 1 else 's'}"
+        print(f"reconnected to {server} after {tries}; subscribed again", file=sys.stderr, flush=True)
+
+    return on_reconnect
+
+
 async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
+    """Print what the subscription receives. A lost connection ends it with one line
+    on stderr saying why, exit status 2; with ``--reconnect`` the client reconnects
+    (a line on stderr for each disconnect and reconnect) until it gives up."""
     names: dict[tuple[int, int], tuple[str, str]] = {}
 
     async def where(m: Message) -> tuple[Any, Any]:
@@ -273,20 +307,32 @@ async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
             return None, None
         key = (m.stream_id, m.topic_id)
         if key not in names:
-            t = await c.get_topic(m.stream_id, m.topic_id)
+            try:
+                t = await c.get_topic(m.stream_id, m.topic_id)
+            except ConnectionClosedError:
+                if c.closed:
+                    raise
+                return m.stream_id, m.topic_id  # lost on the way: print the ids this time
             names[key] = (t.extra.get("stream", m.stream_id), t.name)
         return names[key]
 
     seen = 0
-    async with await c.subscribe(args.filter) as sub:
-        if not out.json:
-            print(f"subscribed to {args.filter}", file=sys.stderr, flush=True)
-        async for m in sub:
-            stream, topic = await where(m)
-            out.message(m, stream, topic)
-            seen += 1
-            if args.count and seen >= args.count:
-                break
+    try:
+        async with await c.subscribe(args.filter) as sub:
+            if not out.json:
+                print(f"subscribed to {args.filter}", file=sys.stderr, flush=True)
+            async for m in sub:
+                stream, topic = await where(m)
+                out.message(m, stream, topic)
+                seen += 1
+                if args.count and seen >= args.count:
+                    break
+    except ReconnectFailedError as exc:
+        print(f"error: {exc.reason}", file=sys.stderr, flush=True)  # the reason names the loss
+        raise _ExitStatus(2) from None
+    except ConnectionClosedError as exc:
+        print(f"error: connection lost: {_closed_text(exc)}", file=sys.stderr, flush=True)
+        raise _ExitStatus(2) from None
 
 
 async def cmd_stats(c: Client, args: argparse.Namespace, out: Out) -> None:
@@ -514,9 +560,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topic")
     p.add_argument("subject")
 
-    p = sub.add_parser("sub", parents=[common], help="print messages published on matching subjects")
+    p = sub.add_parser(
+        "sub", parents=[common], help="print messages published on matching subjects",
+        description="Print messages published on matching subjects. A lost connection ends it with one line on "
+        "stderr saying why and exit status 2, unless --reconnect is given.",
+    )
     p.add_argument("filter")
     p.add_argument("--count", type=int, default=0, help="exit after N messages (0 = run until interrupted)")
+    p.add_argument(
+        "--reconnect", action="store_true",
+        help="when the connection is lost, reconnect and subscribe again (one line on stderr for each disconnect "
+        "and reconnect); messages published meanwhile are not delivered",
+    )
+    p.add_argument(
+        "--max-reconnects", type=int, default=RECONNECT_ATTEMPTS, metavar="N",
+        help=f"with --reconnect: give up after N failed attempts in a row (default {RECONNECT_ATTEMPTS}; -1 = never)",
+    )
 
     sub.add_parser("stats", parents=[common], help="the broker's counters")
 
@@ -691,9 +750,18 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 
 async def _run_client(args: argparse.Namespace) -> int:
     out = Out(args.json)
+    # One-shot commands report a lost connection; only `sub --reconnect` reconnects.
+    options: dict[str, Any] = {"reconnect": False}
+    if args.command == "sub" and args.reconnect:
+        options = {
+            "reconnect": True, "max_reconnect_attempts": args.max_reconnects,
+            "on_disconnect": _on_disconnect, "on_reconnect": _on_reconnect_to(args.server),
+        }
     try:
-        async with connect(args.server, token=args.token, name="ttlbroker-cli") as c:
+        async with connect(args.server, token=args.token, name="ttlbroker-cli", **options) as c:
             await CLIENT_COMMANDS[args.command](c, args, out)
+    except _ExitStatus as exc:
+        return exc.status
     except BrokerError as exc:
         print(f"error: {exc.code.name} ({int(exc.code)}): {exc.message}", file=sys.stderr)
         return 1
