@@ -166,19 +166,26 @@ async def test_client_vanishing_mid_frame(server: ServerHandle, client: Client, 
 
 
 async def test_client_reports_a_lost_connection(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    cfg = make_config(tmp_path)
-    async with trio.open_nursery() as n:
-        from broker import serve
+    from broker import serve
 
-        h = await n.start(serve, cfg)
-        async with connect(h.address) as c:
-            n.cancel_scope.cancel()
-            with trio.CancelScope(shield=True):
-                with trio.fail_after(10):
-                    while not c.closed:
-                        await trio.sleep(0.01)
-                with pytest.raises(ConnectionClosedError):
-                    await c.ping()
+    cfg = make_config(tmp_path)
+    server_scope = trio.CancelScope()
+
+    async def run_server(task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+        with server_scope:
+            await serve(cfg, task_status=task_status)
+
+    async with trio.open_nursery() as n:
+        h = await n.start(run_server)
+        async with connect(h.address, reconnect=False) as c:
+            server_scope.cancel()  # the broker shuts down; the client is not cancelled
+            with trio.fail_after(10):
+                while not c.closed:
+                    await trio.sleep(0.01)
+            with pytest.raises(ConnectionClosedError) as info:
+                await c.ping()
+            assert info.value.code == P.ErrorCode.SHUTTING_DOWN
+            assert "the broker is shutting down" in str(info.value)
 
 
 def _u32(v: int) -> bytes:
