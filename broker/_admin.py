@@ -16,6 +16,7 @@ import trio
 import protocol as P
 from protocol import EXPIRY_NONE, BrokerError, ErrorCode, error_class, normalize_name, validate_filter
 
+from ._consumer_handlers import forget_consumer
 from ._catalog import Stream, Topic
 from ._log import get_logger
 from ._publishing import enforce_max_msgs
@@ -288,6 +289,10 @@ async def _finish_removal(broker: Broker, entry: tuple[int, int | None]) -> None
 
 
 def _close_topic(broker: Broker, topic: Topic) -> None:
+    for c in list(topic.consumer_set.values()):
+        forget_consumer(broker, c, f"topic {topic.full_name} was deleted")
+    if topic.consumer_journal is not None:
+        topic.consumer_journal.close()
     for p in topic.partitions:
         broker.retention.forget(p)
         p.log.close()

@@ -42,10 +42,12 @@ import protocol as P
 from protocol import BrokerError
 from storage import Damage, DataDir, PartitionLog, RecoveryReport
 
-from . import _admin, _info, _kv, _offsets, _publishing, _reading, _removing, _subscriptions
+from . import _admin, _consumer_handlers, _info, _kv, _offsets, _publishing, _reading, _removing, _subscriptions
 from ._catalog import Catalog, Stream, Topic
 from ._clock import Clock
 from ._commit import Committer
+from ._consumer_journal import TopicJournal
+from ._consumers import ConsumerEngine
 from ._export import Exporter
 from ._info import VERSION
 from ._kv import KvReads, load_leases
@@ -98,6 +100,16 @@ SYNC_HANDLERS: dict[type, Handler] = {
     P.KvGet: _kv.kv_get,
     P.KvTouch: _kv.kv_touch,
     P.KvKeys: _kv.kv_keys,
+    # _consumer_handlers.py
+    P.CreateConsumer: _consumer_handlers.create_consumer,
+    P.UpdateConsumer: _consumer_handlers.update_consumer,
+    P.ConsumerInfoRequest: _consumer_handlers.consumer_info,
+    P.ListConsumers: _consumer_handlers.list_consumers,
+    P.DeleteConsumer: _consumer_handlers.delete_consumer,
+    P.Pull: _consumer_handlers.pull,
+    P.AckMessages: _consumer_handlers.ack,
+    P.JoinGroup: _consumer_handlers.join_group,
+    P.LeaveGroup: _consumer_handlers.leave_group,
 }
 ASYNC_HANDLERS: dict[type, AsyncHandler] = {
     # _info.py
@@ -133,6 +145,7 @@ class Broker:
         )
         self.exporter = Exporter(config.export.dir, config.export.interval, self.counters)
         self.kv = KvReads(self.committer)
+        self.consumers = ConsumerEngine(self)
         self.sessions: set[Any] = set()
         self.started_at = time.time()
         self.shutting_down = False
@@ -219,6 +232,11 @@ class Broker:
         topic.consumers = self.datadir.consumer_offsets(topic.stream.id, topic.id)
         if recovering and topic.config.kv is not None:
             load_leases(topic)
+        topic.consumer_journal = TopicJournal(self.consumers, topic)
+        if recovering:
+            for c in topic.consumer_journal.load():
+                topic.consumer_set[c.name] = c
+                self.consumers.attach(c)
 
     def _damage(self, damage: Damage) -> None:
         """Damage storage found: logged once with its file and position, counted."""
@@ -254,12 +272,14 @@ class Broker:
                 p.log.close()
             if topic.consumers is not None:
                 topic.consumers.close()
+            if topic.consumer_journal is not None:
+                topic.consumer_journal.close()
         self.datadir.unlock()
 
     def background_tasks(self) -> list[Callable[[], Awaitable[None]]]:
         """Tasks the server runs beside the listeners for the broker's lifetime: the
         expiry engine, and the segment cleaner when enabled."""
-        tasks: list[Callable[[], Awaitable[None]]] = [self.retention.engine.run]
+        tasks: list[Callable[[], Awaitable[None]]] = [self.retention.engine.run, self.consumers.run]
         cleaner = self.config.message_cleaner
         if cleaner.enabled:
             keep = self.exporter.keeps if self.exporter.enabled else None
@@ -277,6 +297,9 @@ class Broker:
             out.extend(p.log for p in topic.partitions)
             if topic.consumers is not None:
                 out.append(topic.consumers)
+            journal = topic.consumer_journal
+            if journal is not None and journal.file is not None:
+                out.append(journal.file)
         return out
 
     async def save_catalog(self) -> None:
@@ -292,4 +315,6 @@ class Broker:
         for sub in session.subs.values():
             self.subs.remove(sub)
         session.subs.clear()
+        if session.pulls or session.members:
+            _consumer_handlers.session_closed(self, session)
         self.sessions.discard(session)

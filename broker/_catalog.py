@@ -35,6 +35,9 @@ class Topic:
         self.created_at = created_at
         self.partitions: list[Partition] = []
         self.consumers: ConsumerOffsets | None = None
+        #: Durable consumers by name, and their journal (``_consumer_journal.py``).
+        self.consumer_set: dict[str, Any] = {}
+        self.consumer_journal: Any = None
         #: Messages removed since start, by reason (``ttl``, ``max_age``, ``delete``,
         #: ``purge``, ``rollup``, ``max_msgs_per_subject``).
         self.removed: dict[str, int] = {}
@@ -101,6 +104,8 @@ class Topic:
                 for p in self.partitions
             ],
         }
+        if self.consumer_set:
+            info["consumers"] = [c.summary() for _, c in sorted(self.consumer_set.items())]
         if extra:
             info.update(extra)
         return TopicDetails(

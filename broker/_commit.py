@@ -52,6 +52,9 @@ class Committer:
         self._progress = trio.Event()
         self._watchers: set[object] = set()
         self._after: list[tuple[int, Callable[[], None]]] = []
+        #: Called with the durable epoch after every sync, before the ``after``
+        #: actions (the consumer engine hands newly durable messages to waiting pulls).
+        self.on_synced: list[Callable[[int], None]] = []
         self.last_sync_seconds = 0.0
 
     @property
@@ -79,6 +82,14 @@ class Committer:
             action()
         else:
             self._after.append((epoch, action))
+
+    def durable_at(self) -> int:
+        """The epoch after which everything written so far is durable (0: it is now)."""
+        if self._dirty:
+            return self.epoch
+        if self.synced < self.epoch - 1:
+            return self.epoch - 1  # a sync is running
+        return 0
 
     def is_durable(self, epoch: int) -> bool:
         return epoch <= self.synced
@@ -128,6 +139,11 @@ class Committer:
         watchers, self._watchers = self._watchers, set()
         for w in watchers:
             w.kick()  # type: ignore[attr-defined]
+        for hook in self.on_synced:
+            try:
+                hook(target)
+            except Exception as exc:  # a failed hook must not stop durability
+                log.error("after_sync_failed", error=repr(exc), exc_info=True)
         if self._after:
             # Let the sessions send the acks this sync released before the actions
             # (republished copies) take the loop.

@@ -1,9 +1,9 @@
 """Expiry: the deadline structure and the one task that removes what falls due.
 
 **The deadline structure** (:class:`DeadlineQueue`) holds every pending per-message
-TTL. It is a ``sortedcontainers.SortedDict`` keyed by *bucket*: a deadline ``d``
-(wall-clock ns) goes to bucket ``ceil(d / 100 ms)``, and the bucket fires at
-``bucket * 100 ms``. That is never before any deadline in it and at most 100 ms after
+TTL. It is a ``sortedcontainers.SortedDict`` of *buckets* keyed by the time they
+fire: a deadline ``d`` (wall-clock ns) goes to the bucket firing at ``ceil(d / 100 ms)
+* 100 ms``. That is never before any deadline in it and at most 100 ms after
 (decision 10.15: never early, within 100 ms; the NATS server ticks at 250 ms). A
 bucket maps each partition to an ``array('Q')`` of offsets, so a pending TTL costs
 8 bytes plus its share of the bucket, however many there are.
@@ -19,6 +19,12 @@ partition, so its oldest live message (ignoring ``never`` ones) always has the
 earliest max-age deadline. Each partition keeps at most one armed check, in
 ``_age`` (also a ``SortedDict`` of buckets), and a pass re-arms it for the next
 oldest.
+
+**Consumer timers** (redelivery after an ack wait or a nak delay, SEMANTICS 12.4)
+live in the same structure, one entry per outstanding message in 10 ms buckets
+(:data:`TIMER_NS`), owned by a consumer's partition state, which the pass calls back
+(``timers_due``). An owner re-arms lazily: ``in_progress`` only records the new
+deadline, and the entry, when it fires, re-arms itself once if the deadline moved.
 
 **The task** (:class:`ExpiryEngine.run`) sleeps until the earliest bucket of either
 structure. It is woken and re-armed when something earlier arrives, so a flood of
@@ -39,21 +45,28 @@ if TYPE_CHECKING:
     from ._clock import Clock
     from ._partition import Partition
 
-__all__ = ["DeadlineQueue", "ExpiryEngine", "BUCKET_NS"]
+__all__ = ["DeadlineQueue", "ExpiryEngine", "BUCKET_NS", "TIMER_NS", "fire_time"]
 
 #: Bucket width: the most a removal can lag its deadline (decision 10.15).
 BUCKET_NS = 100_000_000
+#: Bucket width of timers (consumer redeliveries): finer, since an application
+#: waits on them (redelivery never early, p99 within 50 ms).
+TIMER_NS = 10_000_000
 
 
-def bucket_of(deadline_ns: int) -> int:
-    return -(-deadline_ns // BUCKET_NS)
+def fire_time(deadline_ns: int, width: int = BUCKET_NS) -> int:
+    """When the bucket holding ``deadline_ns`` fires: never before it, at most
+    ``width`` after."""
+    return -(-deadline_ns // width) * width
 
 
 class DeadlineQueue:
-    """Pending per-message expiries, ordered by deadline bucket."""
+    """Pending per-message expiries (and consumer timers), ordered by the time their
+    bucket fires. A bucket maps an owner (a partition for TTLs, a consumer's
+    partition state for timers) to an ``array('Q')`` of offsets."""
 
     def __init__(self) -> None:
-        self._buckets: SortedDict = SortedDict()  # bucket -> {partition: array('Q')}
+        self._buckets: SortedDict = SortedDict()  # fire time (ns) -> {owner: array('Q')}
         #: Live pending entries (entries of removed messages are not counted).
         self.count = 0
 
@@ -61,23 +74,28 @@ class DeadlineQueue:
         return self.count
 
     def add(self, deadline_ns: int, partition: Partition, offset: int) -> int:
-        """Schedule ``offset`` of ``partition``; returns the bucket.
+        """Schedule ``offset`` of ``partition``; returns when its bucket fires.
 
         Runtime complexity: O(log buckets).
         """
-        b = bucket_of(deadline_ns)
-        slot = self._buckets.get(b)
-        if slot is None:
-            slot = self._buckets[b] = {}
-        offsets = slot.get(partition)
-        if offsets is None:
-            offsets = slot[partition] = array("Q")
-        offsets.append(offset)
+        b = self.add_timer(fire_time(deadline_ns), partition, offset)
         self.count += 1
         return b
 
+    def add_timer(self, fire_ns: int, owner: object, offset: int) -> int:
+        """Schedule a timer entry (not counted as a pending TTL) firing at ``fire_ns``."""
+        b = fire_ns
+        slot = self._buckets.get(b)
+        if slot is None:
+            slot = self._buckets[b] = {}
+        offsets = slot.get(owner)
+        if offsets is None:
+            offsets = slot[owner] = array("Q")
+        offsets.append(offset)
+        return b
+
     def add_many(self, bucket: int, partition: Partition, offsets: list[int]) -> None:
-        """Schedule several offsets of one partition in one bucket."""
+        """Schedule several offsets of one partition in one bucket (its fire time)."""
         slot = self._buckets.get(bucket)
         if slot is None:
             slot = self._buckets[bucket] = {}
@@ -93,21 +111,22 @@ class DeadlineQueue:
         self.count -= n
 
     def first_bucket(self) -> int | None:
-        """Runtime complexity: O(1)."""
+        """When the first bucket fires. Runtime complexity: O(1)."""
         return self._buckets.peekitem(0)[0] if self._buckets else None
 
-    def pop_due(self, now_ns: int) -> Iterator[tuple[Partition, array]]:
-        """Remove and yield every ``(partition, offsets)`` of buckets due at ``now_ns``."""
+    def pop_due(self, now_ns: int) -> Iterator[tuple[object, array]]:
+        """Remove and yield every ``(owner, offsets)`` of buckets due at ``now_ns``."""
         buckets = self._buckets
         while buckets:
             b, slot = buckets.peekitem(0)
-            if b * BUCKET_NS > now_ns:
+            if b > now_ns:
                 return
             buckets.popitem(0)
             yield from slot.items()
 
-    def drop_partition(self, partition: Partition) -> None:
-        """Forget every entry of a partition (its topic is gone)."""
+    def drop_partition(self, partition: object) -> None:
+        """Forget every entry of an owner (a partition whose topic is gone, or a
+        deleted consumer's partition state)."""
         for b in list(self._buckets):
             slot = self._buckets[b]
             slot.pop(partition, None)
@@ -141,6 +160,8 @@ class ExpiryEngine:
         self._armed: int | None = None  # the bucket the task sleeps until
         self.passes = 0
         self.lag_ns_max = 0
+        #: Timer entries physically held (consumer redeliveries).
+        self.timers = 0
 
     # -- scheduling ------------------------------------------------------------------
 
@@ -151,8 +172,17 @@ class ExpiryEngine:
     def schedule_ttl(self, partition: Partition, offset: int, deadline_ns: int) -> None:
         self._maybe_wake(self.queue.add(deadline_ns, partition, offset))
 
+    def schedule_timer(self, owner: object, offset: int, deadline_ns: int) -> int:
+        """A timer for ``owner.timers_due(offsets, now_ns)``: one entry per offset, in
+        :data:`TIMER_NS` buckets. Returns when it fires (an owner re-arms lazily:
+        when an entry fires it checks the deadline it holds now)."""
+        b = self.queue.add_timer(fire_time(deadline_ns, TIMER_NS), owner, offset)
+        self.timers += 1
+        self._maybe_wake(b)
+        return b
+
     def schedule_ttl_many(self, partition: Partition, offsets: list[int], deadline_ns: int) -> None:
-        b = bucket_of(deadline_ns)
+        b = fire_time(deadline_ns)
         self.queue.add_many(b, partition, offsets)
         self._maybe_wake(b)
 
@@ -167,14 +197,13 @@ class ExpiryEngine:
                     del self._age[old]
         if deadline_ns is None:
             return
-        b = bucket_of(deadline_ns)
+        b = fire_time(deadline_ns)
         self._age_armed[partition] = b
         self._age.setdefault(b, set()).add(partition)
         self._maybe_wake(b)
 
     def age_armed(self, partition: Partition) -> int | None:
-        b = self._age_armed.get(partition)
-        return None if b is None else b * BUCKET_NS
+        return self._age_armed.get(partition)
 
     def forget(self, partition: Partition) -> None:
         self.queue.drop_partition(partition)
@@ -192,12 +221,16 @@ class ExpiryEngine:
     def expire_due(self, now_ns: int) -> int:
         """Expire everything due at ``now_ns`` (one pass). Returns partitions touched."""
         due: dict[Partition, list[int]] = {}
-        for part, offsets in self.queue.pop_due(now_ns):
-            due.setdefault(part, []).extend(offsets)
+        timers: dict[object, list[int]] = {}
+        for owner, offsets in self.queue.pop_due(now_ns):
+            if hasattr(owner, "timers_due"):
+                timers.setdefault(owner, []).extend(offsets)
+            else:
+                due.setdefault(owner, []).extend(offsets)  # type: ignore[arg-type]
         age_due: set[Partition] = set()
         while self._age:
             b, parts = self._age.peekitem(0)
-            if b * BUCKET_NS > now_ns:
+            if b > now_ns:
                 break
             self._age.popitem(0)
             for p in parts:
@@ -208,6 +241,9 @@ class ExpiryEngine:
             next_age = self._expire(part, due.get(part, []), part in age_due, now_ns)
             if part in age_due or next_age is not None:
                 self.schedule_age(part, next_age)
+        for owner, offsets in timers.items():
+            self.timers -= len(offsets)
+            owner.timers_due(offsets, now_ns)  # type: ignore[attr-defined]
         if due or age_due:
             self.passes += 1
         return len(due.keys() | age_due)
@@ -221,7 +257,7 @@ class ExpiryEngine:
             if b is None:
                 await self._wake.wait()
                 continue
-            fire_ns = b * BUCKET_NS
+            fire_ns = b
             # +1 us so that rounding between the two clocks never wakes us early.
             with trio.move_on_at(self.clock.to_trio(fire_ns) + 1e-6):
                 await self._wake.wait()

@@ -68,6 +68,15 @@ async def stats(broker: Broker, session: Any, cmd: P.GetStats) -> Reply:
         expiry_passes=broker.retention.engine.passes,
         expiry_lag_max_ms=round(broker.retention.engine.lag_ns_max / 1e6, 3),
     )
+    consumers = [c for t in topics for c in t.consumer_set.values()]
+    values.update(
+        consumers=len(consumers),
+        consumer_num_pending=sum(c.num_pending for c in consumers),
+        consumer_num_ack_pending=sum(c.num_ack_pending for c in consumers),
+        consumer_num_redelivered=sum(c.num_redelivered for c in consumers),
+        consumer_num_waiting=sum(len(c.waiting) for c in consumers),
+        consumer_timers=broker.retention.engine.timers,
+    )
     budget = getattr(session, "budget", None)  # the output budget all sessions share
     if budget is not None:
         values.update(queued_bytes=budget.total, queued_bytes_max=budget.peak, queued_bytes_budget=budget.limit)

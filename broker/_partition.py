@@ -8,7 +8,7 @@ and the deadline structure's count never disagree about what is live.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from protocol import FLAG_NO_MARKER, FLAG_TOMBSTONE, MARKER_MASK, TTL_NEVER
 from storage import AppendResult, PartitionLog, ReadResult, StoredRecord
@@ -64,6 +64,13 @@ class Partition:
         #: due the expiry pass re-arms it here once instead of removing the message).
         self.refreshed: dict[int, int] = {}
         self._filter_cache: dict[str, tuple[int, set[int]]] = {}
+        #: Durable consumers' states in this partition (``_consumers.py``): told of
+        #: every removal, and (through ``on_append``) of every append.
+        self.watchers: list[Any] = []
+        self.on_append: Callable[[Partition, int, list[bytes]], None] | None = None
+        #: Offsets below this are durable (or acks do not wait for the disk): what
+        #: consumers may deliver.
+        self.visible_next = log.next_offset
 
     def __repr__(self) -> str:
         return f"Partition({self.topic.full_name}[{self.number}])"
@@ -119,6 +126,8 @@ class Partition:
     ) -> AppendResult:
         res = self.log.append(data, starts, ends, timestamp)
         self.index.extend(res.first_offset, subjects, flags)
+        if self.watchers:
+            self.on_append(self, res.first_offset, subjects)  # type: ignore[misc]
         return res
 
     def remove(self, offsets: Iterable[int], tag: int = 0) -> tuple[list[Removed], int]:
@@ -143,6 +152,10 @@ class Partition:
             if st is not None:
                 out.append(Removed(o, subject, f, st))
         self.pending -= cleared
+        if self.watchers:
+            subjects = [s for s, _ in before]
+            for w in list(self.watchers):
+                w.removed(live, subjects)
         return out, cleared
 
     def last_offsets(self, subjects: list[bytes]) -> list[int]:
@@ -193,6 +206,8 @@ class Partition:
         self.refreshed.clear()
         self.index = SubjectIndex(self.log.next_offset, self.log.is_live)
         self._filter_cache.clear()
+        for w in list(self.watchers):
+            w.purged(self.log.next_offset)
         return removed, cleared
 
     def subject_offsets(self, subject: bytes, before: int | None = None) -> list[int]:

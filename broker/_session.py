@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from protocol import (
+    FLAG_PUSH,
     NEED_DATA,
     PROTOCOL_VERSION,
     BrokerError,
@@ -56,6 +57,7 @@ from protocol import (
     RemoteProtocolError,
     Request,
     Role,
+    encode_frame,
     error_class,
 )
 
@@ -119,6 +121,11 @@ class Session:
         guard.waiting[self] = trio.current_time()  # until its handshake
         self.conn = ProtocolConnection(Role.SERVER, limits.max_frame_bytes)
         self.subs: dict[int, Subscription] = {}
+        #: Waiting pulls and consumer-group memberships (``_pulls.py``, ``_groups.py``).
+        self.pulls: set[Any] = set()
+        self.members: dict[Any, Any] = {}
+        #: The correlation id of the request being handled (a pull answered later).
+        self.corr = 0
         self.client_name = ""
         self.ready = False
         self._now: deque[bytes] = deque()
@@ -184,6 +191,11 @@ class Session:
             return False
         self.send_now(self.conn.send_push(kind, payload))
         return True
+
+    def push_pull(self, corr: int, payload: bytes) -> None:
+        """Messages for a waiting pull: never dropped (they are outstanding, and a
+        pull is a request), so they are queued like a response."""
+        self.send_now(encode_frame(PushKind.PULL_MESSAGES, FLAG_PUSH, corr, 0, payload))
 
     def _goodbye(self, code: ErrorCode, reason: str) -> None:
         """Queue a GOODBYE (whatever the limits: it is the last frame)."""
@@ -623,6 +635,7 @@ class Session:
             if broker.shutting_down:
                 raise error_class(ErrorCode.SHUTTING_DOWN)("the broker is shutting down")
             handler = broker.sync_handlers.get(cmd.__class__)
+            self.corr = corr
             if handler is not None:
                 result: Any = handler(self, cmd)
             else:
@@ -645,8 +658,8 @@ class Session:
             err = error_class(ErrorCode.INTERNAL_ERROR)(f"internal error in {Command(code).name}: {type(exc).__name__}: {exc}")
             self.send_now(self.conn.send_error(corr, code, err))
             return
-        if code == Command.PUBLISH and cmd.no_ack:  # type: ignore[attr-defined]
-            return
+        if result is None or (code == Command.PUBLISH and cmd.no_ack):  # type: ignore[attr-defined]
+            return  # no response (a no-ack publish or ack), or one sent later (a pull)
         if result.__class__ is tuple:
             payload, epoch = result
             frame = self.conn.send_raw_response(corr, code, payload)

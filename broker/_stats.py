@@ -79,6 +79,16 @@ class Counters:
     slow_consumers: int = 0
     #: Damage found in the data directory's files (each piece once; see ``ttlbroker check``).
     damage_detected: int = 0
+    #: Durable consumers: first deliveries, redeliveries, settlements.
+    consumer_delivered: int = 0
+    consumer_redelivered: int = 0
+    consumer_acked: int = 0
+    consumer_naked: int = 0
+    consumer_terminated: int = 0
+    #: Outstanding deliveries given up after max_deliver.
+    consumer_given_up: int = 0
+    #: Outstanding deliveries dropped because their message was removed.
+    consumer_dropped: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -205,5 +205,6 @@ class SubjectIndex:
             self.version += 1
 
     def matching_ids(self, matches: Callable[[bytes], bool]) -> set[int]:
-        """Ids of the live subjects for which ``matches(subject)`` is true."""
-        return {st.sid for s, st in self.subjects.items() if st.count and matches(s)}
+        """Ids of the known subjects for which ``matches(subject)`` is true."""
+        # Empty subjects too: one may get a message again without a version bump.
+        return {st.sid for s, st in self.subjects.items() if matches(s)}

@@ -139,6 +139,8 @@ class LimitsConfig:
     max_partitions: int = 1024
     max_fetch_bytes: int = 8 * 1024 * 1024
     max_republish_hops: int = 8
+    #: Durable consumers one topic may have.
+    max_consumers_per_topic: int = 1024
     #: Queued output of all connections together (the output budget).
     max_pending_bytes_total: int = 512 * 1024 * 1024
     #: How long a connection may stay over max_pending_bytes_per_connection.

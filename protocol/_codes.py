@@ -55,6 +55,25 @@ class Command(IntEnum):
     #: Forget a named consumer's offset for one partition.
     DELETE_CONSUMER_OFFSET = 122
 
+    #: Create a durable consumer (idempotent with the same configuration).
+    CREATE_CONSUMER = 130
+    #: Change what may change of a consumer's configuration.
+    UPDATE_CONSUMER = 131
+    #: A consumer's configuration, counters and state per partition.
+    CONSUMER_INFO = 132
+    #: The info of every consumer of a topic.
+    LIST_CONSUMERS = 133
+    #: Delete a consumer and all its state.
+    DELETE_CONSUMER = 134
+    #: Ask a consumer for messages (waits up to ``expires_ms`` unless no_wait).
+    PULL = 135
+    #: Settle deliveries: ack, nak, term, in progress.
+    ACK = 136
+    #: Join a partitioned consumer as a named member.
+    JOIN_GROUP = 137
+    #: Leave a partitioned consumer.
+    LEAVE_GROUP = 138
+
     #: Details of one stream, with its topics.
     GET_STREAM = 200
     #: Summaries of every stream.
@@ -95,6 +114,8 @@ class PushKind(IntEnum):
     DELIVERY = 1
     #: The broker is closing the connection; the payload says why.
     GOODBYE = 2
+    #: Messages for a waiting PULL (the frame's correlation id is the pull's).
+    PULL_MESSAGES = 3
 
 
 class MarkerReason(IntEnum):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ._codes import HANDSHAKE_MAGIC, Command
+from ._consumers import CONSUMER_COMMANDS
 from ._errors import ErrorCode, error_class
 from ._names import Identifier
 from ._wire import Reader, malformed, pack_map, short_str, u8, u16, u32, u64
@@ -618,5 +619,6 @@ COMMAND_TYPES: dict[int, type[_Request]] = {
         Subscribe, Unsubscribe, StoreConsumerOffset, GetConsumerOffset, DeleteConsumerOffset,
         GetStream, ListStreams, CreateStream, DeleteStream, UpdateStream,
         GetTopic, ListTopics, CreateTopic, DeleteTopic, UpdateTopic, Export, KvGet, KvTouch, KvKeys,
+        *CONSUMER_COMMANDS,
     )
 }

@@ -18,6 +18,7 @@ from typing import Union
 
 from ._codes import Command, PushKind
 from ._commands import COMMAND_TYPES, Handshake, _Request
+from ._consumers import PullBatch, PulledMessage
 from ._errors import BrokerError, ErrorCode, LocalProtocolError, RemoteProtocolError, error_class
 from ._frames import DEFAULT_MAX_FRAME_SIZE, FLAG_PUSH, FLAG_RESPONSE, FrameDecoder, encode_frame
 from ._responses import PUSH_TYPES, RESPONSE_TYPES, HandshakeOk, _Response
@@ -93,6 +94,8 @@ class Push:
     kind: int
     value: _Response
     status: int = 0
+    #: The request a push belongs to (a PULL's, for PULL_MESSAGES), else 0.
+    correlation_id: int = 0
 
 
 Event = Union[Request, InvalidRequest, Response, ErrorResponse, Push, _NeedData]
@@ -111,6 +114,9 @@ class ProtocolConnection:
         self.state = State.AWAIT_HANDSHAKE
         self._decoder = FrameDecoder(max_frame_size)
         self.peer_version: int | None = None
+        #: Client side: the :class:`PulledMessage` subclass pulled batches decode into
+        #: (a client's, with methods to settle each message).
+        self.pulled_class: type[PulledMessage] | None = None
 
     # -- receiving -----------------------------------------------------------------
 
@@ -173,7 +179,9 @@ class ProtocolConnection:
             if cls is None:
                 return self._protocol_error(f"unknown push kind {code}", corr)
             try:
-                return Push(code, cls.decode(payload), status)
+                if cls is PullBatch:
+                    return Push(code, PullBatch.decode(payload, self.pulled_class), status, corr)
+                return Push(code, cls.decode(payload), status, corr)
             except BrokerError as err:
                 return self._protocol_error(f"malformed {PushKind(code).name} push: {err.message}", corr)
         if not flags & FLAG_RESPONSE:
@@ -187,7 +195,7 @@ class ProtocolConnection:
         if cls is None:
             return self._protocol_error(f"response to unknown command code {code}", corr)
         try:
-            result = cls.decode(payload)
+            result = PullBatch.decode(payload, self.pulled_class) if cls is PullBatch else cls.decode(payload)
         except BrokerError as err:
             return self._protocol_error(f"malformed response to {Command(code).name}: {err.message}", corr)
         if code == Command.HANDSHAKE and self.state is State.HANDSHAKE_SENT:

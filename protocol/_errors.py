@@ -117,6 +117,13 @@ class ErrorCode(IntEnum):
     TOO_MANY_SUBSCRIPTIONS = 7003, "the connection is at its subscription limit"
     CONSUMER_OFFSET_NOT_FOUND = 7004, "the consumer has stored no offset for that partition"
     TOO_MANY_PENDING = 7005, "the connection has too much unacknowledged data in flight"
+    CONSUMER_NOT_FOUND = 7006, "the topic has no consumer with that name (the server's 10014)"
+    CONSUMER_EXISTS = 7007, "a consumer with that name exists with another configuration (the server's 10148)"
+    CONSUMER_FILTERS_OVERLAP = 7008, "the consumer's subject filters overlap (the server's 10138)"
+    INVALID_CONSUMER_CONFIG = 7009, "the consumer configuration is invalid; the message gives the exact reason"
+    MAX_WAITING_EXCEEDED = 7010, "the consumer already holds max_waiting pull requests"
+    NOT_A_MEMBER = 7011, "the connection is not a member of the partitioned consumer, or owns no partition"
+    CONSUMER_UPDATE_DENIED = 7012, "the update changes a field of the consumer that cannot change"
 
 
 class ProtocolError(Exception):

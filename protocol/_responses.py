@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
 from ._codes import Command, PushKind
+from ._consumers import PullBatch
 from ._errors import BrokerError
 from ._records import Message, decode_records, encode_body, encode_record
 from ._wire import Reader, malformed, pack_map, short_str, u16, u32, u64
@@ -521,7 +522,18 @@ RESPONSE_TYPES: dict[int, type[_Response]] = {
     Command.KV_GET: InfoMap,
     Command.KV_TOUCH: InfoMap,
     Command.KV_KEYS: InfoMap,
+    Command.CREATE_CONSUMER: InfoMap,
+    Command.UPDATE_CONSUMER: InfoMap,
+    Command.CONSUMER_INFO: InfoMap,
+    Command.LIST_CONSUMERS: InfoMap,
+    Command.DELETE_CONSUMER: Empty,
+    Command.PULL: PullBatch,
+    Command.ACK: Empty,
+    Command.JOIN_GROUP: InfoMap,
+    Command.LEAVE_GROUP: Empty,
 }
 
-PUSH_TYPES: dict[int, type[_Response]] = {PushKind.DELIVERY: Delivery, PushKind.GOODBYE: Goodbye}
+PUSH_TYPES: dict[int, type[_Response]] = {
+    PushKind.DELIVERY: Delivery, PushKind.GOODBYE: Goodbye, PushKind.PULL_MESSAGES: PullBatch,  # type: ignore[dict-item]
+}
 

@@ -19,6 +19,7 @@ from ._damage import Report as Report
 from ._damage import ignore_damage as ignore_damage
 from ._datadir import ConsumerOffsets as ConsumerOffsets
 from ._datadir import DataDir as DataDir
+from ._journal import Journal as Journal
 from ._durability import FsyncPolicy as FsyncPolicy
 from ._durability import fsync_dir as fsync_dir
 from ._durability import parse_duration_ms as parse_duration_ms

@@ -35,6 +35,7 @@ import shutil
 import struct
 import zlib
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 from dataclasses import dataclass
 
 from ._copies import Copies, CopiesUnreadable
@@ -43,6 +44,9 @@ from ._durability import fsync_dir
 from ._errors import StorageFailure
 from ._files import atomic_write, makedirs, open_file, write_all
 from ._files import keep_aside as _keep_aside
+
+if TYPE_CHECKING:
+    from ._journal import Journal
 
 __all__ = ["DataDir", "ConsumerOffsets", "CATALOG_NAME", "QUARANTINE_NAME"]
 
@@ -189,6 +193,19 @@ class DataDir:
         return ConsumerOffsets(
             os.path.join(self.topic_dir(stream_id, topic_id), "consumers.log"), self._report, self.keep_aside, readonly
         )
+
+    def consumer_journal_path(self, stream_id: int, topic_id: int) -> str:
+        return os.path.join(self.topic_dir(stream_id, topic_id), "consumers.journal")
+
+    def has_consumer_journal(self, stream_id: int, topic_id: int) -> bool:
+        path = self.consumer_journal_path(stream_id, topic_id)
+        return os.path.exists(path) or os.path.exists(path + ".1")
+
+    def consumer_journal(self, stream_id: int, topic_id: int, report: Report | None = None, readonly: bool = False) -> Journal:
+        """The topic's durable-consumer journal (created on first use)."""
+        from ._journal import Journal
+
+        return Journal(self.consumer_journal_path(stream_id, topic_id), report or self._report, self.keep_aside, readonly)
 
     def stream_ids_on_disk(self) -> set[int]:
         """Ids that have a directory under ``streams/`` (named or not)."""
@@ -364,10 +381,14 @@ def _old_entry_at(raw: bytes, pos: int) -> _Entry | None:
     return _Entry(0, name, partition, offset, pos, end)
 
 
-def _scan(raw: bytes, at: Callable[[bytes, int], _Entry | None], magic: bool) -> tuple[list[_Entry], list[tuple[int, int]]]:
+def _scan(raw: bytes, at: Callable[[bytes, int], Any], magic: bool | bytes) -> tuple[list[Any], list[tuple[int, int]]]:
     """Every entry that validates, resynchronising past damage: after a position where
-    no entry validates, the next candidate is the next position where one does."""
-    entries: list[_Entry] = []
+    no entry validates, the next candidate is the next position where one does
+    (``magic``: the byte every entry starts with, ``True`` for 0xC0, to jump between
+    candidates; false: try every position)."""
+    if magic is True:
+        magic = b"\xc0"
+    entries: list[Any] = []
     damaged: list[tuple[int, int]] = []
     pos, n = 0, len(raw)
     while pos < n:
@@ -380,7 +401,7 @@ def _scan(raw: bytes, at: Callable[[bytes, int], _Entry | None], magic: bool) ->
         pos += 1
         while pos < n:
             if magic:
-                pos = raw.find(b"\xc0", pos)
+                pos = raw.find(magic, pos)
                 if pos < 0:
                     pos = n
                     break

@@ -513,15 +513,16 @@ class PartitionLog:
         max_count: int,
         max_bytes: int,
         wanted: Callable[[int], bool] | None = None,
+        until: int | None = None,
     ) -> ReadResult:
-        """Live, verified records from ``offset`` on.
+        """Live, verified records from ``offset`` on (below ``until`` if given).
 
         Raises:
             CorruptedRecord: the first record to return is corrupt.
         """
         runs: list[tuple[memoryview, int, int]] = []
         offset = max(offset, self.purged_through + 1, 1)
-        end = self.next_offset
+        end = self.next_offset if until is None else min(until, self.next_offset)
         scanned_to = offset + SCAN_LIMIT if wanted is not None else end
         i = self._segment_index(offset)
         used = got = 0

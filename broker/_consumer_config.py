@@ -1,0 +1,207 @@
+"""A durable consumer's configuration: the JetStream fields of SEMANTICS 11.1, checked.
+
+The wire carries it as one msgpack map with the server's field names (durations in
+seconds); :meth:`ConsumerConfig.from_map` checks every key and value and fills the
+defaults, :meth:`ConsumerConfig.to_map` gives it back (and is what the journal
+keeps). :meth:`ConsumerConfig.check_update` says what an update may change: the
+server refuses a new deliver policy, start position or ack policy (and here the
+mode); filters, waits, limits and the description may change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from protocol import ErrorCode, error_class, filters_overlap, validate_filter
+
+__all__ = ["ConsumerConfig", "DELIVER_POLICIES", "ACK_POLICIES", "MODES"]
+
+DELIVER_POLICIES = ("all", "new", "last", "last_per_subject", "by_start_offset", "by_start_time")
+ACK_POLICIES = ("explicit", "none", "all")
+MODES = ("shared", "partitioned")
+
+#: Fields an update may not change (the server's ``checkConsumerCfg`` on update).
+_FIXED = ("deliver_policy", "opt_start_offset", "opt_start_time", "ack_policy", "mode")
+
+
+def _invalid(text: str) -> Exception:
+    return error_class(ErrorCode.INVALID_CONSUMER_CONFIG)(text)
+
+
+def _seconds(key: str, value: Any, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _invalid(f"{key} must be a number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise _invalid(f"{key} must be {'at least 0' if allow_zero else 'greater than 0'} seconds, got {value}")
+    return float(value)
+
+
+def _int(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid(f"{key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise _invalid(f"{key} must be at least {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    filter_subjects: tuple[str, ...] = ()
+    deliver_policy: str = "all"
+    #: ``by_start_offset``: one offset for every partition, or ``{partition: offset}``.
+    opt_start_offset: int | tuple[tuple[int, int], ...] | None = None
+    #: ``by_start_time``: nanoseconds since the Unix epoch.
+    opt_start_time: int | None = None
+    ack_policy: str = "explicit"
+    ack_wait: float = 30.0
+    max_deliver: int = -1
+    backoff: tuple[float, ...] = ()
+    max_ack_pending: int = 1000
+    max_waiting: int = 512
+    mode: str = "shared"
+    member_timeout: float = 30.0
+    description: str = ""
+
+    @classmethod
+    def from_map(cls, raw: dict[str, Any]) -> ConsumerConfig:
+        if not isinstance(raw, dict):
+            raise _invalid("the consumer configuration must be a map")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known - {"filter_subject"})
+        if unknown:
+            raise error_class(ErrorCode.INVALID_OPTIONS)(f"unknown consumer option {unknown[0]!r}")
+        v: dict[str, Any] = {}
+        filters = raw.get("filter_subjects", ())
+        if "filter_subject" in raw:  # the server's single-filter spelling
+            if filters:
+                raise _invalid("consumer filter_subject and filter_subjects are mutually exclusive")  # NATS 10134's text
+            filters = [raw["filter_subject"]] if raw["filter_subject"] else []
+        if isinstance(filters, str) or not isinstance(filters, (list, tuple)):
+            raise _invalid(f"filter_subjects must be a list of subject filters, got {filters!r}")
+        for f in filters:
+            if not isinstance(f, str) or not f:
+                raise _invalid(f"a filter subject must be a non-empty string, got {f!r}")
+            validate_filter(f)
+        for i, a in enumerate(filters):
+            for b in filters[i + 1 :]:
+                if filters_overlap(a, b):
+                    raise error_class(ErrorCode.CONSUMER_FILTERS_OVERLAP)("consumer subject filters cannot overlap")
+        v["filter_subjects"] = tuple(filters)
+        dp = raw.get("deliver_policy", "all")
+        if dp == "by_start_sequence":
+            dp = "by_start_offset"
+        if dp not in DELIVER_POLICIES:
+            raise _invalid(f"deliver_policy must be one of {', '.join(DELIVER_POLICIES)}, got {dp!r}")
+        v["deliver_policy"] = dp
+        start = raw.get("opt_start_offset")
+        if dp == "by_start_offset":
+            if start is None:
+                raise _invalid("consumer deliver policy by_start_offset requires opt_start_offset")
+            if isinstance(start, dict):
+                pairs = []
+                for p, o in start.items():
+                    try:
+                        p = int(p)
+                    except (TypeError, ValueError):
+                        raise _invalid(f"opt_start_offset keys must be partition numbers, got {p!r}") from None
+                    pairs.append((_int("opt_start_offset partition", p, 0), _int("opt_start_offset", o, 1)))
+                v["opt_start_offset"] = tuple(sorted(pairs))
+            else:
+                v["opt_start_offset"] = _int("opt_start_offset", start, 1)
+        elif start is not None:
+            raise _invalid("consumer opt_start_offset requires deliver policy by_start_offset")
+        t = raw.get("opt_start_time")
+        if dp == "by_start_time":
+            if t is None:
+                raise _invalid("consumer deliver policy by_start_time requires opt_start_time")
+            v["opt_start_time"] = _int("opt_start_time", t, 0)
+        elif t is not None:
+            raise _invalid("consumer opt_start_time requires deliver policy by_start_time")
+        ap = raw.get("ack_policy", "explicit")
+        if ap not in ACK_POLICIES:
+            raise _invalid(f"ack_policy must be one of {', '.join(ACK_POLICIES)}, got {ap!r}")
+        v["ack_policy"] = ap
+        if "ack_wait" in raw:
+            v["ack_wait"] = _seconds("ack_wait", raw["ack_wait"])
+        md = raw.get("max_deliver", -1)
+        md = -1 if md == 0 else md
+        if md != -1:
+            _int("max_deliver", md, 1)
+        v["max_deliver"] = md
+        backoff = raw.get("backoff", ())
+        if not isinstance(backoff, (list, tuple)):
+            raise _invalid(f"backoff must be a list of seconds, got {backoff!r}")
+        v["backoff"] = tuple(_seconds("backoff", b) for b in backoff)
+        if v["backoff"]:
+            if md != -1 and md <= len(v["backoff"]):
+                # The server's text (NATS 10116).
+                raise _invalid("max deliver is required to be > length of backoff values")
+            if ap != "explicit":
+                raise _invalid("backoff requires the explicit ack policy")
+            if "ack_wait" in raw and v["ack_wait"] != v["backoff"][0]:
+                raise _invalid("ack_wait is the first backoff value when backoff is set")
+            v["ack_wait"] = v["backoff"][0]
+        mp = raw.get("max_ack_pending", 1000)
+        mp = -1 if mp == 0 else mp
+        if mp != -1:
+            _int("max_ack_pending", mp, 1)
+        v["max_ack_pending"] = mp
+        v["max_waiting"] = _int("max_waiting", raw.get("max_waiting", 512), 1)
+        mode = raw.get("mode", "shared")
+        if mode not in MODES:
+            raise _invalid(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        v["mode"] = mode
+        if "member_timeout" in raw:
+            v["member_timeout"] = _seconds("member_timeout", raw["member_timeout"])
+        desc = raw.get("description", "")
+        if not isinstance(desc, str) or len(desc.encode()) > 4096:
+            raise _invalid("description must be a string of at most 4096 bytes")
+        v["description"] = desc
+        if ap == "none" and (v["backoff"] or md != -1):
+            raise _invalid("ack_policy none delivers each message once: backoff and max_deliver do not apply")
+        return cls(**v)
+
+    def to_map(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "filter_subjects": list(self.filter_subjects),
+            "deliver_policy": self.deliver_policy,
+            "ack_policy": self.ack_policy,
+            "ack_wait": self.ack_wait,
+            "max_deliver": self.max_deliver,
+            "backoff": list(self.backoff),
+            "max_ack_pending": self.max_ack_pending,
+            "max_waiting": self.max_waiting,
+            "mode": self.mode,
+            "member_timeout": self.member_timeout,
+            "description": self.description,
+        }
+        if self.opt_start_offset is not None:
+            s = self.opt_start_offset
+            out["opt_start_offset"] = s if isinstance(s, int) else {str(p): o for p, o in s}
+        if self.opt_start_time is not None:
+            out["opt_start_time"] = self.opt_start_time
+        return out
+
+    def check_update(self, new: ConsumerConfig) -> None:
+        for name in _FIXED:
+            if getattr(self, name) != getattr(new, name):
+                raise error_class(ErrorCode.CONSUMER_UPDATE_DENIED)(
+                    f"consumer {name.replace('_', ' ')} can not be updated"
+                )
+
+    def wait_ns(self, deliveries: int) -> int:
+        """How long a delivery numbered ``deliveries`` (1 = the first) waits for its
+        ack: the backoff entry for it (the last one past the list), else ack_wait."""
+        if self.backoff:
+            return int(self.backoff[min(deliveries, len(self.backoff)) - 1] * 1e9)
+        return int(self.ack_wait * 1e9)
+
+    def start_offset_for(self, partition: int) -> int:
+        s = self.opt_start_offset
+        if isinstance(s, int):
+            return s
+        return dict(s or ()).get(partition, 1)
+
+    replace = replace

@@ -1,0 +1,239 @@
+"""A journal: two mirrored append-only files of checksummed entries, with snapshots.
+
+The broker keeps each topic's durable-consumer state in one (``consumers.journal``
+and its mirror ``consumers.journal.1``): what it delivered, what was settled, the
+consumers' configurations. Storage knows nothing of what the payloads mean; it
+keeps them in order, proves each one whole, and never returns a damaged one.
+
+Entry::
+
+    u8 0xC7 | u8 kind | u32 payload_len | u64 seq | payload | u32 CRC-32
+
+The CRC-32 (zlib) covers everything before it. ``seq`` grows by one per entry,
+across compactions, and is never reused. ``kind`` 1 marks a *snapshot*: the
+payload is the whole state at that point, so reading starts from the newest
+snapshot. A compaction writes a file that starts with a snapshot, to both copies
+one after the other (each with an atomic replace; the mirror first), so a crash in
+between leaves one complete copy and the newer snapshot wins on the next open.
+
+On open both copies are read, resynchronising past damage; the entries are the
+union of both (by ``seq``). A damaged range in one copy that the other covers is
+reported and repaired by a rewrite. Entries missing from both copies between the
+newest snapshot and the last entry (a *gap*) are reported, the damaged copies are
+kept in ``quarantine/``, and :attr:`Journal.gaps` says where they were: the reader
+decides what the missing entries could have said (the consumer engine treats every
+message whose fate they held as still outstanding). A torn last entry (a write the
+group commit had not yet made durable) is cut, reported as such.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+from ._damage import Damage, Report, ignore_damage
+from ._datadir import _scan
+from ._durability import fsync_dir
+from ._errors import StorageFailure
+from ._files import atomic_write, makedirs, open_file, write_all
+from ._files import keep_aside as _keep_aside
+
+__all__ = ["Journal", "JOURNAL_MAGIC"]
+
+JOURNAL_MAGIC = 0xC7
+_HEAD = struct.Struct("<BBIQ")  # magic, kind, payload_len, seq
+_CRC = struct.Struct("<I")
+_SNAPSHOT = 1
+_MIRROR = ".1"
+#: A single entry may not claim more than this (a damaged length must not make the
+#: scan believe in a huge entry).
+MAX_ENTRY = 256 * 1024 * 1024
+
+
+class _Entry(NamedTuple):
+    seq: int
+    kind: int
+    payload: bytes
+    pos: int
+    end: int
+
+
+def _entry_at(raw: bytes, pos: int) -> _Entry | None:
+    n = len(raw)
+    if pos + _HEAD.size + 4 > n or raw[pos] != JOURNAL_MAGIC:
+        return None
+    _, kind, length, seq = _HEAD.unpack_from(raw, pos)
+    end = pos + _HEAD.size + length + 4
+    if kind > _SNAPSHOT or length > MAX_ENTRY or end > n:
+        return None
+    if zlib.crc32(raw[pos : end - 4]) != _CRC.unpack_from(raw, end - 4)[0]:
+        return None
+    return _Entry(seq, kind, raw[pos + _HEAD.size : end - 4], pos, end)
+
+
+def encode_entry(seq: int, payload: bytes, snapshot: bool = False) -> bytes:
+    head = _HEAD.pack(JOURNAL_MAGIC, _SNAPSHOT if snapshot else 0, len(payload), seq) + payload
+    return head + _CRC.pack(zlib.crc32(head))
+
+
+class Journal:
+    """Args:
+    path: the first copy (the mirror is ``path + ".1"``).
+    report: where damage goes.
+    keep_aside: copies a damaged file to quarantine before it is rewritten (default:
+        a ``quarantine`` folder beside the file).
+    readonly: read and report only (``ttlbroker check``).
+
+    After opening, :attr:`payloads` holds the payloads from the newest snapshot on,
+    in order, and :attr:`gaps` the positions in that list before which entries are
+    missing from both copies (empty when nothing was lost).
+    """
+
+    def __init__(
+        self, path: str, report: Report = ignore_damage, keep_aside: Callable[[str], str] | None = None,
+        readonly: bool = False,
+    ) -> None:
+        self.path = path
+        self.paths = (path, path + _MIRROR)
+        self.report = report
+        self._fds = [-1, -1]
+        self._sizes = [0, 0]
+        self.dirty = False
+        self.payloads: list[bytes] = []
+        self.snapshot_first = False
+        self.gaps: list[int] = []
+        folder = os.path.dirname(path)
+        if keep_aside is None:
+            quarantine = os.path.join(folder, "quarantine")
+            keep_aside = lambda p: _keep_aside(p, quarantine)  # noqa: E731
+        if not readonly:
+            makedirs(folder)
+            for p in self.paths:
+                try:
+                    os.unlink(p + ".tmp")  # a compaction cut short by a crash: never renamed
+                except FileNotFoundError:
+                    pass
+        raws: list[bytes | None] = []
+        for p in self.paths:
+            try:
+                with open(p, "rb") as f:
+                    raws.append(f.read())
+            except FileNotFoundError:
+                raws.append(None)
+        merged: dict[int, _Entry] = {}
+        damaged_files: list[str] = []
+        for p, raw in zip(self.paths, raws):
+            if raw is None:
+                continue
+            entries, damaged = _scan(raw, _entry_at, bytes([JOURNAL_MAGIC]))
+            for e in entries:
+                merged.setdefault(e.seq, e)
+            for start, end in damaged:
+                tail = end == len(raw) and start > 0
+                what = (
+                    f"{end - start} bytes at the end hold no complete entry (a write cut short)" if tail
+                    else f"{end - start} bytes hold no valid entry"
+                )
+                self.report(Damage(
+                    "consumer_journal", p, start, what,
+                    "left as is (check)" if readonly else "entries taken from both copies; the file is rewritten",
+                ))
+            if damaged and not all(end == len(raw) and start > 0 for start, end in damaged):
+                damaged_files.append(p)
+        seqs = sorted(merged)
+        start = 0
+        for i in range(len(seqs) - 1, -1, -1):
+            if merged[seqs[i]].kind == _SNAPSHOT:
+                start = i
+                break
+        live = seqs[start:]
+        self.snapshot_first = bool(live) and merged[live[0]].kind == _SNAPSHOT
+        self.payloads = [merged[s].payload for s in live]
+        first_expected = live[0] if self.snapshot_first else 1
+        for i, s in enumerate(live):
+            expected = first_expected if i == 0 else live[i - 1] + 1
+            if s != expected:
+                self.gaps.append(i)
+                self.report(Damage(
+                    "consumer_journal", path, None,
+                    f"entries {expected}..{s - 1} are missing from both copies",
+                    "reported; the file is kept in quarantine and what those entries held is treated as outstanding"
+                    if not readonly else "left as is (check)",
+                ))
+        self._seq = seqs[-1] if seqs else 0
+        if readonly:
+            return
+        for p in set(damaged_files) | ({path} if self.gaps else set()):
+            if os.path.exists(p):
+                keep_aside(p)
+        present = [r for r in raws if r is not None]
+        rewrite = bool(damaged_files) or len(present) == 1 or (len(present) == 2 and raws[0] != raws[1])
+        if rewrite and seqs:
+            data = b"".join(encode_entry(s, merged[s].payload, merged[s].kind == _SNAPSHOT) for s in live)
+            for p in reversed(self.paths):
+                atomic_write(p, data)
+        created = False
+        for i, p in enumerate(self.paths):
+            created |= not os.path.exists(p)
+            self._fds[i] = open_file(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            self._sizes[i] = os.fstat(self._fds[i]).st_size
+        if created:
+            fsync_dir(folder)
+
+    @property
+    def size(self) -> int:
+        """Bytes in the first copy."""
+        return self._sizes[0]
+
+    def append(self, payload: bytes) -> int:
+        """Append one entry to both copies (durable at the next group commit)."""
+        self._seq += 1
+        entry = encode_entry(self._seq, payload)
+        for i, fd in enumerate(self._fds):
+            if fd < 0:
+                raise StorageFailure(f"consumer journal {self.paths[i]} is closed")
+            write_all(fd, entry, self._sizes[i])
+            self._sizes[i] += len(entry)
+        self.dirty = True
+        return self._seq
+
+    def compact(self, snapshot: bytes, after: Iterable[bytes] = ()) -> None:
+        """Replace both copies with ``snapshot`` (and ``after``): durable on return."""
+        self._seq += 1
+        parts = [encode_entry(self._seq, snapshot, snapshot=True)]
+        for payload in after:
+            self._seq += 1
+            parts.append(encode_entry(self._seq, payload))
+        data = b"".join(parts)
+        for i in (1, 0):  # the mirror first: a crash in between leaves the old first copy whole
+            if self._fds[i] >= 0:
+                os.close(self._fds[i])
+                self._fds[i] = -1
+            atomic_write(self.paths[i], data)
+            self._fds[i] = open_file(self.paths[i], os.O_WRONLY | os.O_APPEND)
+            self._sizes[i] = len(data)
+        self.dirty = False
+
+    def take_dirty_fds(self) -> list[int]:
+        if self.dirty:
+            self.dirty = False
+            return [fd for fd in self._fds if fd >= 0]
+        return []
+
+    def close(self) -> None:
+        for i, fd in enumerate(self._fds):
+            if fd >= 0:
+                os.close(fd)
+                self._fds[i] = -1
+
+    def remove(self) -> None:
+        """Close and delete both copies (the topic has no consumer left)."""
+        self.close()
+        for p in self.paths:
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
