@@ -44,6 +44,9 @@ from ._client import MSG_ID_HEADER as MSG_ID_HEADER
 from ._client import RECONNECT_ATTEMPTS, RECONNECT_WAIT, RECONNECT_WAIT_MAX, Callback
 from ._client import Client as Client
 from ._client import ConnectionClosedError as ConnectionClosedError
+from ._consumers import ConsumerInfo as ConsumerInfo
+from ._consumers import ConsumerMessage as ConsumerMessage
+from ._consumers import MessageStream as MessageStream
 from ._client import ConnectionLostError as ConnectionLostError
 from ._client import ReconnectFailedError as ReconnectFailedError
 from ._client import Fetched as Fetched

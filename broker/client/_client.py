@@ -74,6 +74,7 @@ from protocol import (
 )
 
 from ._backend import Backend, QueueClosed, QueueFull
+from ._consumers import ClientProtocol, ConsumersMixin, PullFrame
 from ._kv import KV_STREAM, KeyValue, validate_bucket
 
 __all__ = [
@@ -366,7 +367,7 @@ class _Conn:
 
     def __init__(self, gone: Any) -> None:
         self.link: Any = None
-        self.proto = P.ProtocolConnection(Role.CLIENT)
+        self.proto = ClientProtocol(Role.CLIENT)
         self.pending: dict[int, Any] = {}
         #: Handshake done (and subscriptions re-created): requests may use it.
         self.ready = False
@@ -382,7 +383,7 @@ class _Conn:
 Callback = Callable[..., Any]
 
 
-class Client:
+class Client(ConsumersMixin):
     """A connection to a broker, kept up (see the module docstring). Build one with
     ``broker.client.connect`` (trio) or ``broker.client.aio.connect`` (asyncio); both
     give this same class.
@@ -451,6 +452,7 @@ class Client:
         self.close_reason: ConnectionClosedError | None = None
         self.reconnects = 0
         self.server_info: dict[str, Any] = {}
+        self._init_consumers()
 
     @property
     def connected(self) -> bool:
@@ -532,8 +534,11 @@ class Client:
 
     async def aclose(self) -> None:
         """Close the client: pending requests fail with ConnectionClosedError, the
-        iterations over its subscriptions end, reconnection stops."""
+        iterations over its subscriptions end, reconnection stops. Acks still
+        queued are sent first (and made durable), and consume loops stopped."""
         try:
+            if not self._user_closed and not self.closed:
+                await self._flush_acks_before_close()
             await self._close_connection()
         finally:
             await self._backend.aclose()
@@ -590,6 +595,7 @@ class Client:
         if self._conn is not conn:
             return  # an attempt: it sees the failure itself
         self._conn = None
+        self._drop_queued_acks()
         self.last_error = err
         if self.closed:
             return
@@ -686,6 +692,10 @@ class Client:
                     w = conn.pending.pop(event.correlation_id, None)  # type: ignore[union-attr]
                     if w is not None:
                         w.set_exception(event.error)  # type: ignore[union-attr]
+                elif cls is PullFrame:
+                    self._on_pull_frame(conn, event)  # type: ignore[arg-type]
+                    if conn.lost is not None:
+                        return
                 elif cls is Push:
                     self._on_push(conn, event)  # type: ignore[arg-type]
                     if conn.lost is not None:

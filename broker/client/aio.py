@@ -21,8 +21,13 @@ from typing import Any, TypeVar
 
 from ._backend import AsyncioBackend
 from ._client import RECONNECT_ATTEMPTS, RECONNECT_WAIT, RECONNECT_WAIT_MAX, Callback, Client, parse_address
+from ._client import ConnectionClosedError, ConnectionLostError, ReconnectFailedError
+from ._consumers import ConsumerInfo, ConsumerMessage, MessageStream
 
-__all__ = ["connect", "run", "loop_factory"]
+__all__ = [
+    "connect", "run", "loop_factory", "Client", "ConsumerInfo", "ConsumerMessage", "MessageStream", "ConnectionClosedError",
+    "ConnectionLostError", "ReconnectFailedError",
+]
 
 T = TypeVar("T")
 
