@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import datetime as dt
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
 
-from protocol import TTL_NEVER, BrokerError, Message, rfc3339_ns
+from protocol import TTL_NEVER, BrokerError, Message, parse_go_duration, rfc3339_ns
 
 from .client import Client, ConnectionClosedError, ReconnectFailedError, connect, encode_msg
 from .client._client import RECONNECT_ATTEMPTS
@@ -288,10 +290,10 @@ def _on_disconnect(err: ConnectionClosedError) -> None:
     print(f"disconnected: {_closed_text(err)}; reconnecting", file=sys.stderr, flush=True)
 
 
-def _on_reconnect_to(server: str) -> Callable[[int], None]:
+def _on_reconnect_to(server: str, again: str = "subscribed again") -> Callable[[int], None]:
     def on_reconnect(attempts: int) -> None:
         tries = f"{attempts} attempt{'' if attempts == 1 else 's'}"
-        print(f"reconnected to {server} after {tries}; subscribed again", file=sys.stderr, flush=True)
+        print(f"reconnected to {server} after {tries}; {again}", file=sys.stderr, flush=True)
 
     return on_reconnect
 
@@ -317,7 +319,7 @@ async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
         return names[key]
 
     seen = 0
-    try:
+    with _connection_loss_exits():
         async with await c.subscribe(args.filter) as sub:
             if not out.json:
                 print(f"subscribed to {args.filter}", file=sys.stderr, flush=True)
@@ -327,6 +329,14 @@ async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
                 seen += 1
                 if args.count and seen >= args.count:
                     break
+
+
+@contextlib.contextmanager
+def _connection_loss_exits() -> Iterator[None]:
+    """A lost connection (or a client that gave up reconnecting) is one line on
+    stderr saying why, and exit status 2."""
+    try:
+        yield
     except ReconnectFailedError as exc:
         print(f"error: {exc.reason}", file=sys.stderr, flush=True)  # the reason names the loss
         raise _ExitStatus(2) from None
@@ -447,7 +457,176 @@ async def cmd_offset(c: Client, args: argparse.Namespace, out: Out) -> None:
         out.obj({"consumer": args.consumer, "partition": args.partition, "deleted": True}, "deleted")
 
 
+def _duration(text: str) -> float:
+    """Seconds from ``30``, ``1.5``, or a Go duration (``30s``, ``1m30s``, ``500ms``)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return parse_go_duration(text) / 1e9
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use e.g. 30s, 1m, 500ms)") from None
+
+
+def _durations(text: str) -> list[float]:
+    return [_duration(t.strip()) for t in text.split(",") if t.strip()]
+
+
+def _start_offset(text: str) -> int | dict[int, int]:
+    """``N`` (every partition) or ``P:N,P:N`` (per partition)."""
+    try:
+        if ":" not in text:
+            return int(text)
+        return {int(p): int(o) for p, _, o in (part.partition(":") for part in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid start offset {text!r} (N, or PARTITION:N,...)") from None
+
+
+def _start_time(text: str) -> dt.datetime:
+    try:
+        t = dt.datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r} (ISO 8601, e.g. 2026-01-02T15:04:05Z)") from None
+    return t if t.tzinfo is not None else t.replace(tzinfo=dt.timezone.utc)
+
+
+def _seconds_text(v: Any) -> str:
+    if isinstance(v, (int, float)):
+        return f"{v:g}s"
+    return str(v)
+
+
+def _consumer_lines(info: Any) -> str:
+    """A consumer's info for people."""
+    cfg = info.config
+    filters = ", ".join(cfg.get("filter_subjects") or []) or "(all subjects)"
+    deliver = cfg.get("deliver_policy", "all")
+    if "opt_start_offset" in cfg:
+        deliver += f" from {cfg['opt_start_offset']}"
+    if "opt_start_time" in cfg:
+        deliver += f" from {_rfc3339(cfg['opt_start_time'])}"
+    lines = [
+        f"consumer {info.raw.get('stream', '?')}/{info.raw.get('topic', '?')}/{info.name}",
+        f"  filter:          {filters}",
+        f"  deliver:         {deliver}",
+        f"  ack:             {cfg.get('ack_policy')} (wait {_seconds_text(cfg.get('ack_wait'))}, "
+        f"max deliver {cfg.get('max_deliver')}"
+        + (f", backoff {','.join(_seconds_text(b) for b in cfg['backoff'])}" if cfg.get("backoff") else "") + ")",
+        f"  max ack pending: {cfg.get('max_ack_pending')}",
+        f"  max waiting:     {cfg.get('max_waiting')}",
+        f"  mode:            {cfg.get('mode')}"
+        + (f" (member timeout {_seconds_text(cfg.get('member_timeout'))})" if cfg.get("mode") == "partitioned" else ""),
+    ]
+    if cfg.get("description"):
+        lines.append(f"  description:     {cfg['description']}")
+    delivered = info.raw.get("delivered", {})
+    floor = info.raw.get("ack_floor", {})
+    lines += [
+        f"  pending:         {info.num_pending}",
+        f"  ack pending:     {info.num_ack_pending}",
+        f"  redelivered:     {info.num_redelivered}",
+        f"  waiting pulls:   {info.num_waiting}",
+        f"  delivered:       consumer seq {delivered.get('consumer_seq', 0)}, stream seq {delivered.get('stream_seq', 0)}",
+        f"  ack floor:       consumer seq {floor.get('consumer_seq', 0)}, stream seq {floor.get('stream_seq', 0)}",
+    ]
+    for p in info.partitions:
+        owner = f" owner={p.get('owner') or '-'}" if "owner" in p else ""
+        lines.append(
+            f"  partition {p['partition']}: delivered={p.get('delivered', 0)} ack_floor={p.get('ack_floor', 0)} "
+            f"pending={p.get('num_pending', 0)} ack_pending={p.get('num_ack_pending', 0)}{owner}"
+        )
+    for m in info.raw.get("members", []):
+        lines.append(f"  member {m['name']}: partitions={m['partitions']} connected={m['connected']}")
+    return "\n".join(lines)
+
+
+def _consumer_config_args(args: argparse.Namespace) -> dict[str, Any]:
+    cfg: dict[str, Any] = {}
+    if args.filter:
+        cfg["filter_subjects"] = args.filter
+    deliver = args.deliver
+    if args.start_offset is not None and deliver is None:
+        deliver = "by_start_offset"
+    if args.start_time is not None and deliver is None:
+        deliver = "by_start_time"
+    if deliver == "by_start_offset" and args.start_offset is None:
+        raise SystemExit("error: --deliver by_start_offset needs --start-offset")
+    if deliver == "by_start_time" and args.start_time is None:
+        raise SystemExit("error: --deliver by_start_time needs --start-time")
+    if args.start_offset is not None and deliver != "by_start_offset":
+        raise SystemExit("error: --start-offset goes with --deliver by_start_offset")
+    if args.start_time is not None and deliver != "by_start_time":
+        raise SystemExit("error: --start-time goes with --deliver by_start_time")
+    if deliver is not None:
+        cfg["deliver_policy"] = deliver
+    if args.start_offset is not None:
+        cfg["opt_start_offset"] = args.start_offset
+    if args.start_time is not None:
+        cfg["opt_start_time"] = args.start_time
+    for key in ("ack_wait", "max_deliver", "backoff", "max_ack_pending", "max_waiting", "member_timeout", "description"):
+        value = getattr(args, key)
+        if value is not None:
+            cfg[key] = value
+    if args.ack is not None:
+        cfg["ack_policy"] = args.ack
+    if args.partitioned:
+        cfg["mode"] = "partitioned"
+    return cfg
+
+
+async def cmd_consumer(c: Client, args: argparse.Namespace, out: Out) -> None:
+    s, t = _ident(args.stream), _ident(args.topic)
+    a = args.action
+    if a == "add":
+        info = await c.create_consumer(s, t, args.name, **_consumer_config_args(args))
+        out.obj(info.raw, f"created consumer {args.stream}/{args.topic}/{info.name}")
+    elif a == "info":
+        info = await c.consumer_info(s, t, args.name)
+        out.obj(info.raw, _consumer_lines(info))
+    elif a == "list":
+        for info in await c.list_consumers(s, t):
+            out.obj(
+                info.raw,
+                f"{info.name:<20} pending={info.num_pending} ack_pending={info.num_ack_pending} "
+                f"redelivered={info.num_redelivered} waiting={info.num_waiting} mode={info.config.get('mode')}",
+            )
+    elif a == "rm":
+        await c.delete_consumer(s, t, args.name)
+        out.obj({"deleted": f"{args.stream}/{args.topic}/{args.name}"}, f"deleted consumer {args.stream}/{args.topic}/{args.name}")
+    elif a == "next":
+        got: list[Any] = []
+        while len(got) < args.count:
+            batch = await c.pull(s, t, args.name, min(args.count - len(got), 1000), expires=args.wait)
+            if not batch:
+                break
+            got.extend(batch)
+            for m in batch:
+                out.message(m, args.stream, args.topic)
+                if not args.no_ack:
+                    await m.ack()
+        if got and not args.no_ack:
+            await got[-1].ack(sync=True)  # the others go with it: all durable before we exit
+        if not got:
+            print(f"error: no message within {_seconds_text(args.wait)}", file=sys.stderr, flush=True)
+            raise _ExitStatus(1)
+    elif a == "sub":
+        seen = 0
+        with _connection_loss_exits():
+            async with c.consume(s, t, args.name, batch=args.batch, member=args.member) as messages:
+                if not out.json:
+                    who = f" as member {args.member} (partitions {messages.partitions})" if args.member else ""
+                    print(f"consuming {args.stream}/{args.topic}/{args.name}{who}", file=sys.stderr, flush=True)
+                async for m in messages:
+                    out.message(m, args.stream, args.topic)
+                    await m.ack()
+                    seen += 1
+                    if args.count and seen >= args.count:
+                        break
+
+
 CLIENT_COMMANDS: dict[str, Callable[[Client, argparse.Namespace, Out], Awaitable[None]]] = {
+    "consumer": cmd_consumer,
     "stream": cmd_stream,
     "topic": cmd_topic,
     "pub": cmd_pub,
@@ -604,6 +783,62 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "set":
             q.add_argument("offset", type=int)
 
+    p = sub.add_parser("consumer", help="durable consumers: add, info, list, rm, next, sub")
+    cs = p.add_subparsers(dest="action", required=True)
+    q = cs.add_parser("add", parents=[common], help="create a durable consumer (the same again is a no-op)")
+    q.add_argument("stream")
+    q.add_argument("topic")
+    q.add_argument("name")
+    q.add_argument("--filter", action="append", metavar="SUBJECT", help="a subject filter (repeatable; default: all)")
+    q.add_argument("--deliver", choices=["all", "new", "last", "last_per_subject", "by_start_offset", "by_start_time"],
+                   help="where it starts (default all)")
+    q.add_argument("--start-offset", type=_start_offset, metavar="N|P:N,...", help="with by_start_offset")
+    q.add_argument("--start-time", type=_start_time, metavar="ISO8601", help="with by_start_time")
+    q.add_argument("--ack", choices=["explicit", "none", "all"], help="ack policy (default explicit)")
+    q.add_argument("--ack-wait", type=_duration, metavar="DURATION", help="redeliver unacked after this (default 30s)")
+    q.add_argument("--max-deliver", type=int, metavar="N", help="give a message up after N deliveries (-1 = never)")
+    q.add_argument("--backoff", type=_durations, metavar="D,D,...", help="redelivery delays by delivery count")
+    q.add_argument("--max-ack-pending", type=int, metavar="N", help="at most N unacked deliveries (-1 = unlimited)")
+    q.add_argument("--max-waiting", type=int, metavar="N", help="at most N waiting pulls")
+    q.add_argument("--partitioned", action="store_true", help="each partition owned by one member of its group")
+    q.add_argument("--member-timeout", type=_duration, metavar="DURATION", help="partitioned: a silent member leaves after this")
+    q.add_argument("--description")
+    for action, helptext in (("info", "a consumer's configuration and state"), ("rm", "delete a consumer and its state")):
+        q = cs.add_parser(action, parents=[common], help=helptext)
+        q.add_argument("stream")
+        q.add_argument("topic")
+        q.add_argument("name")
+    q = cs.add_parser("list", parents=[common], help="the consumers of a topic")
+    q.add_argument("stream")
+    q.add_argument("topic")
+    q = cs.add_parser("next", parents=[common], help="pull, print and ack messages")
+    q.add_argument("stream")
+    q.add_argument("topic")
+    q.add_argument("name")
+    q.add_argument("--count", type=int, default=1, help="how many (default 1)")
+    q.add_argument("--no-ack", action="store_true", help="do not ack (they come again after the ack wait)")
+    q.add_argument("--wait", type=_duration, default=5.0, metavar="DURATION", help="how long to wait for them (default 5s)")
+    q = cs.add_parser(
+        "sub", parents=[common], help="print and ack messages as they come, until interrupted",
+        description="Print and ack a consumer's messages as they come. A lost connection ends it with one line on "
+        "stderr saying why and exit status 2, unless --reconnect is given.",
+    )
+    q.add_argument("stream")
+    q.add_argument("topic")
+    q.add_argument("name")
+    q.add_argument("--member", help="join the (partitioned) consumer's group under this name")
+    q.add_argument("--batch", type=int, default=500, help="messages per pull (default 500)")
+    q.add_argument("--count", type=int, default=0, help="exit after N messages (0 = run until interrupted)")
+    q.add_argument(
+        "--reconnect", action="store_true",
+        help="when the connection is lost, reconnect and pull again (one line on stderr for each disconnect and "
+        "reconnect); unacked messages may come again",
+    )
+    q.add_argument(
+        "--max-reconnects", type=int, default=RECONNECT_ATTEMPTS, metavar="N",
+        help=f"with --reconnect: give up after N failed attempts in a row (default {RECONNECT_ATTEMPTS}; -1 = never)",
+    )
+
     p = sub.add_parser("kv", help="KV buckets with per-key TTLs that reads can refresh")
     kv = p.add_subparsers(dest="action", required=True)
     q = kv.add_parser("add", parents=[common], help="create a bucket")
@@ -752,10 +987,11 @@ async def _run_client(args: argparse.Namespace) -> int:
     out = Out(args.json)
     # One-shot commands report a lost connection; only `sub --reconnect` reconnects.
     options: dict[str, Any] = {"reconnect": False}
-    if args.command == "sub" and args.reconnect:
+    if getattr(args, "reconnect", False):
+        again = "pulling again" if args.command == "consumer" else "subscribed again"
         options = {
             "reconnect": True, "max_reconnect_attempts": args.max_reconnects,
-            "on_disconnect": _on_disconnect, "on_reconnect": _on_reconnect_to(args.server),
+            "on_disconnect": _on_disconnect, "on_reconnect": _on_reconnect_to(args.server, again),
         }
     try:
         async with connect(args.server, token=args.token, name="ttlbroker-cli", **options) as c:

@@ -1,0 +1,125 @@
+"""``ttlbroker consumer ...`` through subprocesses, against a broker process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import BrokerProcess, env_with_project
+
+
+def run(address: str, *args: str, check: bool = True, json_out: bool = False) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "broker", *args, "--server", address]
+    if json_out:
+        cmd.append("--json")
+    p = subprocess.run(cmd, input="", capture_output=True, text=True, env=env_with_project(), timeout=60)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{args} exited {p.returncode}: {p.stderr}")
+    return p
+
+
+def lines(p: subprocess.CompletedProcess[str]) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    proc = BrokerProcess(tmp_path_factory.mktemp("consumer-cli-data"))
+    try:
+        a = proc.address
+        run(a, "stream", "create", "shop")
+        run(a, "topic", "create", "shop", "orders", "--subjects", "orders.>")
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_add_info_list_rm(broker: BrokerProcess) -> None:
+    a = broker.address
+    p = run(a, "consumer", "add", "shop", "orders", "work", "--filter", "orders.a", "--filter", "orders.b",
+            "--ack-wait", "1m", "--backoff", "1m,5m", "--max-deliver", "5", "--max-ack-pending", "10", "--description", "d")
+    assert p.stdout == "created consumer shop/orders/work\n" and p.stderr == ""
+    # the same again is a no-op; another configuration is refused
+    assert run(a, "consumer", "add", "shop", "orders", "work", "--filter", "orders.a", "--filter", "orders.b",
+               "--ack-wait", "60s", "--backoff", "60s,5m", "--max-deliver", "5", "--max-ack-pending", "10",
+               "--description", "d").returncode == 0
+    p = run(a, "consumer", "add", "shop", "orders", "work", check=False)
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr == "error: CONSUMER_EXISTS (7007): consumer already exists\n"
+    info = lines(run(a, "consumer", "add", "shop", "orders", "late", "--deliver", "by_start_time",
+                     "--start-time", "2020-01-02T03:04:05Z", "--partitioned", "--member-timeout", "45s", json_out=True))[0]
+    assert info["name"] == "late" and info["config"]["mode"] == "partitioned" and info["config"]["member_timeout"] == 45
+    assert info["config"]["opt_start_time"] == 1577934245 * 10**9
+
+    run(a, "pub", "orders.a", "one")
+    run(a, "pub", "orders.c", "not for work")
+    p = run(a, "consumer", "info", "shop", "orders", "work")
+    assert p.stdout == (
+        "consumer shop/orders/work\n"
+        "  filter:          orders.a, orders.b\n"
+        "  deliver:         all\n"
+        "  ack:             explicit (wait 60s, max deliver 5, backoff 60s,300s)\n"
+        "  max ack pending: 10\n"
+        "  max waiting:     512\n"
+        "  mode:            shared\n"
+        "  description:     d\n"
+        "  pending:         1\n"
+        "  ack pending:     0\n"
+        "  redelivered:     0\n"
+        "  waiting pulls:   0\n"
+        "  delivered:       consumer seq 0, stream seq 0\n"
+        "  ack floor:       consumer seq 0, stream seq 0\n"
+        "  partition 0: delivered=0 ack_floor=0 pending=1 ack_pending=0\n"
+    )
+    raw = lines(run(a, "consumer", "info", "shop", "orders", "work", json_out=True))[0]
+    assert raw["num_pending"] == 1 and raw["config"]["filter_subjects"] == ["orders.a", "orders.b"]
+    p = run(a, "consumer", "list", "shop", "orders")
+    assert p.stdout.splitlines() == [
+        "late                 pending=2 ack_pending=0 redelivered=0 waiting=0 mode=partitioned",
+        "work                 pending=1 ack_pending=0 redelivered=0 waiting=0 mode=shared",
+    ]
+    assert [c["name"] for c in lines(run(a, "consumer", "list", "shop", "orders", json_out=True))] == ["late", "work"]
+    p = run(a, "consumer", "rm", "shop", "orders", "late")
+    assert p.stdout == "deleted consumer shop/orders/late\n"
+    assert lines(run(a, "consumer", "rm", "shop", "orders", "work", json_out=True)) == [{"deleted": "shop/orders/work"}]
+    assert run(a, "consumer", "list", "shop", "orders").stdout == ""
+
+
+def test_next_and_sub(broker: BrokerProcess) -> None:
+    a = broker.address
+    run(a, "consumer", "add", "shop", "orders", "n", "--filter", "orders.n.>")
+    for i in range(5):
+        run(a, "pub", f"orders.n.{i}", f"m{i}")
+    p = run(a, "consumer", "next", "shop", "orders", "n", "--count", "2")
+    assert p.stdout.splitlines() == ["shop/orders[0]@3 orders.n.0 m0", "shop/orders[0]@4 orders.n.1 m1"]
+    got = lines(run(a, "consumer", "next", "shop", "orders", "n", "--no-ack", json_out=True))
+    assert [(m["offset"], m["subject"], m["payload"]) for m in got] == [(5, "orders.n.2", "m2")]
+    info = lines(run(a, "consumer", "info", "shop", "orders", "n", json_out=True))[0]
+    assert info["num_ack_pending"] == 1 and info["num_pending"] == 2
+    p = run(a, "consumer", "sub", "shop", "orders", "n", "--count", "2")
+    assert p.stdout.splitlines() == ["shop/orders[0]@6 orders.n.3 m3", "shop/orders[0]@7 orders.n.4 m4"]
+    assert p.stderr == "consuming shop/orders/n\n"
+    info = lines(run(a, "consumer", "info", "shop", "orders", "n", json_out=True))[0]
+    assert info["num_ack_pending"] == 1 and info["num_pending"] == 0  # only the --no-ack one is outstanding
+    p = run(a, "consumer", "next", "shop", "orders", "n", "--wait", "200ms", check=False)
+    assert p.returncode == 1 and p.stdout == "" and p.stderr == "error: no message within 0.2s\n"
+
+
+def test_errors(broker: BrokerProcess) -> None:
+    a = broker.address
+    for args in (("info", "shop", "orders", "nope"), ("rm", "shop", "orders", "nope"), ("next", "shop", "orders", "nope"),
+                 ("sub", "shop", "orders", "nope")):
+        p = run(a, "consumer", *args, check=False)
+        assert (p.returncode, p.stdout) == (1, "") and p.stderr.endswith("error: CONSUMER_NOT_FOUND (7006): consumer not found\n")
+    p = run(a, "consumer", "add", "shop", "nope", "x", check=False)
+    assert p.returncode == 1 and p.stderr.startswith("error: TOPIC_NOT_FOUND")
+    p = run(a, "consumer", "add", "shop", "orders", "x", "--ack-wait", "soon", check=False)
+    assert p.returncode == 2 and "argument --ack-wait: invalid duration 'soon'" in p.stderr
+    p = run(a, "consumer", "add", "shop", "orders", "x", "--deliver", "by_start_offset", check=False)
+    assert p.returncode == 1 and p.stderr == "error: --deliver by_start_offset needs --start-offset\n"
+    p = run(a, "consumer", "add", "shop", "orders", "x", "--filter", "orders.*", "--filter", "orders.a", check=False)
+    assert p.returncode == 1 and p.stderr.startswith("error: CONSUMER_FILTERS_OVERLAP (7008)")
+    p = run("127.0.0.1:1", "consumer", "list", "shop", "orders", check=False)
+    assert p.returncode == 2 and p.stderr.startswith("error: cannot connect to 127.0.0.1:1")
