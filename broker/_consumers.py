@@ -136,7 +136,14 @@ class ConsumerPartition:
         creation and recovery only)."""
         log_ = self.part.log
         end = log_.next_offset
-        start = max(start, log_.first_offset or end)
+        first = log_.first_offset or end
+        start = max(start, first)
+        if start <= first and self.only is None:
+            # Everything live counts: the subject index knows how many, no walk.
+            if self.consumer.match_all:
+                return log_.live_count
+            match = self.consumer.match
+            return sum(st.count for s, st in self.part.index.subjects.items() if st.count and match(s))
         wanted = self.wanted()
         n = 0
         is_live = log_.is_live

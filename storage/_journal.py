@@ -125,6 +125,7 @@ class Journal:
                 raws.append(None)
         merged: dict[int, _Entry] = {}
         damaged_files: list[str] = []
+        any_damage = False
         for p, raw in zip(self.paths, raws):
             if raw is None:
                 continue
@@ -141,6 +142,7 @@ class Journal:
                     "consumer_journal", p, start, what,
                     "left as is (check)" if readonly else "entries taken from both copies; the file is rewritten",
                 ))
+            any_damage |= bool(damaged)
             if damaged and not all(end == len(raw) and start > 0 for start, end in damaged):
                 damaged_files.append(p)
         seqs = sorted(merged)
@@ -170,8 +172,8 @@ class Journal:
             if os.path.exists(p):
                 keep_aside(p)
         present = [r for r in raws if r is not None]
-        rewrite = bool(damaged_files) or len(present) == 1 or (len(present) == 2 and raws[0] != raws[1])
-        if rewrite and seqs:
+        rewrite = any_damage or len(present) == 1 or (len(present) == 2 and raws[0] != raws[1])
+        if rewrite:
             data = b"".join(encode_entry(s, merged[s].payload, merged[s].kind == _SNAPSHOT) for s in live)
             for p in reversed(self.paths):
                 atomic_write(p, data)
