@@ -136,6 +136,8 @@ class ConsumerInfo:
         self.raw = dict(raw)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "raw":
+            raise AttributeError(name)
         try:
             return self.raw[name]
         except KeyError:
@@ -641,10 +643,13 @@ class ConsumersMixin:
 
         corr = frame.correlation_id
         call = conn.pending.pop(corr, None) if frame.final else conn.pending.get(corr)
-        if call is None or not isinstance(call, _PullCall):
+        if call is None:
             return  # a pull abandoned without a trace (e.g. its connection went)
         try:
-            call.frame(frame.payload, frame.final)
+            if isinstance(call, _PullCall):
+                call.frame(frame.payload, frame.final)
+            elif frame.final:  # a PULL sent as a plain request: its response, as the protocol decodes it
+                call.set_result(PullBatch.decode(frame.payload))
         except BrokerError as err:
             self._conn_lost(conn, None, ConnectionClosedError(f"the broker broke the protocol: {err.message}"))
 
