@@ -186,7 +186,7 @@ async def create_topic(broker: Broker, session: Any, cmd: P.CreateTopic) -> Repl
                     f"the default subject filter {subjects[0]!r} is not valid for these names; "
                     "give the topic's subjects explicitly"
                 ) from None
-        cfg = resolve(cfg, None, pedantic, broker.config.limits.max_partitions)
+        cfg = resolve(cfg, None, pedantic, broker.config.limits.max_partitions, cmd.options)
         broker.catalog.check_overlap(cfg.subjects)
         topic = Topic(stream, tid, cfg, broker.clock.now_ns())
         broker.catalog.check_republish_cycles(topic, cfg)
@@ -224,7 +224,7 @@ async def update_topic(broker: Broker, session: Any, cmd: P.UpdateTopic) -> Repl
         topic = broker.catalog.topic(cmd.stream, cmd.topic)
         check_option_types(cmd.changes, updating=True)
         new = apply_changes(topic.config, cmd.changes)
-        new = resolve(new, topic.config, bool(cmd.changes.get("pedantic")), broker.config.limits.max_partitions)
+        new = resolve(new, topic.config, bool(cmd.changes.get("pedantic")), broker.config.limits.max_partitions, cmd.changes)
         if new.subjects != topic.config.subjects:
             broker.catalog.check_overlap(new.subjects, ignore=topic)
         broker.catalog.check_republish_cycles(topic, new)
@@ -242,6 +242,8 @@ async def update_topic(broker: Broker, session: Any, cmd: P.UpdateTopic) -> Repl
         if new.message_expiry != old.message_expiry:
             for p in topic.partitions:
                 broker.retention.rearm_age(p)
+        if not new.duplicate_window:
+            topic.dedup.clear()  # off forgets; a window set later starts empty
         # Turning allow_msg_ttl on schedules nothing: a topic without it refuses
         # every TTL, so none of its stored messages carries one (docs/semantics.md).
         broker.router.rebuild(broker.catalog.topics())

@@ -16,6 +16,11 @@ the NATS server's order (``processJetStreamMsg``; SEMANTICS 2.2) with our decisi
    to it, and a ``Nats-TTL`` header is replaced by one with the integer seconds,
    appended at the end of the header block.
 
+Then, for a topic with a ``duplicate_window``, the message's ``Nats-Msg-Id`` is
+returned for the publish path to look up (``_dedup.py``): only a message that passes
+every check above can be a duplicate or register its id. A message carrying
+``TTLB-Hops`` (a republished copy) registers no id.
+
 The effective TTL is written into the record's TTL field, so storage, recovery and
 the export read one field and never parse headers again. Headers are stored as sent
 (or as rewritten by rule 4).
@@ -27,6 +32,7 @@ from typing import NamedTuple
 
 from protocol import (
     FLAG_NO_MARKER,
+    HOPS_HEADER,
     FLAG_TOMBSTONE,
     TTL_INVALID,
     TTL_NEVER,
@@ -40,6 +46,7 @@ from protocol import (
     restamp_body,
 )
 
+from ._dedup import MSG_ID
 from ._topic_config import TopicConfig
 
 __all__ = ["Admission", "admit", "ROLLUP_NONE", "ROLLUP_SUB", "ROLLUP_ALL"]
@@ -53,7 +60,8 @@ _ROLLUP = b"Nats-Rollup"
 _KV_OP = b"KV-Operation"
 _MARKER_REASON = b"Nats-Marker-Reason"
 _EXPECTED_LAST = b"Nats-Expected-Last-Subject-Sequence"
-_WANTED = frozenset((_TTL, _ROLLUP, _KV_OP, _MARKER_REASON, _EXPECTED_LAST))
+_HOPS = HOPS_HEADER.encode()
+_WANTED = frozenset((_TTL, _ROLLUP, _KV_OP, _MARKER_REASON, _EXPECTED_LAST, MSG_ID, _HOPS))
 _ROLLUPS = {b"sub": ROLLUP_SUB, b"all": ROLLUP_ALL}
 
 _Disabled = error_class(ErrorCode.MSG_TTL_DISABLED)
@@ -73,6 +81,8 @@ class Admission(NamedTuple):
         body: the body to store when it differs from the one sent, else None.
         expected_last: the subject's last offset the publisher expects
             (``Nats-Expected-Last-Subject-Sequence``; 0 = none stored), or None.
+        msg_id: the ``Nats-Msg-Id`` to de-duplicate on, or None (no header, an empty
+            one, a topic with ``duplicate_window`` 0, or a republished copy).
     """
 
     ttl: int
@@ -80,6 +90,7 @@ class Admission(NamedTuple):
     flags: int
     body: bytes | None
     expected_last: int | None = None
+    msg_id: bytes | None = None
 
 
 def admit(body: bytes | memoryview, f: BodyFields, cfg: TopicConfig) -> Admission:
@@ -128,7 +139,8 @@ def admit(body: bytes | memoryview, f: BodyFields, cfg: TopicConfig) -> Admissio
             raise _WrongLast(f"invalid Nats-Expected-Last-Subject-Sequence {raw_expected.decode(errors='replace')!r}")
         expected = int(raw_expected)
     changed = ttl != f.ttl or flags or headers is not f.headers
-    return Admission(ttl, rollup, flags, restamp_body(body, ttl, flags, headers) if changed else None, expected)
+    msg_id = (hv.get(MSG_ID) or None) if cfg.duplicate_window and _HOPS not in hv else None
+    return Admission(ttl, rollup, flags, restamp_body(body, ttl, flags, headers) if changed else None, expected, msg_id)
 
 
 def _ttl_text(ttl: int) -> str:

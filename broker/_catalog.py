@@ -14,6 +14,7 @@ from typing import Any
 from protocol import ErrorCode, Identifier, SubjectTransform, TopicDetails, error_class, filters_overlap
 from storage import ConsumerOffsets
 
+from ._dedup import DedupTable
 from ._partition import Partition
 from ._topic_config import TopicConfig
 
@@ -43,6 +44,10 @@ class Topic:
         self.removed: dict[str, int] = {}
         #: Subject delete markers written since start, by reason (``MaxAge``, ...).
         self.markers: dict[str, int] = {}
+        #: ``Nats-Msg-Id`` de-duplication (``_dedup.py``), and the duplicates refused
+        #: since start.
+        self.dedup = DedupTable()
+        self.duplicates = 0
 
     @property
     def config(self) -> TopicConfig:
@@ -91,6 +96,8 @@ class Topic:
             "pending_expiries": sum(p.pending for p in self.partitions),
             "removed": dict(self.removed),
             "markers": dict(self.markers),
+            "duplicates": self.duplicates,
+            "dedup_ids": len(self.dedup),
             "partitions": [
                 {
                     "partition": p.number,

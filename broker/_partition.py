@@ -7,18 +7,23 @@ and the deadline structure's count never disagree about what is live.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from protocol import FLAG_NO_MARKER, FLAG_TOMBSTONE, MARKER_MASK, TTL_NEVER
+from protocol import FLAG_NO_MARKER, FLAG_TOMBSTONE, HOPS_HEADER, MARKER_MASK, TTL_NEVER, header_values
 from storage import AppendResult, PartitionLog, ReadResult, StoredRecord
 
+from ._dedup import MSG_ID
 from ._subject_index import MARKER, NEVER, NO_MARKER, PENDING, TOMBSTONE, SubjectIndex, SubjectState
 
 if TYPE_CHECKING:
     from ._catalog import Topic
 
 __all__ = ["Partition", "Removed", "flags_for"]
+
+_HOPS = HOPS_HEADER.encode()
+_DEDUP_HEADERS = frozenset((MSG_ID, _HOPS))
 
 
 def flags_for(ttl: int, record_flags: int) -> int:
@@ -75,16 +80,30 @@ class Partition:
     def __repr__(self) -> str:
         return f"Partition({self.topic.full_name}[{self.number}])"
 
-    def rebuild_index(self) -> list[StoredRecord]:
+    def rebuild_index(self, msg_ids: list[tuple[int, bytes, int, int]] | None = None) -> list[StoredRecord]:
         """Rebuild the subject index from the log (startup). Returns the live records
-        that carry a TTL (seconds, not never), for the caller to schedule."""
+        that carry a TTL (seconds, not never), for the caller to schedule.
+
+        With ``msg_ids`` (a list), the same scan adds ``(timestamp, Nats-Msg-Id,
+        partition, offset)`` for the records that carry the header and are no older
+        than the topic's duplicate window before the newest of them (markers and
+        republished copies, which carry ``TTLB-Hops``, never count)."""
         self.index = SubjectIndex(self.log.segments[0].base, self.log.is_live)
         self.pending = 0
         run_first = 0
         run: list[bytes] = []
         run_flags = bytearray()
         with_ttl: list[StoredRecord] = []
+        window_ns = self.topic.config.duplicate_window * 1_000_000_000 if msg_ids is not None else 0
+        ids: deque[tuple[int, bytes, int, int]] = deque()
         for rec in self.log.scan():
+            if window_ns and rec.headers and not rec.flags & MARKER_MASK:
+                found = header_values(rec.headers, _DEDUP_HEADERS)
+                msg_id = found.get(MSG_ID)
+                if msg_id and _HOPS not in found:
+                    ids.append((rec.timestamp, msg_id, self.number, rec.offset))
+                    while ids[0][0] < rec.timestamp - window_ns:
+                        ids.popleft()
             if run and rec.offset != run_first + len(run):
                 self.index.extend(run_first, run, bytes(run_flags))
                 run = []
@@ -97,6 +116,8 @@ class Partition:
                 with_ttl.append(rec)
         if run:
             self.index.extend(run_first, run, bytes(run_flags))
+        if msg_ids is not None:
+            msg_ids.extend(ids)
         return with_ttl
 
     # -- flags ---------------------------------------------------------------------

@@ -16,12 +16,16 @@ from protocol import RemovalReason as R
 from protocol import TTL_NEVER, BrokerError, ErrorCode, error_class, scan_bodies
 
 from ._admission import ROLLUP_SUB, Admission, admit
+from ._dedup import Original
 from ._partition import Partition, flags_for
 from ._routing import NO_TOPIC
 from ._subscriptions import deliver
 
 if TYPE_CHECKING:
     from ._broker import Broker, Reply
+    from ._catalog import Topic
+
+_DUPLICATE = int(ErrorCode.DUPLICATE_MESSAGE)
 
 __all__ = ["enforce_max_msgs", "publish"]
 
@@ -78,6 +82,10 @@ def publish(broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False)
         data, starts, ends = _admit(data, subjects, starts, ends, special, failed, groups, admitted, fields)
 
     now = broker.clock.now_ns()
+    dups: dict[int, tuple[Topic, Original | int]] | None = None
+    fresh: dict[tuple[Topic, bytes], int] | None = None
+    if admitted and not trusted:
+        dups, fresh = _dedupe(groups, admitted, now)
     counters = broker.counters
     delivering = len(broker.subs) > 0
     if len(groups) == 1 and not failed and not unrouted and not admitted and next(iter(groups)).topic.republisher is None:
@@ -140,6 +148,13 @@ def publish(broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False)
             head = P.delivery_entry(topic.stream.id, topic.id, part.number)
             for i, rec in zip(idx, _record_views(res)):
                 entries[i] = (subjects[i], head, rec)
+    if fresh:
+        for (topic, msg_id), i in fresh.items():
+            topic.dedup.add(msg_id, now, partitions[i], offsets[i])
+    if dups:
+        _duplicate_acks(broker, dups, admitted, stream_ids, topic_ids, partitions, offsets, statuses, errors)
+        if not epoch and broker.committer.acks_wait:
+            epoch = broker.committer.durable_at()  # the original may not be durable yet
     if rollups:
         _apply_rollups(broker, rollups, subjects, groups, offsets)
     for part, res, lasts, at in republish:
@@ -163,6 +178,79 @@ def publish(broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False)
         return b""
     payload = P.Acks(stream_ids, topic_ids, partitions, offsets, statuses, errors).encode()
     return (payload, epoch) if epoch else payload
+
+
+def _dedupe(
+    groups: dict[Partition, list[int]], admitted: dict[int, Admission], now: int
+) -> tuple[dict[int, tuple[Topic, Original | int]] | None, dict[tuple[Topic, bytes], int] | None]:
+    """``Nats-Msg-Id`` de-duplication (``_dedup.py``), in batch order: returns the
+    duplicates (index -> the original stored earlier, or the index of the same
+    batch's earlier message with that id), which leave their groups, and the ids to
+    register once the batch is appended ((topic, id) -> index)."""
+    cands = [i for i, a in admitted.items() if a.msg_id is not None]
+    if not cands:
+        return None, None
+    cands.sort()
+    wanted = set(cands)
+    part_of = {i: part for part, idx in groups.items() for i in idx if i in wanted}
+    dups: dict[int, tuple[Topic, Original | int]] = {}
+    fresh: dict[tuple[Topic, bytes], int] = {}
+    pruned: set[Topic] = set()
+    for i in cands:
+        topic = part_of[i].topic
+        window = topic.config.duplicate_window
+        table = topic.dedup
+        if topic not in pruned:
+            table.prune(now, window)
+            pruned.add(topic)
+        msg_id: bytes = admitted[i].msg_id  # type: ignore[assignment]
+        key = (topic, msg_id)
+        first = fresh.get(key)
+        if first is not None:
+            dups[i] = (topic, first)
+            continue
+        original = table.get(msg_id, now, window)
+        if original is not None:
+            dups[i] = (topic, original)
+            continue
+        fresh[key] = i
+    if dups:
+        for part, idx in list(groups.items()):
+            keep = [i for i in idx if i not in dups]
+            if len(keep) != len(idx):
+                if keep:
+                    groups[part] = keep
+                else:
+                    del groups[part]
+    return dups, fresh
+
+
+def _duplicate_acks(
+    broker: Broker,
+    dups: dict[int, tuple[Topic, Original | int]],
+    admitted: dict[int, Admission],
+    stream_ids: list[int],
+    topic_ids: list[int],
+    partitions: list[int],
+    offsets: list[int],
+    statuses: list[int],
+    errors: dict[int, str],
+) -> None:
+    """Acks for duplicates: the original's place, status DUPLICATE_MESSAGE."""
+    broker.counters.duplicates += len(dups)
+    for i, (topic, original) in dups.items():
+        if isinstance(original, int):
+            partition, offset = partitions[original], offsets[original]
+        else:
+            partition, offset = original.partition, original.offset
+        stream_ids[i] = topic.stream.id
+        topic_ids[i] = topic.id
+        partitions[i] = partition
+        offsets[i] = offset
+        statuses[i] = _DUPLICATE
+        msg_id = admitted[i].msg_id.decode(errors="replace")  # type: ignore[union-attr]
+        errors[i] = f"duplicate message: Nats-Msg-Id {msg_id!r} is stored at partition {partition} offset {offset}"
+        topic.duplicates += 1
 
 
 def _check_basic(

@@ -115,9 +115,14 @@ class Retention:
     def rebuild(self, part: Partition) -> None:
         """Rebuild a partition's expiry state from its log (startup, and when a topic
         starts allowing TTLs). Whatever fell due meanwhile expires on the engine's
-        first pass, markers included."""
+        first pass, markers included. The same scan gives back the topic's
+        ``Nats-Msg-Id`` table (``_dedup.py``) for the partition's recent records."""
         self.forget(part)
-        records = part.rebuild_index()
+        window = part.topic.config.duplicate_window
+        msg_ids: list[tuple[int, bytes, int, int]] | None = [] if window else None
+        records = part.rebuild_index(msg_ids)
+        if msg_ids:
+            part.topic.dedup.load(msg_ids, window)
         if part.topic.config.allow_msg_ttl:
             by_deadline: dict[int, list[int]] = {}
             for rec in records:

@@ -24,6 +24,9 @@ class Counters:
     bytes_out: int = 0
     #: Messages refused in publish acks (any error).
     publish_errors: int = 0
+    #: Messages not stored because their Nats-Msg-Id was within the topic's duplicate
+    #: window (acked DUPLICATE_MESSAGE; not in publish_errors).
+    duplicates: int = 0
     #: Messages published on subjects no topic captures (core delivery only).
     messages_unrouted: int = 0
     #: Core deliveries dropped because a subscriber fell too far behind.

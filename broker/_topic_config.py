@@ -14,11 +14,15 @@ exact descriptions.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Iterable
 from typing import Any
 
 from protocol import ErrorCode, SubjectTransform, TransformError, error_class, filters_overlap, validate_filter
 
-__all__ = ["TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]
+__all__ = ["DEFAULT_DUPLICATE_WINDOW", "TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]
+
+#: JetStream's default duplicate window (``StreamDefaultDuplicatesWindow``), seconds.
+DEFAULT_DUPLICATE_WINDOW = 120
 
 _Invalid = error_class(ErrorCode.INVALID_OPTIONS)
 _Config = error_class(ErrorCode.INVALID_TOPIC_CONFIG)
@@ -34,6 +38,10 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "allow_msg_ttl": ((bool,), "accept per-message TTLs (can be turned on by update, never off)"),
     "subject_delete_marker_ttl": ((int,), "seconds a subject delete marker lives; 0 = no markers"),
     "allow_rollup": ((bool,), "honour Nats-Rollup headers (sub, all)"),
+    "duplicate_window": (
+        (int,),
+        "seconds a Nats-Msg-Id is remembered for de-duplication (default 120, at most the max age); 0 = off",
+    ),
     "republish": (
         (dict, type(None)),
         "{'src': filter (default '>'), 'dest': transform template, 'headers_only': bool}; nil removes it",
@@ -73,7 +81,7 @@ def check_option_types(options: dict[str, Any], updating: bool) -> None:
                 raise _Invalid(f"option 'republish': {key!r} must be {kind.__name__}, not {type(rp[key]).__name__}")
         if "dest" not in rp:
             raise _Invalid("option 'republish' needs 'dest'")
-    for key in ("subject_delete_marker_ttl", "max_msgs_per_subject", "segment_size", "message_expiry"):
+    for key in ("subject_delete_marker_ttl", "max_msgs_per_subject", "segment_size", "message_expiry", "duplicate_window"):
         v = options.get(key)
         if v is not None and not -(2**63) <= v < 2**63:
             raise _Invalid(f"option {key!r} is out of range")
@@ -93,6 +101,9 @@ class TopicConfig:
     allow_msg_ttl: bool = False
     subject_delete_marker_ttl: int = 0
     allow_rollup: bool = False
+    #: Seconds a ``Nats-Msg-Id`` is remembered (``_dedup.py``); 0 = no de-duplication.
+    #: A catalog written before the option existed loads with the default.
+    duplicate_window: int = DEFAULT_DUPLICATE_WINDOW
     #: ``{"src", "dest", "headers_only"}`` or None
     republish: dict[str, Any] | None = None
     #: ``{"ttl", "refresh", "visibility"}`` for a KV bucket, or None
@@ -121,6 +132,7 @@ class TopicConfig:
             "allow_msg_ttl": self.allow_msg_ttl,
             "subject_delete_marker_ttl": self.subject_delete_marker_ttl,
             "allow_rollup": self.allow_rollup,
+            "duplicate_window": self.duplicate_window,
             "republish": dict(self.republish) if self.republish else None,
             "kv": dict(self.kv) if self.kv else None,
         }
@@ -156,15 +168,29 @@ def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
     return replace(cfg, **kw)
 
 
-def resolve(new: TopicConfig, old: TopicConfig | None, pedantic: bool, max_partitions: int) -> TopicConfig:
+def resolve(
+    new: TopicConfig, old: TopicConfig | None, pedantic: bool, max_partitions: int, given: Iterable[str] = ()
+) -> TopicConfig:
     """Check ``new`` (an update of ``old`` when given) and return it with the
     automatic fixes applied, in the NATS server's order (SEMANTICS 3.1).
+    ``given``: the option keys the request named (a duplicate window it did not
+    name follows a shorter max age instead of being refused).
 
     Raises:
         InvalidTopicConfigError: with the server's description of the first broken rule.
         (and the shape errors of :meth:`TopicConfig.validate`)
     """
     new.validate(max_partitions)
+    # 1. The duplicate window (the server's checks and its default's clamp to MaxAge).
+    window = new.duplicate_window
+    if window < 0:
+        raise _Config("duplicates window can not be negative")
+    if window > 0xFFFFFFFE:
+        raise _Config("duplicates window must fit in 32 bits of seconds")
+    if new.message_expiry and window > new.message_expiry:
+        if "duplicate_window" in given:
+            raise _Config("duplicates window can not be larger then max age")
+        new = replace(new, duplicate_window=new.message_expiry)
     # 2. Roll-ups need the purge permission (checked before anything about markers).
     if new.deny_purge and new.allow_rollup:
         raise _Config("roll-ups require the purge permission")

@@ -106,6 +106,7 @@ def _topic_json(t: Any) -> dict[str, Any]:
         "pending_expiries": t.extra.get("pending_expiries", 0),
         "removed": t.extra.get("removed", {}),
         "markers": t.extra.get("markers", {}),
+        "duplicates": t.extra.get("duplicates", 0),
         "partitions": t.extra.get("partitions", []),
     }
 
@@ -236,7 +237,7 @@ async def cmd_pub(c: Client, args: argparse.Namespace, out: Out) -> None:
         acks = await c.publish_batch([body] * n)
         assert acks is not None
         for a in acks:
-            if a.status:
+            if not a.ok:  # a duplicate (Nats-Msg-Id) is not an error
                 errors += 1
                 if errors == 1:
                     print(f"error: {a.error}", file=sys.stderr)

@@ -73,6 +73,9 @@ async def serve(
     storage.set_modes(config.system.file_mode_bits, config.system.dir_mode_bits)
     broker = Broker(config, clock)
     await trio.to_thread.run_sync(broker.open)
+    now = broker.clock.now_ns()
+    for topic in broker.catalog.topics():  # ids that left the window while the broker was down
+        topic.dedup.prune(now, topic.config.duplicate_window)
     try:
         listeners = await trio.open_tcp_listeners(config.server.port, host=config.server.host)
     except BaseException:

@@ -110,6 +110,10 @@ class ErrorCode(IntEnum):
     INVALID_ROLLUP = 6011, "the Nats-Rollup header is neither 'sub' nor 'all'"
     WRONG_LAST_SEQUENCE = 6012, "the subject's last offset is not the one Nats-Expected-Last-Subject-Sequence names"
     INVALID_KEY = 6013, "a KV key or bucket name breaks the naming rule"
+    DUPLICATE_MESSAGE = 6014, (
+        "not an error: the Nats-Msg-Id was stored within the topic's duplicate window; "
+        "the ack names the original's partition and offset"
+    )
 
     # -- subscriptions and consumers (7000s) -------------------------------------
     SUBSCRIPTION_EXISTS = 7001, "the connection already has a subscription with that id"

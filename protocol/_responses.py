@@ -15,7 +15,7 @@ from typing import ClassVar, NamedTuple
 
 from ._codes import Command, PushKind
 from ._consumers import PullBatch
-from ._errors import BrokerError
+from ._errors import BrokerError, ErrorCode
 from ._records import Message, decode_records, encode_body, encode_record
 from ._wire import Reader, malformed, pack_map, short_str, u16, u32, u64
 
@@ -103,7 +103,11 @@ class InfoMap(_Response):
 class Ack(NamedTuple):
     """Where one published message went, or why it did not.
 
-    ``status`` is 0 on success; otherwise ``error`` is the matching BrokerError.
+    ``status`` is 0 on success; ``DUPLICATE_MESSAGE`` (6014) is a success too: the
+    message's ``Nats-Msg-Id`` was already stored within the topic's duplicate window,
+    nothing was stored again, and the ack names the original (``duplicate`` is True,
+    ``error`` None). Any other status is a refusal and ``error`` the matching
+    BrokerError.
     """
 
     stream_id: int
@@ -115,7 +119,13 @@ class Ack(NamedTuple):
 
     @property
     def ok(self) -> bool:
-        return self.status == 0
+        """The message is stored (now, or earlier: a duplicate)."""
+        return self.status == 0 or self.status == _DUPLICATE
+
+    @property
+    def duplicate(self) -> bool:
+        """Not stored again: ``partition`` and ``offset`` are the original's."""
+        return self.status == _DUPLICATE
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +138,9 @@ class Acks(_Response):
         u32 error_count | error_count × (u32 index | u16 len | UTF-8 message)
 
     A message not stored has stream, topic, partition and offset 0 and a non-zero
-    status; the error list gives the readable message for each such index.
+    status; the error list gives the readable message for each such index. A
+    duplicate (status ``DUPLICATE_MESSAGE``) is the exception: it counts as stored and
+    carries the original's stream, topic, partition and offset.
     Columns are built and read with one ``struct`` call each, so acks cost nothing
     per message on either side.
     """
@@ -182,7 +194,7 @@ class Acks(_Response):
 
     def __getitem__(self, i: int) -> Ack:
         status = self.statuses[i]
-        error = BrokerError.from_code(status, self.errors.get(i % len(self), "")) if status else None
+        error = BrokerError.from_code(status, self.errors.get(i % len(self), "")) if status and status != _DUPLICATE else None
         return Ack(self.stream_ids[i], self.topic_ids[i], self.partitions[i], self.offsets[i], status, error)
 
     def __iter__(self):  # type: ignore[override]
@@ -190,22 +202,28 @@ class Acks(_Response):
 
     @property
     def ok(self) -> bool:
-        """True when every message was stored."""
-        return not any(self.statuses)
+        """True when every message was stored (duplicates included)."""
+        return not any(s and s != _DUPLICATE for s in self.statuses)
 
     @property
     def failed(self) -> list[Ack]:
-        return [self[i] for i, s in enumerate(self.statuses) if s]
+        return [self[i] for i, s in enumerate(self.statuses) if s and s != _DUPLICATE]
+
+    @property
+    def duplicates(self) -> list[Ack]:
+        """The acks of messages not stored again (their ``Nats-Msg-Id`` was)."""
+        return [self[i] for i, s in enumerate(self.statuses) if s == _DUPLICATE]
 
     def raise_for_errors(self) -> Acks:
         """Raise the first message's error, if any message failed; else return self."""
         for i, s in enumerate(self.statuses):
-            if s:
+            if s and s != _DUPLICATE:
                 raise self[i].error  # type: ignore[misc]
         return self
 
 
 _U32 = struct.Struct("<I")
+_DUPLICATE = int(ErrorCode.DUPLICATE_MESSAGE)
 
 
 def encode_uniform_acks(stream_id: int, topic_id: int, partition: int, first_offset: int, count: int) -> bytes:

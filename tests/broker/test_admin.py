@@ -83,7 +83,8 @@ async def test_topic_lifecycle_and_details(client: Client, server: ServerHandle)
     assert (t.id, t.name, t.partitions_count, t.message_expiry) == (1, "orders.eu", 4, 3600)
     assert t.options == {
         "subjects": ["shop.orders.eu.>"], "max_msgs_per_subject": 0, "deny_purge": False, "segment_size": 64 * 1024 * 1024,
-        "allow_msg_ttl": False, "subject_delete_marker_ttl": 0, "allow_rollup": False, "republish": None, "kv": None,
+        "allow_msg_ttl": False, "subject_delete_marker_ttl": 0, "allow_rollup": False, "duplicate_window": 120,
+        "republish": None, "kv": None,
     }
     assert t.stream_id == 1 and len(t.extra["partitions"]) == 4
     await client.publish_batch([(f"shop.orders.eu.{i}", b"x" * 10) for i in range(40)])
@@ -92,6 +93,7 @@ async def test_topic_lifecycle_and_details(client: Client, server: ServerHandle)
     assert sum(p["messages"] for p in t.extra["partitions"]) == 40
     t = await client.update_topic("shop", 1, message_expiry=60, subjects=["eu.>", "shop.orders.eu.>"])
     assert t.message_expiry == 60 and t.options["subjects"] == ["eu.>", "shop.orders.eu.>"]
+    assert t.options["duplicate_window"] == 60  # the window not named follows the shorter max age
     await client.publish("eu.new", b"routed by the new filter")
     s = await client.get_stream("shop")
     assert s.topics_count == 1 and s.topics[0].messages_count == 41 and s.messages_count == 41
