@@ -138,6 +138,8 @@ def _topic_options(args: argparse.Namespace, updating: bool) -> dict[str, Any]:
         opts["subject_delete_marker_ttl"] = args.marker_ttl
     if args.allow_rollup:
         opts["allow_rollup"] = True
+    if args.duplicate_window is not None:
+        opts["duplicate_window"] = args.duplicate_window
     if args.pedantic:
         opts["pedantic"] = True
     if args.no_republish:
@@ -223,13 +225,16 @@ async def cmd_pub(c: Client, args: argparse.Namespace, out: Out) -> None:
     if args.count == 1:
         ack = await c.publish(args.subject, data, headers=headers or None)
         assert ack is not None
-        out.obj(
-            {"stream_id": ack.stream_id, "topic_id": ack.topic_id, "partition": ack.partition, "offset": ack.offset},
-            f"published {args.subject} -> partition {ack.partition} offset {ack.offset}",
-        )
+        result = {"stream_id": ack.stream_id, "topic_id": ack.topic_id, "partition": ack.partition, "offset": ack.offset}
+        if ack.duplicate:  # its Nats-Msg-Id was stored within the topic's duplicate window
+            result["duplicate"] = True
+            text = f"duplicate: {args.subject} is stored at partition {ack.partition} offset {ack.offset} (not stored again)"
+        else:
+            text = f"published {args.subject} -> partition {ack.partition} offset {ack.offset}"
+        out.obj(result, text)
         return
     body = encode_msg(args.subject, data, headers or None)
-    sent = errors = 0
+    sent = errors = duplicates = 0
     first = last = None
     batch = 1000
     while sent < args.count:
@@ -237,16 +242,25 @@ async def cmd_pub(c: Client, args: argparse.Namespace, out: Out) -> None:
         acks = await c.publish_batch([body] * n)
         assert acks is not None
         for a in acks:
-            if not a.ok:  # a duplicate (Nats-Msg-Id) is not an error
+            if not a.ok:
                 errors += 1
                 if errors == 1:
                     print(f"error: {a.error}", file=sys.stderr)
+            elif a.duplicate:  # not an error: the Nats-Msg-Id is stored already
+                duplicates += 1
             else:
                 first = first if first is not None else a.offset
                 last = a.offset
         sent += n
-    summary = {"published": sent - errors, "errors": errors, "first_offset": first, "last_offset": last}
-    out.obj(summary, f"published {sent - errors} of {sent} messages on {args.subject}" + (f" ({errors} refused)" if errors else ""))
+    summary = {"published": sent - errors - duplicates, "errors": errors, "first_offset": first, "last_offset": last}
+    notes = [f"{errors} refused"] if errors else []
+    if duplicates:
+        summary["duplicates"] = duplicates
+        notes.append(f"{duplicates} duplicates not stored again")
+    out.obj(
+        summary,
+        f"published {sent - errors - duplicates} of {sent} messages on {args.subject}" + (f" ({', '.join(notes)})" if notes else ""),
+    )
     if errors:
         raise SystemExit(1)
 
@@ -658,6 +672,10 @@ def _add_topic_options(p: argparse.ArgumentParser) -> None:
         help="leave a subject delete marker living this long when a subject's last message goes (0 = off)",
     )
     p.add_argument("--allow-rollup", action="store_true", help="honour Nats-Rollup headers (sub, all)")
+    p.add_argument(
+        "--duplicate-window", type=int, metavar="SECONDS",
+        help="remember Nats-Msg-Id this long to store each id once (default 120, at most the max age; 0 = off)",
+    )
     p.add_argument("--pedantic", action="store_true", help="refuse instead of fixing the configuration automatically")
     p.add_argument("--republish-dest", metavar="TEMPLATE", help="republish stored messages on this subject transform (ADR-28/30)")
     p.add_argument("--republish-src", metavar="FILTER", help="only messages matching this filter (default '>')")

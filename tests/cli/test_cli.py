@@ -290,3 +290,22 @@ def test_export_command(tmp_path: Path) -> None:
         assert bad.returncode == 1 and bad.stderr.startswith("error: EXPORT_NOT_CONFIGURED (5001)")
     finally:
         plain.stop()
+
+
+def test_duplicate_window_option_and_pub_of_a_duplicate(broker: BrokerProcess) -> None:
+    a = broker.address
+    run(a, "stream", "create", "dd")
+    t = lines(run(a, "topic", "create", "dd", "orders", "--subjects", "dd.>", "--duplicate-window", "30", json_out=True))[0]
+    assert t["duplicate_window"] == 30
+    first = lines(run(a, "pub", "dd.a", "x", "--header", "Nats-Msg-Id=o-1", json_out=True))[0]
+    assert "duplicate" not in first
+    again = lines(run(a, "pub", "dd.a", "x", "--header", "Nats-Msg-Id=o-1", json_out=True))[0]
+    assert again["duplicate"] is True and (again["partition"], again["offset"]) == (first["partition"], first["offset"])
+    text = run(a, "pub", "dd.a", "x", "--header", "Nats-Msg-Id=o-1").stdout
+    assert text.strip() == f"duplicate: dd.a is stored at partition 0 offset {first['offset']} (not stored again)"
+    summary = lines(run(a, "pub", "dd.b", "y", "--header", "Nats-Msg-Id=o-2", "--count", "3", json_out=True))[0]
+    assert (summary["published"], summary["duplicates"], summary["errors"]) == (1, 2, 0)
+    info = lines(run(a, "topic", "info", "dd", "orders", json_out=True))[0]
+    assert info["messages_count"] == 2 and info["duplicates"] == 4
+    bad = run(a, "topic", "update", "dd", "orders", "--duplicate-window", "-1", check=False)
+    assert bad.returncode != 0 and "INVALID_TOPIC_CONFIG (2007)" in bad.stderr and "duplicates window can not be negative" in bad.stderr
