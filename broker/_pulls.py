@@ -13,11 +13,10 @@ changed hands) :func:`fill` hands messages to the waiting pulls in turn.
 
 from __future__ import annotations
 
-import struct
 from typing import TYPE_CHECKING, Any
 
 import protocol as P
-from protocol import PullEnd, encode_pull_batch, encode_pull_entry
+from protocol import PullEnd, encode_pull_batch, encode_pull_entry, split_records
 
 from ._consumers import MS, Outstanding
 from ._expiry import TIMER_NS, fire_time
@@ -27,8 +26,6 @@ if TYPE_CHECKING:
     from ._groups import Member
 
 __all__ = ["PullRequest", "collect", "fill", "PullTimers"]
-
-_LEN = struct.Struct("<I")
 
 
 class PullRequest:
@@ -180,12 +177,8 @@ def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list
         while cp.cursor < vis and count < want and room > 0:
             take = min(want - count, room)
             res = read(cp.cursor, take, max(limit_bytes - used, 1), wanted, vis)
-            for rec_run, (first, k_) in zip(res.records, res.runs):
-                pos = 0
-                for j in range(k_):
-                    (length,) = _LEN.unpack_from(rec_run, pos)
-                    rec = rec_run[pos : pos + 4 + length]
-                    pos += 4 + length
+            for rec_run, (first, _) in zip(res.records, res.runs):
+                for j, rec in enumerate(split_records(rec_run)):
                     if count and used + len(rec) > limit_bytes:
                         hit = True
                         break

@@ -71,6 +71,7 @@ __all__ = [
     "check_record",
     "Message",
     "decode_records",
+    "split_records",
 ]
 
 BODY = struct.Struct("<IBBII")  # ttl, flags, subject_len, headers_len, payload_len
@@ -529,6 +530,19 @@ class Message:
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def split_records(run: bytes | memoryview) -> list[memoryview]:
+    """Views of each record of a run of back-to-back records (no copies)."""
+    view = memoryview(run)
+    out = []
+    pos, n = 0, len(view)
+    unpack = _LEN_CRC.unpack_from
+    while pos < n:
+        end = pos + 4 + unpack(view, pos)[0]
+        out.append(view[pos:end])
+        pos = end
+    return out
 
 
 def decode_records(
