@@ -399,3 +399,36 @@ async def test_partitioned_consumer_gives_each_partition_to_one_member(mock_cloc
         await advance(0.1)
         owned = {p["partition"]: p["owner"] for p in (await info(c))["partitions"]}
         assert set(owned.values()) == {"a"}
+
+
+async def test_group_leave_and_member_timeout_move_partitions(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir, Clock()) as (handle, c):
+        from broker.client import connect
+
+        await setup(c, partitions=2)
+        await create(c, mode="partitioned", member_timeout=5)
+        async with connect(handle.address, timeout=None) as c2:
+            await c.join_group(S, T, "work", "a")
+            b = await c2.join_group(S, T, "work", "b")
+            assert b["partitions"] == [1]
+            for i in range(20):
+                await c.publish(f"orders.{i}", b"%d" % i)
+            held = await pull(c2, 100)
+            assert held and {m.partition for m in held} == {1}
+            # b leaves holding messages: they come back at once, to a, never to both.
+            await c2.leave_group(S, T, "work")
+            again = await pull(c, 100)
+            assert {m.partition for m in again} == {0, 1}
+            assert {(m.offset, m.num_delivered) for m in again if m.partition == 1} == {(m.offset, 2) for m in held}
+            await settle(c, again)
+            # b joins again and gets partition 1 (a holds nothing of it now) ...
+            assert (await c2.join_group(S, T, "work", "b"))["partitions"] == [1]
+            # ... and loses it when it stops pulling for member_timeout.
+            await advance(4.9)
+            assert {p["owner"] for p in (await info(c))["partitions"]} == {"a", "b"}
+            await c.pull(S, T, "work", 1, no_wait=True)  # a keeps pulling
+            await advance(0.2)
+            owners = {p["partition"]: p["owner"] for p in (await info(c))["partitions"]}
+            assert owners == {0: "a", 1: "a"}
+            with pytest.raises(P.NotAMemberError):
+                await c2.pull(S, T, "work", 1, no_wait=True)
