@@ -110,6 +110,7 @@ SYNC_HANDLERS: dict[type, Handler] = {
     P.AckMessages: _consumer_handlers.ack,
     P.JoinGroup: _consumer_handlers.join_group,
     P.LeaveGroup: _consumer_handlers.leave_group,
+    P.EndPulls: _consumer_handlers.end_pulls,
 }
 ASYNC_HANDLERS: dict[type, AsyncHandler] = {
     # _info.py

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "create_consumer", "update_consumer", "consumer_info", "list_consumers", "delete_consumer", "pull", "ack",
-    "join_group", "leave_group",
+    "join_group", "leave_group", "end_pulls",
 ]
 
 log = get_logger(__name__)
@@ -241,6 +241,15 @@ def leave_group(broker: Broker, session: Any, cmd: P.LeaveGroup) -> Reply:
     if m is None:
         raise error_class(ErrorCode.NOT_A_MEMBER)(f"this connection is not a member of consumer {c.name}")
     leave(m)
+    return b""
+
+
+def end_pulls(broker: Broker, session: Any, cmd: P.EndPulls) -> Reply:
+    from ._pulls import end
+
+    c = _find(broker, cmd)
+    for req in [r for r in c.waiting if r.session is session]:
+        end(req, PullEnd.ENDED)
     return b""
 
 

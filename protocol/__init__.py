@@ -29,6 +29,7 @@ from ._consumers import ConsumerInfoRequest as ConsumerInfoRequest
 from ._consumers import CreateConsumer as CreateConsumer
 from ._consumers import DeleteConsumer as DeleteConsumer
 from ._consumers import JoinGroup as JoinGroup
+from ._consumers import EndPulls as EndPulls
 from ._consumers import LeaveGroup as LeaveGroup
 from ._consumers import ListConsumers as ListConsumers
 from ._consumers import Pull as Pull

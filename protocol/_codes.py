@@ -73,6 +73,8 @@ class Command(IntEnum):
     JOIN_GROUP = 137
     #: Leave a partitioned consumer.
     LEAVE_GROUP = 138
+    #: End this connection's waiting pulls on a consumer (a consume loop stops).
+    END_PULLS = 139
 
     #: Details of one stream, with its topics.
     GET_STREAM = 200

@@ -41,6 +41,7 @@ __all__ = [
     "AckMessages",
     "JoinGroup",
     "LeaveGroup",
+    "EndPulls",
     "PulledMessage",
     "PullBatch",
     "encode_pull_entry",
@@ -83,6 +84,8 @@ class PullEnd(IntEnum):
     #: The connection's membership of a partitioned consumer ended (left, or its
     #: partitions moved away) while the pull waited.
     NOT_A_MEMBER = 5
+    #: The connection ended its pulls (END_PULLS).
+    ENDED = 6
 
 
 class _Request:
@@ -200,6 +203,15 @@ class JoinGroup(_Request):
         out = cls(r.ident(), r.ident(), r.short_str("consumer name"), r.short_str("member name"))
         r.end()
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class EndPulls(_ConsumerRef):
+    """``ident stream | ident topic | str8 consumer``; ends every pull this connection
+    has waiting on the consumer (each answered with status ENDED); the response is
+    empty."""
+
+    CODE: ClassVar[Command] = Command.END_PULLS
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,5 +399,5 @@ class PullBatch:
 
 
 CONSUMER_COMMANDS: tuple[type, ...] = (
-    CreateConsumer, UpdateConsumer, ConsumerInfoRequest, ListConsumers, DeleteConsumer, Pull, AckMessages, JoinGroup, LeaveGroup,
+    CreateConsumer, UpdateConsumer, ConsumerInfoRequest, ListConsumers, DeleteConsumer, Pull, AckMessages, JoinGroup, LeaveGroup, EndPulls,
 )

@@ -549,6 +549,7 @@ RESPONSE_TYPES: dict[int, type[_Response]] = {
     Command.ACK: Empty,
     Command.JOIN_GROUP: InfoMap,
     Command.LEAVE_GROUP: Empty,
+    Command.END_PULLS: Empty,
 }
 
 PUSH_TYPES: dict[int, type[_Response]] = {

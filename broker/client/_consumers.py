@@ -600,6 +600,9 @@ class MessageStream:
             return
         try:
             with client._backend.timeout(client._timeout):
+                # End our waiting pulls now rather than when they expire: nothing more
+                # is delivered to them (and NAKed back, counting towards max_deliver).
+                await client._roundtrip(conn, P.EndPulls(acker.stream, acker.topic, acker.name))
                 await acker.sync(None)
                 if self.member is not None and self._conn is conn:
                     await client._roundtrip(conn, P.LeaveGroup(acker.stream, acker.topic, acker.name))

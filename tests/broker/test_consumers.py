@@ -432,3 +432,23 @@ async def test_group_leave_and_member_timeout_move_partitions(mock_clock, data_d
             assert owners == {0: "a", 1: "a"}
             with pytest.raises(P.NotAMemberError):
                 await c2.pull(S, T, "work", 1, no_wait=True)
+
+
+async def test_a_stopped_consume_loop_ends_its_pulls(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir, Clock()) as (_, c):
+        await setup(c)
+        await create(c)
+        await publish(c, 3)
+        seen = []
+        async with c.consume(S, T, "work", batch=10) as messages:
+            async for m in messages:
+                seen.append(m.payload)
+                await m.ack()
+                if len(seen) == 3:
+                    break
+        assert seen == [b"m0", b"m1", b"m2"]
+        i = await info(c)
+        assert (i["num_waiting"], i["num_ack_pending"], i["num_pending"]) == (0, 0, 0)
+        await publish(c, 1, start=3)  # nobody pulls: it waits for the next pull
+        assert (await info(c))["num_pending"] == 1
+        assert payloads(await pull(c)) == [b"m3"]
