@@ -120,7 +120,7 @@ class ConsumerPartition:
         ids = self._ids
         sid_at = index.sid_at
         base = index.base
-        limit = base + len(index.seq) // 4
+        limit = index.end
         if only is None:
             return lambda o: base <= o < limit and sid_at(o) in ids
         return lambda o: base <= o < limit and sid_at(o) in ids and (o >= until or o in only)

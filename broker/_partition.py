@@ -273,7 +273,7 @@ class Partition:
         ids = cached[1]
         sid_at = self.index.sid_at
         base = self.index.base
-        limit = base + len(self.index.seq) // 4
+        limit = self.index.end
 
         def wanted(offset: int) -> bool:
             return base <= offset < limit and sid_at(offset) in ids

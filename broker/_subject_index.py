@@ -1,22 +1,25 @@
 """Per-partition subject state: how many live messages each subject has, its first
 and last live offset, and which subject every offset belongs to.
 
-The last of these is one ``u32`` subject id per offset, in a ``bytearray``: 4 bytes a
-message, and finding the previous or next message of a subject is a C-speed
-``rfind``/``find`` of the id's bytes (the NATS file store keeps the same per-subject
-``first/last/total`` and recomputes "first" lazily by scanning; we scan memory
-instead of blocks). Nothing here is persisted: it is rebuilt from the log when the
+The last of these is one ``u32`` subject id per offset, in an ``array('I')``: 4 bytes a
+message, and finding the next message of a subject is a C-speed ``array.index``, the
+previous one a C-speed ``rfind`` over the array's memory, a chunk at a time (the NATS
+file store keeps the same per-subject ``first/last/total`` and recomputes "first"
+lazily by scanning; we scan memory instead of blocks). Nothing here is persisted: it is rebuilt from the log when the
 broker starts.
 """
 
 from __future__ import annotations
 
-import struct
+from array import array
 from collections.abc import Callable
 
 __all__ = ["SubjectIndex", "SubjectState", "PENDING", "NEVER", "NO_MARKER", "MARKER", "TOMBSTONE"]
 
-_U32 = struct.Struct("<I")
+#: The id of offsets with no subject (recovery gaps): it matches nothing.
+NO_SUBJECT = 0xFFFFFFFF
+#: Ids per chunk when ``prev_live`` scans backwards.
+_CHUNK = 65536
 
 # Per-offset flags (one byte per message, beside its subject id):
 #: the message has a live entry in the deadline structure
@@ -54,7 +57,7 @@ class SubjectIndex:
 
     def __init__(self, base: int, is_live: Callable[[int], bool]) -> None:
         self.base = base
-        self.seq = bytearray()  # u32 subject id per offset from ``base``
+        self.seq = array("I")  # subject id per offset from ``base``
         self.flags = bytearray()  # one flag byte per offset from ``base``
         self.subjects: dict[bytes, SubjectState] = {}
         self.names: list[bytes] = []
@@ -69,10 +72,15 @@ class SubjectIndex:
         return self.subjects.get(subject)
 
     def subject_at(self, offset: int) -> bytes:
-        return self.names[_U32.unpack_from(self.seq, (offset - self.base) * 4)[0]]
+        return self.names[self.seq[offset - self.base]]
 
     def sid_at(self, offset: int) -> int:
-        return _U32.unpack_from(self.seq, (offset - self.base) * 4)[0]
+        return self.seq[offset - self.base]
+
+    @property
+    def end(self) -> int:
+        """The offset after the last one indexed."""
+        return self.base + len(self.seq)
 
     # -- adding --------------------------------------------------------------------
 
@@ -89,8 +97,7 @@ class SubjectIndex:
 
         Runtime complexity: O(len(subjects)), one dict lookup per message.
         """
-        expected = self.base + len(self.seq) // 4
-        if first_offset != expected:
+        if first_offset != self.base + len(self.seq):
             # Offsets with no subject (recovery gaps): fill with an id that matches nothing.
             self._pad(first_offset)
         table = self.subjects
@@ -111,13 +118,13 @@ class SubjectIndex:
                 st.last = off
             append(st.sid)
             off += 1
-        self.seq += struct.pack(f"<{len(ids)}I", *ids)
+        self.seq.extend(ids)
         self.flags += flags if flags is not None else bytes(len(ids))
 
     def _pad(self, offset: int) -> None:
-        missing = offset - (self.base + len(self.seq) // 4)
+        missing = offset - (self.base + len(self.seq))
         if missing > 0:
-            self.seq += b"\xff\xff\xff\xff" * missing
+            self.seq.extend(array("I", (NO_SUBJECT,)) * missing)
             self.flags += bytes(missing)
         elif missing < 0:
             raise ValueError(f"offset {offset} was already indexed")
@@ -129,10 +136,10 @@ class SubjectIndex:
         log no longer reports it live). Returns its subject's state (count may be 0).
         """
         i = offset - self.base
-        if i < 0 or i * 4 >= len(self.seq):
+        if i < 0 or i >= len(self.seq):
             return None
-        sid = _U32.unpack_from(self.seq, i * 4)[0]
-        if sid == 0xFFFFFFFF:
+        sid = self.seq[i]
+        if sid == NO_SUBJECT:
             return None
         st = self.subjects[self.names[sid]]
         st.count -= 1
@@ -151,44 +158,43 @@ class SubjectIndex:
 
     def next_live(self, sid: int, start: int) -> int:
         """The first live offset >= ``start`` with subject ``sid`` (0 if none)."""
-        needle = _U32.pack(sid)
         seq = self.seq
-        pos = max(start - self.base, 0) * 4
+        pos = max(start - self.base, 0)
         while True:
-            i = seq.find(needle, pos)
-            if i < 0:
+            try:
+                i = seq.index(sid, pos)
+            except ValueError:
                 return 0
-            if i % 4:
-                pos = i + (4 - i % 4)
-                continue
-            off = self.base + i // 4
+            off = self.base + i
             if self._is_live(off):
                 return off
-            pos = i + 4
+            pos = i + 1
 
     def prev_live(self, sid: int, before: int) -> int:
         """The last live offset < ``before`` with subject ``sid`` (0 if none)."""
-        needle = _U32.pack(sid)
-        seq = self.seq
-        end = min(before - self.base, len(seq) // 4) * 4
-        while end > 0:
-            i = seq.rfind(needle, 0, end)
-            if i < 0:
-                return 0
-            if i % 4:
-                end = i + 3
-                continue
-            off = self.base + i // 4
-            if self._is_live(off):
-                return off
-            end = i
+        needle = array("I", (sid,)).tobytes()
+        end = min(before - self.base, len(self.seq))
+        with memoryview(self.seq) as ids:
+            while end > 0:
+                start = max(end - _CHUNK, 0)
+                raw = ids[start:end].tobytes()
+                j = len(raw)
+                while (k := raw.rfind(needle, 0, j)) >= 0:
+                    if k % 4:  # straddles two ids
+                        j = k + 3
+                        continue
+                    off = self.base + start + k // 4
+                    if self._is_live(off):
+                        return off
+                    j = k
+                end = start
         return 0
 
     def trim(self, first_kept: int) -> None:
         """Forget ids below ``first_kept`` (after a purge removed them all)."""
         drop = min(first_kept - self.base, len(self.flags))
         if drop > 0:
-            del self.seq[: drop * 4]
+            del self.seq[:drop]
             del self.flags[:drop]
             self.base += drop
 

@@ -36,12 +36,10 @@ def test_storage_knows_nothing_of_the_network_or_the_broker(path: Path) -> None:
     "path", sorted(p for p in (ROOT / "broker").rglob("*.py") if "client" not in p.parts), ids=lambda p: p.name
 )
 def test_broker_parses_no_bytes_and_opens_no_files(path: Path) -> None:
-    """broker/ leaves byte layouts to protocol/ and files to storage/. Two reasoned
-    exceptions: the subject index packs its own in-memory id array (never on the wire
-    or the disk), and config.py reads the configuration file it is given."""
+    """broker/ leaves byte layouts to protocol/ and files to storage/. One reasoned
+    exception: config.py reads the configuration file it is given."""
     imported = _imports(path)
-    if path.name != "_subject_index.py":
-        assert "struct" not in imported, f"{path.name} packs bytes itself"
+    assert "struct" not in imported, f"{path.name} packs bytes itself"
     assert "pyspark" not in imported
     if path.name == "config.py":
         return
