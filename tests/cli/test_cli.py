@@ -117,11 +117,13 @@ def test_sub_prints_json_lines(broker: BrokerProcess) -> None:
     cmd = [sys.executable, "-m", "broker", "sub", "s.>", "--count", "2", "--json", "--server", a]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with_project())
     try:
+        # Publish once `sub` is subscribed (each `stats` is a process of its own:
+        # the loop needs no sleep to pace it).
         deadline = time.monotonic() + 30
-        got: list[dict] = []  # type: ignore[type-arg]
-        while proc.poll() is None and time.monotonic() < deadline:
-            run(a, "pub", "s.x", "ping")
-            time.sleep(0.2)
+        while lines(run(a, "stats", json_out=True))[0]["subscriptions"] < 1:
+            assert proc.poll() is None and time.monotonic() < deadline, "sub never subscribed"
+        run(a, "pub", "s.x", "ping")
+        run(a, "pub", "s.x", "ping")
         out, err = proc.communicate(timeout=30)
         got = [json.loads(line) for line in out.splitlines()]
         assert proc.returncode == 0, err
