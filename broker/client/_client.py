@@ -74,7 +74,7 @@ from protocol import (
 )
 
 from ._backend import Backend, QueueClosed, QueueFull
-from ._consumers import ClientProtocol, ConsumersMixin, PullFrame
+from ._consumers import ConsumerMessage, ConsumersMixin
 from ._kv import KV_STREAM, KeyValue, validate_bucket
 
 __all__ = [
@@ -367,7 +367,8 @@ class _Conn:
 
     def __init__(self, gone: Any) -> None:
         self.link: Any = None
-        self.proto = ClientProtocol(Role.CLIENT)
+        self.proto = P.ProtocolConnection(Role.CLIENT)
+        self.proto.pulled_class = ConsumerMessage
         self.pending: dict[int, Any] = {}
         #: Handshake done (and subscriptions re-created): requests may use it.
         self.ready = False
@@ -692,10 +693,6 @@ class Client(ConsumersMixin):
                     w = conn.pending.pop(event.correlation_id, None)  # type: ignore[union-attr]
                     if w is not None:
                         w.set_exception(event.error)  # type: ignore[union-attr]
-                elif cls is PullFrame:
-                    self._on_pull_frame(conn, event)  # type: ignore[arg-type]
-                    if conn.lost is not None:
-                        return
                 elif cls is Push:
                     self._on_push(conn, event)  # type: ignore[arg-type]
                     if conn.lost is not None:
@@ -704,7 +701,9 @@ class Client(ConsumersMixin):
             self._conn_lost(conn, None, ConnectionClosedError(f"the broker broke the protocol: {exc}"))
 
     def _on_push(self, conn: _Conn, event: Push) -> None:
-        if event.kind == PushKind.DELIVERY:
+        if event.kind == PushKind.PULL_MESSAGES:
+            self._on_pull_push(conn, event)
+        elif event.kind == PushKind.DELIVERY:
             delivery = event.value
             sub = self._subs.get(delivery.subscription_id)  # type: ignore[attr-defined]
             if sub is not None:

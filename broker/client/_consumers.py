@@ -1,10 +1,11 @@
 """Durable consumers in the client: pulls, acks and the consume loop.
 
 Written once for trio and asyncio, like the rest of the client (``_client.py``). The
-:class:`Client` inherits :class:`ConsumersMixin`; its reader hands every PULL
-response and ``PULL_MESSAGES`` push (a :class:`PullFrame`, built by
-:class:`ClientProtocol`) to ``_on_pull_frame``, which routes it by correlation id to
-the pull waiting for it.
+:class:`Client` inherits :class:`ConsumersMixin`. Its protocol object decodes pulled
+messages straight into :class:`ConsumerMessage` (``ProtocolConnection.pulled_class``);
+a PULL's response reaches the :class:`_PullCall` waiting under its correlation id like
+any response, and ``PULL_MESSAGES`` pushes, which carry that id, are routed to it by
+``_on_pull_push``.
 
 Acks that are not ``sync`` cost no round trip and no frame of their own: each
 consumer's entries are queued and one ACK frame (no response) carries all the
@@ -31,13 +32,12 @@ from protocol import (
     PullEnd,
     PushKind,
 )
-from protocol._frames import FLAG_PUSH, FLAG_RESPONSE
 
 if TYPE_CHECKING:
     from ._client import Client, _Conn
 
 __all__ = [
-    "ConsumerInfo", "ConsumerMessage", "MessageStream", "ConsumersMixin", "ClientProtocol", "PullFrame",
+    "ConsumerInfo", "ConsumerMessage", "MessageStream", "ConsumersMixin", 
     "consumer_config",
 ]
 
@@ -52,31 +52,6 @@ _U32_MAX = 0xFFFFFFFF
 
 
 # -- the wire: PULL frames keep their correlation id ---------------------------------
-
-
-class PullFrame:
-    """A PULL response (``final``) or a ``PULL_MESSAGES`` push, not decoded yet."""
-
-    __slots__ = ("correlation_id", "payload", "final")
-
-    def __init__(self, correlation_id: int, payload: bytes, final: bool) -> None:
-        self.correlation_id = correlation_id
-        self.payload = payload
-        self.final = final
-
-
-class ClientProtocol(P.ProtocolConnection):
-    """The client's protocol object: PULL responses and ``PULL_MESSAGES`` pushes come
-    out as :class:`PullFrame` (the protocol's ``Push`` event has no correlation id,
-    and the client decodes the messages into its own class)."""
-
-    def _client_event(self, code: int, flags: int, corr: int, status: int, payload: bytes) -> Any:
-        if flags & FLAG_PUSH:
-            if code == PushKind.PULL_MESSAGES:
-                return PullFrame(corr, payload, False)
-        elif flags & FLAG_RESPONSE and code == P.Command.PULL and not status:
-            return PullFrame(corr, payload, True)
-        return super()._client_event(code, flags, corr, status, payload)
 
 
 # -- configuration and info ---------------------------------------------------------
@@ -321,8 +296,7 @@ class _PullCall:
         self.remaining = batch
         self.conn = conn
 
-    def frame(self, payload: bytes, final: bool) -> None:
-        batch = PullBatch.decode(payload, ConsumerMessage)
+    def take(self, batch: PullBatch, final: bool) -> None:
         messages = batch.messages
         acker = self.acker
         for m in messages:
@@ -330,9 +304,9 @@ class _PullCall:
         self.remaining -= len(messages)
         self.sink._pull_frame(self, messages, batch.status if final else None)
 
-    # The connection's failure paths treat it as a waiter.
-    def set_result(self, value: Any) -> None:  # pragma: no cover - PULL responses never come as Response
-        self.sink._pull_frame(self, (), PullEnd.NO_MESSAGES)
+    # In its connection's ``pending``, it is answered like a waiter.
+    def set_result(self, batch: PullBatch) -> None:
+        self.take(batch, True)
 
     def set_exception(self, exc: BaseException) -> None:
         self.sink._pull_failed(self, exc)
@@ -640,21 +614,11 @@ class ConsumersMixin:
             acker = self._ackers[key] = _Acker(self, s, t, name)
         return acker
 
-    def _on_pull_frame(self: Any, conn: _Conn, frame: PullFrame) -> None:
-        """A PULL frame from the reader: to the pull waiting for it."""
-        from ._client import ConnectionClosedError
-
-        corr = frame.correlation_id
-        call = conn.pending.pop(corr, None) if frame.final else conn.pending.get(corr)
-        if call is None:
-            return  # a pull abandoned without a trace (e.g. its connection went)
-        try:
-            if isinstance(call, _PullCall):
-                call.frame(frame.payload, frame.final)
-            elif frame.final:  # a PULL sent as a plain request: its response, as the protocol decodes it
-                call.set_result(PullBatch.decode(frame.payload))
-        except BrokerError as err:
-            self._conn_lost(conn, None, ConnectionClosedError(f"the broker broke the protocol: {err.message}"))
+    def _on_pull_push(self: Any, conn: _Conn, event: Any) -> None:
+        """A ``PULL_MESSAGES`` push: to the pull it carries the correlation id of."""
+        call = conn.pending.get(event.correlation_id)
+        if isinstance(call, _PullCall):
+            call.take(event.value, False)
 
     def _drop_queued_acks(self) -> None:
         """The connection went: acks queued for it go with it (those messages are
