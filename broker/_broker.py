@@ -236,7 +236,6 @@ class Broker:
         topic.consumer_journal = TopicJournal(self.consumers, topic)
         if recovering:
             for c in topic.consumer_journal.load():
-                topic.consumer_set[c.name] = c
                 self.consumers.attach(c)
 
     def _damage(self, damage: Damage) -> None:

@@ -11,7 +11,7 @@ mode); filters, waits, limits and the description may change.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from protocol import ErrorCode, error_class, filters_overlap, validate_filter
@@ -203,5 +203,3 @@ class ConsumerConfig:
         if isinstance(s, int):
             return s
         return dict(s or ()).get(partition, 1)
-
-    replace = replace

@@ -14,7 +14,7 @@ from ._consumer_config import ConsumerConfig
 from ._consumers import MS, Consumer, ConsumerPartition
 from ._groups import any_draining, join, leave, owned, rebalance
 from ._log import get_logger
-from ._pulls import PullRequest, collect
+from ._pulls import PullRequest, collect, end, fail, retire
 
 if TYPE_CHECKING:
     from ._broker import Broker, Reply
@@ -152,13 +152,7 @@ def forget_consumer(broker: Broker, c: Consumer, why: str) -> None:
     c.topic.consumer_set.pop(c.name, None)
     broker.consumers.detach(c)
     for req in list(c.waiting):
-        req.ended = True
-        req.session.pulls.discard(req)
-        if not req.session.closing:
-            req.session.send_now(req.session.conn.send_error(
-                req.corr, P.Command.PULL, error_class(ErrorCode.CONSUMER_NOT_FOUND)(why)
-            ))
-    c.waiting.clear()
+        fail(req, error_class(ErrorCode.CONSUMER_NOT_FOUND)(why))
     for m in list(c.members.values()):
         if m.session is not None:
             m.session.members.pop(c, None)
@@ -245,8 +239,6 @@ def leave_group(broker: Broker, session: Any, cmd: P.LeaveGroup) -> Reply:
 
 
 def end_pulls(broker: Broker, session: Any, cmd: P.EndPulls) -> Reply:
-    from ._pulls import end
-
     c = _find(broker, cmd)
     for req in [r for r in c.waiting if r.session is session]:
         end(req, PullEnd.ENDED)
@@ -256,17 +248,8 @@ def end_pulls(broker: Broker, session: Any, cmd: P.EndPulls) -> Reply:
 def session_closed(broker: Broker, session: Any) -> None:
     """A connection ended: its waiting pulls go, its memberships end (what its
     members held comes back at once)."""
-    timers = broker.consumers.pull_timers
     for req in list(session.pulls):
-        req.ended = True
-        timers.by_id.pop(req.id, None)
-        try:
-            req.consumer.waiting.remove(req)
-        except ValueError:
-            pass
-        if req.member is not None:
-            req.member.pulls -= 1
-    session.pulls.clear()
+        retire(req)
     for m in list(session.members.values()):
         leave(m)
 

@@ -62,7 +62,7 @@ class TopicJournal:
     def _open(self) -> Journal:
         if self.file is None:
             t = self.topic
-            self.file = self.engine.broker.datadir.consumer_journal(t.stream.id, t.id, report=self.engine.broker._damage)
+            self.file = self.engine.broker.datadir.consumer_journal(t.stream.id, t.id)
         return self.file
 
     # -- writing ---------------------------------------------------------------------------
@@ -109,7 +109,8 @@ class TopicJournal:
     # -- reading back --------------------------------------------------------------------------
 
     def load(self) -> list[Consumer]:
-        """Replay the journal (startup, after the partitions are recovered)."""
+        """Replay the journal into the topic's ``consumer_set`` (startup, after the
+        partitions are recovered); returns the consumers."""
         t = self.topic
         if not self.engine.broker.datadir.has_consumer_journal(t.stream.id, t.id):
             return []
@@ -122,14 +123,16 @@ class TopicJournal:
                 holes += self._apply(consumers, ev)
             except Exception as exc:  # a checksummed entry we cannot apply: a bug or a newer broker
                 log.error("consumer_journal_event_skipped", topic=t.full_name, index=i, error=repr(exc))
+        replayed = bool(f.payloads)
+        f.payloads = []  # replayed: not kept for the broker's lifetime
         out = list(consumers.values())
         for c in out:
             self._reconcile(c)
+        t.consumer_set = {c.name: c for c in out}
         if holes:
             log.warning("consumer_journal_gap", topic=t.full_name, redelivered=holes,
                         action="messages whose events were lost are delivered again")
-        if f.payloads:
-            t.consumer_set = {c.name: c for c in out}
+        if replayed:
             self.compact()
         return out
 

@@ -37,15 +37,13 @@ journal (``_consumer_journal.py``), written through the group commit like messag
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-import protocol as P
-from protocol import AckKind, ErrorCode, error_class, subject_matches
+from protocol import AckKind, subject_matches
 
 from ._consumer_config import ConsumerConfig
 from ._expiry import TIMER_NS, fire_time
@@ -378,9 +376,6 @@ class ConsumerEngine:
 
     # -- bookkeeping -----------------------------------------------------------------
 
-    def consumers_of(self, topic: Topic) -> dict[str, Consumer]:
-        return topic.consumer_set  # type: ignore[no-any-return]
-
     def journal_of(self, topic: Topic) -> TopicJournal:
         return topic.consumer_journal  # type: ignore[no-any-return]
 
@@ -415,13 +410,7 @@ class ConsumerEngine:
 
     def arm(self, cp: ConsumerPartition, offsets: list[int], deadline: int) -> int:
         """One timer entry per offset, all at ``deadline``; returns when it fires."""
-        b = fire_time(deadline, TIMER_NS)
-        q = self.expiry.queue
-        for o in offsets:
-            q.add_timer(b, cp, o)
-        self.expiry.timers += len(offsets)
-        self.expiry._maybe_wake(b)
-        return b
+        return self.expiry.schedule_timers(cp, offsets, deadline)
 
     def broker_offsets_store(self, c: Consumer, cp: ConsumerPartition) -> None:
         """``ack_policy: none`` advances the consumer's stored offset as it delivers
@@ -536,16 +525,3 @@ class ConsumerEngine:
         if not changes:
             return 0
         return self.journal_of(c.topic).write(["a", c.id, changes])
-
-    # -- time ----------------------------------------------------------------------------
-
-    def now_ms(self) -> int:
-        return self.clock.now_ns() // MS
-
-
-def wall_ms() -> int:
-    return time.time_ns() // MS
-
-
-def consumer_error(code: ErrorCode, text: str) -> P.BrokerError:
-    return error_class(code)(text)

@@ -35,7 +35,7 @@ pass per partition (markers included).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import trio
@@ -172,12 +172,15 @@ class ExpiryEngine:
     def schedule_ttl(self, partition: Partition, offset: int, deadline_ns: int) -> None:
         self._maybe_wake(self.queue.add(deadline_ns, partition, offset))
 
-    def schedule_timer(self, owner: object, offset: int, deadline_ns: int) -> int:
-        """A timer for ``owner.timers_due(offsets, now_ns)``: one entry per offset, in
-        :data:`TIMER_NS` buckets. Returns when it fires (an owner re-arms lazily:
+    def schedule_timers(self, owner: object, ids: Iterable[int], deadline_ns: int) -> int:
+        """Timers for ``owner.timers_due(ids, now_ns)``: one entry per id, in
+        :data:`TIMER_NS` buckets. Returns when they fire (an owner re-arms lazily:
         when an entry fires it checks the deadline it holds now)."""
-        b = self.queue.add_timer(fire_time(deadline_ns, TIMER_NS), owner, offset)
-        self.timers += 1
+        b = fire_time(deadline_ns, TIMER_NS)
+        q = self.queue
+        for i in ids:
+            q.add_timer(b, owner, i)
+            self.timers += 1
         self._maybe_wake(b)
         return b
 

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._expiry import TIMER_NS, fire_time
+from protocol import PullEnd
+
 from ._log import get_logger
+from ._pulls import end
 
 if TYPE_CHECKING:
     from ._consumers import Consumer, ConsumerEngine
-    from ._pulls import PullRequest
+    from ._pulls import PullRequest  # noqa: F401
 
 __all__ = ["Member", "GroupTimers", "join", "leave", "rebalance"]
 
@@ -67,10 +69,7 @@ class GroupTimers:
         self.members[m.serial] = m
         engine = self.engine
         due = engine.clock.to_wall_ns(m.last_active + m.consumer.config.member_timeout)
-        b = fire_time(due, TIMER_NS)
-        engine.expiry.queue.add_timer(b, self, m.serial)
-        engine.expiry.timers += 1
-        engine.expiry._maybe_wake(b)
+        engine.expiry.schedule_timers(self, (m.serial,), due)
 
     def timers_due(self, serials: list[int], now_ns: int) -> None:
         now = trio.current_time()
@@ -95,9 +94,6 @@ def join(engine: ConsumerEngine, c: Consumer, session: Any, name: str) -> Member
             if cp.owner is old:
                 cp.owner = m
         _forget_session(old)
-        from ._pulls import end
-        from protocol import PullEnd
-
         for req in [r for r in c.waiting if r.member is old]:
             end(req, PullEnd.NOT_A_MEMBER)
     c.members[name] = m
@@ -122,9 +118,6 @@ def leave(m: Member, held_back: bool = True) -> None:
         return
     del c.members[m.name]
     _forget_session(m)
-    from ._pulls import end
-    from protocol import PullEnd
-
     for req in [r for r in c.waiting if r.member is m]:
         end(req, PullEnd.NOT_A_MEMBER)
     for cp in c.parts:

@@ -19,13 +19,12 @@ import protocol as P
 from protocol import PullEnd, encode_pull_batch, encode_pull_entry, split_records
 
 from ._consumers import MS, Outstanding
-from ._expiry import TIMER_NS, fire_time
 
 if TYPE_CHECKING:
     from ._consumers import Consumer, ConsumerEngine, ConsumerPartition
     from ._groups import Member
 
-__all__ = ["PullRequest", "collect", "fill", "PullTimers"]
+__all__ = ["PullRequest", "collect", "fill", "end", "fail", "retire", "PullTimers"]
 
 
 class PullRequest:
@@ -54,10 +53,7 @@ class PullTimers:
         self.next_id += 1
         req.id = self.next_id
         self.by_id[req.id] = req
-        b = fire_time(req.expires, TIMER_NS)
-        engine.expiry.queue.add_timer(b, self, req.id)
-        engine.expiry.timers += 1
-        engine.expiry._maybe_wake(b)
+        engine.expiry.schedule_timers(self, (req.id,), req.expires)
 
     def timers_due(self, ids: list[int], now_ns: int) -> None:
         for i in ids:
@@ -66,27 +62,35 @@ class PullTimers:
                 end(req, PullEnd.EXPIRED)
 
 
-def end(req: PullRequest, status: PullEnd, parts: list[Any] | None = None, count: int = 0) -> None:
-    """End a waiting pull: its response, with the last messages, if any."""
+def retire(req: PullRequest) -> bool:
+    """Take a pull out of every place that holds it (False: it had ended already)."""
     if req.ended:
-        return
+        return False
     req.ended = True
     c = req.consumer
     try:
         c.waiting.remove(req)
     except ValueError:
         pass
-    timers = c.engine.pull_timers
-    if req.id:
-        timers.by_id.pop(req.id, None)
-    session = req.session
+    c.engine.pull_timers.by_id.pop(req.id, None)
     req.session.pulls.discard(req)
     if req.member is not None:
         req.member.pull_ended(req)
-    t = c.topic
-    payload = encode_pull_batch(int(status), t.stream.id, t.id, count, parts or [])
-    if not session.closing:
-        session.send_now(session.conn.send_raw_response(req.corr, P.Command.PULL, payload))
+    return True
+
+
+def end(req: PullRequest, status: PullEnd, parts: list[Any] | None = None, count: int = 0) -> None:
+    """End a waiting pull: its response, with the last messages, if any."""
+    if retire(req) and not req.session.closing:
+        t = req.consumer.topic
+        payload = encode_pull_batch(int(status), t.stream.id, t.id, count, parts or [])
+        req.session.send_now(req.session.conn.send_raw_response(req.corr, P.Command.PULL, payload))
+
+
+def fail(req: PullRequest, err: P.BrokerError) -> None:
+    """End a waiting pull with an error (its consumer is gone)."""
+    if retire(req) and not req.session.closing:
+        req.session.send_now(req.session.conn.send_error(req.corr, P.Command.PULL, err))
 
 
 def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list[Any], int, bool]:

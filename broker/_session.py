@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from protocol import (
-    FLAG_PUSH,
     NEED_DATA,
     PROTOCOL_VERSION,
     BrokerError,
@@ -57,7 +56,6 @@ from protocol import (
     RemoteProtocolError,
     Request,
     Role,
-    encode_frame,
     error_class,
 )
 
@@ -195,7 +193,7 @@ class Session:
     def push_pull(self, corr: int, payload: bytes) -> None:
         """Messages for a waiting pull: never dropped (they are outstanding, and a
         pull is a request), so they are queued like a response."""
-        self.send_now(encode_frame(PushKind.PULL_MESSAGES, FLAG_PUSH, corr, 0, payload))
+        self.send_now(self.conn.send_push(PushKind.PULL_MESSAGES, payload, correlation_id=corr))
 
     def _goodbye(self, code: ErrorCode, reason: str) -> None:
         """Queue a GOODBYE (whatever the limits: it is the last frame)."""

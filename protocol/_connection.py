@@ -242,9 +242,10 @@ class ProtocolConnection:
         message = error.message if isinstance(error, BrokerError) else str(error)
         return encode_frame(code & 0xFFFF, FLAG_RESPONSE, correlation_id & 0xFFFFFFFF, int(error.code), message.encode()[:65536])
 
-    def send_push(self, kind: PushKind, payload: bytes, status: int = 0) -> bytes:
-        """Server side: a push frame with an already encoded payload."""
-        return encode_frame(kind, FLAG_PUSH, 0, status, payload)
+    def send_push(self, kind: PushKind, payload: bytes, status: int = 0, correlation_id: int = 0) -> bytes:
+        """Server side: a push frame with an already encoded payload (``correlation_id``:
+        the request it belongs to, a PULL's for ``PULL_MESSAGES``)."""
+        return encode_frame(kind, FLAG_PUSH, correlation_id, status, payload)
 
     def close(self) -> None:
         self.state = transition(self.role, self.state, "close")

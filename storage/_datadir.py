@@ -201,11 +201,11 @@ class DataDir:
         path = self.consumer_journal_path(stream_id, topic_id)
         return os.path.exists(path) or os.path.exists(path + ".1")
 
-    def consumer_journal(self, stream_id: int, topic_id: int, report: Report | None = None, readonly: bool = False) -> Journal:
+    def consumer_journal(self, stream_id: int, topic_id: int, readonly: bool = False) -> Journal:
         """The topic's durable-consumer journal (created on first use)."""
         from ._journal import Journal
 
-        return Journal(self.consumer_journal_path(stream_id, topic_id), report or self._report, self.keep_aside, readonly)
+        return Journal(self.consumer_journal_path(stream_id, topic_id), self._report, self.keep_aside, readonly)
 
     def stream_ids_on_disk(self) -> set[int]:
         """Ids that have a directory under ``streams/`` (named or not)."""
@@ -440,7 +440,26 @@ def _parse(path: str) -> _Parsed:
     return p
 
 
-class ConsumerOffsets:
+class MirroredFiles:
+    """Two copies written alike (``_fds``), synced together by the group commit."""
+
+    _fds: list[int]
+    dirty: bool
+
+    def take_dirty_fds(self) -> list[int]:
+        if self.dirty:
+            self.dirty = False
+            return [fd for fd in self._fds if fd >= 0]
+        return []
+
+    def close(self) -> None:
+        for i, fd in enumerate(self._fds):
+            if fd >= 0:
+                os.close(fd)
+                self._fds[i] = -1
+
+
+class ConsumerOffsets(MirroredFiles):
     """Named consumer offsets (and KV refresh leases, ``$refresh.<offset>``) of one
     topic, in two mirrored append-only files: ``consumers.log`` and
     ``consumers.log.1`` get the same bytes, and the group commit syncs both.
@@ -603,15 +622,3 @@ class ConsumerOffsets:
             write_all(fd, entry, size)
         self.dirty = True
         return self._seq
-
-    def take_dirty_fds(self) -> list[int]:
-        if self.dirty:
-            self.dirty = False
-            return [fd for fd in self._fds if fd >= 0]
-        return []
-
-    def close(self) -> None:
-        for i, fd in enumerate(self._fds):
-            if fd >= 0:
-                os.close(fd)
-                self._fds[i] = -1

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from ._damage import Damage, Report, ignore_damage
-from ._datadir import _scan
+from ._datadir import MirroredFiles, _scan
 from ._durability import fsync_dir
 from ._errors import StorageFailure
 from ._files import atomic_write, makedirs, open_file, write_all
@@ -79,7 +79,7 @@ def encode_entry(seq: int, payload: bytes, snapshot: bool = False) -> bytes:
     return head + _CRC.pack(zlib.crc32(head))
 
 
-class Journal:
+class Journal(MirroredFiles):
     """Args:
     path: the first copy (the mirror is ``path + ".1"``).
     report: where damage goes.
@@ -219,23 +219,3 @@ class Journal:
             self._sizes[i] = len(data)
         self.dirty = False
 
-    def take_dirty_fds(self) -> list[int]:
-        if self.dirty:
-            self.dirty = False
-            return [fd for fd in self._fds if fd >= 0]
-        return []
-
-    def close(self) -> None:
-        for i, fd in enumerate(self._fds):
-            if fd >= 0:
-                os.close(fd)
-                self._fds[i] = -1
-
-    def remove(self) -> None:
-        """Close and delete both copies (the topic has no consumer left)."""
-        self.close()
-        for p in self.paths:
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
