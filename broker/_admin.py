@@ -117,17 +117,8 @@ async def delete_stream(broker: Broker, session: Any, cmd: P.DeleteStream) -> Re
     async with broker.admin_lock:
         stream = broker.catalog.stream(cmd.stream)
         del broker.catalog.streams[stream.id]
-        # The catalog lists the directory as garbage before any file goes.
         entry: tuple[int, int | None] = (stream.id, None)
-        broker.catalog.removing.append(entry)
-        broker.router.rebuild(broker.catalog.topics())
-        try:
-            await broker.save_catalog()
-        except BaseException:
-            broker.catalog.streams[stream.id] = stream
-            broker.catalog.removing.remove(entry)
-            broker.router.rebuild(broker.catalog.topics())
-            raise
+        await _list_as_garbage(broker, entry, lambda: broker.catalog.streams.__setitem__(stream.id, stream))
         for topic in stream.topics.values():
             _close_topic(broker, topic)
         await _finish_removal(broker, entry)
@@ -255,17 +246,8 @@ async def delete_topic(broker: Broker, session: Any, cmd: P.DeleteTopic) -> Repl
     async with broker.admin_lock:
         topic = broker.catalog.topic(cmd.stream, cmd.topic)
         del topic.stream.topics[topic.id]
-        # The catalog lists the directory as garbage before any file goes.
         entry: tuple[int, int | None] = (topic.stream.id, topic.id)
-        broker.catalog.removing.append(entry)
-        broker.router.rebuild(broker.catalog.topics())
-        try:
-            await broker.save_catalog()
-        except BaseException:
-            topic.stream.topics[topic.id] = topic
-            broker.catalog.removing.remove(entry)
-            broker.router.rebuild(broker.catalog.topics())
-            raise
+        await _list_as_garbage(broker, entry, lambda: topic.stream.topics.__setitem__(topic.id, topic))
         _close_topic(broker, topic)
         await _finish_removal(broker, entry)
         log.info("topic_deleted", topic=topic.full_name)
@@ -288,6 +270,21 @@ async def _finish_removal(broker: Broker, entry: tuple[int, int | None]) -> None
         await broker.save_catalog()
     except Exception as exc:  # the files are gone; a stale entry only makes the next start look again
         log.error("catalog_save_failed", error=str(exc), action="retried with the next catalog change")
+
+
+async def _list_as_garbage(broker: Broker, entry: tuple[int, int | None], undo: Callable[[], None]) -> None:
+    """Save the catalog with ``entry``'s directory listed as garbage, before any file
+    goes (the caller has taken it out of the catalog; ``undo`` puts it back if the
+    save fails)."""
+    broker.catalog.removing.append(entry)
+    broker.router.rebuild(broker.catalog.topics())
+    try:
+        await broker.save_catalog()
+    except BaseException:
+        undo()
+        broker.catalog.removing.remove(entry)
+        broker.router.rebuild(broker.catalog.topics())
+        raise
 
 
 def _close_topic(broker: Broker, topic: Topic) -> None:
