@@ -41,8 +41,12 @@ __all__ = [
     "consumer_config",
 ]
 
-#: Queued ack entries of one consumer that make the ACK frame go out at once.
-ACK_FLUSH_AT = 1000
+#: Queued ack entries of one consumer that make the ACK frame go out at once. A
+#: quarter of the default max_ack_pending (1,000): while the application works
+#: through a batch, the broker already frees slots and fills the next pull, so the
+#: two run side by side instead of taking turns (1,000 measured 240k msgs/s in
+#: bench/consume.py, 250 measured 275k to 338k).
+ACK_FLUSH_AT = 250
 #: How long a pull waits by default (seconds) when not ``no_wait``.
 DEFAULT_PULL_EXPIRES = 5.0
 #: Longest wait (seconds) before joining a group again after it said NOT_A_MEMBER.
