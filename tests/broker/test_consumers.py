@@ -452,3 +452,84 @@ async def test_a_stopped_consume_loop_ends_its_pulls(mock_clock, data_dir) -> No
         await publish(c, 1, start=3)  # nobody pulls: it waits for the next pull
         assert (await info(c))["num_pending"] == 1
         assert payloads(await pull(c)) == [b"m3"]
+
+
+# -- counters under every kind of removal, and across restarts -------------------------------
+
+
+def counters(i: Any) -> tuple[int, int, int]:
+    return i["num_pending"], i["num_ack_pending"], i["num_redelivered"]
+
+
+async def test_counters_stay_exact_under_rollup_max_msgs_per_subject_and_max_age(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir, Clock()) as (_, c):
+        await setup(c, allow_rollup=True, max_msgs_per_subject=2, message_expiry=60)
+        await create(c, ack_wait=10)
+        for s in ("a", "b", "c"):
+            await publish(c, 2, f"orders.{s}")  # 6 messages, 2 per subject
+        out = await pull(c, 1)  # orders.a m0 outstanding
+        assert counters(await info(c)) == (5, 1, 0)
+        # max_msgs_per_subject: a third orders.b removes the oldest orders.b (not delivered).
+        await c.publish("orders.b", b"b3")
+        assert counters(await info(c)) == (5, 1, 0)
+        # A rollup of orders.a removes m0 (outstanding: dropped as terminated) and m1.
+        await c.publish("orders.a", b"a-rollup", headers={"Nats-Rollup": "sub"})
+        assert counters(await info(c)) == (5, 0, 0)
+        await settle(c, out)  # a late ack of the removed message changes nothing
+        assert counters(await info(c)) == (5, 0, 0)
+        await advance(20)
+        await c.publish("orders.d", b"d1")
+        got = await pull(c, 2)
+        assert [(m.subject, m.payload) for m in got] == [("orders.b", b"m1"), ("orders.c", b"m0")]
+        assert counters(await info(c)) == (4, 2, 0)
+        await advance(10.1)  # ack wait: both are due again; redelivered once pulled
+        assert counters(await info(c)) == (4, 2, 0)
+        again = await pull(c, 2)
+        assert [m.num_delivered for m in again] == [2, 2] and counters(await info(c)) == (4, 2, 2)
+        # Max age removes everything stored at the start, outstanding or not.
+        await advance(30)
+        assert counters(await info(c)) == (1, 0, 0)
+        last = await pull(c, 10)
+        assert payloads(last) == [b"d1"] and counters(await info(c)) == (0, 1, 0)
+        await advance(20.1)  # d1 ages out while outstanding: dropped, nothing left
+        assert counters(await info(c)) == (0, 0, 0)
+        assert payloads(await pull(c, 10)) == []
+        t = await c.get_topic(S, T)
+        assert [(x["name"], x["num_pending"], x["num_ack_pending"]) for x in t.extra["consumers"]] == [("work", 0, 0)]
+
+
+async def test_counters_are_exact_after_a_restart_with_a_group_mid_rebalance(mock_clock, data_dir) -> None:
+    clock = Clock()
+    async with broker_and_client(data_dir, clock, **{"system.partition.fsync": "always"}) as (handle, c):
+        from broker.client import connect
+
+        await setup(c, partitions=2, allow_msg_ttl=True)
+        await create(c, mode="partitioned", ack_wait=10)
+        for i in range(20):
+            await c.publish(f"orders.{i}", b"%d" % i)
+        async with connect(handle.address, timeout=None) as c2:
+            await c.join_group(S, T, "work", "a")
+            held = await pull(c, 100, name="work")
+            assert {m.partition for m in held} == {0, 1}
+            # b joins while a holds both partitions: partition 1 is draining to b.
+            assert (await c2.join_group(S, T, "work", "b"))["partitions"] == []
+            acked = [m for m in held if m.partition == 0][:3]
+            await settle(c, acked)
+            before = counters(await info(c))
+            assert before == (0, len(held) - 3, 0)
+    # Restarted with members gone: nothing acked comes back, everything outstanding
+    # does (after its ack wait), and the counters say so exactly.
+    async with broker_and_client(data_dir, clock) as (_, c):
+        i = await info(c)
+        assert counters(i) == before
+        assert {p["owner"] for p in i["partitions"]} <= {None, ""}
+        await c.join_group(S, T, "work", "a")
+        assert await pull(c, 100) == []
+        await advance(10.1)
+        again = await pull(c, 100)
+        assert sorted((m.partition, m.offset) for m in again) == sorted(
+            (m.partition, m.offset) for m in held if m not in acked)
+        assert all(m.num_delivered == 2 for m in again)
+        assert counters(await info(c)) == (0, len(again), len(again))
+        await settle(c, again)
+        assert counters(await info(c)) == (0, 0, 0)
