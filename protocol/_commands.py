@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ._codes import HANDSHAKE_MAGIC, Command
+from ._base import _Request
 from ._consumers import CONSUMER_COMMANDS
 from ._errors import ErrorCode, error_class
 from ._names import Identifier
@@ -54,17 +55,6 @@ __all__ = [
     "COMMAND_TYPES",
     "PUBLISH_NO_ACK",
 ]
-
-
-class _Request:
-    CODE: ClassVar[Command]
-
-    def encode(self) -> bytes:  # pragma: no cover - every subclass overrides
-        raise NotImplementedError
-
-    @classmethod
-    def decode(cls, payload: bytes) -> _Request:  # pragma: no cover
-        raise NotImplementedError
 
 
 class _Empty(_Request):
@@ -612,13 +602,11 @@ class KvKeys(_Request):
         return out
 
 
-COMMAND_TYPES: dict[int, type[_Request]] = {
-    cls.CODE: cls
-    for cls in (
-        Handshake, Ping, GetServerInfo, GetStats, Publish, Fetch, GetLast, DeleteMessage, Purge,
-        Subscribe, Unsubscribe, StoreConsumerOffset, GetConsumerOffset, DeleteConsumerOffset,
-        GetStream, ListStreams, CreateStream, DeleteStream, UpdateStream,
-        GetTopic, ListTopics, CreateTopic, DeleteTopic, UpdateTopic, Export, KvGet, KvTouch, KvKeys,
-        *CONSUMER_COMMANDS,
-    )
-}
+_ALL_COMMANDS: tuple[type[_Request], ...] = (
+    Handshake, Ping, GetServerInfo, GetStats, Publish, Fetch, GetLast, DeleteMessage, Purge,
+    Subscribe, Unsubscribe, StoreConsumerOffset, GetConsumerOffset, DeleteConsumerOffset,
+    GetStream, ListStreams, CreateStream, DeleteStream, UpdateStream,
+    GetTopic, ListTopics, CreateTopic, DeleteTopic, UpdateTopic, Export, KvGet, KvTouch, KvKeys,
+    *CONSUMER_COMMANDS,
+)
+COMMAND_TYPES: dict[int, type[_Request]] = {cls.CODE: cls for cls in _ALL_COMMANDS}

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import Union
 
 from ._codes import Command, PushKind
-from ._commands import COMMAND_TYPES, Handshake, _Request
+from ._base import _Request, _Response
+from ._commands import COMMAND_TYPES, Handshake
 from ._consumers import PullBatch, PulledMessage
 from ._errors import BrokerError, ErrorCode, LocalProtocolError, RemoteProtocolError, error_class
 from ._frames import DEFAULT_MAX_FRAME_SIZE, FLAG_PUSH, FLAG_RESPONSE, FrameDecoder, encode_frame
-from ._responses import PUSH_TYPES, RESPONSE_TYPES, HandshakeOk, _Response
+from ._responses import PUSH_TYPES, RESPONSE_TYPES, HandshakeOk
 from ._state import Role, State, command_allowed, transition
 
 __all__ = [
@@ -157,11 +158,11 @@ class ProtocolConnection:
             return InvalidRequest(corr, code, err)
         try:
             command = cls.decode(payload)
-        except BrokerError as err:
-            return InvalidRequest(corr, code, err, fatal=code == Command.HANDSHAKE)
+        except BrokerError as refused:
+            return InvalidRequest(corr, code, refused, fatal=code == Command.HANDSHAKE)
         except Exception as exc:  # a decoder bug must not take the server down
-            err = error_class(ErrorCode.MALFORMED_PAYLOAD)(f"{Command(code).name}: cannot decode payload ({exc})")
-            return InvalidRequest(corr, code, err, fatal=code == Command.HANDSHAKE)
+            bug = error_class(ErrorCode.MALFORMED_PAYLOAD)(f"{Command(code).name}: cannot decode payload ({exc})")
+            return InvalidRequest(corr, code, bug, fatal=code == Command.HANDSHAKE)
         if code == Command.HANDSHAKE:
             assert isinstance(command, Handshake)
             self.peer_version = command.version

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import ClassVar
 
+from ._base import _Request, _Response
 from ._codes import Command, PushKind
 from ._names import Identifier
 from ._records import RECORD_FIXED, Message
@@ -86,10 +87,6 @@ class PullEnd(IntEnum):
     NOT_A_MEMBER = 5
     #: The connection ended its pulls (END_PULLS).
     ENDED = 6
-
-
-class _Request:
-    CODE: ClassVar[Command]
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,9 +333,13 @@ class PulledMessage(Message):
 
     __slots__ = ("consumer_seq", "num_delivered", "pending")
 
+    consumer_seq: int
+    num_delivered: int
+    pending: int
+
 
 @dataclass(frozen=True, slots=True)
-class PullBatch:
+class PullBatch(_Response):
     """``u8 status | u32 stream_id | u32 topic_id | u32 count | count × (u32 partition | u64 consumer_seq | u32 num_delivered | u64 pending | record)``
 
     The response to PULL (status: a :class:`PullEnd`, why it ended) and the
@@ -398,6 +399,6 @@ class PullBatch:
         return cls(status, stream_id, topic_id, tuple(out))
 
 
-CONSUMER_COMMANDS: tuple[type, ...] = (
+CONSUMER_COMMANDS: tuple[type[_Request], ...] = (
     CreateConsumer, UpdateConsumer, ConsumerInfoRequest, ListConsumers, DeleteConsumer, Pull, AckMessages, JoinGroup, LeaveGroup, EndPulls,
 )

@@ -360,7 +360,7 @@ def build_records(
     pack_ot = _OFF_TS.pack_into
     pack_lc = _LEN_CRC.pack_into
     crc32 = zlib.crc32
-    positions = []
+    positions: list[int] = []
     append = positions.append
     q = 0
     off = first_offset
@@ -562,7 +562,7 @@ def decode_records(
         RemoteProtocolError (MALFORMED_PAYLOAD): the records do not fill the range.
     """
     unpack = RECORD_FIXED.unpack_from
-    out = []
+    out: list[Message] = []
     append = out.append
     try:
         for _ in range(count):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
 from ._codes import Command, PushKind
+from ._base import _Response
 from ._consumers import PullBatch
 from ._errors import BrokerError, ErrorCode
 from ._records import Message, decode_records, encode_body, encode_record
@@ -40,15 +41,6 @@ __all__ = [
     "RESPONSE_TYPES",
     "PUSH_TYPES",
 ]
-
-
-class _Response:
-    def encode(self) -> bytes:  # pragma: no cover
-        raise NotImplementedError
-
-    @classmethod
-    def decode(cls, payload: bytes) -> _Response:  # pragma: no cover
-        raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,10 +270,10 @@ class FetchResult(_Response):
     @classmethod
     def decode(cls, payload: bytes) -> FetchResult:
         try:
-            head = cls._HEAD.unpack_from(payload, 0)
+            stream_id, topic_id, partition, next_offset, first, last, count = cls._HEAD.unpack_from(payload, 0)
         except struct.error:
             raise malformed("FETCH result: payload shorter than its header") from None
-        return cls(*head, payload[cls._HEAD.size :])
+        return cls(stream_id, topic_id, partition, next_offset, first, last, count, payload[cls._HEAD.size :])
 
     def messages(self) -> list[Message]:
         """Decode the records (one pass, no copies of the whole buffer)."""
