@@ -100,7 +100,7 @@ def consumer_config(**config: Any) -> dict[str, Any]:
         elif key == "opt_start_time":
             value = _ns(value)
         elif key == "opt_start_offset" and isinstance(value, Mapping):
-            value = {int(p): int(o) for p, o in value.items()}
+            value = {str(int(p)): int(o) for p, o in value.items()}  # msgpack map keys are strings on the wire
         out[key] = value
     return out
 
@@ -246,6 +246,8 @@ class ConsumerMessage(PulledMessage):
     """
 
     __slots__ = ("_acker",)
+
+    _acker: _Acker
 
     async def ack(self, sync: bool = False) -> None:
         """Processed: never delivered again."""

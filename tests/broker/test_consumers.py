@@ -102,6 +102,7 @@ async def test_create_is_idempotent_and_refuses_another_config(mock_clock, data_
         ({"deliver_policy": "last"}, [b"m3"]),
         ({"deliver_policy": "last_per_subject"}, [b"x0", b"m3"]),
         ({"deliver_policy": "by_start_offset", "opt_start_offset": 3}, [b"m2", b"x0", b"m3"]),
+        ({"deliver_policy": "by_start_offset", "opt_start_offset": {0: 4}}, [b"x0", b"m3"]),
         ({"filter_subjects": ["orders.b"]}, [b"x0"]),
         ({"filter_subjects": ["orders.b", "orders.a"], "deliver_policy": "last_per_subject"}, [b"x0", b"m3"]),
     ],

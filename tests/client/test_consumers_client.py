@@ -78,7 +78,7 @@ def test_config_conversions() -> None:
     )
     assert cfg == {
         "filter_subjects": ["orders.a"], "ack_wait": 90.0, "backoff": [1.0, 1.5],
-        "opt_start_time": int(start.timestamp()) * 10**9 + 123456000, "member_timeout": 5.0, "opt_start_offset": {1: 7},
+        "opt_start_time": int(start.timestamp()) * 10**9 + 123456000, "member_timeout": 5.0, "opt_start_offset": {"1": 7},
     }
     with pytest.raises(TypeError):
         consumer_config(ack_wait="30s")
