@@ -116,6 +116,11 @@ class Exporter:
                         log_path=seg.log_path, del_path=seg.del_path, positions=seg.positions.tobytes(),
                         states=bytes(seg.state), purged_through=part.log.purged_through,
                         max_age=topic.config.message_expiry, generation=topic.created_at,
+                        topic_config={
+                            "partitions": topic.config.partitions_count,
+                            "message_expiry": topic.config.message_expiry,
+                            "options": topic.config.options(),
+                        },
                     )
                 )
         return jobs

@@ -2,9 +2,12 @@
 
 * The broker's export task (``broker/_export.py``) snapshots sealed segments on its
   event loop and calls :func:`export_segments` in a worker thread: pyarrow only.
-* ``python -m spark_export analyze|compact|load`` (also ``spark-submit
-  spark_export/submit.py ...``): the PySpark analytics and compaction, and loading a
-  compacted snapshot back into a broker.
+* ``python -m spark_export analyze|compact|load ...``: the PySpark analytics and
+  compaction (which never write into their input or over an output unless told to,
+  ``_outputs.py``), and loading a compacted snapshot back into a broker, creating
+  its topics from the configuration the export's manifest records (``load.py``).
+* ``python -m spark_export.submit [SPARK-SUBMIT OPTIONS] analyze|compact ...``: the
+  same jobs through the installed pyspark's ``spark-submit``, on any cluster.
 
 Nothing here runs on the broker's event loop, and nothing imports ``pyspark`` until a
 Spark job is asked for.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -53,12 +53,18 @@ class SegmentJob:
     purged_through: int
     max_age: int
     generation: int = 0  # the topic's creation time (ids of deleted topics are reused)
+    topic_config: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     @property
     def key(self) -> str:
         """The manifest's key: numeric ids (stable across renames) and the topic's
         generation."""
         return f"{self.stream_id}/{self.topic_id}@{self.generation}/{self.partition}/{self.base}"
+
+    @property
+    def topic_key(self) -> str:
+        """The manifest's key of the segment's topic."""
+        return f"{self.stream_id}/{self.topic_id}@{self.generation}"
 
     @property
     def last_offset(self) -> int:

@@ -71,7 +71,13 @@ def export_segments(
             "corrupt_records": corrupt,
             "exported_at": time.time(),
         }
-        manifest.record(job.key, entry)
+        topic = None
+        if job.topic_config is not None:
+            topic = (job.topic_key, {
+                "stream": job.stream, "topic": job.topic, "generation": job.generation,
+                **job.topic_config, "recorded_at": time.time(),
+            })
+        manifest.record(job.key, entry, topic)
         done.append({"key": job.key, **entry, "seconds": round(time.perf_counter() - started, 3)})
         if progress is not None:
             progress(i + 1, len(todo))

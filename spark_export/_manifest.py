@@ -22,7 +22,16 @@ be exported twice, or its removal wait forever. So it is kept like the catalog
 
     {"crc32": ..., "format": "ttlbroker.export_manifest", "generation": N,
      "segments": {"<stream id>/<topic id>@<created>/<partition>/<first offset>": {...}},
-     "version": 1}
+     "topics": {"<stream id>/<topic id>@<created>": {"stream": name, "topic": name,
+                "generation": <created>, "partitions": n, "message_expiry": seconds,
+                "options": {...}, "recorded_at": unix time}},
+     "version": 2}
+
+``topics`` (version 2) keeps each exported topic's configuration as it was when its
+latest segment was exported (the options map of topic details, its partition count
+and max age), so that ``python -m spark_export load --create-topic`` can create the
+topic again in an empty broker. A manifest of version 1 (no ``topics``) loads with
+none recorded and is written as version 2 at the next export.
 
 A damaged or missing copy is reported (kind ``export_manifest``), kept aside in
 ``DIR/_quarantine/`` and rewritten from the other: the list is exactly what it was.
@@ -42,12 +51,14 @@ from typing import Any
 
 from storage import Copies, CopiesUnreadable, Damage, Report, fsync_dir, ignore_damage, keep_aside
 
-__all__ = ["Manifest", "MANIFEST_NAME", "ManifestUnreadable", "QUARANTINE_NAME", "makedirs_durably"]
+__all__ = ["Manifest", "MANIFEST_NAME", "ManifestUnreadable", "QUARANTINE_NAME", "makedirs_durably", "topics_by_name"]
 
 MANIFEST_NAME = "_manifest.json"
 QUARANTINE_NAME = "_quarantine"
 _FORMAT = "ttlbroker.export_manifest"
-_VERSION = 1
+_VERSION = 2
+#: Versions this code reads: 1 (no ``topics``) and 2.
+_READS = (1, 2)
 
 
 class ManifestUnreadable(Exception):
@@ -81,7 +92,7 @@ def makedirs_durably(path: str) -> None:
 
 
 def _is_legacy(obj: dict[str, Any]) -> bool:
-    return obj.get("version") == _VERSION and isinstance(obj.get("segments"), dict)
+    return obj.get("version") == 1 and isinstance(obj.get("segments"), dict)
 
 
 class Manifest:
@@ -89,6 +100,8 @@ class Manifest:
         self.root = root
         self.path = os.path.join(root, MANIFEST_NAME)
         self.segments: dict[str, dict[str, Any]] = {}
+        #: topic key (``<stream id>/<topic id>@<created>``) -> its recorded configuration
+        self.topics: dict[str, dict[str, Any]] = {}
         quarantine = os.path.join(root, QUARANTINE_NAME)
         self._copies = Copies(
             self.path, _FORMAT, "export_manifest", report, lambda p: keep_aside(p, quarantine), legacy=_is_legacy
@@ -125,9 +138,14 @@ class Manifest:
             ) from None
         if data is None:
             data = {"version": _VERSION, "segments": {}}
-        if data.get("version") != _VERSION or not isinstance(data.get("segments"), dict):
-            raise ValueError(f"{m.path}: manifest version {data.get('version')!r} is not {_VERSION}")
+        if data.get("version") not in _READS or not isinstance(data.get("segments"), dict):
+            raise ValueError(
+                f"{m.path}: manifest version {data.get('version')!r} is not one this ttlbroker reads "
+                f"({', '.join(map(str, _READS))})"
+            )
         m.segments = data["segments"]
+        topics = data.get("topics", {})
+        m.topics = topics if isinstance(topics, dict) else {}
         if not readonly:
             m.remove_temporaries()
         return m
@@ -146,8 +164,29 @@ class Manifest:
     def __contains__(self, key: str) -> bool:
         return key in self.segments
 
-    def record(self, key: str, entry: dict[str, Any]) -> None:
-        """Add a segment and write the manifest's next generation (both copies, each
-        atomically and durably)."""
+    def record(self, key: str, entry: dict[str, Any], topic: tuple[str, dict[str, Any]] | None = None) -> None:
+        """Add a segment (and, with ``topic``, ``(topic key, configuration)``, its
+        topic's configuration) and write the manifest's next generation (both copies,
+        each atomically and durably)."""
         self.segments[key] = entry
-        self._copies.save({"version": _VERSION, "segments": self.segments})
+        if topic is not None:
+            self.topics[topic[0]] = topic[1]
+        self._copies.save({"version": _VERSION, "segments": self.segments, "topics": self.topics})
+
+    def topics_by_name(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """The recorded configurations by ``(stream name, topic name)``; of a name
+        used by several topics in turn (deleted and created again), the newest."""
+        return topics_by_name(self.topics.values())
+
+
+def topics_by_name(entries: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """``(stream, topic) -> entry`` for entries with ``stream``, ``topic`` and
+    ``generation``, keeping the newest generation of each name."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in entries:
+        if not isinstance(e, dict) or not isinstance(e.get("stream"), str) or not isinstance(e.get("topic"), str):
+            continue
+        name = (e["stream"], e["topic"])
+        if name not in out or int(e.get("generation", 0)) >= int(out[name].get("generation", 0)):
+            out[name] = e
+    return out

@@ -11,27 +11,76 @@ folder. Definitions, which ``docs/operations.md`` repeats:
 * ``compact`` keeps, for each (stream, topic, subject), the newest message (highest
   offset) stored at or before the cutoff that is not a marker, not removed, and not
   expired by then (``expires_at`` null or after the cutoff).
+
+Neither job writes into its input or over an output without ``overwrite``; each
+writes a temporary folder beside the output and puts it in place only when it has
+succeeded (``_outputs.py``). ``compact`` copies the topics' recorded configuration
+(the export's manifest, or the input snapshot's marker) into its snapshot's marker,
+for ``load --create-topic``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from ._inputs import check_input, write_marker
+from ._inputs import check_input, source_topics, write_marker
+from ._outputs import staged_output
+from ._progress import Display, SparkStages, wait_for_spark_idle
 
-__all__ = ["read_export", "analyze", "compact", "TTL_BUCKETS"]
+__all__ = ["read_export", "analyze", "compact", "JobProgress", "TTL_BUCKETS", "ANALYZE_STEPS", "COMPACT_STEPS"]
 
 TTL_BUCKETS = ("none", "never", "<1m", "1m-10m", "10m-1h", "1h-1d", ">=1d")
+ANALYZE_STEPS = (
+    "per_topic", "per_subject", "per_hour", "ttl_distribution", "removals", "markers", "largest_subjects", "totals",
+    "report",
+)
+COMPACT_STEPS = ("select", "write")
 
 
-def _step(name: str, started: float) -> float:
-    now = time.perf_counter()
-    print(f"  {name} ({now - started:.1f} s)", file=sys.stderr, flush=True)
-    return now
+class JobProgress:
+    """A job's steps: a line on stderr as each one ends and, when stderr is a
+    terminal, bars for the steps and for the Spark tasks in flight. ``done`` lists
+    the steps completed (what an interrupted job reports)."""
+
+    def __init__(self, job: str, steps: tuple[str, ...], display: Display | None = None, interrupt: Any = None) -> None:
+        self.job = job
+        self.steps = steps
+        self.display = display or Display()
+        self.interrupt = interrupt  # a _progress.SparkInterrupt, or None
+        self.done: list[str] = []
+        self._task = self.display.add(job, len(steps))
+        self._started = self._last = time.perf_counter()
+
+    def step(self, name: str, detail: str = "") -> None:
+        if self.interrupt is not None and self.interrupt.hit:
+            raise KeyboardInterrupt  # Ctrl-C between two Spark jobs
+        now = time.perf_counter()
+        self.done.append(name)
+        self.display.update(self._task, completed=len(self.done))
+        self.display.say(f"  {self.job}: {detail or name} ({now - self._last:.1f} s)")
+        self._last = now
+
+    @property
+    def seconds(self) -> float:
+        return round(time.perf_counter() - self._started, 2)
+
+
+@contextlib.contextmanager
+def _settled(spark: Any) -> Iterator[None]:
+    """On a failure or an interruption, wait for Spark's cancelled tasks to stop
+    before the temporary output is deleted (they could write into it again)."""
+    spark.sparkContext.setInterruptOnCancel(True)
+    try:
+        yield
+    except BaseException:
+        wait_for_spark_idle(spark)
+        raise
 
 
 def read_export(spark: Any, root: str) -> Any:
@@ -46,6 +95,7 @@ def read_export(spark: Any, root: str) -> Any:
     files = check_input(root)
     size = sum(os.path.getsize(f) for f in files)
     print(f"reading {len(files)} Parquet file(s), {size / 1e6:.1f} MB, from {root}", file=sys.stderr, flush=True)
+    root = os.path.abspath(root)  # the JVM's working directory may not be ours
     df = spark.read.option("basePath", root).parquet(root)
     return df.withColumn("partition", F.col("partition").cast("int"))
 
@@ -63,14 +113,30 @@ def _ttl_bucket(F: Any) -> Any:
     )
 
 
-def analyze(spark: Any, input_dir: str, output_dir: str, top: int = 20) -> dict[str, Any]:
+def analyze(
+    spark: Any, input_dir: str, output_dir: str, top: int = 20, overwrite: bool = False,
+    progress: JobProgress | None = None,
+) -> dict[str, Any]:
     """Write the analytics tables (Parquet) and ``report.md`` with PNG charts under
-    ``output_dir``; return the summary (also written as ``summary.json``)."""
+    ``output_dir``; return the summary (also written as ``summary.json``).
+
+    Raises:
+        JobError: a bad input, or an output the job must not write
+            (:func:`_outputs.check_output`; ``overwrite`` replaces a non-empty one).
+    """
+    progress = progress or JobProgress("analyze", ANALYZE_STEPS)
+    with staged_output(input_dir, output_dir, overwrite) as out, progress.display, SparkStages(spark, progress.display), \
+            _settled(spark):
+        summary = _analyze(spark, input_dir, out, top, progress)
+    summary["seconds"] = progress.seconds
+    return summary
+
+
+def _analyze(spark: Any, input_dir: str, output_dir: str, top: int, progress: JobProgress) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from ._report import write_report
 
-    started = time.perf_counter()
     df = read_export(spark, input_dir).withColumn("bytes", F.length("payload")).cache()
     keys = ["stream", "topic"]
     count_cols = [
@@ -87,15 +153,13 @@ def analyze(spark: Any, input_dir: str, output_dir: str, top: int = 20) -> dict[
         "markers": df.where("is_marker").groupBy(*keys, "marker_reason").agg(F.count(F.lit(1)).alias("messages")),
     }
     tables["largest_subjects"] = tables["per_subject"].orderBy(F.desc("bytes"), F.desc("messages"), "subject").limit(top)
-    os.makedirs(output_dir, exist_ok=True)
     collected: dict[str, list[dict[str, Any]]] = {}
-    step = started
     for name, table in tables.items():
         table = table.coalesce(1)
-        table.write.mode("overwrite").parquet(os.path.join(output_dir, name))
+        table.write.mode("overwrite").parquet(os.path.join(output_dir, name))  # into our own temporary folder
         if name != "per_subject":  # the only table that can be large
             collected[name] = [r.asDict() for r in table.collect()]
-        step = _step(f"analyze: {name}", step)
+        progress.step(name)
     totals = df.agg(
         F.count(F.lit(1)).alias("messages"),
         F.sum(F.when(~F.col("removed"), 1).otherwise(0)).alias("live"),
@@ -105,7 +169,8 @@ def analyze(spark: Any, input_dir: str, output_dir: str, top: int = 20) -> dict[
         F.max("timestamp").alias("last"),
     ).first().asDict()
     df.unpersist()
-    summary = {
+    progress.step("totals")
+    summary: dict[str, Any] = {
         "input": input_dir,
         "messages": int(totals["messages"]),
         "live": int(totals["live"] or 0),
@@ -125,35 +190,48 @@ def analyze(spark: Any, input_dir: str, output_dir: str, top: int = 20) -> dict[
     for r in collected["ttl_distribution"]:
         summary["ttl_distribution"][r["ttl_bucket"]] += r["messages"]
     write_report(output_dir, summary, collected)
-    summary["seconds"] = round(time.perf_counter() - started, 2)
     write_marker(output_dir, kind="analysis")
+    progress.step("report", "report.md and charts")
     return summary
 
 
-def compact(spark: Any, input_dir: str, output_dir: str, cutoff: dt.datetime | None = None) -> dict[str, Any]:
+def compact(
+    spark: Any, input_dir: str, output_dir: str, cutoff: dt.datetime | None = None, overwrite: bool = False,
+    progress: JobProgress | None = None,
+) -> dict[str, Any]:
     """Write the compacted snapshot (same schema, same partitioning) under
-    ``output_dir``; return ``{"cutoff", "input_rows", "rows", "seconds"}``."""
+    ``output_dir``; return ``{"cutoff", "rows", "seconds"}``.
+
+    Raises:
+        JobError: a bad input, or an output the job must not write
+            (:func:`_outputs.check_output`; ``overwrite`` replaces a non-empty one).
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    started = time.perf_counter()
+    progress = progress or JobProgress("compact", COMPACT_STEPS)
     cutoff = cutoff or dt.datetime.now(dt.timezone.utc)
     if cutoff.tzinfo is None:
         cutoff = cutoff.replace(tzinfo=dt.timezone.utc)
-    df = read_export(spark, input_dir)
-    columns = [c for c in df.columns if c not in ("stream", "topic", "partition")]
-    at = F.lit(cutoff).cast("timestamp")
-    keep = df.where(
-        ~F.col("is_marker") & ~F.col("removed") & (F.col("timestamp") <= at)
-        & (F.col("expires_at").isNull() | (F.col("expires_at") > at))
-    )
-    newest = Window.partitionBy("stream", "topic", "subject").orderBy(F.desc("offset"))
-    out = keep.withColumn("_rank", F.row_number().over(newest)).where("_rank = 1").drop("_rank")
-    out = out.select(*columns, "stream", "topic", "partition").repartition("stream", "topic", "partition").cache()
-    rows = out.count()
-    out.write.mode("overwrite").partitionBy("stream", "topic", "partition").parquet(output_dir)
-    out.unpersist()
-    write_marker(output_dir, kind="compacted", cutoff=cutoff.isoformat())
-    result = {"cutoff": cutoff.isoformat(), "rows": rows, "seconds": round(time.perf_counter() - started, 2)}
-    _step(f"compact: {rows} live subject(s) as of {cutoff.isoformat()}", started)
-    return result
+    with staged_output(input_dir, output_dir, overwrite) as out, progress.display, SparkStages(spark, progress.display), \
+            _settled(spark):
+        df = read_export(spark, input_dir)
+        columns = [c for c in df.columns if c not in ("stream", "topic", "partition")]
+        at = F.lit(cutoff).cast("timestamp")
+        keep = df.where(
+            ~F.col("is_marker") & ~F.col("removed") & (F.col("timestamp") <= at)
+            & (F.col("expires_at").isNull() | (F.col("expires_at") > at))
+        )
+        newest = Window.partitionBy("stream", "topic", "subject").orderBy(F.desc("offset"))
+        snap = keep.withColumn("_rank", F.row_number().over(newest)).where("_rank = 1").drop("_rank")
+        snap = snap.select(*columns, "stream", "topic", "partition").repartition("stream", "topic", "partition").cache()
+        rows = snap.count()
+        names = sorted((r["stream"], r["topic"]) for r in snap.select("stream", "topic").distinct().collect())
+        progress.step("select", f"{rows:,} live subject(s) as of {cutoff.isoformat()}")
+        snap.write.mode("overwrite").partitionBy("stream", "topic", "partition").parquet(out)  # our temporary folder
+        snap.unpersist()
+        recorded = source_topics(input_dir)
+        topics = [recorded[n] for n in names if n in recorded]
+        write_marker(out, kind="compacted", cutoff=cutoff.isoformat(), topics=topics)
+        progress.step("write", f"snapshot written ({len(topics)} of {len(names)} topic configuration(s) recorded)")
+    return {"cutoff": cutoff.isoformat(), "rows": rows, "seconds": progress.seconds}

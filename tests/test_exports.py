@@ -37,7 +37,8 @@ def test_storage_knows_nothing_of_the_network_or_the_broker(path: Path) -> None:
 )
 def test_broker_parses_no_bytes_and_opens_no_files(path: Path) -> None:
     """broker/ leaves byte layouts to protocol/ and files to storage/. One reasoned
-    exception: config.py reads the configuration file it is given."""
+    exception: config.py reads the configuration file it is given (and the TLS
+    certificate files that file names)."""
     imported = _imports(path)
     assert "struct" not in imported, f"{path.name} packs bytes itself"
     assert "pyspark" not in imported
@@ -65,3 +66,38 @@ def test_public_surfaces() -> None:
             assert hasattr(mod, name), f"{mod.__name__}.{name} is listed but missing"
     assert {"serve", "Config", "load_config"} <= set(broker.__all__)
     assert {"connect", "Client", "Message", "BrokerError", "StreamNotFoundError"} <= set(broker.client.__all__)
+
+
+def test_spark_export_imports_no_spark_until_a_job_runs() -> None:
+    """The broker's export task and ``load`` need pyarrow only: pyspark is imported
+    when a Spark job starts, rich when stderr is a terminal."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, spark_export, spark_export.load, spark_export.jobs, spark_export.__main__, spark_export.submit; "
+        "print(sorted(m for m in ('pyspark', 'rich', 'py4j') if m in sys.modules))"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
+
+
+def test_the_spark_extra_pins_what_the_installed_pyspark_supports() -> None:
+    """pyspark declares the pandas it supports (``pandas>=...`` in its extras) and
+    prints a FutureWarning at every job under pandas 3: the extra asks for a pandas
+    in pyspark's range and below 3, and that is what is installed."""
+    import tomllib
+    from importlib.metadata import requires, version
+
+    from packaging.requirements import Requirement
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["spark"]
+    ours = {Requirement(r).name: Requirement(r).specifier for r in extra}
+    theirs = [Requirement(r) for r in requires("pyspark") or [] if r.startswith("pandas")]
+    assert theirs, "pyspark no longer declares its pandas"
+    minimum = min(s.version for r in theirs for s in r.specifier if s.operator == ">=")
+    assert ours["pandas"].contains(minimum) and not ours["pandas"].contains("3.0.0")
+    assert all(r.specifier.contains(minimum) for r in theirs)
+    assert ours["pandas"].contains(version("pandas")) and ours["pyspark"].contains(version("pyspark"))
+    assert ours["pyarrow"].contains(version("pyarrow"))

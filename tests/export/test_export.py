@@ -301,3 +301,40 @@ async def test_a_manifest_of_the_previous_format_loads(tmp_path: Path) -> None:
     upgraded = json.loads((export / MANIFEST_NAME).read_bytes())
     assert upgraded["format"] == "ttlbroker.export_manifest" and upgraded["segments"] == segments
     assert (export / MANIFEST_NAME).read_bytes() == (export / (MANIFEST_NAME + ".1")).read_bytes()
+    # The next segment exported writes version 2, with the topic's configuration.
+    async with start_server(make_config(data, **{"export.dir": str(export)})) as server, connect(server.address) as c:
+        await c.publish("a.new", b"x")
+        assert len((await c.export(seal=True))["exported"]) == 1
+    v2 = json.loads((export / MANIFEST_NAME).read_bytes())
+    assert v2["version"] == 2 and len(v2["segments"]) == 3
+    assert [(t["stream"], t["topic"]) for t in v2["topics"].values()] == [("s", "t")]
+
+
+async def test_the_manifest_records_each_topics_configuration(tmp_path: Path) -> None:
+    """What ``load --create-topic`` needs to create a topic again: its partition
+    count, max age and options, as of its latest exported segment."""
+    from spark_export import Manifest
+
+    data, export = tmp_path / "data", tmp_path / "export"
+    data.mkdir()
+    async with start_server(make_config(data, **{"export.dir": str(export)})) as server, connect(server.address) as c:
+        await c.create_stream("s")
+        await c.create_topic("s", "t", partitions=2, message_expiry=600, subjects=["a.>", "b.*"], subject_delete_marker_ttl=5)
+        await c.create_topic("s", "u", subjects=["u.*"], republish={"src": "u.*", "dest": "copy.{{wildcard(1)}}"})
+        await c.publish_batch([("a.1", b"1"), ("b.2", b"2"), ("u.x", b"3")])
+        await c.export(seal=True)
+        await c.update_topic("s", "t", max_msgs_per_subject=3)
+        await c.publish("a.1", b"again")
+        await c.export(seal=True)
+        t, u = await c.get_topic("s", "t"), await c.get_topic("s", "u")
+    manifest = Manifest.load(str(export), readonly=True)
+    by_name = manifest.topics_by_name()
+    assert sorted(by_name) == [("s", "t"), ("s", "u")] and len(manifest.topics) == 2
+    for details, name in ((t, "t"), (u, "u")):
+        entry = by_name[("s", name)]
+        assert (entry["partitions"], entry["message_expiry"], entry["options"]) == (
+            details.partitions_count, details.message_expiry, details.options
+        )
+    assert by_name[("s", "t")]["options"]["max_msgs_per_subject"] == 3  # the newer configuration
+    assert by_name[("s", "u")]["options"]["republish"] == {"src": "u.*", "dest": "copy.{{wildcard(1)}}", "headers_only": False}
+    assert json.loads((export / MANIFEST_NAME).read_bytes())["version"] == 2
