@@ -12,7 +12,8 @@ uvloop. This module owns the parts that are the same for all of them:
 * :class:`Progress`: progress lines on stderr for long phases;
 * :func:`measure`: a phase runner that times a workload and returns a :class:`Rate`;
 * :func:`format_table`, :func:`fmt_rate`, :func:`fmt_ratio`: the final table;
-* :func:`environment` and :func:`write_json`: what ran where, and a JSON record.
+* :func:`environment` and :func:`write_json`: what ran where, and a JSON record;
+* :func:`make_certs`: a CA and a server certificate for ``ttlbroker(tls=True)``.
 
 Typical use::
 
@@ -65,6 +66,7 @@ __all__ = [
     "find_executable",
     "ProcUsage",
     "proc_usage",
+    "make_certs",
 ]
 
 T = TypeVar("T")
@@ -116,6 +118,16 @@ class Server:
     workdir: Path
     log_path: Path
     settings: dict[str, Any] = field(default_factory=dict)
+    #: The CA file that signed the server's certificate (a TLS ttlbroker), else None.
+    tls_ca: Path | None = None
+
+    def client_tls(self) -> Any:
+        """The client's ``ssl.SSLContext`` for this server (None without TLS)."""
+        if self.tls_ca is None:
+            return None
+        from broker.client import tls_context
+
+        return tls_context(ca=str(self.tls_ca))
 
     @property
     def address(self) -> str:
@@ -327,22 +339,30 @@ class Harness:
 
     @contextlib.contextmanager
     def ttlbroker(self, fsync: str = "always", extra_args: Sequence[str] = (), config: str | None = None,
-                  ready_timeout: float = 60.0) -> Iterator[Server]:
+                  ready_timeout: float = 60.0, tls: bool = False) -> Iterator[Server]:
         """A ttlbroker on a free loopback port with a fresh data directory.
 
         ``config``: TOML text written to a file and passed with ``--config`` (only the
-        keys it changes). Yields once ``listening on HOST:PORT`` is printed; stops the
-        broker and removes its directory when the block ends.
+        keys it changes). ``tls``: serve TLS with a certificate made now (see
+        :func:`make_certs`); connect with ``tls=server.client_tls()``. Yields once
+        ``listening on HOST:PORT`` is printed; stops the broker and removes its
+        directory when the block ends.
         """
-        workdir = self.tempdir(f"ttlbroker-{fsync}")
+        workdir = self.tempdir(f"ttlbroker-{fsync}{'-tls' if tls else ''}")
         argv = [find_executable("ttlbroker"), "serve", "--data", str(workdir / "data"),
                 "--host", LOOPBACK, "--port", "0", "--fsync", fsync]
+        ca = None
+        if tls:
+            ca, cert, key = make_certs(workdir / "certs")
+            argv += ["--tls-cert", str(cert), "--tls-key", str(key)]
         if config:
             cfg = workdir / "ttlbroker.toml"
             cfg.write_text(config)
             argv += ["--config", str(cfg)]
         argv += list(extra_args)
-        server = self._spawn("ttlbroker", f"ttlbroker fsync={fsync}", argv, workdir, {"fsync": fsync})
+        label = f"ttlbroker fsync={fsync}{' tls' if tls else ''}"
+        server = self._spawn("ttlbroker", label, argv, workdir, {"fsync": fsync, "tls": tls})
+        server.tls_ca = ca
         try:
             m = _wait_for_log(server, re.compile(r"^listening on (\S+):(\d+)\s*$", re.M), ready_timeout)
             server.host, server.port = m.group(1), int(m.group(2))
@@ -389,6 +409,24 @@ class Harness:
 
 
 # -- running and timing -------------------------------------------------------------------
+
+
+def make_certs(directory: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a certificate for 127.0.0.1 and localhost signed by it
+    (``trustme``, in the test and bench extras): ``(ca, cert, key)`` PEM files."""
+    try:
+        import trustme
+    except ImportError:
+        raise ServerError("TLS needs trustme: install the bench extra (.venv/bin/pip install -e '.[bench]')") from None
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = trustme.CA()
+    leaf = ca.issue_cert(LOOPBACK, "localhost")
+    paths = directory / "ca.pem", directory / "server.crt", directory / "server.key"
+    ca.cert_pem.write_to_path(str(paths[0]))
+    for blob in leaf.cert_chain_pems:
+        blob.write_to_path(str(paths[1]), append=True)
+    leaf.private_key_pem.write_to_path(str(paths[2]))
+    return paths
 
 
 def run_uvloop(coro: Coroutine[Any, Any, T]) -> T:

@@ -29,12 +29,17 @@ Workloads (N = ``--messages``):
   cb=...)``), where the server pushes the stream with flow control: the fastest
   read path nats-py has.
 
+With ``--tls`` every ttlbroker policy runs twice, plain and over TLS (a certificate
+made for the run by ``bench/_harness.make_certs``; the client verifies it), and a
+table sets the two side by side.
+
 Every phase is also capped at ``--max-seconds`` (then the rate is over what it did).
 Progress goes to stderr, the table to stdout; ``--json PATH`` also writes a JSON
 record. Run from the repository root::
 
     .venv/bin/python bench/publish_fetch.py            # the full run, ~3 minutes
     .venv/bin/python bench/publish_fetch.py --quick    # a smoke test, < 30 s
+    .venv/bin/python bench/publish_fetch.py --only ttlbroker --tls --policies never   # TLS on and off
 """
 
 from __future__ import annotations
@@ -154,11 +159,12 @@ async def _sliding_window(start: Callable[[], Awaitable[Any]], count: Callable[[
 # -- ttlbroker ---------------------------------------------------------------------------
 
 
-async def run_ttlbroker(address: str, n: dict[str, int], max_seconds: float, pid: int | None = None) -> dict[str, Rate]:
+async def run_ttlbroker(address: str, n: dict[str, int], max_seconds: float, pid: int | None = None,
+                        tls: Any = None) -> dict[str, Rate]:
     from broker.client import BrokerError, aio
 
     out: dict[str, Rate] = {}
-    async with aio.connect(address, name="bench-publish-fetch") as c:
+    async with aio.connect(address, name="bench-publish-fetch", tls=tls) as c:
         await c.create_stream("bench")
         await c.create_topic("bench", "publish", partitions=1, subjects=["bench.>"])
         publish = c.publish
@@ -419,7 +425,7 @@ def targets(results: dict[str, dict[str, Rate]]) -> str:
     for policy in policies:
         row(f"batched pipelined publish, fsync={policy}", _rate(results, f"ttlbroker {policy}", "batched"), 400_000, "rate")
     for policy in policies:
-        equal = "nats always" if policy == "always" else "nats default"
+        equal = "nats always" if policy.split()[0] == "always" else "nats default"
         tb, nt = _rate(results, f"ttlbroker {policy}", "serial"), _rate(results, equal, "serial")
         row(f"one-by-one publish, fsync={policy} vs {equal}", tb / nt if tb and nt else None, 2.0, "ratio")
     for policy in policies:
@@ -429,6 +435,25 @@ def targets(results: dict[str, dict[str, Rate]]) -> str:
     if not rows:
         return ""
     return format_table(["target", "measured", "goal", ""], rows, right=(1, 2))
+
+
+def tls_table(results: dict[str, dict[str, Rate]]) -> str:
+    """Each ttlbroker policy's workloads with TLS off and on, side by side."""
+    rows = []
+    for server in results:
+        if not server.startswith("ttlbroker ") or server.endswith(" tls") or f"{server} tls" not in results:
+            continue
+        policy = server.split(" ", 1)[1]
+        for key, label in WORKLOADS.items():
+            plain, tls = _rate(results, server, key), _rate(results, f"{server} tls", key)
+            if plain is None and tls is None:
+                continue
+            change = f"{(tls / plain - 1) * 100:+.0f}%" if plain and tls else ""
+            rows.append([label, policy, fmt_rate(plain), fmt_rate(tls), fmt_ratio(tls, plain), change])
+    if not rows:
+        return ""
+    return format_table(["workload", "ttlbroker fsync", "plain msgs/s", "TLS msgs/s", "TLS / plain", "change"],
+                        rows, right=(2, 3, 4, 5))
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -449,6 +474,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pages-in-flight", type=int, default=PAGES_IN_FLIGHT,
                    help=f"fetches in flight when reading ahead (default {PAGES_IN_FLIGHT})")
     p.add_argument("--only", choices=("ttlbroker", "nats"), help="run one side only")
+    p.add_argument("--tls", action="store_true",
+                   help="run every ttlbroker policy twice, plain and over TLS, and compare them")
     p.add_argument("--policies", default=",".join(TTL_POLICIES),
                    help="ttlbroker fsync policies to run, comma-separated (default: always,200ms,never)")
     p.add_argument("--max-seconds", type=float, default=None,
@@ -495,9 +522,11 @@ def main(argv: list[str] | None = None) -> int:
     with Harness("ttlbench", keep_temp=args.keep_temp) as h:
         if args.only != "nats":
             for policy in args.policies:
-                with h.ttlbroker(fsync=policy) as srv:
-                    log(f"{srv.label} on {srv.address}")
-                    results[f"ttlbroker {policy}"] = run_uvloop(run_ttlbroker(srv.address, counts, args.max_seconds, srv.proc.pid))
+                for tls in (False, True) if args.tls else (False,):
+                    with h.ttlbroker(fsync=policy, tls=tls) as srv:
+                        log(f"{srv.label} on {srv.address}")
+                        results[f"ttlbroker {policy}{' tls' if tls else ''}"] = run_uvloop(
+                            run_ttlbroker(srv.address, counts, args.max_seconds, srv.proc.pid, srv.client_tls()))
         if args.only != "ttlbroker":
             for sync in NATS_SYNCS:
                 with h.nats(sync_interval=None if sync == "default" else sync) as srv:
@@ -515,6 +544,12 @@ def main(argv: list[str] | None = None) -> int:
     print_cpu_share(others)
     print()
     print(report(results))
+    t = tls_table(results)
+    if t:
+        print()
+        print("TLS off and on (the same client and workload; TLS 1.3, the certificate made for the run):")
+        print()
+        print(t)
     t = targets(results)
     if t:
         print()
@@ -536,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
                          "batches_in_flight": BATCHES_IN_FLIGHT, "page": PAGE,
                          "pages_in_flight": PAGES_IN_FLIGHT,
                          "counts": {**counts, "fetch": "every stored message" if counts["fetch"] else 0},
-                         "max_seconds": args.max_seconds},
+                         "max_seconds": args.max_seconds, "tls": args.tls},
             "elapsed_s": round(elapsed, 1),
             "results": {server: {k: r.as_dict() for k, r in rs.items()} for server, rs in results.items()},
         }

@@ -35,6 +35,7 @@ pass per partition (markers included).
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -45,13 +46,17 @@ if TYPE_CHECKING:
     from ._clock import Clock
     from ._partition import Partition
 
-__all__ = ["DeadlineQueue", "ExpiryEngine", "BUCKET_NS", "TIMER_NS", "fire_time"]
+__all__ = ["DeadlineQueue", "ExpiryEngine", "BUCKET_NS", "TIMER_NS", "LAG_BUCKETS_NS", "fire_time"]
 
 #: Bucket width: the most a removal can lag its deadline (decision 10.15).
 BUCKET_NS = 100_000_000
 #: Bucket width of timers (consumer redeliveries): finer, since an application
 #: waits on them (redelivery never early, p99 within 50 ms).
 TIMER_NS = 10_000_000
+#: Upper bounds (ns, inclusive) of the expiry lag histogram's buckets: how long after
+#: its bucket's time a pass ran. Lag comes from a busy event loop (a long handler,
+#: a garbage collection), so the buckets span 1 ms to 10 s.
+LAG_BUCKETS_NS = tuple(ms * 1_000_000 for ms in (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000))
 
 
 def fire_time(deadline_ns: int, width: int = BUCKET_NS) -> int:
@@ -159,7 +164,12 @@ class ExpiryEngine:
         self._wake = trio.Event()
         self._armed: int | None = None  # the bucket the task sleeps until
         self.passes = 0
+        #: How late the task woke for a bucket (ns): the worst, and a histogram
+        #: (``lag_counts[i]``: wakes with a lag of at most ``LAG_BUCKETS_NS[i]`` and
+        #: more than the bound before it; the last slot is over every bound).
         self.lag_ns_max = 0
+        self.lag_counts = [0] * (len(LAG_BUCKETS_NS) + 1)
+        self.lag_ns_sum = 0
         #: Timer entries physically held (consumer redeliveries).
         self.timers = 0
 
@@ -268,5 +278,11 @@ class ExpiryEngine:
             # The bucket is due by trio's clock; never let float rounding make it look
             # a few nanoseconds early (it would be skipped and the loop would spin).
             now = max(self.clock.now_ns(), fire_ns)
-            self.lag_ns_max = max(self.lag_ns_max, now - fire_ns)
+            self._lagged(now - fire_ns)
             self.expire_due(now)
+
+    def _lagged(self, lag_ns: int) -> None:
+        if lag_ns > self.lag_ns_max:
+            self.lag_ns_max = lag_ns
+        self.lag_counts[bisect_left(LAG_BUCKETS_NS, lag_ns)] += 1
+        self.lag_ns_sum += lag_ns

@@ -14,7 +14,7 @@ from protocol import PROTOCOL_VERSION
 if TYPE_CHECKING:
     from ._broker import Broker, Reply
 
-__all__ = ["VERSION", "export", "info", "ping", "server_info", "stats"]
+__all__ = ["VERSION", "export", "info", "ping", "server_info", "stats", "stats_values"]
 
 VERSION = "0.1.0"
 
@@ -47,6 +47,17 @@ async def export(broker: Broker, session: Any, cmd: P.Export) -> Reply:
 
 
 async def stats(broker: Broker, session: Any, cmd: P.GetStats) -> Reply:
+    disk = await trio.to_thread.run_sync(broker.datadir.size_on_disk)
+    budget = getattr(session, "budget", None)  # the output budget all sessions share
+    return P.InfoMap(stats_values(broker, disk, budget)).encode()
+
+
+def stats_values(broker: Broker, bytes_on_disk: int, budget: Any = None) -> dict[str, Any]:
+    """Every counter and gauge ``stats`` reports, read now. GET_STATS, ``/varz``
+    and ``/metrics`` (``_metrics.py``) all show these.
+
+    ``bytes_on_disk`` is the data directory's size (a walk of it, which the caller
+    does in a worker thread); ``budget`` is the connections' shared output budget."""
     values: dict[str, Any] = dict(broker.counters.as_dict())
     topics = broker.catalog.topics()
     values.update(
@@ -61,7 +72,7 @@ async def stats(broker: Broker, session: Any, cmd: P.GetStats) -> Reply:
         segments=sum(len(p.log.segments) for t in topics for p in t.partitions),
         messages=sum(t.messages_count for t in topics),
         bytes_in_logs=sum(t.size_bytes for t in topics),
-        bytes_on_disk=await trio.to_thread.run_sync(broker.datadir.size_on_disk),
+        bytes_on_disk=bytes_on_disk,
         fsync=str(broker.config.system.partition.fsync),
         last_fsync_seconds=round(broker.committer.last_sync_seconds, 6),
         pending_expiries=len(broker.retention.engine.queue),
@@ -77,7 +88,6 @@ async def stats(broker: Broker, session: Any, cmd: P.GetStats) -> Reply:
         consumer_num_waiting=sum(len(c.waiting) for c in consumers),
         consumer_timers=broker.retention.engine.timers,
     )
-    budget = getattr(session, "budget", None)  # the output budget all sessions share
     if budget is not None:
         values.update(queued_bytes=budget.total, queued_bytes_max=budget.peak, queued_bytes_budget=budget.limit)
-    return P.InfoMap(values).encode()
+    return values

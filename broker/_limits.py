@@ -40,7 +40,10 @@ import trio
 if TYPE_CHECKING:
     from ._session import Session
 
-__all__ = ["ConnectionGuard", "OutputBudget", "FailureThrottle", "watch_connections", "STALL_SECONDS", "SWEEP_SECONDS"]
+__all__ = [
+    "ConnectionGuard", "OutputBudget", "FailureThrottle", "LogLimiter", "watch_connections", "STALL_SECONDS", "SWEEP_SECONDS",
+    "LOG_INTERVAL_SECONDS",
+]
 
 #: How often the watch looks at the connections' queues.
 SWEEP_SECONDS = 0.1
@@ -58,6 +61,8 @@ EVICT_AFTER_SECONDS = 1.0
 FAILURE_MEMORY_SECONDS = 60.0
 #: Hosts remembered by the failure throttle (the oldest are forgotten first).
 FAILURE_HOSTS = 10_000
+#: At most one line about failed TLS handshakes per peer host in this many seconds.
+LOG_INTERVAL_SECONDS = 10.0
 
 
 class OutputBudget:
@@ -151,14 +156,46 @@ class FailureThrottle:
         return min(self.base * 2.0 ** min(count - 1, 30), self.cap)
 
 
+class LogLimiter:
+    """At most one log line per peer host every ``interval`` seconds.
+
+    :meth:`allow` says whether a line may be logged now and, if so, how many
+    lines of that host were suppressed since its last one (the line reports it).
+    Memory is bounded by ``hosts`` entries, the least recently logged forgotten
+    first.
+    """
+
+    def __init__(self, interval: float = LOG_INTERVAL_SECONDS, hosts: int = FAILURE_HOSTS) -> None:
+        self.interval = interval
+        self.max_hosts = hosts
+        #: host -> [time of its last line, lines suppressed since].
+        self._hosts: dict[str, list[float]] = {}
+
+    def allow(self, host: str, now: float) -> int | None:
+        """None: suppress this line (it is counted); else the number suppressed
+        before it. Runtime complexity: O(1)."""
+        entry = self._hosts.get(host)
+        if entry is not None and now - entry[0] < self.interval:
+            entry[1] += 1
+            return None
+        suppressed = int(entry[1]) if entry is not None else 0
+        self._hosts.pop(host, None)
+        self._hosts[host] = [now, 0]
+        if len(self._hosts) > self.max_hosts:
+            del self._hosts[next(iter(self._hosts))]
+        return suppressed
+
+
 class ConnectionGuard:
     """What all connections of one broker share: the output budget, the throttle
-    on failed handshakes, and the connections still waiting for their handshake
-    (oldest first)."""
+    on failed handshakes, the rate limit of the log lines about failed TLS
+    handshakes, and the connections still waiting for their handshake (oldest
+    first)."""
 
     def __init__(self, limits: Any) -> None:
         self.budget = OutputBudget(limits.max_pending_bytes_total)
         self.throttle = FailureThrottle(limits.auth_failure_delay, limits.auth_failure_delay_max)
+        self.log_limit = LogLimiter()
         #: Connections without a handshake yet, oldest first, with their arrival time.
         self.waiting: dict[Session, float] = {}
         self.evict_after = min(EVICT_AFTER_SECONDS, limits.handshake_timeout / 2)

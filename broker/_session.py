@@ -15,7 +15,10 @@ larger than :data:`MAX_HANDSHAKE_FRAME`. A refused handshake is answered after t
 delay :class:`FailureThrottle` gives (logged at warning with the peer address); a
 connection that does not handshake in time gets a GOODBYE (HANDSHAKE_TIMEOUT). Until
 its handshake a session is in ``guard.waiting``, where a new connection arriving at
-the connection limit may evict it (:meth:`Session.evict`).
+the connection limit may evict it (:meth:`Session.evict`). A TLS client on a port
+without TLS (its first bytes are a TLS handshake record) is closed at once, counted
+in ``tls_handshake_failures`` and logged at warning, rate-limited per host. On a TLS
+port the stream is a ``trio.SSLStream`` whose TLS handshake ``_tls.py`` completed.
 
 Memory: every queued byte is counted in ``pending_bytes`` and in the broker-wide
 :class:`OutputBudget` until it is sent (``_limits.py`` has the rules). When more than
@@ -80,6 +83,9 @@ DRAIN_SECONDS = 5.0
 GOODBYE_SECONDS = 2.0
 #: Bytes of whole frames joined into one write (a larger single frame goes alone).
 WRITE_CHUNK = 1024 * 1024
+#: How a TLS connection starts (a handshake record, TLS 1.x); no frame before the
+#: handshake can start so (its length would be over MAX_HANDSHAKE_FRAME).
+TLS_RECORD_START = b"\x16\x03"
 
 #: How each end of a connection is counted: reason -> counts as connections_failed.
 _FAILED = {
@@ -94,6 +100,7 @@ _FAILED = {
     "protocol_error": True,
     "request_before_handshake": True,
     "handshake_refused": True,
+    "tls_on_plain_port": False,  # counted in tls_handshake_failures
     "task_failed": True,
 }
 
@@ -424,6 +431,9 @@ class Session:
                 return
             if self._closing:
                 return  # ended while these bytes were on their way to us: its GOODBYE is the last frame
+            if not self.ready and data[:2] == TLS_RECORD_START and not conn._decoder.buffered:
+                self._tls_on_plain_port()
+                return
             conn.receive_data(data)
             self._handling = True
             try:
@@ -611,6 +621,18 @@ class Session:
         await trio.sleep(delay)
         self.send_now(self.conn.send_error(corr, Command.HANDSHAKE, err))
         self._drain_seconds = GOODBYE_SECONDS
+
+    def _tls_on_plain_port(self) -> None:
+        """The first bytes are a TLS handshake: close (the client cannot read a plain
+        GOODBYE), count and log it (at most one line per host per 10 s)."""
+        self.broker.counters.tls_handshake_failures += 1
+        suppressed = self.guard.log_limit.allow(self.peer_host, trio.current_time())
+        if suppressed is not None:
+            log.warning(
+                "tls_handshake_failed", session=self.id, peer=self.peer, reason="TLS_ON_PLAIN_PORT",
+                error="a TLS client on a port without TLS (the broker has no [server] tls_cert)", suppressed=suppressed,
+            )
+        self._end_as("tls_on_plain_port")
 
     def _refuse_large_first_frame(self) -> None:
         err = error_class(ErrorCode.FRAME_TOO_LARGE)(

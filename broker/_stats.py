@@ -3,20 +3,26 @@
 Counters only ever go up (like Prometheus counters); gauges (connections, bytes on
 disk, pending expiries) are computed when stats are asked for. Everything is a plain
 attribute increment on the event loop, so counting costs nothing measurable.
+
+Each field's ``#:`` comment is its documentation: ``/metrics`` shows it as the
+HELP text of ``ttlbroker_<name>_total`` (:func:`counter_help`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import ast
+import inspect
+import re
+from dataclasses import asdict, dataclass, fields
 
-__all__ = ["Counters"]
+__all__ = ["Counters", "counter_help"]
 
 
 @dataclass
 class Counters:
     #: Messages stored by publishes (markers and republished copies included).
     messages_in: int = 0
-    #: Bytes of those records as stored.
+    #: Bytes of the records stored by publishes, as stored.
     bytes_in: int = 0
     #: Messages sent to clients by fetch, get-last and core subscriptions.
     messages_out: int = 0
@@ -51,14 +57,15 @@ class Counters:
     dropped_loops: int = 0
     #: Republished messages dropped because the transform gave an invalid subject.
     dropped_invalid_subject: int = 0
-    #: Segments exported to Parquet, and their rows.
+    #: Sealed segments exported to Parquet.
     segments_exported: int = 0
+    #: Rows written to Parquet by the export.
     rows_exported: int = 0
     #: Export passes that failed (retried on the next pass).
     export_failures: int = 0
     #: Sealed segment files removed by the cleaner.
     segments_reclaimed: int = 0
-    #: Bytes of those files.
+    #: Bytes of the sealed segment files removed by the cleaner.
     bytes_reclaimed: int = 0
     #: Records found corrupt (checksum mismatch, truncated) on recovery or read.
     corrupt_records: int = 0
@@ -78,15 +85,23 @@ class Counters:
     handshake_timeouts: int = 0
     #: Handshakes refused for a missing or wrong auth token.
     auth_failures: int = 0
+    #: Failed TLS handshakes: on a TLS port, a client certificate missing or not signed
+    #: by tls_ca, a client that does not trust the broker's certificate, a TLS version
+    #: below 1.2, a client speaking the plain protocol; on a plain port, a TLS client.
+    tls_handshake_failures: int = 0
     #: Connections closed as slow consumers (queued output over the limit too long).
     slow_consumers: int = 0
     #: Damage found in the data directory's files (each piece once; see ``ttlbroker check``).
     damage_detected: int = 0
-    #: Durable consumers: first deliveries, redeliveries, settlements.
+    #: Durable consumers' first deliveries of a message.
     consumer_delivered: int = 0
+    #: Durable consumers' deliveries of a message again (nak, or the ack wait ran out).
     consumer_redelivered: int = 0
+    #: Deliveries acknowledged (ack) by durable consumers' clients.
     consumer_acked: int = 0
+    #: Deliveries refused (nak) by durable consumers' clients, to be delivered again.
     consumer_naked: int = 0
+    #: Deliveries terminated (term) by durable consumers' clients: never delivered again.
     consumer_terminated: int = 0
     #: Outstanding deliveries given up after max_deliver.
     consumer_given_up: int = 0
@@ -95,3 +110,29 @@ class Counters:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+def counter_help() -> dict[str, str]:
+    """Each counter's ``#:`` comment as one line of plain text (the field's name if
+    it has none, or if the source cannot be read)."""
+    names = [f.name for f in fields(Counters)]
+    found: dict[str, str] = {}
+    try:
+        lines = inspect.getsource(Counters).splitlines()
+    except (OSError, TypeError):
+        lines = []
+    comment: list[str] = []
+    for line in lines:
+        text = line.strip()
+        if text.startswith("#:"):
+            comment.append(text[2:].strip())
+            continue
+        if comment and ":" in text:
+            try:
+                node = ast.parse(text).body[0]
+            except SyntaxError:
+                node = None
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                found[node.target.id] = re.sub(r"``?([^`]*)``?", r"\1", " ".join(comment))
+        comment = []
+    return {name: found.get(name, name.replace("_", " ")) for name in names}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import ssl
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -19,7 +20,10 @@ from typing import Any
 
 from storage import FsyncPolicy, parse_duration_ms
 
-__all__ = ["Config", "ConfigError", "load_config", "parse_size", "parse_mode", "DEFAULT_CONFIG_TOML"]
+__all__ = [
+    "Config", "ConfigError", "load_config", "parse_size", "parse_mode", "server_context", "DEFAULT_CONFIG_TOML",
+    "TLS_MIN_VERSION",
+]
 
 
 class ConfigError(ValueError):
@@ -80,12 +84,116 @@ def parse_mode(value: Any, key: str, required: int = 0) -> int:
     return mode
 
 
+# -- TLS ------------------------------------------------------------------------------
+# The configuration reads the TLS files it names (as it reads itself), so that a
+# missing or unusable one stops the broker before it starts; ``_tls.py`` uses the
+# context on connections.
+
+TLS_MIN_VERSION = ssl.TLSVersion.TLSv1_2
+_CERT_RE = re.compile(rb"-----BEGIN (?:TRUSTED |X509 )?CERTIFICATE-----")
+_KEY_RE = re.compile(rb"-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----")
+_ENCRYPTED_RE = re.compile(rb"-----BEGIN ENCRYPTED PRIVATE KEY-----|Proc-Type: *4, *ENCRYPTED")
+
+
+def _read(key: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot read {path!r}: {exc.strerror or exc}") from None
+
+
+def _openssl_text(exc: ssl.SSLError) -> str:
+    """OpenSSL's text without the source location: ``[SSL] PEM lib``."""
+    return str(exc.strerror or exc.reason or exc).split(" (_ssl.c:")[0]
+
+
+def server_context(cert: str, key: str, ca: str = "") -> ssl.SSLContext:
+    """The broker's TLS context: the certificate chain in ``cert`` with the private
+    key in ``key`` (PEM; the same file may hold both), TLS 1.2 or later, and, when
+    ``ca`` is set, client certificates signed by a CA in ``ca`` required.
+
+    Raises:
+        ConfigError: one line naming the key, the file and what is wrong with it.
+    """
+    if not cert or not key:
+        given, missing = ("server.tls_cert", "server.tls_key") if cert else ("server.tls_key", "server.tls_cert")
+        raise ConfigError(f"{missing}: required when {given} is set (give both, or neither for no TLS)")
+    if not _CERT_RE.search(_read("server.tls_cert", cert)):
+        raise ConfigError(f"server.tls_cert: {cert!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+    key_pem = _read("server.tls_key", key)
+    if not _KEY_RE.search(key_pem):
+        raise ConfigError(f"server.tls_key: {key!r} holds no PEM private key (-----BEGIN PRIVATE KEY-----)")
+    encrypted = ConfigError(f"server.tls_key: {key!r} is encrypted; the broker needs an unencrypted key (readable by its user only)")
+    if _ENCRYPTED_RE.search(key_pem):
+        raise encrypted
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = TLS_MIN_VERSION
+
+    def no_password() -> str:  # OpenSSL would otherwise ask on the terminal
+        raise encrypted
+
+    try:
+        ctx.load_cert_chain(cert, key, password=no_password)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise ConfigError(f"server.tls_key: the private key in {key!r} does not match the certificate in {cert!r}") from None
+        raise ConfigError(
+            f"server.tls_cert: cannot load {cert!r} with the key in {key!r}: a certificate or the key in them is damaged "
+            f"(OpenSSL: {_openssl_text(exc)})"
+        ) from None
+    except OSError as exc:  # gone since it was read
+        raise ConfigError(f"server.tls_cert: cannot read {cert!r} or {key!r}: {exc.strerror or exc}") from None
+    if ca:
+        if not _CERT_RE.search(_read("server.tls_ca", ca)):
+            raise ConfigError(f"server.tls_ca: {ca!r} holds no PEM CA certificate (-----BEGIN CERTIFICATE-----)")
+        try:
+            ctx.load_verify_locations(cafile=ca)
+        except ssl.SSLError as exc:
+            raise ConfigError(f"server.tls_ca: cannot load {ca!r}: a certificate in it is damaged (OpenSSL: {_openssl_text(exc)})") from None
+        except OSError as exc:
+            raise ConfigError(f"server.tls_ca: cannot read {ca!r}: {exc.strerror or exc}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8090
     auth_token: str = ""
     name: str = "ttlbroker"
+    #: TLS: the certificate chain and private key (PEM files; both or neither), and
+    #: the CA whose client certificates are required (empty: none required).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+
+    @property
+    def tls(self) -> bool:
+        """Whether the broker's port speaks TLS."""
+        return bool(self.tls_cert or self.tls_key)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The broker's TLS context, loaded from the files now (None without TLS).
+
+        Raises:
+            ConfigError: a file is missing, unreadable or unusable (one line naming it).
+        """
+        if not self.tls:
+            if self.tls_ca:
+                raise ConfigError("server.tls_ca: requires server.tls_cert and server.tls_key (client certificates are checked inside TLS)")
+            return None
+        return server_context(self.tls_cert, self.tls_key, self.tls_ca)
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """Monitoring over HTTP (``_monitoring.py``): /metrics, /healthz, /varz."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 8091
 
 
 @dataclass(frozen=True)
@@ -164,6 +272,7 @@ class Config:
     """The whole configuration. ``Config()`` is the embedded default."""
 
     server: ServerConfig = field(default_factory=ServerConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     message_cleaner: CleanerConfig = field(default_factory=CleanerConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
@@ -238,6 +347,7 @@ def _typed(value: Any, kind: type, key: str) -> Any:
 
 def _build(d: dict[str, Any]) -> Config:
     s, sysd, cl, ex, li, lo = d["server"], d["system"], d["message_cleaner"], d["export"], d["limits"], d["logging"]
+    ht = d["http"]
     try:
         fsync = FsyncPolicy.parse(sysd["partition"]["fsync"])
     except ValueError as exc:
@@ -248,6 +358,14 @@ def _build(d: dict[str, Any]) -> Config:
             port=_typed(s["port"], int, "server.port"),
             auth_token=_typed(s["auth_token"], str, "server.auth_token"),
             name=_typed(s["name"], str, "server.name"),
+            tls_cert=_typed(s["tls_cert"], str, "server.tls_cert"),
+            tls_key=_typed(s["tls_key"], str, "server.tls_key"),
+            tls_ca=_typed(s["tls_ca"], str, "server.tls_ca"),
+        ),
+        http=HttpConfig(
+            enabled=_typed(ht["enabled"], bool, "http.enabled"),
+            host=_typed(ht["host"], str, "http.host"),
+            port=_typed(ht["port"], int, "http.port"),
         ),
         system=SystemConfig(
             path=_typed(sysd["path"], str, "system.path"),
@@ -289,6 +407,10 @@ def _limit(key: str, value: Any) -> int | float:
 def _validate(cfg: Config) -> None:
     if not 0 <= cfg.server.port <= 65535:
         raise ConfigError(f"server.port: {cfg.server.port} is not a TCP port (0..65535)")
+    if not 0 <= cfg.http.port <= 65535:
+        raise ConfigError(f"http.port: {cfg.http.port} is not a TCP port (0..65535)")
+    if cfg.http.enabled and cfg.http.port and cfg.http.port == cfg.server.port and cfg.http.host == cfg.server.host:
+        raise ConfigError(f"http.port: {cfg.http.port} is also server.port; monitoring needs a port of its own")
     seg = cfg.system.segment
     if not 4096 <= seg.size_bytes <= 1024**3:
         raise ConfigError("system.segment.size_bytes: must be between 4 KiB and 1 GiB")
@@ -323,6 +445,7 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("logging.level: one of debug, info, warning, error")
     if cfg.logging.format not in ("logfmt", "json"):
         raise ConfigError("logging.format: one of logfmt, json")
+    cfg.server.ssl_context()  # the TLS files exist and load
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:

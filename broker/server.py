@@ -1,21 +1,28 @@
 """The server: one nursery that owns everything the broker runs.
 
-``serve(config, task_status=...)`` opens the data directory and recovers it (in a
-worker thread), listens, starts the group committer and the background tasks, and
-reports :class:`ServerHandle` through ``task_status.started`` once it accepts
-connections (trio's ``serve_listeners`` idiom). It returns only when cancelled;
-cancelling it is a graceful shutdown:
+``serve(config, task_status=...)`` first binds the broker's port and the monitoring
+port (``[http]``), so that an address in use fails at once rather than after a long
+recovery, and serves the monitoring endpoints from then on (``_monitoring.py``;
+``/healthz`` answers 503). It then opens the data directory and recovers it (in a
+worker thread), starts the group committer and the background tasks, accepts
+connections on the port it bound, and reports :class:`ServerHandle` through
+``task_status.started`` (trio's ``serve_listeners`` idiom); ``/healthz`` answers 200
+from then on. It returns only when cancelled; cancelling it is a graceful shutdown:
 
-1. new requests are refused with SHUTTING_DOWN and the listeners close;
+1. ``/healthz`` answers 503; new requests are refused with SHUTTING_DOWN and the
+   listeners close;
 2. one last group commit makes everything written durable, so every ack already
    queued can be sent (connections get a few seconds to drain, then GOODBYE);
-3. every file is synced and closed and the data directory's lock released.
+3. every file is synced and closed and the data directory's lock released;
+4. the monitoring port closes (it is shielded from the cancellation until then).
 
 ``run_server`` wraps it for the command line: SIGINT and SIGTERM cancel it.
 
 Resource handling: each connection runs in its own task (``Session.run``), which
-closes its stream when it ends. All connections share one output budget and one
-failed-handshake throttle, and a watch task cuts off slow consumers (``_limits.py``).
+closes its stream when it ends; on a TLS port (``[server] tls_cert``) that task
+first completes the TLS handshake (``_tls.py``). All connections share one output
+budget and one failed-handshake throttle, and a watch task cuts off slow consumers
+(``_limits.py``).
 Files and directories are created with ``[system] file_mode`` and ``dir_mode``.
 
 Error handling: nothing a connection does can reach the server's nursery.
@@ -23,13 +30,17 @@ Error handling: nothing a connection does can reach the server's nursery.
 exception groups too), log it and count it; only cancellation passes. Accept errors
 that mean "out of file descriptors or memory" are logged and retried after 100 ms
 (trio does that in ``serve_listeners``); any other accept error stops the server.
+The monitoring port is held to the same rule (``_http.py``): a bad request costs its
+own connection only, and an accept error there stops monitoring, not the broker.
 """
 
 from __future__ import annotations
 
+import errno
 import gc
 import itertools
 import signal
+import ssl
 from dataclasses import dataclass
 
 import trio
@@ -41,9 +52,13 @@ from storage import sync_fds
 from ._broker import Broker
 from ._clock import Clock
 from ._limits import ConnectionGuard, watch_connections
+from ._http import serve_http
 from ._log import get_logger
+from ._monitoring import Monitor, State
 from ._session import DRAIN_SECONDS, GOODBYE_SECONDS, Session
-from .config import Config
+from ._startup import StartupError, startup_failure
+from ._tls import TlsAcceptor
+from .config import Config, ConfigError
 
 __all__ = ["serve", "run_server", "ServerHandle"]
 
@@ -57,10 +72,21 @@ class ServerHandle:
     broker: Broker
     host: str
     port: int
+    #: The monitoring port's address (None with ``[http] enabled = false``).
+    http_host: str | None = None
+    http_port: int | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def monitoring_url(self) -> str | None:
+        """``http://HOST:PORT`` of the monitoring endpoints, or None."""
+        if self.http_host is None:
+            return None
+        host = f"[{self.http_host}]" if ":" in self.http_host else self.http_host
+        return f"http://{host}:{self.http_port}"
 
 
 async def serve(
@@ -71,22 +97,70 @@ async def serve(
 ) -> None:
     """Run a broker until cancelled. See the module docstring."""
     storage.set_modes(config.system.file_mode_bits, config.system.dir_mode_bits)
+    try:
+        tls_context = config.server.ssl_context()  # loaded again: the files may have changed
+    except ConfigError as exc:
+        raise StartupError(f"invalid configuration: {exc}") from None
     broker = Broker(config, clock)
+    guard = ConnectionGuard(config.limits)
+    monitor = Monitor(broker, guard.budget)
+    # Both ports before the recovery: one in use fails now, not after it.
+    listeners = await trio.open_tcp_listeners(config.server.port, host=config.server.host)
+    http_listeners: list[trio.SocketListener] = []
+    failed: Exception | None = None
+    try:
+        monitor.address = _sockname(listeners[0])
+        if config.http.enabled:
+            http_listeners = await _listen_http(config)
+            monitor.http_address = http_host, http_port = _sockname(http_listeners[0])
+        # Monitoring outlives the broker's cancellation: /healthz answers 503 until
+        # the shutdown is done, then this scope ends it.
+        http_scope = trio.CancelScope(shield=True)
+
+        async def run_http(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with http_scope:
+                await serve_http(http_listeners, monitor.handle, monitor.http, task_status=task_status)
+
+        async with trio.open_nursery() as monitoring:
+            if http_listeners:
+                await monitoring.start(run_http)
+                log.info("monitoring", host=http_host, port=http_port)
+            try:
+                await _run(broker, monitor, listeners, guard, tls_context, task_status)
+            except Exception as exc:
+                failed = exc  # raised below, not inside this nursery's exception group
+            finally:
+                http_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            for listener in (*listeners, *http_listeners):
+                await listener.aclose()
+    if failed is not None:
+        raise failed
+
+
+async def _run(
+    broker: Broker,
+    monitor: Monitor,
+    listeners: list[trio.SocketListener],
+    guard: ConnectionGuard,
+    tls_context: ssl.SSLContext | None,
+    task_status: trio.TaskStatus[ServerHandle],
+) -> None:
+    """Recover, serve the bound ``listeners`` until cancelled, shut down."""
+    config = broker.config
     await trio.to_thread.run_sync(broker.open)
-    now = broker.clock.now_ns()
-    for topic in broker.catalog.topics():  # ids that left the window while the broker was down
-        topic.dedup.prune(now, topic.config.duplicate_window)
     try:
-        listeners = await trio.open_tcp_listeners(config.server.port, host=config.server.host)
-    except BaseException:
-        broker.close()
-        raise
-    sockname = listeners[0].socket.getsockname()
-    handle = ServerHandle(broker, sockname[0], sockname[1])
-    ids = itertools.count(1)
-    limits = config.limits
-    guard = ConnectionGuard(limits)
-    try:
+        now = broker.clock.now_ns()
+        for topic in broker.catalog.topics():  # ids that left the window while the broker was down
+            topic.dedup.prune(now, topic.config.duplicate_window)
+        monitor.recovered = True
+        host, port = _sockname(listeners[0])
+        http_host, http_port = monitor.http_address or (None, None)
+        handle = ServerHandle(broker, host, port, http_host, http_port)
+        ids = itertools.count(1)
+        limits = config.limits
+        tls = TlsAcceptor(tls_context, broker, guard) if tls_context is not None else None
         async with trio.open_nursery() as nursery:
             await nursery.start(broker.committer.run)
             for task in broker.background_tasks():
@@ -101,22 +175,46 @@ async def serve(
                 async with trio.open_nursery() as conns:
                     conn_nursery_holder.append(conns)
                     await trio.serve_listeners(
-                        lambda stream: _connection(broker, guard, stream, next(ids)), listeners,
+                        lambda stream: _connection(broker, guard, stream, next(ids), tls), listeners,
                         handler_nursery=conns, task_status=task_status,
                     )
 
             await nursery.start(accept_all)
-            log.info("listening", host=handle.host, port=handle.port, data=broker.datadir.root, fsync=str(config.system.partition.fsync))
+            log.info("listening", host=handle.host, port=handle.port, data=broker.datadir.root, fsync=str(config.system.partition.fsync),
+                     tls=tls is not None, client_certificates=bool(tls is not None and config.server.tls_ca))
+            monitor.state = State.READY
             task_status.started(handle)
             try:
                 await trio.sleep_forever()
             finally:
+                monitor.state = State.SHUTTING_DOWN
                 with trio.CancelScope(shield=True):
                     await _shutdown(broker, listeners)
                 nursery.cancel_scope.cancel()
     finally:
+        monitor.state = State.SHUTTING_DOWN
         with trio.CancelScope(shield=True):
             await _close(broker)
+
+
+def _sockname(listener: trio.SocketListener) -> tuple[str, int]:
+    name = listener.socket.getsockname()
+    return name[0], name[1]
+
+
+async def _listen_http(config: Config) -> list[trio.SocketListener]:
+    """The monitoring port's listeners; an address in use or unusable is a
+    :class:`StartupError` naming what to change."""
+    host, port = config.http.host, config.http.port
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        where = f"{host}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            raise StartupError(
+                f"monitoring port {where} is in use (another broker? set [http] port or --http-port, or --no-http)"
+            ) from None
+        raise StartupError(f"cannot listen for monitoring on {where}: {exc.strerror or exc} (set [http] host)") from None
 
 
 async def _shutdown(broker: Broker, listeners: list[trio.SocketListener]) -> None:
@@ -170,23 +268,32 @@ def _peer_name(stream: trio.SocketStream) -> str:
     return str(addr) or "?"
 
 
-async def _connection(broker: Broker, guard: ConnectionGuard, stream: trio.SocketStream, session_id: int) -> None:
+async def _connection(
+    broker: Broker, guard: ConnectionGuard, stream: trio.SocketStream, session_id: int, tls: TlsAcceptor | None = None,
+) -> None:
     """One accepted connection, from accept to close. Never raises (but Cancelled).
 
-    At the connection limit it takes the place of the connection that has waited
-    longest for its handshake, if any (``_limits.py``, rule 4)."""
+    On a TLS port it first completes the TLS handshake (``_tls.py``). At the
+    connection limit it takes the place of the connection that has waited longest
+    for its handshake, if any (``_limits.py``, rule 4)."""
     peer = "?"
+    session_stream: trio.abc.Stream = stream
     try:
         peer = _peer_name(stream)
         broker.counters.connections_total += 1
+        if tls is not None:
+            secured = await tls.accept(stream, peer, session_id)
+            if secured is None:
+                return
+            session_stream = secured
         limit = broker.config.limits.max_connections
         if len(broker.sessions) >= limit or broker.shutting_down:
             victim = None if broker.shutting_down else guard.evictable(trio.current_time())
             if victim is None:
-                await _refuse(broker, stream, peer, limit)
+                await _refuse(broker, session_stream, peer, limit)
                 return
             victim.evict(limit)
-        session = Session(broker, stream, session_id, peer, guard)
+        session = Session(broker, session_stream, session_id, peer, guard)
         broker.sessions.add(session)
         log.debug("connection_opened", session=session_id, peer=peer)
         await session.run()
@@ -196,10 +303,10 @@ async def _connection(broker: Broker, guard: ConnectionGuard, stream: trio.Socke
         log.error("connection_failed", exc_info=True, session=session_id, peer=peer)
     finally:
         with trio.CancelScope(shield=True):
-            await trio.aclose_forcefully(stream)
+            await trio.aclose_forcefully(session_stream)
 
 
-async def _refuse(broker: Broker, stream: trio.SocketStream, peer: str, limit: int) -> None:
+async def _refuse(broker: Broker, stream: trio.abc.Stream, peer: str, limit: int) -> None:
     broker.counters.connections_refused += 1
     code = ErrorCode.SHUTTING_DOWN if broker.shutting_down else ErrorCode.TOO_MANY_CONNECTIONS
     reason = "the broker is shutting down" if broker.shutting_down else f"the broker is at its limit of {limit} connections"
@@ -221,19 +328,36 @@ GC_THRESHOLD = (50_000, 20, 100)
 
 async def run_server(config: Config) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully; prints
-    ``listening on HOST:PORT`` on stdout once ready.
+    ``listening on HOST:PORT`` on stdout once ready, and on the next line
+    ``monitoring on http://HOST:PORT`` (unless ``[http] enabled = false``).
+
+    A failure to start that an operator can fix is raised as one
+    :class:`StartupError` (``_startup.py``), outside any exception group.
 
     As the process's owner it also tunes the garbage collector: what recovery built
     is frozen out of every later collection, and collections run less often."""
     gc.set_threshold(*GC_THRESHOLD)
+    failure: StartupError | None = None
     async with trio.open_nursery() as nursery:
-        handle: ServerHandle = await nursery.start(serve, config)
-        gc.collect()
-        gc.freeze()
-        print(f"listening on {handle.address}", flush=True)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                log.info("signal", signal=signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+        try:
+            handle: ServerHandle = await nursery.start(serve, config)
+        except Exception as exc:  # the broker did not start: say why in one line if we can
+            failure = startup_failure(exc, config)
+            if failure is None:
+                raise
+        if failure is not None:
+            nursery.cancel_scope.cancel()  # nothing else runs in it: the nursery just closes
+        else:
+            gc.collect()
+            gc.freeze()
+            print(f"listening on {handle.address}", flush=True)
+            if handle.monitoring_url is not None:
+                print(f"monitoring on {handle.monitoring_url}", flush=True)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    log.info("signal", signal=signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+    if failure is not None:
+        raise failure
 

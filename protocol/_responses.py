@@ -9,9 +9,9 @@ the PUSH flag, a :class:`PushKind` as its code, and correlation id 0.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from ._codes import Command, PushKind
 from ._base import _Response
@@ -189,7 +189,7 @@ class Acks(_Response):
         error = BrokerError.from_code(status, self.errors.get(i % len(self), "")) if status and status != _DUPLICATE else None
         return Ack(self.stream_ids[i], self.topic_ids[i], self.partitions[i], self.offsets[i], status, error)
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self) -> Iterator[Ack]:
         return (self[i] for i in range(len(self)))
 
     @property
@@ -351,7 +351,7 @@ class TopicDetails(_Response):
         return out
 
     @property
-    def options(self) -> dict[str, object]:
+    def options(self) -> dict[str, Any]:
         return self.extra.get("options", {})  # type: ignore[return-value]
 
     @property
@@ -545,6 +545,6 @@ RESPONSE_TYPES: dict[int, type[_Response]] = {
 }
 
 PUSH_TYPES: dict[int, type[_Response]] = {
-    PushKind.DELIVERY: Delivery, PushKind.GOODBYE: Goodbye, PushKind.PULL_MESSAGES: PullBatch,  # type: ignore[dict-item]
+    PushKind.DELIVERY: Delivery, PushKind.GOODBYE: Goodbye, PushKind.PULL_MESSAGES: PullBatch,
 }
 

@@ -93,7 +93,9 @@ class DataDir:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise StorageFailure(f"data directory {self.root} is in use by another broker") from None
+            raise StorageFailure(
+                f"data directory {self.root} is in use by another broker: stop that broker first, or give this one another directory"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd

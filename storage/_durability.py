@@ -12,45 +12,58 @@ is in the page cache), a machine crash can lose anything not yet written back.
 from __future__ import annotations
 
 import errno
+import math
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = ["FsyncPolicy", "sync_fds", "fsync_dir", "parse_duration_ms"]
 
-_UNITS_MS = {"ms": 1.0, "s": 1000.0, "sec": 1000.0, "m": 60_000.0, "min": 60_000.0, "h": 3_600_000.0}
+_UNITS_MS = {
+    "ns": 1e-6, "us": 1e-3, "\u00b5s": 1e-3, "\u03bcs": 1e-3, "ms": 1.0, "s": 1000.0, "sec": 1000.0,
+    "m": 60_000.0, "min": 60_000.0, "h": 3_600_000.0,
+}
+# One ``<number><unit>`` term; the longer units first so that ``5ms`` is not ``5m`` + ``s``.
+_TERM = r"(\d+(?:\.\d*)?|\.\d+)(" + "|".join(sorted(_UNITS_MS, key=len, reverse=True)) + ")"
+_COMPOUND_RE = re.compile(f"(?:{_TERM})+")
+_TERM_RE = re.compile(_TERM)
 
 
-def parse_duration_ms(value: str | int | float, what: str = "duration") -> float:
-    """``"100ms"``, ``"2 s"``, ``"1 m"``, ``"1h"``, or a bare number of **milliseconds**.
+def parse_duration_ms(value: str | int | float, what: str = "duration", *, bare_unit_ms: float = 1.0) -> float:
+    """A duration in milliseconds, from ``"100ms"``, ``"2 s"``, ``"1 m"``, ``"1h"``, a
+    compound like ``"1h30m"`` or ``"1m0.5s"`` (Go's ``time.ParseDuration`` form; the
+    units are ``ns``, ``us``, ``ms``, ``s``/``sec``, ``m``/``min`` and ``h``), or a bare
+    number, counted in ``bare_unit_ms`` (milliseconds unless told; the command line
+    passes 1000 so that ``30`` is 30 seconds). Case and spaces do not matter.
 
     Raises:
-        ValueError: unparsable or negative.
+        ValueError: unparsable, negative or not finite.
     """
     if isinstance(value, bool):
         raise ValueError(f"{what} must be a duration, not a bool")
     if isinstance(value, (int, float)):
-        if value < 0:
+        ms = float(value) * bare_unit_ms
+    else:
+        text = value.strip().lower().replace(" ", "")
+        if text.startswith("-") and (_COMPOUND_RE.fullmatch(text[1:]) or _is_number(text[1:])):
             raise ValueError(f"{what} must not be negative")
-        return float(value)
-    text = value.strip().lower().replace(" ", "")
-    for unit in sorted(_UNITS_MS, key=len, reverse=True):
-        if text.endswith(unit):
-            number = text[: -len(unit)]
-            try:
-                ms = float(number) * _UNITS_MS[unit]
-            except ValueError:
-                break
-            if ms < 0:
-                raise ValueError(f"{what} must not be negative")
-            return ms
-    try:
-        ms = float(text)
-    except ValueError:
-        raise ValueError(f"{what} {value!r} is not a duration such as '100ms', '2s' or '1m'") from None
+        if _COMPOUND_RE.fullmatch(text):
+            ms = sum(float(number) * _UNITS_MS[unit] for number, unit in _TERM_RE.findall(text))
+        elif _is_number(text):
+            ms = float(text) * bare_unit_ms
+        else:
+            raise ValueError(f"{what} {value!r} is not a duration such as '500ms', '90s' or '1h30m'")
+    if not math.isfinite(ms):
+        raise ValueError(f"{what} {value!r} is not a finite duration")
     if ms < 0:
         raise ValueError(f"{what} must not be negative")
     return ms
+
+
+def _is_number(text: str) -> bool:
+    # float() also takes "inf", "nan", "1e3" and "1_000": only plain decimals here.
+    return re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", text) is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from broker.client import Client, connect  # noqa: E402
 
 
 def make_config(data_dir: Path | str, **changes: object) -> Config:
-    base = {"server.port": 0, "system.path": str(data_dir)}
+    base = {"server.port": 0, "http.port": 0, "system.path": str(data_dir)}
     base.update(changes)
     return Config().replace(**base)
 
@@ -142,8 +142,38 @@ def broker_process(data_dir: Path):  # type: ignore[no-untyped-def]
         p.stop()
 
 
+# -- Spark: one check for Java, one SparkSession for the run ----------------------------
+
+
+def java_missing() -> str | None:
+    """Why Spark cannot run here (one line), or None when it can. The check is
+    ``spark_export``'s own (:func:`spark_export._inputs.find_java`, made by every job
+    before it starts the JVM): no ``java`` on PATH, a JAVA_HOME without bin/java, a
+    Java that does not run or is older than 17."""
+    from spark_export._inputs import JobError, find_java
+
+    try:
+        find_java()
+    except JobError as exc:
+        return f"Spark tests need Java: {exc}"
+    return None
+
+
 @pytest.fixture(scope="session")
-def spark():  # type: ignore[no-untyped-def]
+def java() -> None:
+    """Skips the test, with the reason, when Spark has no usable Java; fails instead
+    under CI (``CI`` set), which has Java and must run the Spark tests. Every test
+    that starts Spark (in this process or another) depends on it."""
+    reason = java_missing()
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI must run the Spark tests)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def spark(java: None):  # type: ignore[no-untyped-def]
     """One local SparkSession for the whole run (Spark takes seconds to start)."""
     from spark_export._session import spark_session
 

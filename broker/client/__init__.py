@@ -21,11 +21,15 @@ The client reconnects when its connection is lost (``reconnect=True``, the defau
 see ``broker.client._client`` for what happens to requests in flight
 (:class:`ConnectionLostError`), to subscriptions, and when it gives up
 (:class:`ReconnectFailedError`).
+
+TLS: ``connect(address, tls=tls_context(ca="ca.pem"))`` (or ``tls=True`` for a
+certificate from a CA the system trusts); see :func:`tls_context`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 
 from protocol import ERROR_CLASSES as _ERROR_CLASSES
@@ -56,6 +60,8 @@ from ._kv import KeyValue as KeyValue
 from ._client import Subscription as Subscription
 from ._client import encode_msg as encode_msg
 from ._client import parse_address as parse_address
+from ._tls import resolve_tls
+from ._tls import tls_context as tls_context
 
 globals().update({cls.__name__: cls for cls in _ERROR_CLASSES.values()})
 
@@ -74,20 +80,31 @@ async def connect(
     on_disconnect: Callback | None = None,
     on_reconnect: Callback | None = None,
     on_closed: Callback | None = None,
+    tls: ssl.SSLContext | bool | None = None,
 ) -> AsyncIterator[Client]:
     """Connect (trio) and handshake; the connection closes when the block ends.
 
     The first connection is not retried: its errors are raised. Later losses are
     handled as :class:`Client` says (``reconnect`` and the options after it).
 
+    ``tls``: an ``ssl.SSLContext`` (see :func:`tls_context`), ``True`` for the
+    system's trusted CAs, or None/False for plain TCP; ``address`` may also be
+    written ``tls://host:port``. The broker's certificate must be valid for the
+    address's host. Reconnections use the same TLS settings.
+
     Raises:
         OSError: nothing listens there.
+        ssl.SSLError: the TLS handshake failed (``ssl.SSLCertVerificationError``:
+            the broker's certificate is not signed by a trusted CA, or not for this
+            host); a broker that requires TLS refuses a plain connection with
+            UnauthorizedError.
         UnauthorizedError / UnsupportedVersionError / TooManyConnectionsError /
             ShuttingDownError: the broker refused the handshake.
     """
+    address, tls_ctx = resolve_tls(address, tls)
     host, port = parse_address(address)
     client = Client(
-        TrioBackend(), timeout, reconnect=reconnect, max_reconnect_attempts=max_reconnect_attempts,
+        TrioBackend(tls_ctx), timeout, reconnect=reconnect, max_reconnect_attempts=max_reconnect_attempts,
         reconnect_wait=reconnect_wait, reconnect_wait_max=reconnect_wait_max,
         on_disconnect=on_disconnect, on_reconnect=on_reconnect, on_closed=on_closed,
     )
@@ -101,7 +118,7 @@ async def connect(
 __all__ = [
     n for n in dir()
     if not n.startswith("_") and n not in (
-        "annotations", "contextlib", "AsyncIterator", "Callback", "RECONNECT_ATTEMPTS", "RECONNECT_WAIT",
-        "RECONNECT_WAIT_MAX",
+        "annotations", "contextlib", "ssl", "AsyncIterator", "Callback", "RECONNECT_ATTEMPTS", "RECONNECT_WAIT",
+        "RECONNECT_WAIT_MAX", "resolve_tls",
     )
 ]

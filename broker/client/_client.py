@@ -48,6 +48,7 @@ import itertools
 import logging
 import os
 import random
+import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -150,11 +151,26 @@ def _describe(exc: BaseException) -> str:
         return f"{exc.code.name} ({int(exc.code)}): {exc.message}"
     if isinstance(exc, TimeoutError):
         return str(exc) or "timed out"
+    tls = _ssl_error(exc)
+    if tls is not None:  # its errno is OpenSSL's, not the system's
+        if isinstance(tls, ssl.SSLCertVerificationError) and tls.verify_message:
+            return f"TLS: certificate verify failed: {tls.verify_message}"
+        text = str(tls.strerror or tls.reason or tls).split(" (_ssl.c:")[0]
+        return f"TLS: {text}"
     errno = _errno(exc)
     if errno is not None:
         return os.strerror(errno)
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _ssl_error(exc: BaseException | None, depth: int = 0) -> ssl.SSLError | None:
+    """The first ``ssl.SSLError`` in ``exc`` and its causes (trio wraps it)."""
+    if exc is None or depth > 5:
+        return None
+    if isinstance(exc, ssl.SSLError):
+        return exc
+    return _ssl_error(exc.__cause__ or exc.__context__, depth + 1)
 
 
 def _errno(exc: BaseException | None, depth: int = 0) -> int | None:
@@ -174,7 +190,7 @@ def _errno(exc: BaseException | None, depth: int = 0) -> int | None:
 
 def _code(status: int) -> int:
     try:
-        return ErrorCode(status)
+        return ErrorCode(status)  # type: ignore[call-arg]  # a lookup by value, not __new__(value, description)
     except ValueError:
         return status
 

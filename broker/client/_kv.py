@@ -142,8 +142,8 @@ class KeyValue:
                 raise
         try:
             latest = await self._get_raw(key)
-        except P.BrokerError as err:
-            if err.code == ErrorCode.MESSAGE_NOT_FOUND:  # expired but not yet removed
+        except P.BrokerError as missing:
+            if missing.code == ErrorCode.MESSAGE_NOT_FOUND:  # expired but not yet removed
                 raise error_class(ErrorCode.WRONG_LAST_SEQUENCE)(f"key {key!r} exists (expiring)") from None
             raise
         if latest.operation == "PUT":

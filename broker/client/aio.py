@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
@@ -23,9 +24,10 @@ from ._backend import AsyncioBackend
 from ._client import RECONNECT_ATTEMPTS, RECONNECT_WAIT, RECONNECT_WAIT_MAX, Callback, Client, parse_address
 from ._client import ConnectionClosedError, ConnectionLostError, ReconnectFailedError
 from ._consumers import ConsumerInfo, ConsumerMessage, MessageStream
+from ._tls import resolve_tls, tls_context
 
 __all__ = [
-    "connect", "run", "loop_factory", "Client", "ConsumerInfo", "ConsumerMessage", "MessageStream", "ConnectionClosedError",
+    "connect", "run", "loop_factory", "tls_context", "Client", "ConsumerInfo", "ConsumerMessage", "MessageStream", "ConnectionClosedError",
     "ConnectionLostError", "ReconnectFailedError",
 ]
 
@@ -46,12 +48,14 @@ async def connect(
     on_disconnect: Callback | None = None,
     on_reconnect: Callback | None = None,
     on_closed: Callback | None = None,
+    tls: ssl.SSLContext | bool | None = None,
 ) -> AsyncIterator[Client]:
     """Connect (asyncio) and handshake; the connection closes when the block ends.
-    The same options and errors as ``broker.client.connect``."""
+    The same options (``tls`` included) and errors as ``broker.client.connect``."""
+    address, tls_ctx = resolve_tls(address, tls)
     host, port = parse_address(address)
     client = Client(
-        AsyncioBackend(), timeout, reconnect=reconnect, max_reconnect_attempts=max_reconnect_attempts,
+        AsyncioBackend(tls_ctx), timeout, reconnect=reconnect, max_reconnect_attempts=max_reconnect_attempts,
         reconnect_wait=reconnect_wait, reconnect_wait_max=reconnect_wait_max,
         on_disconnect=on_disconnect, on_reconnect=on_reconnect, on_closed=on_closed,
     )

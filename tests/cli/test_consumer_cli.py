@@ -57,28 +57,36 @@ def test_add_info_list_rm(broker: BrokerProcess) -> None:
     run(a, "pub", "orders.c", "not for work")
     p = run(a, "consumer", "info", "shop", "orders", "work")
     assert p.stdout == (
-        "consumer shop/orders/work\n"
-        "  filter:          orders.a, orders.b\n"
-        "  deliver:         all\n"
-        "  ack:             explicit (wait 60s, max deliver 5, backoff 60s,300s)\n"
-        "  max ack pending: 10\n"
-        "  max waiting:     512\n"
-        "  mode:            shared\n"
-        "  description:     d\n"
-        "  pending:         1\n"
-        "  ack pending:     0\n"
-        "  redelivered:     0\n"
-        "  waiting pulls:   0\n"
-        "  delivered:       consumer seq 0, stream seq 0\n"
-        "  ack floor:       consumer seq 0, stream seq 0\n"
-        "  partition 0: delivered=0 ack_floor=0 pending=1 ack_pending=0\n"
+        "Consumer shop/orders/work\n"
+        "  filter           orders.a, orders.b\n"
+        "  deliver          all\n"
+        "  ack policy       explicit\n"
+        "  ack wait         1m\n"
+        "  max deliver      5\n"
+        "  backoff          1m, 5m\n"
+        "  max ack pending  10\n"
+        "  max waiting      512\n"
+        "  mode             shared\n"
+        "  description      d\n"
+        "\n"
+        "State\n"
+        "  pending        1\n"
+        "  ack pending    0\n"
+        "  redelivered    0\n"
+        "  waiting pulls  0\n"
+        "  delivered      consumer seq 0, stream seq 0\n"
+        "  ack floor      consumer seq 0, stream seq 0\n"
+        "\n"
+        "PARTITION  DELIVERED  ACK FLOOR  PENDING  ACK PENDING  REDELIVERED\n"
+        "        0          0          0        1            0            0\n"
     )
     raw = lines(run(a, "consumer", "info", "shop", "orders", "work", json_out=True))[0]
     assert raw["num_pending"] == 1 and raw["config"]["filter_subjects"] == ["orders.a", "orders.b"]
     p = run(a, "consumer", "list", "shop", "orders")
     assert p.stdout.splitlines() == [
-        "late                 pending=2 ack_pending=0 redelivered=0 waiting=0 mode=partitioned",
-        "work                 pending=1 ack_pending=0 redelivered=0 waiting=0 mode=shared",
+        "NAME  MODE         PENDING  ACK PENDING  REDELIVERED  WAITING  FILTER",
+        "late  partitioned        2            0            0        0  (all)",
+        "work  shared             1            0            0        0  orders.a, orders.b",
     ]
     assert [c["name"] for c in lines(run(a, "consumer", "list", "shop", "orders", json_out=True))] == ["late", "work"]
     p = run(a, "consumer", "rm", "shop", "orders", "late")
@@ -104,7 +112,7 @@ def test_next_and_sub(broker: BrokerProcess) -> None:
     info = lines(run(a, "consumer", "info", "shop", "orders", "n", json_out=True))[0]
     assert info["num_ack_pending"] == 1 and info["num_pending"] == 0  # only the --no-ack one is outstanding
     p = run(a, "consumer", "next", "shop", "orders", "n", "--wait", "200ms", check=False)
-    assert p.returncode == 1 and p.stdout == "" and p.stderr == "error: no message within 0.2s\n"
+    assert p.returncode == 1 and p.stdout == "" and p.stderr == "error: no message within 200ms\n"
 
 
 def test_errors(broker: BrokerProcess) -> None:
