@@ -603,7 +603,9 @@ class Session:
         self.send_now(self.conn.send_raw_response(corr, Command.HANDSHAKE, HandshakeOk(PROTOCOL_VERSION, info).encode()))
 
     async def _refuse_handshake(self, corr: int, err: BrokerError) -> None:
-        """Answer a failed handshake after the throttle's delay, then close."""
+        """Answer a failed handshake after the throttle's delay, then close; count
+        it, and log it (at most one line per host per 10 s, saying how many lines of
+        that host were left out since its last)."""
         counters = self.broker.counters
         counters.request_errors += 1
         if err.code == ErrorCode.UNAUTHORIZED:
@@ -611,11 +613,14 @@ class Session:
             self._end_as("unauthorized")
         else:
             self._end_as("handshake_refused")
-        delay = self.throttle.failure(self.peer_host, trio.current_time())
-        log.warning(
-            "handshake_failed", session=self.id, peer=self.peer, code=err.code.name, error=err.message,
-            delay_seconds=round(delay, 3),
-        )
+        now = trio.current_time()
+        delay = self.throttle.failure(self.peer_host, now)
+        suppressed = self.guard.log_limit.allow(self.peer_host, now)  # a guesser must not flood the log
+        if suppressed is not None:
+            log.warning(
+                "handshake_failed", session=self.id, peer=self.peer, code=err.code.name, error=err.message,
+                delay_seconds=round(delay, 3), suppressed=suppressed,
+            )
         if self._read_scope is not None:
             self._read_scope.deadline = math.inf  # the delay is ours, not a timeout
         await trio.sleep(delay)
