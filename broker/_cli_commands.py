@@ -313,13 +313,18 @@ async def cmd_stats(c: Client, args: argparse.Namespace, out: Out) -> None:
 
 
 async def cmd_export(c: Client, args: argparse.Namespace, out: Out) -> None:
-    """One request does the whole pass, so a terminal gets a spinner and the time so
-    far (the broker does not report per segment), then the final line."""
+    """One request does the whole pass. On a terminal a second connection reads the
+    pass's progress from ``stats`` (``export_pass_done`` of ``export_pass_segments``)
+    four times a second for the bar, rate and ETA; then the final line."""
     from ._cli_progress import Progress
 
     started = time.perf_counter()
-    with Progress("exporting" + (" (sealing first)" if args.seal else ""), None, "segments"):
-        res = await c.export(seal=args.seal)
+    with Progress("exporting" + (" (sealing first)" if args.seal else ""), None, "segments", bar=True) as progress:
+        async with trio.open_nursery() as nursery:
+            if progress.shown:
+                nursery.start_soon(_export_progress, args, progress)
+            res = await c.export(seal=args.seal)
+            nursery.cancel_scope.cancel()
     seconds = time.perf_counter() - started
     if out.json:
         out.obj({**res, "seconds": round(seconds, 3)})
@@ -334,6 +339,16 @@ async def cmd_export(c: Client, args: argparse.Namespace, out: Out) -> None:
         f"{res['sealed']} sealed first, {res['segments_in_export']} in the export",
         flush=True,
     )
+
+
+async def _export_progress(args: argparse.Namespace, progress: Any) -> None:
+    async with connect(args.server, token=args.token, name="ttlbroker-cli-progress", reconnect=False,
+                       tls=tls_option(args)) as watcher:
+        while True:
+            stats = await watcher.stats()
+            if stats.get("export_pass_segments"):
+                progress.update(stats["export_pass_done"], stats["export_pass_segments"])
+            await trio.sleep(0.25)
 
 
 async def cmd_delete(c: Client, args: argparse.Namespace, out: Out) -> None:

@@ -58,6 +58,11 @@ class Exporter:
         self.paused = ""
         self._report: Report = lambda damage: None
         self._lock = trio.Lock()
+        #: The export pass under way: segments it has to write, and has written (both
+        #: 0 between passes). The worker thread sets them; ``stats`` reads them, and
+        #: ``ttlbroker export`` draws its progress bar from them.
+        self.pass_segments = 0
+        self.pass_done = 0
 
     @property
     def enabled(self) -> bool:
@@ -150,8 +155,13 @@ class Exporter:
             jobs = self._jobs(partitions)
             started = time.perf_counter()
             damage: list[Damage] = []
+            self.pass_segments, self.pass_done = len(jobs), 0
+
+            def progress(done: int, total: int) -> None:  # in the worker thread: two int stores
+                self.pass_segments, self.pass_done = total, done
+
             try:
-                done = await trio.to_thread.run_sync(export_segments, self.root, jobs, None, damage.append)
+                done = await trio.to_thread.run_sync(export_segments, self.root, jobs, progress, damage.append)
             except ManifestUnreadable as exc:
                 for d in damage:
                     self._report(d)
@@ -163,6 +173,8 @@ class Exporter:
                 self.counters.export_failures += 1
                 log.error("export_failed", error=repr(exc))
                 raise error_class(ErrorCode.EXPORT_FAILED)(f"export to {self.root} failed: {exc}") from None
+            finally:
+                self.pass_segments = self.pass_done = 0
             for d in damage:  # reported here, on the loop, not from the worker thread
                 self._report(d)
             for entry in done:

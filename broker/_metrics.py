@@ -66,6 +66,8 @@ GAUGES: dict[str, tuple[str, str, float]] = {
     "last_fsync_seconds": ("last_fsync_seconds", "Duration of the last group commit's fsync round.", 1),
     "pending_expiries": ("pending_expiries", "Messages waiting in the deadline structure for their per-message TTL.", 1),
     "expiry_lag_max_ms": ("expiry_lag_max_seconds", "The longest an expiry pass ran after its bucket's time since start.", 1e-3),
+    "export_pass_segments": ("export_pass_segments", "Segments the export pass under way has to write (0 between passes).", 1),
+    "export_pass_done": ("export_pass_done", "Segments the export pass under way has written (0 between passes).", 1),
     "consumers": ("consumers", "Durable consumers of all topics.", 1),
     "consumer_num_pending": ("consumers_num_pending", "Messages no durable consumer has delivered yet, summed over consumers.", 1),
     "consumer_num_ack_pending": ("consumers_num_ack_pending", "Deliveries waiting for an ack, summed over consumers.", 1),

@@ -131,6 +131,6 @@ def test_export_shows_a_spinner_on_a_terminal_and_a_final_line(broker: BrokerPro
         status, out = t.finish()
     finally:
         t.kill()
-    assert status == 0 and "exporting (sealing first)" in t.text
+    assert status == 0 and "exporting (sealing first)" in t.text, t.text
     assert re.search(r"^exported \d+ segments? \([\d,]+ rows, [\d.]+ [KM]iB\) to .+ in \d+\.\d s \([\d,]+ rows/s\); "
                      r"\d+ sealed first, \d+ in the export$", out, re.MULTILINE), out

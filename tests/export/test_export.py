@@ -338,3 +338,41 @@ async def test_the_manifest_records_each_topics_configuration(tmp_path: Path) ->
     assert by_name[("s", "t")]["options"]["max_msgs_per_subject"] == 3  # the newer configuration
     assert by_name[("s", "u")]["options"]["republish"] == {"src": "u.*", "dest": "copy.{{wildcard(1)}}", "headers_only": False}
     assert json.loads((export / MANIFEST_NAME).read_bytes())["version"] == 2
+
+
+async def test_stats_show_the_progress_of_the_pass_under_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``export_pass_done`` of ``export_pass_segments`` while a pass runs (what
+    ``ttlbroker export`` draws its bar from), both 0 between passes."""
+    import functools
+    import threading
+
+    import spark_export
+
+    real = spark_export.export_segments
+    first_written, go_on = threading.Event(), threading.Event()
+
+    def held(root, jobs, progress, report):  # type: ignore[no-untyped-def]
+        def step(done: int, total: int) -> None:
+            progress(done, total)
+            if done == 1:
+                first_written.set()
+                go_on.wait(30)
+        return real(root, jobs, step, report)
+
+    monkeypatch.setattr(spark_export, "export_segments", held)
+    cfg = make_config(tmp_path / "data", **{"export.dir": str(tmp_path / "export"), "system.partition.fsync": "never"})
+    (tmp_path / "data").mkdir()
+    async with start_server(cfg, Clock()) as server, connect(server.address) as c, connect(server.address) as watcher:
+        await c.create_stream("s")
+        await c.create_topic("s", "t", partitions=3, subjects=["a.>"])
+        await c.publish_batch([(f"a.{i}", b"x") for i in range(30)])
+        stats = await watcher.stats()
+        assert (stats["export_pass_segments"], stats["export_pass_done"]) == (0, 0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(c.export, seal=True))  # seal the 3 active segments, export them
+            await trio.to_thread.run_sync(first_written.wait, 30)
+            stats = await watcher.stats()
+            go_on.set()
+        assert (stats["export_pass_segments"], stats["export_pass_done"]) == (3, 1)
+        stats = await watcher.stats()
+        assert (stats["export_pass_segments"], stats["export_pass_done"], stats["segments_exported"]) == (0, 0, 3)
