@@ -320,11 +320,10 @@ async def cmd_export(c: Client, args: argparse.Namespace, out: Out) -> None:
 
     started = time.perf_counter()
     with Progress("exporting" + (" (sealing first)" if args.seal else ""), None, "segments", bar=True) as progress:
-        async with trio.open_nursery() as nursery:
-            if progress.shown:
-                nursery.start_soon(_export_progress, args, progress)
+        if progress.shown:
+            res = await _export_with_progress(c, args, progress)
+        else:
             res = await c.export(seal=args.seal)
-            nursery.cancel_scope.cancel()
     seconds = time.perf_counter() - started
     if out.json:
         out.obj({**res, "seconds": round(seconds, 3)})
@@ -341,14 +340,39 @@ async def cmd_export(c: Client, args: argparse.Namespace, out: Out) -> None:
     )
 
 
+async def _export_with_progress(c: Client, args: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    """The export, while a second connection feeds ``progress``; the export's own
+    error comes out as itself, not in an exception group."""
+    res: dict[str, Any] = {}
+
+    async def export() -> None:
+        res.update(await c.export(seal=args.seal))
+        nursery.cancel_scope.cancel()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(export)
+            nursery.start_soon(_export_progress, args, progress)
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+    return res
+
+
 async def _export_progress(args: argparse.Namespace, progress: Any) -> None:
-    async with connect(args.server, token=args.token, name="ttlbroker-cli-progress", reconnect=False,
-                       tls=tls_option(args)) as watcher:
-        while True:
-            stats = await watcher.stats()
-            if stats.get("export_pass_segments"):
-                progress.update(stats["export_pass_done"], stats["export_pass_segments"])
-            await trio.sleep(0.25)
+    """Read the pass's progress four times a second; a watcher that cannot connect
+    or loses its connection just stops (the export goes on)."""
+    try:
+        async with connect(args.server, token=args.token, name="ttlbroker-cli-progress", reconnect=False,
+                           tls=tls_option(args)) as watcher:
+            while True:
+                stats = await watcher.stats()
+                if stats.get("export_pass_segments"):
+                    progress.update(stats["export_pass_done"], stats["export_pass_segments"])
+                await trio.sleep(0.25)
+    except (OSError, BrokerError, ConnectionClosedError):
+        return
 
 
 async def cmd_delete(c: Client, args: argparse.Namespace, out: Out) -> None:

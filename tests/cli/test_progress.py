@@ -124,7 +124,7 @@ def test_ctrl_c_during_pub_count_says_how_many_were_published(broker: BrokerProc
     assert messages_in(broker.address, "stopped") == published  # the count is exact: the batch in flight was awaited
 
 
-def test_export_shows_a_spinner_on_a_terminal_and_a_final_line(broker: BrokerProcess, tmp_path: Path) -> None:
+def test_export_shows_progress_on_a_terminal_and_a_final_line(broker: BrokerProcess, tmp_path: Path) -> None:
     assert cli(broker.address, "pub", "p.exp", "x", "--count", "100").returncode == 0
     t = Terminal(broker.address, "export", "--seal")
     try:
@@ -134,3 +134,17 @@ def test_export_shows_a_spinner_on_a_terminal_and_a_final_line(broker: BrokerPro
     assert status == 0 and "exporting (sealing first)" in t.text, t.text
     assert re.search(r"^exported \d+ segments? \([\d,]+ rows, [\d.]+ [KM]iB\) to .+ in \d+\.\d s \([\d,]+ rows/s\); "
                      r"\d+ sealed first, \d+ in the export$", out, re.MULTILINE), out
+
+
+def test_export_error_on_a_terminal_is_one_line(tmp_path: Path) -> None:
+    plain = BrokerProcess(tmp_path)  # no --export-dir
+    try:
+        t = Terminal(plain.address, "export")
+        try:
+            status, out = t.finish()
+        finally:
+            t.kill()
+    finally:
+        plain.stop()
+    assert (status, out) == (1, "")
+    assert "error: EXPORT_NOT_CONFIGURED (5001): the broker has no export directory" in t.text and "Traceback" not in t.text
