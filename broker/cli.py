@@ -2,7 +2,7 @@
 
 ``ttlbroker serve`` runs a broker in the foreground and prints ``listening on
 HOST:PORT`` once it accepts connections, then ``monitoring on http://HOST:PORT``
-(unless ``--no-http``); when it cannot start it prints one line saying why and what
+(unless ``--http-port 0``); when it cannot start it prints one line saying why and what
 to do, and exits 2 (``_startup.py``). ``check`` and ``repair`` look after a
 stopped broker's data directory. Every other command talks to a running broker
 (``_cli_commands.py`` and the modules next to it): the global options ``--server``,
@@ -55,13 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="listen port, 0 = any free one (overrides [server] port)")
     p.add_argument("--fsync", help="always | never | an interval like 200ms (overrides [system.partition] fsync)")
     p.add_argument("--export-dir", metavar="DIR", help="export sealed segments to Parquet here (overrides [export] dir)")
-    http = p.add_mutually_exclusive_group()
-    http.add_argument(
+    p.add_argument(
         "--http-port", type=int, metavar="PORT",
-        help="monitoring port for /metrics, /healthz, /varz; 0 = any free one (overrides [http] port; "
-        "with --port 0 it defaults to 0 too)",
+        help="monitoring port for /metrics, /healthz, /varz; 0 = off, -1 = any free one (overrides [http] port; "
+        "with --port 0 it defaults to -1)",
     )
-    http.add_argument("--no-http", action="store_true", help="no monitoring port (sets [http] enabled = false)")
     p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this PEM certificate chain (overrides [server] tls_cert; needs --tls-key)")
     p.add_argument("--tls-key", metavar="FILE", help="the certificate's PEM private key, unencrypted (overrides [server] tls_key)")
     p.add_argument("--tls-ca", metavar="FILE", help="require client certificates signed by a CA in this PEM file (overrides [server] tls_ca)")
@@ -93,7 +91,7 @@ _SERVE_OVERRIDES = (
 
 def _serve(args: argparse.Namespace) -> int:
     from ._log import configure_logging
-    from .config import DEFAULT_CONFIG_TOML, ConfigError, load_config
+    from .config import ANY_PORT, DEFAULT_CONFIG_TOML, ConfigError, load_config
     from ._startup import StartupError
     from .server import run_server
 
@@ -105,10 +103,8 @@ def _serve(args: argparse.Namespace) -> int:
         changes: dict[str, Any] = {
             key: getattr(args, name) for name, key in _SERVE_OVERRIDES if getattr(args, name) not in (None, "")
         }
-        if args.no_http:
-            changes["http.enabled"] = False
-        elif args.http_port is None and args.port == 0:
-            changes["http.port"] = 0  # a throwaway broker: do not take the fixed monitoring port
+        if args.http_port is None and args.port == 0:
+            changes["http.port"] = ANY_PORT  # a throwaway broker: do not take the fixed monitoring port
         if changes:
             cfg = cfg.replace(**changes)
     except ConfigError as exc:

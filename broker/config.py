@@ -22,7 +22,7 @@ from storage import FsyncPolicy, parse_duration_ms
 
 __all__ = [
     "Config", "ConfigError", "load_config", "parse_size", "parse_mode", "server_context", "DEFAULT_CONFIG_TOML",
-    "TLS_MIN_VERSION",
+    "TLS_MIN_VERSION", "ANY_PORT",
 ]
 
 
@@ -187,13 +187,21 @@ class ServerConfig:
         return server_context(self.tls_cert, self.tls_key, self.tls_ca)
 
 
+#: ``[http] port`` for "any free port" (nats-server's RANDOM_PORT); 0 is "off".
+ANY_PORT = -1
+
+
 @dataclass(frozen=True)
 class HttpConfig:
     """Monitoring over HTTP (``_monitoring.py``): /metrics, /healthz, /varz."""
 
-    enabled: bool = True
     host: str = "127.0.0.1"
+    #: 0 = no monitoring port; :data:`ANY_PORT` = any free one (nats-server's -1).
     port: int = 8091
+
+    @property
+    def enabled(self) -> bool:
+        return self.port != 0
 
 
 @dataclass(frozen=True)
@@ -363,7 +371,6 @@ def _build(d: dict[str, Any]) -> Config:
             tls_ca=_typed(s["tls_ca"], str, "server.tls_ca"),
         ),
         http=HttpConfig(
-            enabled=_typed(ht["enabled"], bool, "http.enabled"),
             host=_typed(ht["host"], str, "http.host"),
             port=_typed(ht["port"], int, "http.port"),
         ),
@@ -407,9 +414,9 @@ def _limit(key: str, value: Any) -> int | float:
 def _validate(cfg: Config) -> None:
     if not 0 <= cfg.server.port <= 65535:
         raise ConfigError(f"server.port: {cfg.server.port} is not a TCP port (0..65535)")
-    if not 0 <= cfg.http.port <= 65535:
-        raise ConfigError(f"http.port: {cfg.http.port} is not a TCP port (0..65535)")
-    if cfg.http.enabled and cfg.http.port and cfg.http.port == cfg.server.port and cfg.http.host == cfg.server.host:
+    if not ANY_PORT <= cfg.http.port <= 65535:
+        raise ConfigError(f"http.port: {cfg.http.port} is not a TCP port (1..65535), 0 (off) or -1 (any free port)")
+    if cfg.http.port > 0 and cfg.http.port == cfg.server.port and cfg.http.host == cfg.server.host:
         raise ConfigError(f"http.port: {cfg.http.port} is also server.port; monitoring needs a port of its own")
     seg = cfg.system.segment
     if not 4096 <= seg.size_bytes <= 1024**3:

@@ -72,7 +72,7 @@ class ServerHandle:
     broker: Broker
     host: str
     port: int
-    #: The monitoring port's address (None with ``[http] enabled = false``).
+    #: The monitoring port's address (None with ``[http] port = 0``).
     http_host: str | None = None
     http_port: int | None = None
 
@@ -207,12 +207,12 @@ async def _listen_http(config: Config) -> list[trio.SocketListener]:
     :class:`StartupError` naming what to change."""
     host, port = config.http.host, config.http.port
     try:
-        return await trio.open_tcp_listeners(port, host=host)
+        return await trio.open_tcp_listeners(max(port, 0), host=host)  # ANY_PORT: the OS picks
     except OSError as exc:
-        where = f"{host}:{port}"
+        where = f"{host}:{port}" if port > 0 else f"{host} (any free port)"
         if exc.errno == errno.EADDRINUSE:
             raise StartupError(
-                f"monitoring port {where} is in use (another broker? set [http] port or --http-port, or --no-http)"
+                f"monitoring port {where} is in use (another broker? set [http] port or --http-port; 0 turns monitoring off)"
             ) from None
         raise StartupError(f"cannot listen for monitoring on {where}: {exc.strerror or exc} (set [http] host)") from None
 
@@ -329,7 +329,7 @@ GC_THRESHOLD = (50_000, 20, 100)
 async def run_server(config: Config) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully; prints
     ``listening on HOST:PORT`` on stdout once ready, and on the next line
-    ``monitoring on http://HOST:PORT`` (unless ``[http] enabled = false``).
+    ``monitoring on http://HOST:PORT`` (unless ``[http] port = 0``).
 
     A failure to start that an operator can fix is raised as one
     :class:`StartupError` (``_startup.py``), outside any exception group.

@@ -33,7 +33,7 @@ from broker.client import Client, connect  # noqa: E402
 
 
 def make_config(data_dir: Path | str, **changes: object) -> Config:
-    base = {"server.port": 0, "http.port": 0, "system.path": str(data_dir)}
+    base = {"server.port": 0, "http.port": -1, "system.path": str(data_dir)}
     base.update(changes)
     return Config().replace(**base)
 

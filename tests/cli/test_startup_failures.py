@@ -49,7 +49,7 @@ def test_port_in_use(tmp_path: Path, taken_port: int) -> None:
 def test_monitoring_port_in_use(tmp_path: Path, taken_port: int) -> None:
     rc, err = serve(tmp_path, "--http-port", str(taken_port), "--data", "d")
     assert (rc, err) == (
-        2, f"error: monitoring port 127.0.0.1:{taken_port} is in use (another broker? set [http] port or --http-port, or --no-http)"
+        2, f"error: monitoring port 127.0.0.1:{taken_port} is in use (another broker? set [http] port or --http-port; 0 turns monitoring off)"
     )
 
 
