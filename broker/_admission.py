@@ -37,7 +37,6 @@ from protocol import (
     TTL_INVALID,
     TTL_NEVER,
     TTL_NONE,
-    BodyFields,
     ErrorCode,
     error_class,
     header_values,
@@ -49,7 +48,7 @@ from protocol import (
 from ._dedup import MSG_ID
 from ._topic_config import TopicConfig
 
-__all__ = ["Admission", "admit", "ROLLUP_NONE", "ROLLUP_SUB", "ROLLUP_ALL"]
+__all__ = ["Admission", "admit", "WANTED", "ROLLUP_NONE", "ROLLUP_SUB", "ROLLUP_ALL"]
 
 ROLLUP_NONE = 0
 ROLLUP_SUB = 1
@@ -62,6 +61,8 @@ _MARKER_REASON = b"Nats-Marker-Reason"
 _EXPECTED_LAST = b"Nats-Expected-Last-Subject-Sequence"
 _HOPS = HOPS_HEADER.encode()
 _WANTED = frozenset((_TTL, _ROLLUP, _KV_OP, _MARKER_REASON, _EXPECTED_LAST, MSG_ID, _HOPS))
+#: The headers admission reads.
+WANTED = _WANTED
 _ROLLUPS = {b"sub": ROLLUP_SUB, b"all": ROLLUP_ALL}
 
 _Disabled = error_class(ErrorCode.MSG_TTL_DISABLED)
@@ -93,16 +94,27 @@ class Admission(NamedTuple):
     msg_id: bytes | None = None
 
 
-def admit(body: bytes | memoryview, f: BodyFields, cfg: TopicConfig) -> Admission:
-    """Check one message for a topic; see the module docstring.
+def admit(
+    body: bytes | memoryview, field_ttl: int, block: bytes, cfg: TopicConfig, hv: dict[bytes, bytes] | None = None,
+    restamp: bool = True,
+) -> Admission:
+    """Check one message for a topic; see the module docstring. ``field_ttl`` and
+    ``block`` are the body's TTL field and header block.
+
+    ``hv``: the values of the headers admission reads (``WANTED``), when the caller
+    has them already (``checked_header_values``). ``restamp=False``: when only the
+    TTL field or the flags change, ``body`` is None and the caller writes the new
+    ``ttl`` and ``flags`` into the record (``build_records``'s stamps) instead of
+    copying the body here.
 
     Raises:
         MsgTtlDisabledError, RollupDeniedError, InvalidRollupError, InvalidMsgTtlError.
     """
-    hv = header_values(f.headers, _WANTED) if f.headers else {}
+    if hv is None:
+        hv = header_values(block, _WANTED) if block else {}
     raw_ttl = hv.get(_TTL)
     header_ttl = parse_ttl(raw_ttl) if raw_ttl else TTL_NONE
-    if not cfg.allow_msg_ttl and (f.ttl != TTL_NONE or header_ttl != TTL_NONE):
+    if not cfg.allow_msg_ttl and (field_ttl != TTL_NONE or header_ttl != TTL_NONE):
         raise _Disabled("per-message TTL is disabled")
     rollup = ROLLUP_NONE
     raw_rollup = hv.get(_ROLLUP)
@@ -114,15 +126,15 @@ def admit(body: bytes | memoryview, f: BodyFields, cfg: TopicConfig) -> Admissio
             raise _RollupInvalid(f"rollup value invalid: {raw_rollup.decode(errors='replace')!r}")
     if header_ttl == TTL_INVALID:
         raise _Invalid("invalid per-message TTL")
-    if f.ttl != TTL_NONE and header_ttl != TTL_NONE and f.ttl != header_ttl:
+    if field_ttl != TTL_NONE and header_ttl != TTL_NONE and field_ttl != header_ttl:
         raise _Invalid(
-            f"invalid per-message TTL: the TTL field ({_ttl_text(f.ttl)}) and the Nats-TTL header "
+            f"invalid per-message TTL: the TTL field ({_ttl_text(field_ttl)}) and the Nats-TTL header "
             f"({raw_ttl.decode(errors='replace')!r}) disagree"  # type: ignore[union-attr]
         )
-    ttl = f.ttl or header_ttl
+    ttl = field_ttl or header_ttl
     if ttl == TTL_NONE and cfg.kv and cfg.kv.get("ttl"):
         ttl = cfg.kv["ttl"]  # a KV bucket's default TTL for a key put without one
-    headers = f.headers
+    headers = block
     sdm = cfg.subject_delete_marker_ttl
     if sdm and ttl != TTL_NEVER and 0 < ttl < sdm and cfg.max_msgs_per_subject != 1:
         ttl = sdm
@@ -138,7 +150,7 @@ def admit(body: bytes | memoryview, f: BodyFields, cfg: TopicConfig) -> Admissio
         if not raw_expected.isdigit():
             raise _WrongLast(f"invalid Nats-Expected-Last-Subject-Sequence {raw_expected.decode(errors='replace')!r}")
         expected = int(raw_expected)
-    changed = ttl != f.ttl or flags or headers is not f.headers
+    changed = headers is not block or (restamp and (ttl != field_ttl or flags))
     msg_id = (hv.get(MSG_ID) or None) if cfg.duplicate_window and _HOPS not in hv else None
     return Admission(ttl, rollup, flags, restamp_body(body, ttl, flags, headers) if changed else None, expected, msg_id)
 

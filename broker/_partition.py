@@ -8,7 +8,7 @@ and the deadline structure's count never disagree about what is live.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from protocol import FLAG_NO_MARKER, FLAG_TOMBSTONE, HOPS_HEADER, MARKER_MASK, TTL_NEVER, header_values
@@ -143,9 +143,10 @@ class Partition:
     # -- writing -------------------------------------------------------------------
 
     def append(
-        self, data: bytes, starts: list[int], ends: list[int], subjects: list[bytes], timestamp: int, flags: bytes | None = None
+        self, data: bytes, starts: list[int], ends: list[int], subjects: list[bytes], timestamp: int, flags: bytes | None = None,
+        stamps: Mapping[int, tuple[int, int]] | None = None,
     ) -> AppendResult:
-        res = self.log.append(data, starts, ends, timestamp)
+        res = self.log.append(data, starts, ends, timestamp, stamps)
         self.index.extend(res.first_offset, subjects, flags)
         if self.watchers:
             self.on_append(self, res.first_offset, subjects)  # type: ignore[misc]

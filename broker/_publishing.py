@@ -15,7 +15,7 @@ import protocol as P
 from protocol import RemovalReason as R
 from protocol import TTL_NEVER, BrokerError, ErrorCode, error_class, scan_bodies
 
-from ._admission import ROLLUP_SUB, Admission, admit
+from ._admission import ROLLUP_SUB, WANTED, Admission, admit
 from ._dedup import Original
 from ._partition import Partition, flags_for
 from ._routing import NO_TOPIC
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ._catalog import Topic
 
 _DUPLICATE = int(ErrorCode.DUPLICATE_MESSAGE)
+_TtlDisabled = error_class(ErrorCode.MSG_TTL_DISABLED)
 
 __all__ = ["enforce_max_msgs", "publish"]
 
@@ -54,8 +55,13 @@ def publish(broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False)
     subjects = scan.subjects
     starts, ends = scan.starts, scan.ends
     special = scan.special
+    ttl_only = scan.ttl_only
+    headed = scan.headed
     fields: dict[int, P.BodyFields] = {}
-    failed: dict[int, BrokerError] = _check_basic(broker, data, starts, special, fields) if special and not trusted else {}
+    hvs: dict[int, dict[bytes, bytes]] = {}
+    failed: dict[int, BrokerError] = (
+        _check_basic(broker, data, starts, special, ttl_only, headed, fields, hvs) if special and not trusted else {}
+    )
 
     cache = broker.router.cache
     resolve = broker.router.resolve
@@ -78,24 +84,50 @@ def publish(broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False)
         else:
             failed[i] = route  # type: ignore[assignment]
     admitted: dict[int, Admission] = {}
+    stamps: dict[int, tuple[int, int]] = {}
+    extra = 0  # admission found a rollup (1) or a Nats-Msg-Id (2)
     if groups and (special or (broker.router.any_kv and any(p.topic.config.kv is not None for p in groups))):
-        data, starts, ends = _admit(data, subjects, starts, ends, special, failed, groups, admitted, fields)
+        data, starts, ends, extra = _admit(
+            data, subjects, starts, ends, special, ttl_only, headed, failed, groups, admitted, fields, hvs, stamps
+        )
 
     now = broker.clock.now_ns()
     dups: dict[int, tuple[Topic, Original | int]] | None = None
     fresh: dict[tuple[Topic, bytes], int] | None = None
-    if admitted and not trusted:
+    if extra & 2 and not trusted:
         dups, fresh = _dedupe(groups, admitted, now)
     counters = broker.counters
     delivering = len(broker.subs) > 0
-    if len(groups) == 1 and not failed and not unrouted and not admitted and next(iter(groups)).topic.republisher is None:
-        # Everything into one partition, in order: the common case.
+    if len(groups) == 1 and not failed and not unrouted and not extra and next(iter(groups)).topic.republisher is None:
+        # Everything into one partition, in order: the common case (message k of the
+        # batch is stored at first_offset + k). TTLs go to the deadline structure in
+        # bulk, one insertion per distinct TTL.
         (part, _), = groups.items()
-        res = part.append(data, starts, ends, subjects, now)
+        flags: bytearray | None = None
+        by_ttl: dict[int, list[int]] | None = None
+        if admitted:
+            by_ttl = {}
+            for i, a in admitted.items():
+                ttl = a.ttl
+                if 0 < ttl < TTL_NEVER:
+                    g = by_ttl.get(ttl)
+                    if g is None:
+                        by_ttl[ttl] = [i]
+                    else:
+                        g.append(i)
+                if ttl == TTL_NEVER or a.flags:
+                    if flags is None:
+                        flags = bytearray(n)
+                    flags[i] = flags_for(ttl, a.flags)
+        res = part.append(data, starts, ends, subjects, now, flags, stamps or None)
         epoch = broker.committer.note_write(part.log)
         counters.messages_in += n
         counters.bytes_in += len(res.records)
-        broker.retention.after_append(part, res)
+        if by_ttl:
+            first = res.first_offset
+            for ttl, idx in by_ttl.items():
+                by_ttl[ttl] = [first + i for i in idx]
+        broker.retention.after_append(part, res, by_ttl=by_ttl)
         enforce_max_msgs(broker, part, subjects)
         if delivering:
             head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
@@ -118,10 +150,13 @@ def publish(broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False)
     for part, idx in groups.items():
         gsubjects = [subjects[i] for i in idx]
         lasts = part.last_offsets(gsubjects) if part.topic.republisher is not None else None
-        flags = None
+        gflags = None
+        gstamps = None
         if admitted:
-            flags = bytes(flags_for(a.ttl, a.flags) if (a := admitted.get(i)) else 0 for i in idx)
-        res = part.append(data, [starts[i] for i in idx], [ends[i] for i in idx], gsubjects, now, flags)
+            gflags = bytes(flags_for(a.ttl, a.flags) if (a := admitted.get(i)) else 0 for i in idx)
+            if stamps:
+                gstamps = {k: st for k, i in enumerate(idx) if (st := stamps.get(i)) is not None}
+        res = part.append(data, [starts[i] for i in idx], [ends[i] for i in idx], gsubjects, now, gflags, gstamps)
         epoch = broker.committer.note_write(part.log)
         counters.messages_in += len(idx)
         counters.bytes_in += len(res.records)
@@ -254,12 +289,32 @@ def _duplicate_acks(
 
 
 def _check_basic(
-    broker: Broker, data: bytes, starts: list[int], special: list[int], fields: dict[int, P.BodyFields]
+    broker: Broker, data: bytes, starts: list[int], special: list[int], ttl_only: dict[int, int] | None,
+    headed: dict[int, tuple[int, bytes]] | None, fields: dict[int, P.BodyFields], hvs: dict[int, dict[bytes, bytes]],
 ) -> dict[int, BrokerError]:
-    """Checks that need no topic, for bodies with flags, headers, a TTL or a big
-    payload (their fields land in ``fields``, for admission to reuse)."""
+    """Checks that need no topic, for bodies with flags, headers or a big payload
+    (bodies marked only by a TTL field need none). Their fields land in ``fields``,
+    and the header values admission reads in ``hvs``, for admission to reuse. A
+    header block is checked once per batch however many bodies carry it."""
     failed: dict[int, BrokerError] = {}
+    checked: dict[bytes, dict[bytes, bytes] | BrokerError] = {}
     for i in special:
+        if ttl_only and i in ttl_only:
+            continue
+        if headed and (h := headed.get(i)) is not None:
+            block = h[1]
+            got = checked.get(block)
+            if got is None:
+                try:
+                    got = P.checked_header_values(block, WANTED)
+                except BrokerError as err:
+                    got = err
+                checked[block] = got
+            if got.__class__ is dict:
+                hvs[i] = got  # type: ignore[assignment]
+            else:
+                failed[i] = got  # type: ignore[assignment]
+            continue
         f = fields[i] = P.body_fields(data, starts[i])
         if f.flags:
             failed[i] = error_class(ErrorCode.INVALID_MESSAGE_FLAGS)(
@@ -271,7 +326,7 @@ def _check_basic(
             )
         elif f.headers:
             try:
-                P.validate_header_block(f.headers)
+                hvs[i] = P.checked_header_values(f.headers, WANTED)
             except BrokerError as err:
                 failed[i] = err
     return failed
@@ -283,21 +338,34 @@ def _admit(
     starts: list[int],
     ends: list[int],
     special: list[int],
+    ttl_only: dict[int, int] | None,
+    headed: dict[int, tuple[int, bytes]] | None,
     failed: dict[int, BrokerError],
     groups: dict[Partition, list[int]],
     admitted: dict[int, Admission],
     fields: dict[int, P.BodyFields],
-) -> tuple[bytes, list[int], list[int]]:
+    hvs: dict[int, dict[bytes, bytes]],
+    stamps: dict[int, tuple[int, int]],
+) -> tuple[bytes, list[int], list[int], int]:
     """Admit the special messages, and every message of a KV bucket, into their
     topics (``_admission.py``): refused ones move to ``failed`` and leave their
-    group; the others land in ``admitted``. Rewritten bodies are appended to the
-    batch's bytes and their bounds moved there; returns the batch's ``(data,
-    starts, ends)``.
+    group; the others land in ``admitted``. A body whose TTL field or flags change
+    (and nothing else) gets an entry in ``stamps`` (index -> ``(ttl, flags)``,
+    written as its record is built); rewritten bodies (a new header block) are
+    appended to the batch's bytes and their bounds moved there. Returns the batch's
+    ``(data, starts, ends)`` and what else admission found: 1 a rollup, 2 a
+    ``Nats-Msg-Id`` to de-duplicate on (or-ed).
+
+    A body marked only by a TTL field (``ttl_only``) has nothing to decode: only the
+    topic's TTL rules apply (the minimum-TTL rule may raise the field), and
+    messages with the same TTL share one :class:`Admission`. So do messages with the
+    same TTL field and header block (``headed``) whose bodies admission leaves alone.
 
     ``Nats-Expected-Last-Subject-Sequence`` is checked here against the subject's
     last offset when the batch arrived; a message whose subject an earlier message
     of the same batch wrote fails it (compare-and-set is one message at a time)."""
     todo = set(special).difference(failed)
+    extra = 0
     rewritten: list[bytes] = []
     new_starts: list[int] = starts
     new_ends: list[int] = ends
@@ -310,11 +378,43 @@ def _admit(
             continue
         keep = []
         written: set[bytes] = set()
+        shared: dict[int, tuple[Admission, tuple[int, int] | None]] = {}  # field TTL -> admission, stamp
+        same: dict[tuple[int, bytes], tuple[Admission, tuple[int, int] | None]] = {}  # (TTL, headers) -> the same
+        sdm = cfg.subject_delete_marker_ttl if cfg.max_msgs_per_subject != 1 else 0
         for i in idx:
+            if ttl_only and i in ttl_only and i in todo:
+                ttl = ttl_only[i]
+                got = shared.get(ttl)
+                if got is None:
+                    if not cfg.allow_msg_ttl:
+                        failed[i] = _TtlDisabled("per-message TTL is disabled")
+                        continue
+                    # The minimum-TTL rule (SEMANTICS 2.3), as admit() applies it.
+                    eff = sdm if sdm and ttl != TTL_NEVER and 0 < ttl < sdm else ttl
+                    got = shared[ttl] = (Admission(eff, 0, 0, None), (eff, 0) if eff != ttl else None)
+                a, stamp = got
+                admitted[i] = a
+                if stamp is not None:
+                    stamps[i] = stamp
+                written.add(subjects[i])
+                keep.append(i)
+                continue
             if kv or i in todo:
+                h = headed.get(i) if headed else None
+                got = same.get(h) if h is not None else None  # type: ignore[arg-type]
                 try:
-                    f = fields.get(i) or P.body_fields(data, starts[i])
-                    a = admit(view[starts[i] : ends[i]], f, cfg)
+                    if got is None:
+                        if h is not None:
+                            field_ttl, block = h
+                        else:
+                            f = fields.get(i) or P.body_fields(data, starts[i])
+                            field_ttl, block = f.ttl, f.headers
+                        a = admit(view[starts[i] : ends[i]], field_ttl, block, cfg, hvs.get(i), restamp=False)
+                        stamp = (a.ttl, a.flags) if a.body is None and (a.ttl != field_ttl or a.flags) else None
+                        if h is not None and a.body is None:
+                            same[h] = (a, stamp)
+                    else:
+                        a, stamp = got
                     if a.expected_last is not None:
                         _check_expected_last(part, subjects[i], a.expected_last, written)
                 except BrokerError as err:
@@ -322,7 +422,14 @@ def _admit(
                     continue
                 admitted[i] = a
                 written.add(subjects[i])
-                if a.body is not None:
+                if a.rollup:
+                    extra |= 1
+                if a.msg_id is not None:
+                    extra |= 2
+                if a.body is None:
+                    if stamp is not None:
+                        stamps[i] = stamp
+                else:
                     if new_starts is starts:
                         new_starts, new_ends = list(starts), list(ends)
                     new_starts[i] = pos
@@ -337,7 +444,7 @@ def _admit(
     view.release()
     if rewritten:
         data = b"".join((data, *rewritten))
-    return data, new_starts, new_ends
+    return data, new_starts, new_ends, extra
 
 
 def _apply_rollups(

@@ -93,22 +93,34 @@ class Retention:
 
     # -- scheduling --------------------------------------------------------------------
 
-    def after_append(self, part: Partition, res: AppendResult, ttls: list[tuple[int, int]] | None = None) -> None:
+    def after_append(
+        self, part: Partition, res: AppendResult, ttls: list[tuple[int, int]] | None = None,
+        by_ttl: dict[int, list[int]] | None = None,
+    ) -> None:
         """Schedule what an append made pending: ``ttls`` are ``(offset, seconds)`` of
-        the appended messages that have a TTL (not never), and the partition's max-age
+        the appended messages that have a TTL (not never), or ``by_ttl`` the same
+        grouped (seconds -> offsets, in offset order), and the partition's max-age
         check is armed if the topic has a max age and none is armed.
 
-        Runtime complexity: O(1) without TTLs, O(log n) per TTL.
+        Runtime complexity: O(1) without TTLs, O(log buckets) per distinct TTL plus
+        O(1) per message (one bulk insertion per bucket).
         """
         engine = self.engine
         expiry = part.topic.config.message_expiry
         if expiry and engine.age_armed(part) is None:
             engine.schedule_age(part, res.timestamp + expiry * NS)
         if ttls:
-            by_deadline: dict[int, list[int]] = {}
+            by_ttl = {}
             for offset, seconds in ttls:
-                by_deadline.setdefault(res.timestamp + seconds * NS, []).append(offset)
-            for deadline, offsets in by_deadline.items():
+                g = by_ttl.get(seconds)
+                if g is None:
+                    by_ttl[seconds] = [offset]
+                else:
+                    g.append(offset)
+        if by_ttl:
+            ts = res.timestamp
+            for seconds, offsets in by_ttl.items():
+                deadline = ts + seconds * NS
                 part.mark_pending(offsets)
                 engine.schedule_ttl_many(part, offsets, deadline)
 

@@ -104,6 +104,7 @@ from ._records import Message as Message
 from ._records import PublishScan as PublishScan
 from ._records import body_fields as body_fields
 from ._records import build_records as build_records
+from ._records import checked_header_values as checked_header_values
 from ._records import check_record as check_record
 from ._records import decode_headers as decode_headers
 from ._records import decode_records as decode_records

@@ -55,6 +55,7 @@ __all__ = [
     "decode_headers",
     "find_header",
     "header_values",
+    "checked_header_values",
     "encode_body",
     "replace_header",
     "restamp_body",
@@ -80,6 +81,7 @@ RECORD_FIXED = struct.Struct("<IIQQIBBII")  # record header + body header, 38 by
 _LEN_CRC = struct.Struct("<II")
 _OFF_TS = struct.Struct("<QQ")
 _U16 = struct.Struct("<H")
+_TTL_FLAGS = struct.Struct("<IB")  # the first two fields of a body
 
 BODY_SIZE = BODY.size  # 14
 HEADER_SIZE = RECORD_HEADER.size  # 24
@@ -197,6 +199,46 @@ def validate_header_block(block: bytes | memoryview) -> None:
             raise _bad_header(f"header {name.decode('ascii')!r} value is not UTF-8") from None
 
 
+_NAME_CHARS = bytes(b for b in range(33, 127) if b != 58)  # visible ASCII but ':'
+
+
+def checked_header_values(block: bytes, names: frozenset[bytes]) -> dict[bytes, bytes]:
+    """:func:`validate_header_block` and :func:`header_values` in one pass: check a
+    header block received from a peer, and return the first value of each header in
+    ``names`` (leading spaces skipped).
+
+    Raises:
+        InvalidHeadersError: the block is malformed or breaks a rule (the same
+            errors, in the same order, as :func:`validate_header_block`).
+    """
+    out: dict[bytes, bytes] = {}
+    pos, end = 0, len(block)
+    while pos < end:
+        nlen = block[pos]
+        npos = pos + 1
+        vpos = npos + nlen + 2
+        if nlen == 0 or vpos > end:
+            raise _bad_header("header block is truncated or has an empty name")
+        vend = vpos + (block[vpos - 2] | block[vpos - 1] << 8)
+        if vend > end:
+            raise _bad_header("header block is truncated")
+        name = block[npos : npos + nlen]
+        value = block[vpos:vend]
+        if name.translate(None, _NAME_CHARS):
+            raise _bad_header(f"header name {name!r} may only contain visible ASCII characters other than ':'")
+        if b"\r" in value or b"\n" in value:
+            raise _bad_header(f"header {name.decode('ascii')!r} value must not contain CR or LF")
+        if not value.isascii():
+            try:
+                value.decode()
+            except UnicodeDecodeError:
+                raise _bad_header(f"header {name.decode('ascii')!r} value is not UTF-8") from None
+        if name in names and name not in out:
+            out[name] = value.lstrip(b" ")
+        pos = vend
+    return out
+
+
 def find_header(block: bytes | memoryview, name: bytes) -> bytes | None:
     """The value of the first header called ``name`` (exact, case-sensitive), or None.
 
@@ -299,6 +341,14 @@ class PublishScan(NamedTuple):
     ends: list[int]
     subjects: list[bytes]
     special: list[int]
+    #: The bodies of ``special`` whose only mark is a TTL field (no flags, no headers,
+    #: a payload within the limit): index -> the field. They need no closer look
+    #: than the topic's TTL rules, so the broker admits them without decoding them.
+    ttl_only: dict[int, int] | None = None
+    #: The bodies of ``special`` with a header block, no flags and a payload within
+    #: the limit: index -> ``(ttl field, header block)``, so that the broker need not
+    #: decode them again to check their headers and admit them.
+    headed: dict[int, tuple[int, bytes]] | None = None
 
 
 def scan_bodies(data: bytes, pos: int, count: int, max_payload: int) -> PublishScan:
@@ -315,6 +365,8 @@ def scan_bodies(data: bytes, pos: int, count: int, max_payload: int) -> PublishS
     ends: list[int] = []
     subjects: list[bytes] = []
     special: list[int] = []
+    ttl_only: dict[int, int] = {}
+    headed: dict[int, tuple[int, bytes]] = {}
     end_all = len(data)
     try:
         for i in range(count):
@@ -328,12 +380,17 @@ def scan_bodies(data: bytes, pos: int, count: int, max_payload: int) -> PublishS
             subjects.append(data[s : s + sl])
             if ttl or flags or hl or pl > max_payload:
                 special.append(i)
+                if not (flags or pl > max_payload):
+                    if hl:
+                        headed[i] = (ttl, data[s + sl : s + sl + hl])
+                    else:
+                        ttl_only[i] = ttl
             pos = e
     except struct.error:
         raise _malformed(f"message {len(starts)} of the batch is truncated") from None
     if pos != end_all:
         raise _malformed(f"{end_all - pos} bytes follow the last of the {count} messages")
-    return PublishScan(starts, ends, subjects, special)
+    return PublishScan(starts, ends, subjects, special, ttl_only, headed)
 
 
 # -- records -----------------------------------------------------------------------
@@ -345,8 +402,12 @@ def build_records(
     ends: list[int],
     first_offset: int,
     timestamp: int,
+    stamps: Mapping[int, tuple[int, int]] | None = None,
 ) -> tuple[bytearray, list[int]]:
     """Stamp bodies ``data[starts[i]:ends[i]]`` with consecutive offsets and a timestamp.
+
+    ``stamps`` (index -> ``(ttl, flags)``) sets the body's TTL field and flags on the
+    way, for bodies whose admission changed only those (no second copy of the body).
 
     Returns the records, back to back, and the position of each record in them.
 
@@ -370,6 +431,8 @@ def build_records(
         body_at = q + 24
         end = body_at + blen
         omv[body_at:end] = src[s : s + blen]
+        if stamps is not None and i in stamps:
+            _TTL_FLAGS.pack_into(out, body_at, *stamps[i])
         pack_ot(out, q + 8, off, timestamp)
         pack_lc(out, q, blen + 20, crc32(omv[q + 8 : end]))
         append(q)

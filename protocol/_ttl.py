@@ -148,6 +148,11 @@ def parse_ttl(value: bytes | str | None) -> int:
     if value is None:
         return TTL_NONE
     if isinstance(value, bytes):
+        if value.isdigit():  # ASCII digits only: plain seconds, what clients send (fast path)
+            seconds = int(value)
+            if seconds == 0:
+                return TTL_NONE  # "0" (Go's zero duration), "00", "000": ignored
+            return seconds if seconds <= TTL_MAX else TTL_INVALID
         try:
             text = value.decode()
         except UnicodeDecodeError:

@@ -15,7 +15,7 @@ import struct
 import time
 import zlib
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 
 from protocol import RECORD_FIXED, ErrorCode, build_records, check_record, error_class
@@ -333,8 +333,13 @@ class PartitionLog:
 
     # -- writing -------------------------------------------------------------------
 
-    def append(self, data: bytes | bytearray | memoryview, starts: list[int], ends: list[int], timestamp: int) -> AppendResult:
-        """Append message bodies ``data[starts[i]:ends[i]]`` as consecutive records.
+    def append(
+        self, data: bytes | bytearray | memoryview, starts: list[int], ends: list[int], timestamp: int,
+        stamps: Mapping[int, tuple[int, int]] | None = None,
+    ) -> AppendResult:
+        """Append message bodies ``data[starts[i]:ends[i]]`` as consecutive records
+        (``stamps``: index -> ``(ttl, flags)`` to write into those bodies, see
+        :func:`protocol.build_records`).
 
         The timestamp is raised to the partition's last one if the clock went back,
         so timestamps never decrease within a partition.
@@ -351,7 +356,7 @@ class PartitionLog:
         first = seg.next_offset
         if self._reserve and first + len(starts) > self._state.state.reserved_next:
             self._extend_reservation(first + len(starts))
-        records, rel = build_records(data, starts, ends, first, timestamp)
+        records, rel = build_records(data, starts, ends, first, timestamp, stamps)
         base_pos = seg.size
         seg.append(records, [base_pos + p for p in rel] if base_pos else rel, timestamp)
         self.live_count += len(starts)
