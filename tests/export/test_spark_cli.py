@@ -531,22 +531,26 @@ def test_load_shows_progress_on_a_terminal_and_a_count_line_always(tmp_path: Pat
 def test_ctrl_c_during_load_reports_what_was_published(tmp_path: Path, restore_broker: BrokerProcess) -> None:
     total = 300_000
     snap = _bulk_snapshot(tmp_path / "snap", total)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_export", "load", "--input", str(snap), "--server", restore_broker.address,
-         "--create-topic"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with_project(),
-    )
+
+    async def ctrl_c_once_publishing() -> subprocess.Popen[str]:
+        """Start the load and interrupt it when its first message arrives (a core
+        subscription sees it as it is stored: no polling)."""
+        async with connect(restore_broker.address) as c, await c.subscribe("bulk.>") as sub:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "spark_export", "load", "--input", str(snap), "--server", restore_broker.address,
+                 "--create-topic"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with_project(),
+            )
+            with trio.fail_after(60):
+                async for _ in sub:
+                    break
+            proc.send_signal(signal.SIGINT)
+            return proc
 
     async def stored() -> int:
         async with connect(restore_broker.address) as c:
-            try:
-                return (await c.get_topic("bulk", "data")).messages_count
-            except Exception:
-                return 0
+            return (await c.get_topic("bulk", "data")).messages_count
 
-    deadline = time.monotonic() + 60
-    while trio.run(stored) == 0 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
+    proc = trio.run(ctrl_c_once_publishing)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     last = err.splitlines()[-1]
