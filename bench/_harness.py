@@ -58,6 +58,7 @@ __all__ = [
     "measure",
     "run_uvloop",
     "format_table",
+    "log_environment",
     "fmt_rate",
     "fmt_ratio",
     "environment",
@@ -653,6 +654,15 @@ def environment() -> dict[str, Any]:
         "uvloop": _version("uvloop"),
         "tempdir": tempfile.gettempdir(),
     }
+
+
+def log_environment(env: dict[str, Any]) -> None:
+    """Log where ttlbroker comes from and how busy the machine is (``environment()``),
+    with a warning when other work will scatter the numbers."""
+    log(f"ttlbroker from {env['ttlbroker_source']}; {env['cpus']} CPUs, load average "
+        + " ".join(f"{x:.2f}" for x in env["load_avg_at_start"]))
+    if env["load_avg_at_start"][0] > 0.5 * (env["cpus"] or 1):
+        log("note: the machine is busy; other work will lower and scatter the numbers")
 
 
 def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> Path:

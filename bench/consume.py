@@ -82,6 +82,7 @@ from _harness import (  # noqa: E402
     print_cpu_share,
     run_uvloop,
     write_json,
+    log_environment,
 )
 
 PAYLOAD = random.Random(0).randbytes(128)
@@ -559,10 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     log(f"consume: {args.messages:,} stored messages of {len(PAYLOAD)} bytes; latency at {args.rate:g} msgs/s "
         f"for {args.seconds:g} s; {args.redeliver:,} redeliveries with ack_wait {ACK_WAIT_REDELIVER:g} s")
-    log(f"ttlbroker from {env['ttlbroker_source']}; {env['cpus']} CPUs, load average "
-        + " ".join(f"{x:.2f}" for x in env["load_avg_at_start"]))
-    if env["load_avg_at_start"][0] > 0.5 * (env["cpus"] or 1):
-        log("note: the machine is busy; other work will lower and scatter the numbers")
+    log_environment(env)
     results: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
     cpu = CpuWatch()

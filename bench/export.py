@@ -98,6 +98,7 @@ from _harness import (
     log,
     run_uvloop,
     write_json,
+    log_environment,
 )
 
 STREAM = "bench"
@@ -727,10 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"export: {', '.join(f'{n:,}' for n in args.messages)} messages of {PAYLOAD_BYTES} bytes, "
         f"{args.partitions} partitions, segments of {args.segment_size}, fsync {args.fsync}; latency backlog "
         f"{args.latency_backlog:,}")
-    log(f"ttlbroker from {env['ttlbroker_source']}; {env['cpus']} CPUs, load average "
-        + " ".join(f"{x:.2f}" for x in env["load_avg_at_start"]))
-    if env["load_avg_at_start"][0] > 0.5 * (env["cpus"] or 1):
-        log("note: the machine is busy; other work will lower and scatter the numbers")
+    log_environment(env)
     check_disk(args)
     ensure_spark_export()
     config = broker_config(args.segment_size)

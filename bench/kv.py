@@ -80,6 +80,7 @@ from _harness import (
     measure,
     run_uvloop,
     write_json,
+    log_environment,
 )
 
 VALUE = random.Random(0).randbytes(128)
@@ -524,10 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     syncs = [args.sync] + ([] if args.no_always or args.sync == "always" else ["always"])
     log(f"kv: {plan.n:,} keys of {len(VALUE)} bytes, {plan.ops:,} random ops per phase, {plan.serial:,} one by one, "
         f"{plan.window} in flight, TTL {plan.ttl} s; durability {', '.join(syncs)} on both servers")
-    log(f"ttlbroker from {env['ttlbroker_source']}; {env['cpus']} CPUs, load average "
-        + " ".join(f"{x:.2f}" for x in env["load_avg_at_start"]))
-    if env["load_avg_at_start"][0] > 0.5 * (env["cpus"] or 1):
-        log("note: the machine is busy; other work will lower and scatter the numbers")
+    log_environment(env)
     runs: dict[str, Run] = {}
     t0 = time.perf_counter()
     cpu = CpuWatch()

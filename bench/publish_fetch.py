@@ -70,6 +70,7 @@ from _harness import (  # noqa: E402
     measure,
     run_uvloop,
     write_json,
+    log_environment,
 )
 
 SUBJECT = "bench.publish"
@@ -512,10 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     log(f"publish_fetch: {args.serial:,} one-by-one, {args.messages:,} pipelined, {args.batched:,} batched "
         f"publishes of {len(PAYLOAD)} bytes per server; phases capped at {args.max_seconds:g} s")
-    log(f"ttlbroker from {env['ttlbroker_source']}; {env['cpus']} CPUs, load average "
-        + " ".join(f"{x:.2f}" for x in env["load_avg_at_start"]))
-    if env["load_avg_at_start"][0] > 0.5 * (env["cpus"] or 1):
-        log("note: the machine is busy; other work will lower and scatter the numbers")
+    log_environment(env)
     results: dict[str, dict[str, Rate]] = {}
     t0 = time.perf_counter()
     cpu = CpuWatch()

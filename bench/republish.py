@@ -73,6 +73,7 @@ from _harness import (
     measure,
     run_uvloop,
     write_json,
+    log_environment,
 )
 
 SUBJECT = "bench.publish"
@@ -525,10 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     sides = [s for s in ("ttlbroker", "nats") if args.only in (None, s)]
     log(f"republish: {args.messages:,} (ttlbroker) / {args.nats_messages:,} (nats) publishes of {len(PAYLOAD)} bytes "
         f"per case; cases {', '.join(args.cases)}; durability {', '.join(args.durability)}")
-    log(f"ttlbroker from {env['ttlbroker_source']}; {env['cpus']} CPUs, load average "
-        + " ".join(f"{x:.2f}" for x in env["load_avg_at_start"]))
-    if env["load_avg_at_start"][0] > 0.5 * (env["cpus"] or 1):
-        log("note: the machine is busy; other work will lower and scatter the numbers")
+    log_environment(env)
     runs: dict[str, dict[str, dict[str, list[Rate]]]] = {}
     t0 = time.perf_counter()
     cpu = CpuWatch()

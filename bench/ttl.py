@@ -80,6 +80,7 @@ from _harness import (
     log,
     run_uvloop,
     write_json,
+    log_environment,
 )
 
 PAYLOAD = random.Random(0).randbytes(128)
@@ -842,10 +843,7 @@ def main(argv: list[str] | None = None) -> int:
     ttls = draw_ttls(n, args.ttl_min, args.ttl_max)
     log(f"ttl: {n:,} messages of {len(PAYLOAD)} bytes per phase, TTLs {args.ttl_min}..{args.ttl_max} s, "
         f"sync {args.sync} on both servers")
-    log(f"ttlbroker from {env['ttlbroker_source']}; {env['cpus']} CPUs, load average "
-        + " ".join(f"{x:.2f}" for x in env["load_avg_at_start"]))
-    if env["load_avg_at_start"][0] > 0.5 * (env["cpus"] or 1):
-        log("note: the machine is busy; other work will lower and scatter the numbers")
+    log_environment(env)
     results: dict[str, Side] = {}
     t0 = time.perf_counter()
     cpu = CpuWatch()
