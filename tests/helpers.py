@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from typing import Any
+
 import trio
+from conftest import env_with_project
 
 import protocol as P
 
@@ -82,3 +88,22 @@ class RawPeer:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+def run_cli(address: str, *args: str, stdin: bytes | None = None, check: bool = True,
+            json_out: bool = False) -> subprocess.CompletedProcess[str]:
+    """``python -m broker ARGS --server ADDRESS`` (``--json`` with ``json_out``), its
+    output as text; an exit status other than 0 fails the test unless ``check`` is off."""
+    cmd = [sys.executable, "-m", "broker", *args, "--server", address]
+    if json_out:
+        cmd.append("--json")
+    raw = subprocess.run(cmd, input=stdin if stdin is not None else b"", capture_output=True, env=env_with_project(), timeout=60)
+    p = subprocess.CompletedProcess(raw.args, raw.returncode, raw.stdout.decode(), raw.stderr.decode())
+    if check and p.returncode != 0:
+        raise AssertionError(f"{args} exited {p.returncode}: {p.stderr}")
+    return p
+
+
+def json_lines(p: subprocess.CompletedProcess[str]) -> list[Any]:
+    """The JSON Lines a command printed."""
+    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]

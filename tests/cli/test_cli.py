@@ -13,21 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import BrokerProcess, env_with_project
-
-
-def run(address: str, *args: str, stdin: bytes | None = None, check: bool = True, json_out: bool = False) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "broker", *args, "--server", address]
-    if json_out:
-        cmd.append("--json")
-    raw = subprocess.run(cmd, input=stdin if stdin is not None else b"", capture_output=True, env=env_with_project(), timeout=60)
-    p = subprocess.CompletedProcess(raw.args, raw.returncode, raw.stdout.decode(), raw.stderr.decode())
-    if check and p.returncode != 0:
-        raise AssertionError(f"{args} exited {p.returncode}: {p.stderr}")
-    return p
-
-
-def lines(p: subprocess.CompletedProcess[str]) -> list[dict]:  # type: ignore[type-arg]
-    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+from helpers import json_lines as lines
+from helpers import run_cli as run
 
 
 @pytest.fixture(scope="module")

@@ -2,26 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-from conftest import BrokerProcess, env_with_project
-
-
-def run(address: str, *args: str, check: bool = True, json_out: bool = False) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "broker", *args, "--server", address]
-    if json_out:
-        cmd.append("--json")
-    p = subprocess.run(cmd, input="", capture_output=True, text=True, env=env_with_project(), timeout=60)
-    if check and p.returncode != 0:
-        raise AssertionError(f"{args} exited {p.returncode}: {p.stderr}")
-    return p
-
-
-def lines(p: subprocess.CompletedProcess[str]) -> list[dict]:  # type: ignore[type-arg]
-    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+from conftest import BrokerProcess
+from helpers import json_lines as lines
+from helpers import run_cli as run
 
 
 @pytest.fixture(scope="module")
