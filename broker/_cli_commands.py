@@ -42,26 +42,17 @@ class ExitStatus(Exception):
 # -- streams and topics ------------------------------------------------------------------
 
 
+#: Topic options given by value (argument -> option) and by a flag.
+_TOPIC_VALUES = (
+    ("subjects", "subjects"), ("max_msgs_per_subject", "max_msgs_per_subject"), ("segment_size", "segment_size"),
+    ("marker_ttl", "subject_delete_marker_ttl"), ("duplicate_window", "duplicate_window"),
+)
+_TOPIC_FLAGS = ("deny_purge", "allow_msg_ttl", "allow_rollup", "pedantic")
+
+
 def _topic_options(args: argparse.Namespace, updating: bool) -> dict[str, Any]:
-    opts: dict[str, Any] = {}
-    if args.subjects:
-        opts["subjects"] = args.subjects
-    if args.max_msgs_per_subject is not None:
-        opts["max_msgs_per_subject"] = args.max_msgs_per_subject
-    if args.deny_purge:
-        opts["deny_purge"] = True
-    if args.segment_size is not None:
-        opts["segment_size"] = args.segment_size
-    if args.allow_msg_ttl:
-        opts["allow_msg_ttl"] = True
-    if args.marker_ttl is not None:
-        opts["subject_delete_marker_ttl"] = args.marker_ttl
-    if args.allow_rollup:
-        opts["allow_rollup"] = True
-    if args.duplicate_window is not None:
-        opts["duplicate_window"] = args.duplicate_window
-    if args.pedantic:
-        opts["pedantic"] = True
+    opts: dict[str, Any] = {opt: v for arg, opt in _TOPIC_VALUES if (v := getattr(args, arg)) is not None and v != []}
+    opts.update((flag, True) for flag in _TOPIC_FLAGS if getattr(args, flag))
     if args.no_republish:
         if args.republish_dest or args.republish_src or args.republish_headers_only:
             raise SystemExit("error: --no-republish cannot be combined with the other --republish options")
