@@ -1,0 +1,310 @@
+"""Every benchmark at a size that fits in about 15 minutes, and one summary table.
+
+Runs each benchmark of ``bench/`` as a subprocess (each with nats-server side by
+side where it has a nats side, each recording the machine's load), keeps their
+JSON records in ``bench/results/all-<date>/``, then reads the rows of issue 13
+out of them and writes one table, every row against its target, to
+``bench/results/all-<date>.md`` (and ``.json``)::
+
+    .venv/bin/python bench/all.py                        # about 15 minutes
+    .venv/bin/python bench/all.py --only kv,republish    # some benchmarks only
+    .venv/bin/python bench/all.py --from bench/results/all-2026-11-23   # table only
+
+A benchmark that fails or runs past its time limit leaves its rows ``n/a`` (with
+the reason under the table); the others still run. Progress goes to stderr, the
+table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import environment, format_table, log, write_json  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark run: its script, the arguments that size it, a time limit."""
+
+    name: str
+    args: tuple[str, ...]
+    limit_s: float
+
+
+#: Sizes chosen so the whole run fits in about 15 minutes on 2 cores.
+BENCHES = (
+    Bench("publish_fetch", ("--policies", "always,200ms", "--serial", "5000", "--messages", "100000",
+                            "--batched", "1000000", "--no-fetch", "--max-seconds", "20"), 240),
+    Bench("ttl", ("--messages", "1000000", "--ttl-min", "10", "--ttl-max", "20", "--sync", "2m"), 420),
+    Bench("kv", ("--keys", "20000", "--ops", "20000", "--serial", "2000", "--no-always",
+                 "--max-seconds", "15"), 180),
+    Bench("republish", ("--durability", "relaxed", "--cases", "plain,rp_none", "--messages", "200000",
+                        "--nats-messages", "50000", "--repeat", "1", "--max-seconds", "10"), 120),
+    Bench("export", ("--messages", "1000000", "--no-spark", "--latency-seconds", "5"), 240),
+    Bench("startup", ("--messages", "1000000", "--topics", "200", "--scrapes", "5", "--runs", "2"), 180),
+    Bench("consume", ("--messages", "200000", "--seconds", "5"), 120),
+)
+
+
+def dig(record: dict[str, Any] | None, *path: Any) -> Any:
+    """``record[path[0]][path[1]]...``, or None where something is missing."""
+    cur: Any = record
+    for key in path:
+        if isinstance(cur, dict):
+            cur = cur.get(key)
+        elif isinstance(cur, list) and isinstance(key, int) and -len(cur) <= key < len(cur):
+            cur = cur[key]
+        else:
+            return None
+    return cur
+
+
+def _div(a: Any, b: Any) -> float | None:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+        return a / b
+    return None
+
+
+@dataclass
+class Row:
+    """One line of the summary: what ttlbroker did, what nats did, against a target."""
+
+    path: str
+    target: str
+    value: str
+    met: bool | None
+    detail: str = ""
+
+
+Results = dict[str, dict[str, Any]]
+
+
+def _rate_row(path: str, ours: Any, theirs: Any, want: float, detail: str = "") -> Row:
+    ratio = _div(ours, theirs)
+    value = "n/a" if ratio is None else f"{ratio:.2f}× ({ours:,.0f} vs {theirs:,.0f} msgs/s)"
+    return Row(path, f"≥ {want:g}×", value, None if ratio is None else ratio >= want, detail)
+
+
+def _publish_rows(r: Results) -> list[Row]:
+    pf = dig(r, "publish_fetch", "results")
+    rate = lambda label, phase: dig(pf, label, phase, "msgs_per_s")  # noqa: E731
+    batched = rate("ttlbroker always", "batched")
+    return [
+        _rate_row("publish awaited one by one, `always` vs nats `sync always`",
+                  rate("ttlbroker always", "serial"), rate("nats always", "serial"), 2),
+        _rate_row("publish awaited one by one, `200ms` vs nats default",
+                  rate("ttlbroker 200ms", "serial"), rate("nats default", "serial"), 2),
+        _rate_row("publish pipelined, 1,000 concurrent `publish()`, `always` vs nats default",
+                  rate("ttlbroker always", "pipelined"), rate("nats default", "pipelined"), 1.5),
+        Row("publish_batch at `always`", "≥ 500,000 msgs/s",
+            "n/a" if batched is None else f"{batched:,.0f} msgs/s",
+            None if batched is None else batched >= 500_000),
+    ]
+
+
+def _ttl_rows(r: Results) -> list[Row]:
+    t = dig(r, "ttl", "results", "ttlbroker")
+    plain = dig(t, "publish_plain", "msgs_per_s")
+    rows = []
+    for phase, label, want in (("publish_ttl", "TTL field", 0.8), ("publish_ttl_header", "`Nats-TTL` header", 0.7)):
+        ratio = _div(dig(t, phase, "msgs_per_s"), plain)
+        rows.append(Row(f"publish with the {label} / without", f"≥ {want:g}",
+                        "n/a" if ratio is None else f"{ratio:.2f}", None if ratio is None else ratio >= want))
+    p99, mx = dig(t, "lag", "p99_ms"), dig(t, "lag", "max_ms")
+    pending = dig(r, "ttl", "settings", "messages")
+    n99, nmx = dig(r, "ttl", "results", "nats", "lag", "p99_ms"), dig(r, "ttl", "results", "nats", "lag", "max_ms")
+    if p99 is None or mx is None:
+        rows.append(Row("expiry lag p99 / max at 1M pending", "≤ 50 / 100 ms", "n/a", None))
+    else:
+        theirs = "" if n99 is None else f" (nats {n99:.0f} / {nmx:.0f} ms)"
+        rows.append(Row(f"expiry lag p99 / max, {pending or 0:,} pending", "≤ 50 / 100 ms",
+                        f"{p99:.0f} / {mx:.0f} ms{theirs}", p99 <= 50 and mx <= 100))
+    return rows
+
+
+def _kv_rows(r: Results) -> list[Row]:
+    kv = dig(r, "kv", "results")
+    rate = lambda label, op: dig(kv, label, "rates", op, "msgs_per_s")  # noqa: E731
+    return [
+        _rate_row("KV put (new keys, pipelined), sync 2 m",
+                  rate("ttlbroker 2m", "put_new"), rate("nats 2m", "put_new"), 2),
+        _rate_row("KV get (random keys, pipelined), sync 2 m",
+                  rate("ttlbroker 2m", "get_random"), rate("nats 2m", "get_random"), 2),
+    ]
+
+
+def _republish_rows(r: Results) -> list[Row]:
+    rp = dig(r, "republish", "results", "relaxed")
+    ours, theirs = dig(rp, "ttlbroker", "rp_none", "msgs_per_s"), dig(rp, "nats", "rp_none", "msgs_per_s")
+    plain = dig(rp, "ttlbroker", "plain", "msgs_per_s")
+    detail = ""
+    if ours and plain:
+        detail = f"{(1 / ours - 1 / plain) * 1e6:.1f} µs per copy (rate with rule vs plain)"
+    return [_rate_row("republish, relaxed durability, no listener", ours, theirs, 3, detail)]
+
+
+def _export_rows(r: Results) -> list[Row]:
+    ex = dig(r, "export", "results")
+    mbs = dig(ex, "export", -1, "mb_per_s")
+    idle, busy = dig(ex, "latency", "quiet", "p99_ms"), dig(ex, "latency", "export", "p99_ms")
+    ratio = _div(busy, idle)
+    return [
+        Row("segment → Parquet export", "≥ 100 MB/s", "n/a" if mbs is None else f"{mbs:.0f} MB/s",
+            None if mbs is None else mbs >= 100),
+        Row("publish p99 while exporting / idle", "≤ 2×",
+            "n/a" if ratio is None else f"{ratio:.1f}× ({busy:.2f} vs {idle:.2f} ms)",
+            None if ratio is None else ratio <= 2),
+    ]
+
+
+def _startup_rows(r: Results) -> list[Row]:
+    stored = dig(r, "startup", "results", "stored")
+    runs = [x.get("healthy_s") for x in (dig(stored, "runs") or []) if isinstance(x, dict)]
+    runs = [x for x in runs if isinstance(x, (int, float))]
+    messages = dig(stored, "messages")
+    per_m = _div(min(runs), messages / 1e6) if runs and messages else None
+    ttl = dig(stored, "ttl")
+    label = "restart to healthy, per million stored messages" + (f" (TTL {ttl} s on each)" if ttl else "")
+    return [Row(label, "≤ 1 s", "n/a" if per_m is None else f"{per_m:.2f} s",
+                None if per_m is None else per_m <= 1)]
+
+
+def _consume_rows(r: Results) -> list[Row]:
+    c = dig(r, "consume", "results")
+    return [_rate_row("consume and ack, batches of 1,000",
+                      dig(c, "ttlbroker", "consume", "msgs_per_s"), dig(c, "nats", "consume", "msgs_per_s"), 5)]
+
+
+#: Which rows come from which benchmark, in the order of issue 13's table.
+ROWS: tuple[tuple[str, Callable[[Results], list[Row]]], ...] = (
+    ("publish_fetch", _publish_rows),
+    ("ttl", _ttl_rows),
+    ("kv", _kv_rows),
+    ("republish", _republish_rows),
+    ("export", _export_rows),
+    ("startup", _startup_rows),
+    ("consume", _consume_rows),
+)
+
+
+@dataclass
+class Outcome:
+    name: str
+    seconds: float = 0.0
+    error: str = ""
+    load: list[float] = field(default_factory=list)
+
+
+def run_one(bench: Bench, out_dir: Path) -> Outcome:
+    """Run one benchmark, its JSON into ``out_dir``; stderr passes through."""
+    out = out_dir / f"{bench.name}.json"
+    argv = [sys.executable, str(HERE / f"{bench.name}.py"), *bench.args, "--json", str(out)]
+    log(f"all: {bench.name}: {' '.join(argv[1:])} (limit {bench.limit_s:.0f} s)")
+    started = time.monotonic()
+    outcome = Outcome(bench.name)
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=bench.limit_s, cwd=HERE.parent)
+    except subprocess.TimeoutExpired:
+        outcome.error = f"stopped after its limit of {bench.limit_s:.0f} s"
+    else:
+        if proc.returncode != 0:
+            outcome.error = f"exit status {proc.returncode}"
+        (out_dir / f"{bench.name}.txt").write_text(proc.stdout)
+    outcome.seconds = time.monotonic() - started
+    outcome.load = list(os.getloadavg())
+    log(f"all: {bench.name}: {outcome.seconds:.0f} s{' — ' + outcome.error if outcome.error else ''}")
+    return outcome
+
+
+def load_results(out_dir: Path, names: list[str]) -> Results:
+    results: Results = {}
+    for name in names:
+        path = out_dir / f"{name}.json"
+        if path.exists():
+            results[name] = json.loads(path.read_text())
+    return results
+
+
+def summarize(results: Results, names: list[str]) -> list[Row]:
+    return [row for name, rows in ROWS if name in names for row in rows(results)]
+
+
+def render(rows: list[Row], outcomes: list[Outcome], results: Results, started: str) -> str:
+    mark = {True: "met", False: "**not met**", None: "n/a"}
+    table = format_table(
+        ("path", "ttlbroker (vs nats)", "target", "status"),
+        [(r.path, r.value, r.target, mark[r.met]) for r in rows],
+    )
+    lines = [f"# All benchmarks, {started}", "", table, ""]
+    met = sum(1 for r in rows if r.met)
+    lines.append(f"{met} of {len(rows)} rows meet their target.")
+    details = [f"- {r.path}: {r.detail}" for r in rows if r.detail]
+    if details:
+        lines += ["", *details]
+    lines += ["", "| benchmark | seconds | load average after | other CPU share | result |", "| --- | --- | --- | --- | --- |"]
+    for o in outcomes:
+        share = dig(results, o.name, "environment", "cpu_during_run", "other_share_of_machine")
+        load = " / ".join(f"{x:.2f}" for x in o.load) if o.load else ""
+        lines.append(f"| {o.name} | {o.seconds:.0f} | {load} | {'' if share is None else f'{share:.0%}'} | "
+                     f"{o.error or 'ok'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    names = [b.name for b in BENCHES]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", help=f"comma-separated benchmarks to run, of: {', '.join(names)}")
+    parser.add_argument("--skip", default="", help="comma-separated benchmarks not to run")
+    parser.add_argument("--from", dest="from_dir", metavar="DIR",
+                        help="make the table from the JSON records in DIR, running nothing")
+    parser.add_argument("--out", metavar="DIR", help="where the records and the table go (default bench/results)")
+    args = parser.parse_args()
+
+    chosen = names if not args.only else args.only.split(",")
+    unknown = (set(chosen) | set(filter(None, args.skip.split(",")))) - set(names)
+    if unknown:
+        parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}; choose from {', '.join(names)}")
+    chosen = [n for n in chosen if n not in args.skip.split(",")]
+
+    started = dt.date.today().isoformat()
+    results_dir = Path(args.out) if args.out else HERE / "results"
+    outcomes: list[Outcome] = []
+    if args.from_dir:
+        out_dir = Path(args.from_dir)
+    else:
+        out_dir = results_dir / f"all-{started}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for i, bench in enumerate(b for b in BENCHES if b.name in chosen):
+            log(f"all: [{i + 1}/{len(chosen)}]")
+            outcomes.append(run_one(bench, out_dir))
+    results = load_results(out_dir, chosen)
+    rows = summarize(results, chosen)
+    text = render(rows, outcomes, results, started)
+    print(text)
+    if not args.from_dir:
+        (results_dir / f"all-{started}.md").write_text(text)
+        write_json(results_dir / f"all-{started}.json", {
+            "benchmark": "all",
+            "command": "python " + " ".join(sys.argv),
+            "environment": environment(),
+            "runs": [o.__dict__ for o in outcomes],
+            "rows": [r.__dict__ for r in rows],
+        })
+    return 0 if all(not o.error for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
