@@ -50,6 +50,7 @@ from ._consumer_journal import TopicJournal
 from ._consumers import ConsumerEngine
 from ._export import Exporter
 from ._info import VERSION
+from ._jetstream import JetStream
 from ._kv import KvReads, load_leases
 from ._log import get_logger
 from ._partition import Partition
@@ -147,6 +148,8 @@ class Broker:
         self.exporter = Exporter(config.export.dir, config.export.interval, self.counters)
         self.kv = KvReads(self.committer)
         self.consumers = ConsumerEngine(self)
+        #: The NATS listener's JetStream API (``_jetstream.py``).
+        self.jetstream = JetStream(self)
         self.sessions: set[Any] = set()
         self.started_at = time.time()
         self.shutting_down = False

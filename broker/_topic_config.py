@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from collections.abc import Iterable
 from typing import Any
 
+from protocol._jetstream import NATS_SETTINGS
 from protocol import ErrorCode, SubjectTransform, TransformError, error_class, filters_overlap, validate_filter
 
 __all__ = ["DEFAULT_DUPLICATE_WINDOW", "TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]
@@ -51,6 +52,11 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
         "a KV bucket: {'ttl': default key TTL seconds, 'refresh': on_write|on_read_and_write, "
         "'visibility': never_return_expired|return_expired_if_not_cleaned_up}",
     ),
+    "nats": (
+        (dict, type(None)),
+        "what a NATS stream has and a topic does not: {'name' (as given), 'description', 'deny_delete', "
+        "'allow_direct', 'discard', 'metadata'}; the NATS listener sets it",
+    ),
     "pedantic": ((bool,), "refuse instead of fixing the configuration automatically (this request only)"),
     "message_expiry": ((int,), "update only: max age in seconds; 0 = none"),
 }
@@ -81,6 +87,11 @@ def check_option_types(options: dict[str, Any], updating: bool) -> None:
                 raise _Invalid(f"option 'republish': {key!r} must be {kind.__name__}, not {type(rp[key]).__name__}")
         if "dest" not in rp:
             raise _Invalid("option 'republish' needs 'dest'")
+    nats = options.get("nats")
+    if nats is not None:
+        for key, value in nats.items():
+            if key not in NATS_SETTINGS or not isinstance(value, NATS_SETTINGS[key]):
+                raise _Invalid(f"option 'nats': {key!r} is not one of {', '.join(NATS_SETTINGS)} with its type")
     for key in ("subject_delete_marker_ttl", "max_msgs_per_subject", "segment_size", "message_expiry", "duplicate_window"):
         v = options.get(key)
         if v is not None and not -(2**63) <= v < 2**63:
@@ -108,6 +119,8 @@ class TopicConfig:
     republish: dict[str, Any] | None = None
     #: ``{"ttl", "refresh", "visibility"}`` for a KV bucket, or None
     kv: dict[str, Any] | None = None
+    #: The NATS stream settings with no topic equivalent (``protocol._jetstream``), or None
+    nats: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -135,6 +148,7 @@ class TopicConfig:
             "duplicate_window": self.duplicate_window,
             "republish": dict(self.republish) if self.republish else None,
             "kv": dict(self.kv) if self.kv else None,
+            "nats": dict(self.nats) if self.nats else None,
         }
 
     def validate(self, max_partitions: int) -> None:
@@ -162,7 +176,7 @@ class TopicConfig:
 def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
     """The config after an update (types already checked; ``pedantic`` ignored)."""
     kw = {k: (tuple(v) if k == "subjects" else v) for k, v in changes.items() if k != "pedantic"}
-    for key in ("republish", "kv"):
+    for key in ("republish", "kv", "nats"):
         if kw.get(key) is not None:
             kw[key] = dict(kw[key])
     return replace(cfg, **kw)

@@ -1,0 +1,192 @@
+"""The JetStream API of the NATS listener: the ``JetStream`` object and the
+``$JS.API.>`` dispatcher.
+
+One :class:`JetStream` per broker (``broker.jetstream``). The NATS session
+(``_nats_session.py``) hands it every PUB/HPUB whose subject :meth:`JetStream.handles`
+(``$JS.API.``, ``$JS.ACK.``, ``$JS.FC.``), synchronously and in arrival order, and
+asks it for the JSON of publish acknowledgements (:meth:`JetStream.pub_ack`,
+:meth:`JetStream.pub_error`). Answers go to the request's reply inbox as core
+messages (``_nats_core.send_core``).
+
+Dispatch:
+
+* ``$JS.API.INFO`` and ``$JS.API.STREAM.*``, ``$JS.API.DIRECT.GET.*``: ``_js_streams.py``;
+* ``$JS.API.CONSUMER.<op>...``: ``_js_consumers.consumer_api(js, op, tokens, reply,
+  headers, payload)``, where ``op`` is ``CREATE``, ``DURABLE.CREATE``, ``INFO``,
+  ``DELETE``, ``NAMES``, ``LIST``, ``MSG.NEXT`` (or any other token that follows
+  ``CONSUMER.``) and ``tokens`` the subject's tokens after it (``[stream, ...]``);
+* ``$JS.ACK.>`` and ``$JS.FC.>``: ``_js_consumers.ack(js, subject, reply, payload)``.
+
+Work that must wait (catalog changes, the group commit) runs in the nursery of
+:meth:`JetStream.run`, which the server starts beside its listeners; ``run`` also
+runs ``_js_consumers.run(js)`` (heartbeats and the like) when that module has one.
+
+Naming (docs/protocol.md, "NATS listener"): a NATS stream ``S`` is the one-partition
+topic ``S`` (lower-cased by the name rule; the name as given is kept in the topic's
+``nats`` option and reported) of the ttlbroker stream ``[nats] stream``; the NATS
+stream ``KV_<b>`` is ttlbroker's KV bucket ``kv/<b>``. A topic of any other
+ttlbroker stream is named ``<stream>/<topic>`` in PubAcks (as in ``Nats-Stream``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from protocol import BrokerError
+from protocol._jetstream import ACK_PREFIX, API_PREFIX, FC_PREFIX, STREAM_NOT_FOUND, JSError, api_error, js_error
+from protocol._jetstream import pub_ack as _pub_ack
+from protocol._jetstream import pub_error as _pub_error
+
+from ._log import get_logger
+
+if TYPE_CHECKING:
+    from ._broker import Broker
+    from ._catalog import Stream, Topic
+
+__all__ = ["JetStream", "KV_STREAM", "KV_PREFIX"]
+
+log = get_logger(__name__)
+
+#: The ttlbroker stream that holds every KV bucket (as the client's ``KV_STREAM``).
+KV_STREAM = "kv"
+#: A KV bucket's NATS stream name is ``KV_<bucket>``.
+KV_PREFIX = "KV_"
+_PREFIXES = (API_PREFIX, ACK_PREFIX, FC_PREFIX)
+
+
+class JetStream:
+    """Args:
+    broker: the broker whose topics the API shows as NATS streams.
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.nursery: trio.Nursery | None = None
+
+    @property
+    def namespace(self) -> str:
+        """The ttlbroker stream that holds the NATS streams (``[nats] stream``)."""
+        nats = getattr(self.broker.config, "nats", None)
+        return getattr(nats, "stream", None) or "nats"
+
+    # -- the session's entry points ----------------------------------------------------
+
+    @staticmethod
+    def handles(subject: str) -> bool:
+        return subject.startswith(_PREFIXES)
+
+    def request(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+        """One PUB/HPUB on a subject :meth:`handles`. Never raises: a failure is
+        answered (or logged when there is no reply subject)."""
+        try:
+            if subject.startswith(API_PREFIX):
+                tokens = subject[len(API_PREFIX) :].split(".")
+                if tokens[0] == "CONSUMER":
+                    from . import _js_consumers
+
+                    op_len = 2 if tokens[1:2] in (["DURABLE"], ["MSG"]) else 1
+                    op = ".".join(tokens[1 : 1 + op_len])
+                    _js_consumers.consumer_api(self, op, tokens[1 + op_len :], reply, headers, payload)
+                else:
+                    from . import _js_streams
+
+                    _js_streams.api(self, tokens, reply, headers, payload)
+            else:
+                from . import _js_consumers
+
+                _js_consumers.ack(self, subject, reply, payload)
+        except Exception as exc:  # a bug must not end the connection, nor pass silently
+            log.error("jetstream_request_failed", subject=subject, error=repr(exc))
+            self.respond(reply, api_error("error", JSError(500, 10077, f"internal error: {exc}")))
+
+    def pub_ack(self, topic: Topic, offset: int, duplicate: bool) -> bytes:
+        """The PubAck JSON for a message the publish path stored at ``offset`` (for a
+        duplicate: the original's offset)."""
+        return _pub_ack(self.stream_name(topic), offset, duplicate)
+
+    def pub_error(self, err: BrokerError | JSError, topic: Topic | None = None) -> bytes:
+        """The PubAck JSON for a refused publish, with the server's error numbers."""
+        return _pub_error(err, None if topic is None else self.stream_name(topic))
+
+    async def run(self) -> None:
+        """Runs for the broker's lifetime: the nursery of the API's waiting work, and
+        the consumers' background work."""
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            try:
+                from . import _js_consumers
+            except ImportError:  # pragma: no cover - the consumers module not there yet
+                _js_consumers = None  # type: ignore[assignment]
+            consumers_run = getattr(_js_consumers, "run", None)
+            if consumers_run is not None:
+                nursery.start_soon(consumers_run, self)
+            await trio.sleep_forever()
+
+    # -- helpers for the API modules ---------------------------------------------------
+
+    def respond(self, reply: str | None, body: bytes, headers: bytes | None = None, epoch: int = 0) -> None:
+        """Send ``body`` to ``reply`` as a core message; with ``epoch``, once the group
+        commit has made it durable (as our own acks wait)."""
+        if not reply:
+            return
+        from ._nats_core import send_core
+
+        if epoch and not self.broker.committer.is_durable(epoch):
+            self.broker.committer.after(epoch, lambda: send_core(self.broker, reply, None, headers, body))
+        else:
+            send_core(self.broker, reply, None, headers, body)
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in the API's nursery (it must handle its own errors)."""
+        if self.nursery is None:
+            raise RuntimeError("JetStream.run() is not running")
+        self.nursery.start_soon(fn, *args)
+
+    def stream_name(self, topic: Topic) -> str:
+        """The NATS stream name of a topic."""
+        stream = topic.stream.name
+        if stream == self.namespace:
+            nats = topic.config.nats
+            return nats["name"] if nats and "name" in nats else topic.name
+        if stream == KV_STREAM and topic.config.kv is not None:
+            nats = topic.config.nats
+            return nats["name"] if nats and "name" in nats else KV_PREFIX + topic.name
+        return topic.full_name
+
+    def namespace_stream(self) -> Stream | None:
+        return next((s for s in self.broker.catalog.streams.values() if s.name == self.namespace), None)
+
+    def topic(self, name: str) -> Topic:
+        """The topic of a NATS stream name (``KV_<b>``: the bucket ``kv/<b>``).
+
+        Raises:
+            JSError: 404 10059 "stream not found".
+        """
+        where, topic_name = self.place(name)
+        stream = next((s for s in self.broker.catalog.streams.values() if s.name == where), None)
+        if stream is not None:
+            lowered = topic_name.lower()
+            for t in stream.topics.values():
+                if t.name == lowered and (where != KV_STREAM or t.config.kv is not None):
+                    return t
+        raise js_error(STREAM_NOT_FOUND)
+
+    def place(self, name: str) -> tuple[str, str]:
+        """(ttlbroker stream, topic name as given) of a NATS stream name."""
+        if name.startswith(KV_PREFIX) and len(name) > len(KV_PREFIX):
+            return KV_STREAM, name[len(KV_PREFIX) :]
+        return self.namespace, name
+
+    def topics(self) -> list[Topic]:
+        """Every topic the API shows as a NATS stream: the namespace's topics and the
+        KV buckets, by NATS name."""
+        out = []
+        for s in self.broker.catalog.streams.values():
+            if s.name == self.namespace:
+                out.extend(s.topics.values())
+            elif s.name == KV_STREAM:
+                out.extend(t for t in s.topics.values() if t.config.kv is not None)
+        return sorted(out, key=self.stream_name)

@@ -1,0 +1,386 @@
+"""JetStream's JSON, sans-IO: API responses, errors, PubAcks, and stream configs.
+
+What the NATS listener's JetStream API (``broker/_jetstream.py``) says on the wire,
+with the NATS server's field names (``server/stream.go`` ``StreamConfig``,
+``StreamInfo``, ``PubAck``; ``server/store.go`` ``StreamState``) and its numbers
+(``server/errors.json``):
+
+* :data:`NATS_ERRORS` maps each of our :class:`ErrorCode` values to the server's
+  ``{code, err_code, description}``; :func:`nats_error` applies it. A fixed server
+  description replaces ours; where the server's text is ``{err}`` (a reason), ours
+  is the reason (our texts already follow the server's, SEMANTICS 1).
+* :func:`stream_config_to_topic` turns a JetStream stream config into a topic's
+  options, refusing what ttlbroker does not have (replicas > 1, mirrors, sources,
+  work-queue and interest retention, memory storage, message limits, ...) with the
+  server's error shape and a description that says so; :func:`stream_config` is the
+  way back.
+
+Durations are integer nanoseconds in JetStream's JSON and whole seconds in a
+topic's options: a duration that is not a whole number of seconds is refused, never
+rounded.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ._errors import BrokerError, ErrorCode
+
+__all__ = [
+    "API_PREFIX", "ACK_PREFIX", "FC_PREFIX", "NS", "JSError", "NATS_ERRORS", "nats_error", "api_response",
+    "api_error", "pub_ack", "pub_error", "rfc3339", "stream_config_to_topic", "stream_config", "NATS_SETTINGS",
+    "check_stream_name",
+]
+
+API_PREFIX = "$JS.API."
+ACK_PREFIX = "$JS.ACK."
+FC_PREFIX = "$JS.FC."
+NS = 1_000_000_000
+
+
+class JSError(Exception):
+    """A JetStream API error with the server's numbers.
+
+    Attributes:
+        code: the HTTP-like status (400, 404, 500, 503).
+        err_code: the server's ``err_code`` (``10059`` = stream not found).
+        description: the text.
+    """
+
+    def __init__(self, code: int, err_code: int, description: str) -> None:
+        super().__init__(description)
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+
+    def as_json(self) -> dict[str, Any]:
+        return {"code": self.code, "err_code": self.err_code, "description": self.description}
+
+    def __repr__(self) -> str:
+        return f"JSError({self.code}, {self.err_code}, {self.description!r})"
+
+
+# The server's errors by name (errors.json), for the refusals built here and in the
+# API module: (code, err_code, fixed description or None for "{err}").
+STREAM_NOT_FOUND = (404, 10059, "stream not found")
+STREAM_NAME_EXIST = (400, 10058, "stream name already in use with a different configuration")
+STREAM_INVALID_CONFIG = (500, 10052, None)
+STREAM_REPLICAS_NOT_SUPPORTED = (500, 10074, "replicas > 1 not supported in non-clustered mode")
+REPLICAS_NEGATIVE = (400, 10133, "replicas count cannot be negative")
+STREAM_MISMATCH = (400, 10056, "stream name in subject does not match request")
+STREAM_NAME_PATH_SEPARATORS = (400, 10128, "Stream name can not contain path separators")
+NO_MESSAGE_FOUND = (404, 10037, "no message found")
+BAD_REQUEST = (400, 10003, "bad request")
+INVALID_JSON = (400, 10025, None)  # "invalid JSON: {err}"
+MSG_DELETE_FAILED = (500, 10057, None)
+PURGE_FAILED = (500, 10110, None)
+STREAM_NOT_MATCH = (400, 10060, "expected stream does not match")
+WRONG_LAST_MSG_ID = (400, 10070, None)  # "wrong last msg ID: {id}"
+STORE_FAILED = (503, 10077, None)
+NOT_EMPTY_REQUEST = (400, 10038, "expected an empty request payload")
+
+
+def js_error(entry: tuple[int, int, str | None], reason: str = "") -> JSError:
+    code, err_code, fixed = entry
+    return JSError(code, err_code, fixed if fixed is not None else reason)
+
+
+#: Our error codes as the server reports the same condition: (code, err_code,
+#: fixed description or None = our message, which is the server's reason text).
+NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
+    ErrorCode.STREAM_NOT_FOUND: STREAM_NOT_FOUND,
+    ErrorCode.TOPIC_NOT_FOUND: STREAM_NOT_FOUND,
+    ErrorCode.TOPIC_NAME_EXISTS: STREAM_NAME_EXIST,
+    ErrorCode.INVALID_TOPIC_CONFIG: STREAM_INVALID_CONFIG,
+    ErrorCode.INVALID_OPTIONS: STREAM_INVALID_CONFIG,
+    ErrorCode.INVALID_NAME: STREAM_INVALID_CONFIG,
+    ErrorCode.INVALID_PARTITIONS_COUNT: STREAM_INVALID_CONFIG,
+    ErrorCode.INVALID_SUBJECT_FILTER: STREAM_INVALID_CONFIG,
+    ErrorCode.REPUBLISH_CYCLE: STREAM_INVALID_CONFIG,
+    ErrorCode.INVALID_TRANSFORM: STREAM_INVALID_CONFIG,
+    ErrorCode.PEDANTIC: (400, 10157, None),  # "pedantic mode: {err}" (ours carries the prefix)
+    ErrorCode.SUBJECTS_OVERLAP: (400, 10065, "subjects overlap with an existing stream"),
+    ErrorCode.MESSAGE_NOT_FOUND: NO_MESSAGE_FOUND,
+    ErrorCode.PARTITION_NOT_FOUND: NO_MESSAGE_FOUND,
+    ErrorCode.WRONG_LAST_SEQUENCE: (400, 10071, None),  # "wrong last sequence: {seq}"
+    ErrorCode.MSG_TTL_DISABLED: (400, 10166, "per-message TTL is disabled"),
+    ErrorCode.INVALID_MSG_TTL: (400, 10165, "invalid per-message TTL"),
+    ErrorCode.ROLLUP_DENIED: (500, 10111, None),  # "rollup not permitted"
+    ErrorCode.INVALID_ROLLUP: (500, 10111, None),  # "rollup value invalid: ..."
+    ErrorCode.PAYLOAD_TOO_LARGE: (400, 10054, "message size exceeds maximum allowed"),
+    ErrorCode.PURGE_DENIED: PURGE_FAILED,
+    ErrorCode.MALFORMED_PAYLOAD: BAD_REQUEST,
+    ErrorCode.STORAGE_FAILURE: STORE_FAILED,
+    ErrorCode.SHUTTING_DOWN: STORE_FAILED,
+    ErrorCode.NO_TOPIC_FOR_SUBJECT: STORE_FAILED,
+    ErrorCode.CONSUMER_NOT_FOUND: (404, 10014, "consumer not found"),
+    ErrorCode.CONSUMER_EXISTS: (400, 10148, "consumer already exists"),
+    ErrorCode.CONSUMER_FILTERS_OVERLAP: (400, 10138, "consumer subject filters cannot overlap"),
+    ErrorCode.INVALID_CONSUMER_CONFIG: (500, 10012, None),  # JSConsumerCreateErrF "{err}"
+    ErrorCode.CONSUMER_UPDATE_DENIED: (500, 10012, None),
+}
+
+
+def nats_error(err: BrokerError | JSError) -> JSError:
+    """The server's error for one of ours (a code without an entry: 400 10003 with our
+    message as the description)."""
+    if isinstance(err, JSError):
+        return err
+    code, err_code, fixed = NATS_ERRORS.get(err.code, (400, 10003, None))
+    return JSError(code, err_code, fixed if fixed is not None else err.message)
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def api_response(kind: str, body: dict[str, Any]) -> bytes:
+    """``{"type": "io.nats.jetstream.api.v1.<kind>_response", ...body}``."""
+    return _dumps({"type": f"io.nats.jetstream.api.v1.{kind}_response", **body})
+
+
+def api_error(kind: str, err: BrokerError | JSError) -> bytes:
+    """The API's error response: ``{"type": ..., "error": {code, err_code, description}}``."""
+    return api_response(kind, {"error": nats_error(err).as_json()})
+
+
+def pub_ack(stream: str, seq: int, duplicate: bool = False) -> bytes:
+    """A PubAck: ``{"stream": .., "seq": ..}`` plus ``"duplicate": true`` for a
+    de-duplicated publish (the server's ``omitempty``)."""
+    if duplicate:
+        return _dumps({"stream": stream, "seq": seq, "duplicate": True})
+    return _dumps({"stream": stream, "seq": seq})
+
+
+def pub_error(err: BrokerError | JSError, stream: str | None = None) -> bytes:
+    """A refused publish: ``{"error": {..}, "stream": .., "seq": 0}`` (stream and seq
+    only when the message reached a stream, as the server's ``JSPubAckResponse``)."""
+    body: dict[str, Any] = {"error": nats_error(err).as_json()}
+    if stream is not None:
+        body["stream"] = stream
+        body["seq"] = 0
+    return _dumps(body)
+
+
+def rfc3339(ns: int) -> str:
+    """Go's ``time.Time`` JSON (UTC, nanoseconds, trailing zeros trimmed); 0 is Go's
+    zero time ``0001-01-01T00:00:00Z``, which the server reports for an empty stream."""
+    if ns <= 0:
+        return "0001-01-01T00:00:00Z"
+    secs, frac = divmod(ns, NS)
+    days, rem = divmod(secs, 86400)
+    # Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    z = days + 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + 3 if mp < 10 else mp - 9
+    y = yoe + era * 400 + (1 if m <= 2 else 0)
+    hh, rem = divmod(rem, 3600)
+    mm, ss = divmod(rem, 60)
+    text = f"{y:04d}-{m:02d}-{d:02d}T{hh:02d}:{mm:02d}:{ss:02d}"
+    if frac:
+        text += "." + f"{frac:09d}".rstrip("0")
+    return text + "Z"
+
+
+# -- stream configs ----------------------------------------------------------------
+
+#: What a NATS stream has that a topic's options do not: kept in the topic's ``nats``
+#: option and shown back in the stream config. ``deny_delete`` is enforced by the
+#: NATS API's MSG.DELETE (a topic's ``deny_purge`` refuses deletes everywhere).
+NATS_SETTINGS: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "description": (str,),
+    "deny_delete": (bool,),
+    "allow_direct": (bool,),
+    "discard": (str,),
+    "metadata": (dict,),
+}
+
+_PATH_SEPARATORS = "/\\"
+_NOT_IN_NAMES = " \t\r\n\f.*>"
+
+
+def check_stream_name(name: Any) -> str:
+    """The server's stream-name rules (``isValidName``, path separators)."""
+    if not isinstance(name, str) or not name:
+        raise js_error(STREAM_INVALID_CONFIG, "stream name is required")
+    if any(c in _PATH_SEPARATORS for c in name):
+        raise js_error(STREAM_NAME_PATH_SEPARATORS)
+    if any(c in _NOT_IN_NAMES for c in name):
+        raise js_error(STREAM_INVALID_CONFIG, "stream name can not contain whitespace, '.', '*' or '>'")
+    return name
+
+
+def _refuse(what: str) -> JSError:
+    return js_error(STREAM_INVALID_CONFIG, f"{what} is not supported by ttlbroker")
+
+
+def _seconds(cfg: dict[str, Any], key: str) -> int:
+    """A duration field (ns) as whole seconds; refuses fractions and non-integers."""
+    v = cfg.get(key) or 0
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise js_error(INVALID_JSON, f"invalid JSON: {key} must be an integer of nanoseconds")
+    if v < 0:
+        return -1
+    if v % NS:
+        raise js_error(
+            STREAM_INVALID_CONFIG, f"{key} must be a whole number of seconds in ttlbroker, not {v} ns"
+        )
+    return v // NS
+
+
+# Fields the server has and ttlbroker accepts only at their "off" value: key ->
+# (values accepted, the refusal's wording).
+_OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
+    "retention": (("limits", None), "retention policy {v!r} (only 'limits'; work-queue and interest retention are not)"),
+    "storage": (("file", None), "storage {v!r} (only 'file': every stream is on disk)"),
+    "max_consumers": ((-1, 0, None), "max_consumers {v}"),
+    "max_msgs": ((-1, 0, None), "max_msgs {v} (no message count limit per stream; use max_age or max_msgs_per_subject)"),
+    "max_bytes": ((-1, 0, None), "max_bytes {v} (no byte limit per stream)"),
+    "max_msg_size": ((-1, 0, None), "max_msg_size {v} (the broker's [limits] max_payload_bytes applies to every stream)"),
+    "no_ack": ((False, None), "no_ack"),
+    "mirror": ((None, {}), "mirror"),
+    "sources": ((None, []), "sources"),
+    "placement": ((None, {}), "placement"),
+    "sealed": ((False, None), "sealed"),
+    "first_seq": ((0, 1, None), "first_seq {v}"),
+    "subject_transform": ((None, {}), "subject_transform"),
+    "mirror_direct": ((False, None), "mirror_direct"),
+    "compression": (("none", "", None), "compression {v!r}"),
+    "discard_new_per_subject": ((False, None), "discard_new_per_subject"),
+    "allow_msg_counter": ((False, None), "allow_msg_counter"),
+    "allow_msg_schedules": ((False, None), "allow_msg_schedules"),
+    "allow_atomic": ((False, None), "allow_atomic"),
+    "allow_batched": ((False, None), "allow_batched"),
+    "persist_mode": (("default", "", None), "persist_mode {v!r}"),
+    "consumer_limits": ((None, {}), "consumer_limits"),
+    "template_owner": ((None, ""), "template_owner"),
+}
+_MAPPED = {
+    "name", "description", "subjects", "max_age", "max_msgs_per_subject", "discard", "num_replicas", "duplicate_window",
+    "deny_delete", "deny_purge", "allow_rollup_hdrs", "republish", "allow_direct", "allow_msg_ttl",
+    "subject_delete_marker_ttl", "metadata",
+}
+
+
+def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """A JetStream stream config as a topic's options and its max age in seconds
+    (0 = none). Raises :class:`JSError` for what ttlbroker does not have, with the
+    server's error numbers (``num_replicas`` > 1: 10074; the rest: 10052 naming the
+    field), and for the server's own rules that we check here (max age >= 100 ms,
+    marker TTL >= 1 s); the topic rules (``_topic_config.resolve``) do the rest."""
+    if not isinstance(cfg, dict):
+        raise js_error(INVALID_JSON, "invalid JSON: the stream config must be an object")
+    name = check_stream_name(cfg.get("name"))
+    replicas = cfg.get("num_replicas") or 1
+    if not isinstance(replicas, int) or isinstance(replicas, bool):
+        raise js_error(INVALID_JSON, "invalid JSON: num_replicas must be an integer")
+    if replicas < 0:
+        raise js_error(REPLICAS_NEGATIVE)
+    if replicas > 1:
+        raise js_error(STREAM_REPLICAS_NOT_SUPPORTED)
+    for key, (accepted, what) in _OFF_ONLY.items():
+        v = cfg.get(key)
+        if v not in accepted:
+            raise _refuse(what.format(v=v))
+    for key, v in cfg.items():
+        if key not in _MAPPED and key not in _OFF_ONLY and v not in (None, False, 0, "", [], {}):
+            raise _refuse(f"stream config field {key!r}")
+    max_age = _seconds(cfg, "max_age")
+    if max_age < 0:
+        raise js_error(STREAM_INVALID_CONFIG, "max age can not be negative")
+    raw_age = cfg.get("max_age") or 0
+    if 0 < raw_age < NS // 10:
+        raise js_error(STREAM_INVALID_CONFIG, "max age needs to be >= 100ms")
+    sdm_raw = cfg.get("subject_delete_marker_ttl") or 0
+    if isinstance(sdm_raw, int) and not isinstance(sdm_raw, bool):
+        if sdm_raw < 0:
+            raise js_error(STREAM_INVALID_CONFIG, "subject delete marker TTL must not be negative")
+        if 0 < sdm_raw < NS:
+            raise js_error(STREAM_INVALID_CONFIG, "subject delete marker TTL must be at least 1 second")
+    sdm = _seconds(cfg, "subject_delete_marker_ttl")
+    window = _seconds(cfg, "duplicate_window")
+    if window < 0:
+        raise js_error(STREAM_INVALID_CONFIG, "duplicates window can not be negative")
+    per_subject = cfg.get("max_msgs_per_subject")
+    if per_subject is None or per_subject == -1:
+        per_subject = 0
+    if not isinstance(per_subject, int) or isinstance(per_subject, bool) or per_subject < 0:
+        raise js_error(STREAM_INVALID_CONFIG, f"max_msgs_per_subject must be -1 or more, not {per_subject!r}")
+    discard = cfg.get("discard") or "old"
+    if discard not in ("old", "new"):
+        raise js_error(INVALID_JSON, f"invalid JSON: can not unmarshal {discard!r} into DiscardPolicy")
+    subjects = cfg.get("subjects") or [name]
+    if not isinstance(subjects, list) or not all(isinstance(s, str) for s in subjects):
+        raise js_error(INVALID_JSON, "invalid JSON: subjects must be a list of strings")
+    nats: dict[str, Any] = {"name": name, "discard": discard}
+    for key in ("description", "metadata"):
+        if cfg.get(key):
+            nats[key] = cfg[key]
+    for key in ("deny_delete", "allow_direct"):
+        nats[key] = bool(cfg.get(key))
+    for key, types in NATS_SETTINGS.items():
+        if key in nats and not isinstance(nats[key], types):
+            raise js_error(INVALID_JSON, f"invalid JSON: {key} must be {types[0].__name__}")
+    options: dict[str, Any] = {
+        "subjects": list(subjects),
+        "max_msgs_per_subject": per_subject,
+        "deny_purge": bool(cfg.get("deny_purge")),
+        "allow_rollup": bool(cfg.get("allow_rollup_hdrs")),
+        "allow_msg_ttl": bool(cfg.get("allow_msg_ttl")),
+        "subject_delete_marker_ttl": sdm,
+        "nats": nats,
+    }
+    if window:
+        options["duplicate_window"] = window
+    rp = cfg.get("republish")
+    if rp:
+        if not isinstance(rp, dict):
+            raise js_error(INVALID_JSON, "invalid JSON: republish must be an object")
+        options["republish"] = {k: rp[k] for k in ("src", "dest", "headers_only") if k in rp}
+    return options, max_age
+
+
+def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> dict[str, Any]:
+    """A topic's options (``TopicConfig.options()``) and max age (seconds) as the
+    JetStream stream config the server would report."""
+    nats = options.get("nats") or {}
+    out: dict[str, Any] = {"name": nats.get("name", fallback_name)}
+    if nats.get("description"):
+        out["description"] = nats["description"]
+    out.update(
+        subjects=list(options["subjects"]),
+        retention="limits",
+        max_consumers=-1,
+        max_msgs=-1,
+        max_bytes=-1,
+        max_age=max_age * NS,
+        max_msgs_per_subject=options["max_msgs_per_subject"] or -1,
+        max_msg_size=-1,
+        discard=nats.get("discard", "old"),
+        storage="file",
+        num_replicas=1,
+        duplicate_window=options["duplicate_window"] * NS,
+        compression="none",
+        allow_direct=bool(nats.get("allow_direct", False)),
+        mirror_direct=False,
+        sealed=False,
+        deny_delete=bool(nats.get("deny_delete", False)),
+        deny_purge=options["deny_purge"],
+        allow_rollup_hdrs=options["allow_rollup"],
+        allow_msg_ttl=options["allow_msg_ttl"],
+        consumer_limits={},
+    )
+    if options["subject_delete_marker_ttl"]:
+        out["subject_delete_marker_ttl"] = options["subject_delete_marker_ttl"] * NS
+    if options.get("republish"):
+        out["republish"] = dict(options["republish"])
+    if nats.get("metadata"):
+        out["metadata"] = dict(nats["metadata"])
+    return out
