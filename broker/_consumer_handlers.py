@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "create_consumer", "update_consumer", "consumer_info", "list_consumers", "delete_consumer", "pull", "ack",
-    "join_group", "leave_group", "end_pulls",
+    "join_group", "leave_group", "end_pulls", "new_consumer", "change_consumer", "remove_consumer", "forget_consumer",
 ]
 
 log = get_logger(__name__)
@@ -56,6 +56,13 @@ def create_consumer(broker: Broker, session: Any, cmd: P.CreateConsumer) -> Repl
         if existing.config == cfg:
             return _info(existing)
         raise error_class(ErrorCode.CONSUMER_EXISTS)("consumer already exists")
+    c, epoch = new_consumer(broker, topic, name, cfg)
+    return _info(c), epoch
+
+
+def new_consumer(broker: Broker, topic: Topic, name: str, cfg: ConsumerConfig) -> tuple[Consumer, int]:
+    """Create a consumer that does not exist yet; returns it and the journal epoch
+    that makes it durable."""
     limit = broker.config.limits.max_consumers_per_topic
     if len(topic.consumer_set) >= limit:
         raise error_class(ErrorCode.INVALID_CONSUMER_CONFIG)(f"topic {topic.full_name} already has {limit} consumers, the maximum")
@@ -74,7 +81,7 @@ def create_consumer(broker: Broker, session: Any, cmd: P.CreateConsumer) -> Repl
     topic.consumer_set[name] = c
     engine.attach(c)
     log.info("consumer_created", topic=topic.full_name, consumer=name, deliver=cfg.deliver_policy, ack=cfg.ack_policy)
-    return _info(c), epoch
+    return c, epoch
 
 
 def _start(cp: ConsumerPartition, cfg: ConsumerConfig, now: int) -> None:
@@ -113,10 +120,16 @@ def _start(cp: ConsumerPartition, cfg: ConsumerConfig, now: int) -> None:
 
 def update_consumer(broker: Broker, session: Any, cmd: P.UpdateConsumer) -> Reply:
     c = _find(broker, cmd)
-    cfg = ConsumerConfig.from_map(dict(cmd.config))
+    epoch = change_consumer(broker, c, ConsumerConfig.from_map(dict(cmd.config)))
+    return (_info(c), epoch) if epoch else _info(c)
+
+
+def change_consumer(broker: Broker, c: Consumer, cfg: ConsumerConfig) -> int:
+    """Update a consumer's configuration (what may change, SEMANTICS 11.1); returns
+    the journal epoch (0: nothing changed)."""
     c.config.check_update(cfg)
     if cfg == c.config:
-        return _info(c)
+        return 0
     epoch = c.topic.consumer_journal.write(["u", c.id, cfg.to_map()])
     refilter = cfg.filter_subjects != c.config.filter_subjects
     c.config = cfg
@@ -125,7 +138,7 @@ def update_consumer(broker: Broker, session: Any, cmd: P.UpdateConsumer) -> Repl
             cp.npending = cp.count_from(cp.cursor)
     broker.consumers.kick(c)
     log.info("consumer_updated", topic=c.topic.full_name, consumer=c.name)
-    return _info(c), epoch
+    return epoch
 
 
 def consumer_info(broker: Broker, session: Any, cmd: P.ConsumerInfoRequest) -> Reply:
@@ -138,12 +151,16 @@ def list_consumers(broker: Broker, session: Any, cmd: P.ListConsumers) -> Reply:
 
 
 def delete_consumer(broker: Broker, session: Any, cmd: P.DeleteConsumer) -> Reply:
-    c = _find(broker, cmd)
+    return b"", remove_consumer(broker, _find(broker, cmd))
+
+
+def remove_consumer(broker: Broker, c: Consumer) -> int:
+    """Delete a consumer; returns the journal epoch that makes it durable."""
     topic = c.topic
     epoch = topic.consumer_journal.write(["x", c.id])
     forget_consumer(broker, c, "consumer deleted")
     log.info("consumer_deleted", topic=topic.full_name, consumer=c.name)
-    return b"", epoch
+    return epoch
 
 
 def forget_consumer(broker: Broker, c: Consumer, why: str) -> None:

@@ -41,6 +41,24 @@ class PullRequest:
         self.id = 0
         self.ended = False
 
+    # How a pull's messages and end reach its client (the NATS listener's pulls,
+    # ``_js_consumers.py``, answer in their own protocol).
+
+    def respond(self, status: PullEnd, parts: list[Any], count: int) -> None:
+        """The response that ends the pull, with its last messages."""
+        t = self.consumer.topic
+        payload = encode_pull_batch(int(status), t.stream.id, t.id, count, parts)
+        self.session.send_now(self.session.conn.send_raw_response(self.corr, P.Command.PULL, payload))
+
+    def more(self, parts: list[Any], count: int) -> None:
+        """Messages for the pull, which goes on waiting."""
+        t = self.consumer.topic
+        self.session.push_pull(self.corr, encode_pull_batch(int(PullEnd.MORE), t.stream.id, t.id, count, parts))
+
+    def refuse(self, err: P.BrokerError) -> None:
+        """End the pull with an error (its consumer is gone)."""
+        self.session.send_now(self.session.conn.send_error(self.corr, P.Command.PULL, err))
+
 
 class PullTimers:
     """Owner of the expiry entries of waiting pulls (``offsets`` are pull ids)."""
@@ -82,15 +100,13 @@ def retire(req: PullRequest) -> bool:
 def end(req: PullRequest, status: PullEnd, parts: list[Any] | None = None, count: int = 0) -> None:
     """End a waiting pull: its response, with the last messages, if any."""
     if retire(req) and not req.session.closing:
-        t = req.consumer.topic
-        payload = encode_pull_batch(int(status), t.stream.id, t.id, count, parts or [])
-        req.session.send_now(req.session.conn.send_raw_response(req.corr, P.Command.PULL, payload))
+        req.respond(status, parts or [], count)
 
 
 def fail(req: PullRequest, err: P.BrokerError) -> None:
     """End a waiting pull with an error (its consumer is gone)."""
     if retire(req) and not req.session.closing:
-        req.session.send_now(req.session.conn.send_error(req.corr, P.Command.PULL, err))
+        req.refuse(err)
 
 
 def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list[Any], int, bool]:
@@ -234,7 +250,6 @@ def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list
 def fill(engine: ConsumerEngine, c: Consumer) -> None:
     """Hand what is ready to the waiting pulls, in turn (one pass: each takes what it
     still wants; the next pass starts with the next pull)."""
-    t = c.topic
     for req in list(c.waiting):
         if req.ended:
             continue
@@ -252,6 +267,6 @@ def fill(engine: ConsumerEngine, c: Consumer) -> None:
         if req.remaining <= 0 or hit:
             end(req, PullEnd.BATCH_COMPLETE if req.remaining <= 0 else PullEnd.MAX_BYTES, parts, count)
         else:
-            req.session.push_pull(req.corr, encode_pull_batch(int(PullEnd.MORE), t.stream.id, t.id, count, parts))
+            req.more(parts, count)
     if len(c.waiting) > 1:
         c.waiting.rotate(-1)
