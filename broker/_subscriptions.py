@@ -1,9 +1,12 @@
 """Core subscriptions: who receives a published message, at most once.
 
-A subscription is a subject filter held by one connection. Matching a published
-subject against every subscription would cost O(subscriptions) per message, so the
-answer is cached per subject (cleared when subscriptions change or the cache grows
-past ``CACHE_LIMIT``). With no subscription at all, publishing skips this entirely.
+A subscription is a subject filter held by one connection, of either protocol
+(a NATS ``SUB`` is a ``_nats_core.NatsSubscription``; one with a queue group gets
+each message only if it is the member of its group picked for that message, at
+random, as nats-server does). Matching a published subject against every
+subscription would cost O(subscriptions) per message, so the answer is cached per
+subject (cleared when subscriptions change or the cache grows past
+``CACHE_LIMIT``). With no subscription at all, publishing skips this entirely.
 
 The SUBSCRIBE and UNSUBSCRIBE handlers are here too, and ``deliver``, which pushes
 published (and republished or marker) records to the matching subscriptions.
@@ -11,6 +14,7 @@ published (and republished or marker) records to the matching subscriptions.
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Any
 
 import protocol as P
@@ -39,32 +43,56 @@ class Subscription:
 
 class SubscriptionIndex:
     def __init__(self) -> None:
-        self._all: set[Subscription] = set()
-        self._cache: dict[bytes, tuple[Subscription, ...]] = {}
+        self._all: set[Any] = set()
+        #: Members of NATS queue groups (also in ``_all``).
+        self._queued = 0
+        self._cache: dict[bytes, tuple[Any, ...]] = {}
+        #: subject -> its queue groups' matching members (only with queue groups).
+        self._groups: dict[bytes, tuple[tuple[Any, ...], ...]] = {}
 
     def __len__(self) -> int:
         return len(self._all)
 
-    def add(self, sub: Subscription) -> None:
+    def add(self, sub: Any) -> None:
         self._all.add(sub)
+        if getattr(sub, "queue", None):
+            self._queued += 1
         self._cache = {}
+        self._groups = {}
 
-    def remove(self, sub: Subscription) -> None:
-        self._all.discard(sub)
+    def remove(self, sub: Any) -> None:
+        if sub in self._all:
+            self._all.discard(sub)
+            if getattr(sub, "queue", None):
+                self._queued -= 1
         self._cache = {}
+        self._groups = {}
 
-    def match(self, subject: bytes) -> tuple[Subscription, ...]:
-        """Subscriptions whose filter matches ``subject``. Runtime complexity: O(1)
-        on a cache hit, O(subscriptions) on a miss."""
+    def match(self, subject: bytes) -> tuple[Any, ...]:
+        """Subscriptions that get a message on ``subject``: those whose filter
+        matches, with one member of each queue group. Runtime complexity: O(1) on a
+        cache hit (plus O(groups) with queue groups), O(subscriptions) on a miss."""
         hit = self._cache.get(subject)
-        if hit is not None:
-            return hit
-        if len(self._cache) >= CACHE_LIMIT:
-            self._cache = {}
-        tokens = subject.decode(errors="replace").split(".")
-        found = tuple(s for s in self._all if subject_matches(s.tokens, tokens))
-        self._cache[subject] = found
-        return found
+        if hit is None:
+            if len(self._cache) >= CACHE_LIMIT:
+                self._cache = {}
+                self._groups = {}
+            tokens = subject.decode(errors="replace").split(".")
+            found = [s for s in self._all if subject_matches(s.tokens, tokens)]
+            if self._queued:
+                groups: dict[str, list[Any]] = {}
+                for s in found:
+                    if getattr(s, "queue", None):
+                        groups.setdefault(s.queue, []).append(s)
+                if groups:
+                    found = [s for s in found if not getattr(s, "queue", None)]
+                    self._groups[subject] = tuple(tuple(g) for g in groups.values())
+            self._cache[subject] = hit = tuple(found)
+        if self._queued:
+            groups_of = self._groups.get(subject)
+            if groups_of:
+                return hit + tuple(random.choice(g) for g in groups_of)
+        return hit
 
 
 # -- handlers ------------------------------------------------------------------
@@ -118,6 +146,9 @@ def deliver(broker: Broker, entries: list[tuple[bytes, bytes, memoryview | bytes
 
 def _flush_deliveries(broker: Broker, batches: dict[Subscription, list[bytes | memoryview]]) -> None:
     for sub, parts in batches.items():
+        if sub.__class__ is not Subscription:  # a NATS SUB (_nats_core.py)
+            sub.deliver_records(parts[1::2])  # type: ignore[attr-defined]
+            continue
         count = len(parts) // 2
         payload = P.encode_delivery(sub.sid, count, parts)
         if sub.session.push(P.PushKind.DELIVERY, payload):

@@ -94,10 +94,13 @@ class TlsAcceptor:
         #: TLS handshakes in progress.
         self.handshaking = 0
 
-    async def accept(self, stream: trio.SocketStream, peer: str, session_id: int) -> trio.SSLStream[trio.SocketStream] | None:
+    async def accept(
+        self, stream: trio.SocketStream, peer: str, session_id: int, plain_reply: bytes | None = None,
+    ) -> trio.SSLStream[trio.SocketStream] | None:
         """The TLS stream of ``stream`` once its handshake is done, or None when it
-        failed (logged and counted; the caller closes ``stream``). Never raises
-        (but Cancelled)."""
+        failed (logged and counted; the caller closes ``stream``). ``plain_reply``:
+        what a client that sends plain bytes is told (default: a GOODBYE saying the
+        port requires TLS). Never raises (but Cancelled)."""
         broker = self.broker
         limits = broker.config.limits
         if self.handshaking >= limits.max_connections:
@@ -110,7 +113,7 @@ class TlsAcceptor:
         try:
             outcome: _Outcome | None = None
             with trio.move_on_after(limits.handshake_timeout):
-                outcome = await self._handshake(stream, peer, session_id)
+                outcome = await self._handshake(stream, peer, session_id, plain_reply)
             if outcome is None:
                 broker.counters.handshake_timeouts += 1
                 self._log_limited("info", "handshake_timeout", peer, session=session_id, seconds=limits.handshake_timeout, tls=True)
@@ -122,7 +125,7 @@ class TlsAcceptor:
         finally:
             self.handshaking -= 1
 
-    async def _handshake(self, stream: trio.SocketStream, peer: str, session_id: int) -> _Outcome:
+    async def _handshake(self, stream: trio.SocketStream, peer: str, session_id: int, plain_reply: bytes | None) -> _Outcome:
         """The TLS stream, or None and how to answer the client (counted and logged)."""
         try:
             first = await stream.socket.recv(1, socket.MSG_PEEK)
@@ -139,7 +142,7 @@ class TlsAcceptor:
                 "warning", "tls_handshake_failed", peer, session=session_id, reason="NOT_TLS",
                 error="the client sent plain bytes, not a TLS handshake",
             )
-            return None, partial(_tell_plain_client, stream)
+            return None, partial(_tell_plain_client, stream, plain_reply)
         tls = trio.SSLStream(stream, self.context, server_side=True)
         try:
             await tls.do_handshake()
@@ -176,11 +179,12 @@ async def _send_alert(tls: trio.SSLStream[trio.SocketStream], stream: trio.Socke
                 pass
 
 
-async def _tell_plain_client(stream: trio.SocketStream) -> None:
-    """Answer a plain-protocol client on the TLS port with a plain GOODBYE, after
-    reading what it sent (closing with unread bytes would reset the connection and
-    could destroy the GOODBYE), then wait a moment for it to close first."""
-    frame = ProtocolConnection(Role.SERVER).send_push(PushKind.GOODBYE, TLS_REQUIRED_REASON.encode(), int(ErrorCode.UNAUTHORIZED))
+async def _tell_plain_client(stream: trio.SocketStream, reply: bytes | None = None) -> None:
+    """Answer a plain-protocol client on the TLS port with a plain GOODBYE (or
+    ``reply``), after reading what it sent (closing with unread bytes would reset
+    the connection and could destroy the GOODBYE), then wait a moment for it to
+    close first."""
+    frame = reply or ProtocolConnection(Role.SERVER).send_push(PushKind.GOODBYE, TLS_REQUIRED_REASON.encode(), int(ErrorCode.UNAUTHORIZED))
     with trio.move_on_after(1):
         try:
             await stream.receive_some(4096)

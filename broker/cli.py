@@ -2,7 +2,7 @@
 
 ``ttlbroker serve`` runs a broker in the foreground and prints ``listening on
 HOST:PORT`` once it accepts connections, then ``monitoring on http://HOST:PORT``
-(unless ``--http-port 0``); when it cannot start it prints one line saying why and what
+(unless ``--http-port 0``) and ``nats on nats://HOST:PORT`` (unless ``--no-nats``); when it cannot start it prints one line saying why and what
 to do, and exits 2 (``_startup.py``). ``check`` and ``repair`` look after a
 stopped broker's data directory. Every other command talks to a running broker
 (``_cli_commands.py`` and the modules next to it): the global options ``--server``,
@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="monitoring port for /metrics, /healthz, /varz; 0 = off, -1 = any free one (overrides [http] port; "
         "with --port 0 it defaults to -1)",
     )
+    p.add_argument(
+        "--nats-port", type=int, metavar="PORT",
+        help="port of the NATS listener, 0 = any free one (overrides [nats] port; with --port 0 it defaults to 0)",
+    )
+    p.add_argument("--no-nats", action="store_true", help="no NATS listener (overrides [nats] enabled)")
     p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this PEM certificate chain (overrides [server] tls_cert; needs --tls-key)")
     p.add_argument("--tls-key", metavar="FILE", help="the certificate's PEM private key, unencrypted (overrides [server] tls_key)")
     p.add_argument("--tls-ca", metavar="FILE", help="require client certificates signed by a CA in this PEM file (overrides [server] tls_ca)")
@@ -84,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: ``serve`` options and the config keys they override.
 _SERVE_OVERRIDES = (
     ("data", "system.path"), ("host", "server.host"), ("port", "server.port"), ("http_port", "http.port"),
+    ("nats_port", "nats.port"),
     ("fsync", "system.partition.fsync"), ("export_dir", "export.dir"),
     ("tls_cert", "server.tls_cert"), ("tls_key", "server.tls_key"), ("tls_ca", "server.tls_ca"),
 )
@@ -105,6 +111,10 @@ def _serve(args: argparse.Namespace) -> int:
         }
         if args.http_port is None and args.port == 0:
             changes["http.port"] = ANY_PORT  # a throwaway broker: do not take the fixed monitoring port
+        if args.nats_port is None and args.port == 0:
+            changes["nats.port"] = 0  # nor the fixed NATS port
+        if args.no_nats:
+            changes["nats.enabled"] = False
         if changes:
             cfg = cfg.replace(**changes)
     except ConfigError as exc:

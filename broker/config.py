@@ -205,6 +205,23 @@ class HttpConfig:
 
 
 @dataclass(frozen=True)
+class NatsConfig:
+    """The NATS listener (``_nats_session.py``)."""
+
+    enabled: bool = True
+    #: Empty: the server's host.
+    host: str = ""
+    #: 0 = any free port.
+    port: int = 4222
+    #: The ttlbroker stream whose topics are the NATS streams.
+    stream: str = "nats"
+    #: Seconds between the server's PINGs to a NATS client.
+    ping_interval: float = 120.0
+    #: Unanswered PINGs after which the connection is closed (Stale Connection).
+    max_pings_out: int = 2
+
+
+@dataclass(frozen=True)
 class SegmentConfig:
     size_bytes: int = 64 * 1024 * 1024
     message_expiry: int = 0
@@ -281,6 +298,7 @@ class Config:
 
     server: ServerConfig = field(default_factory=ServerConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    nats: NatsConfig = field(default_factory=NatsConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     message_cleaner: CleanerConfig = field(default_factory=CleanerConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
@@ -356,6 +374,7 @@ def _typed(value: Any, kind: type, key: str) -> Any:
 def _build(d: dict[str, Any]) -> Config:
     s, sysd, cl, ex, li, lo = d["server"], d["system"], d["message_cleaner"], d["export"], d["limits"], d["logging"]
     ht = d["http"]
+    na = d["nats"]
     try:
         fsync = FsyncPolicy.parse(sysd["partition"]["fsync"])
     except ValueError as exc:
@@ -373,6 +392,14 @@ def _build(d: dict[str, Any]) -> Config:
         http=HttpConfig(
             host=_typed(ht["host"], str, "http.host"),
             port=_typed(ht["port"], int, "http.port"),
+        ),
+        nats=NatsConfig(
+            enabled=_typed(na["enabled"], bool, "nats.enabled"),
+            host=_typed(na["host"], str, "nats.host"),
+            port=_typed(na["port"], int, "nats.port"),
+            stream=_typed(na["stream"], str, "nats.stream"),
+            ping_interval=_seconds(na["ping_interval"], "nats.ping_interval"),
+            max_pings_out=_typed(na["max_pings_out"], int, "nats.max_pings_out"),
         ),
         system=SystemConfig(
             path=_typed(sysd["path"], str, "system.path"),
@@ -418,6 +445,17 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"http.port: {cfg.http.port} is not a TCP port (1..65535), 0 (off) or -1 (any free port)")
     if cfg.http.port > 0 and cfg.http.port == cfg.server.port and cfg.http.host == cfg.server.host:
         raise ConfigError(f"http.port: {cfg.http.port} is also server.port; monitoring needs a port of its own")
+    na = cfg.nats
+    if not 0 <= na.port <= 65535:
+        raise ConfigError(f"nats.port: {na.port} is not a TCP port (1..65535) or 0 (any free port)")
+    if na.enabled and na.port and na.port == cfg.server.port and (na.host or cfg.server.host) == cfg.server.host:
+        raise ConfigError(f"nats.port: {na.port} is also server.port; the NATS listener needs a port of its own")
+    if na.ping_interval <= 0:
+        raise ConfigError("nats.ping_interval: must be positive")
+    if na.max_pings_out < 1:
+        raise ConfigError("nats.max_pings_out: must be at least 1")
+    if not na.stream:
+        raise ConfigError("nats.stream: must not be empty")
     seg = cfg.system.segment
     if not 4096 <= seg.size_bytes <= 1024**3:
         raise ConfigError("system.segment.size_bytes: must be between 4 KiB and 1 GiB")

@@ -1,8 +1,8 @@
 """The server: one nursery that owns everything the broker runs.
 
-``serve(config, task_status=...)`` first binds the broker's port and the monitoring
-port (``[http]``), so that an address in use fails at once rather than after a long
-recovery, and serves the monitoring endpoints from then on (``_monitoring.py``;
+``serve(config, task_status=...)`` first binds the broker's port, the NATS port
+(``[nats]``, ``_nats_session.py``) and the monitoring port (``[http]``), so that an
+address in use fails at once rather than after a long recovery, and serves the monitoring endpoints from then on (``_monitoring.py``;
 ``/healthz`` answers 503). It then opens the data directory and recovers it (in a
 worker thread), starts the group committer and the background tasks, accepts
 connections on the port it bound, and reports :class:`ServerHandle` through
@@ -18,9 +18,11 @@ from then on. It returns only when cancelled; cancelling it is a graceful shutdo
 
 ``run_server`` wraps it for the command line: SIGINT and SIGTERM cancel it.
 
-Resource handling: each connection runs in its own task (``Session.run``), which
-closes its stream when it ends; on a TLS port (``[server] tls_cert``) that task
-first completes the TLS handshake (``_tls.py``). All connections share one output
+Resource handling: each connection runs in its own task (``Session.run``, or
+``NatsSession.run`` on the NATS port), which closes its stream when it ends; on a
+TLS port (``[server] tls_cert``) that task first completes the TLS handshake
+(``_tls.py``; a NATS client starts TLS after the server's INFO). Both ports count
+against one ``limits.max_connections``. All connections share one output
 budget and one failed-handshake throttle, and a watch task cuts off slow consumers
 (``_limits.py``).
 Files and directories are created with ``[system] file_mode`` and ``dir_mode``.
@@ -55,6 +57,7 @@ from ._limits import ConnectionGuard, watch_connections
 from ._http import serve_http
 from ._log import get_logger
 from ._monitoring import Monitor, State
+from ._nats_session import TOO_MANY_CONNECTIONS, NatsSession
 from ._session import DRAIN_SECONDS, GOODBYE_SECONDS, Session
 from ._startup import StartupError, startup_failure
 from ._tls import TlsAcceptor
@@ -75,6 +78,9 @@ class ServerHandle:
     #: The monitoring port's address (None with ``[http] port = 0``).
     http_host: str | None = None
     http_port: int | None = None
+    #: The NATS listener's address (None with ``[nats] enabled = false``).
+    nats_host: str | None = None
+    nats_port: int | None = None
 
     @property
     def address(self) -> str:
@@ -87,6 +93,14 @@ class ServerHandle:
             return None
         host = f"[{self.http_host}]" if ":" in self.http_host else self.http_host
         return f"http://{host}:{self.http_port}"
+
+    @property
+    def nats_url(self) -> str | None:
+        """``nats://HOST:PORT`` of the NATS listener, or None."""
+        if self.nats_host is None:
+            return None
+        host = f"[{self.nats_host}]" if ":" in self.nats_host else self.nats_host
+        return f"nats://{host}:{self.nats_port}"
 
 
 async def serve(
@@ -107,9 +121,12 @@ async def serve(
     # Both ports before the recovery: one in use fails now, not after it.
     listeners = await trio.open_tcp_listeners(config.server.port, host=config.server.host)
     http_listeners: list[trio.SocketListener] = []
+    nats_listeners: list[trio.SocketListener] = []
     failed: Exception | None = None
     try:
         monitor.address = _sockname(listeners[0])
+        if config.nats.enabled:
+            nats_listeners = await _listen_nats(config)
         if config.http.enabled:
             http_listeners = await _listen_http(config)
             monitor.http_address = http_host, http_port = _sockname(http_listeners[0])
@@ -126,14 +143,14 @@ async def serve(
                 await monitoring.start(run_http)
                 log.info("monitoring", host=http_host, port=http_port)
             try:
-                await _run(broker, monitor, listeners, guard, tls_context, task_status)
+                await _run(broker, monitor, listeners, nats_listeners, guard, tls_context, task_status)
             except Exception as exc:
                 failed = exc  # raised below, not inside this nursery's exception group
             finally:
                 http_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            for listener in (*listeners, *http_listeners):
+            for listener in (*listeners, *nats_listeners, *http_listeners):
                 await listener.aclose()
     if failed is not None:
         raise failed
@@ -143,11 +160,13 @@ async def _run(
     broker: Broker,
     monitor: Monitor,
     listeners: list[trio.SocketListener],
+    nats_listeners: list[trio.SocketListener],
     guard: ConnectionGuard,
     tls_context: ssl.SSLContext | None,
     task_status: trio.TaskStatus[ServerHandle],
 ) -> None:
-    """Recover, serve the bound ``listeners`` until cancelled, shut down."""
+    """Recover, serve the bound ``listeners`` (and ``nats_listeners``) until
+    cancelled, shut down."""
     config = broker.config
     await trio.to_thread.run_sync(broker.open)
     try:
@@ -158,6 +177,8 @@ async def _run(
         host, port = _sockname(listeners[0])
         http_host, http_port = monitor.http_address or (None, None)
         handle = ServerHandle(broker, host, port, http_host, http_port)
+        if nats_listeners:
+            handle.nats_host, handle.nats_port = _sockname(nats_listeners[0])
         ids = itertools.count(1)
         limits = config.limits
         tls = TlsAcceptor(tls_context, broker, guard) if tls_context is not None else None
@@ -165,6 +186,9 @@ async def _run(
             await nursery.start(broker.committer.run)
             for task in broker.background_tasks():
                 nursery.start_soon(task)
+            jetstream = getattr(broker, "jetstream", None)
+            if jetstream is not None:
+                nursery.start_soon(jetstream.run)
             nursery.start_soon(
                 watch_connections, broker.sessions, guard.budget, limits.max_pending_bytes_per_connection,
                 limits.slow_consumer_seconds,
@@ -179,7 +203,16 @@ async def _run(
                         handler_nursery=conns, task_status=task_status,
                     )
 
+            async def accept_nats(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                await trio.serve_listeners(
+                    lambda stream: _connection(broker, guard, stream, next(ids), tls, nats=True), nats_listeners,
+                    handler_nursery=conn_nursery_holder[0], task_status=task_status,
+                )
+
             await nursery.start(accept_all)
+            if nats_listeners:
+                await nursery.start(accept_nats)
+                log.info("listening_nats", host=handle.nats_host, port=handle.nats_port)
             log.info("listening", host=handle.host, port=handle.port, data=broker.datadir.root, fsync=str(config.system.partition.fsync),
                      tls=tls is not None, client_certificates=bool(tls is not None and config.server.tls_ca))
             monitor.state = State.READY
@@ -189,7 +222,7 @@ async def _run(
             finally:
                 monitor.state = State.SHUTTING_DOWN
                 with trio.CancelScope(shield=True):
-                    await _shutdown(broker, listeners)
+                    await _shutdown(broker, [*listeners, *nats_listeners])
                 nursery.cancel_scope.cancel()
     finally:
         monitor.state = State.SHUTTING_DOWN
@@ -215,6 +248,22 @@ async def _listen_http(config: Config) -> list[trio.SocketListener]:
                 f"monitoring port {where} is in use (another broker? set [http] port or --http-port; 0 turns monitoring off)"
             ) from None
         raise StartupError(f"cannot listen for monitoring on {where}: {exc.strerror or exc} (set [http] host)") from None
+
+
+async def _listen_nats(config: Config) -> list[trio.SocketListener]:
+    """The NATS port's listeners; an address in use or unusable is a
+    :class:`StartupError` naming what to change."""
+    host, port = config.nats.host or config.server.host, config.nats.port
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        where = f"{host}:{port}" if port else f"{host} (any free port)"
+        if exc.errno == errno.EADDRINUSE:
+            raise StartupError(
+                f"NATS port {where} is in use (a nats-server or another broker?): set [nats] port or --nats-port "
+                "(0 = any free one), or turn the NATS listener off with --no-nats or [nats] enabled = false"
+            ) from None
+        raise StartupError(f"cannot listen for NATS clients on {where}: {exc.strerror or exc} (set [nats] host)") from None
 
 
 async def _shutdown(broker: Broker, listeners: list[trio.SocketListener]) -> None:
@@ -270,18 +319,21 @@ def _peer_name(stream: trio.SocketStream) -> str:
 
 async def _connection(
     broker: Broker, guard: ConnectionGuard, stream: trio.SocketStream, session_id: int, tls: TlsAcceptor | None = None,
+    nats: bool = False,
 ) -> None:
-    """One accepted connection, from accept to close. Never raises (but Cancelled).
+    """One accepted connection (``nats``: on the NATS port), from accept to close.
+    Never raises (but Cancelled).
 
-    On a TLS port it first completes the TLS handshake (``_tls.py``). At the
-    connection limit it takes the place of the connection that has waited longest
-    for its handshake, if any (``_limits.py``, rule 4)."""
+    On a TLS port it first completes the TLS handshake (``_tls.py``; a NATS session
+    does that itself, after its INFO). At the connection limit it takes the place
+    of the connection that has waited longest for its handshake, if any
+    (``_limits.py``, rule 4)."""
     peer = "?"
     session_stream: trio.abc.Stream = stream
     try:
         peer = _peer_name(stream)
         broker.counters.connections_total += 1
-        if tls is not None:
+        if tls is not None and not nats:
             secured = await tls.accept(stream, peer, session_id)
             if secured is None:
                 return
@@ -290,10 +342,13 @@ async def _connection(
         if len(broker.sessions) >= limit or broker.shutting_down:
             victim = None if broker.shutting_down else guard.evictable(trio.current_time())
             if victim is None:
-                await _refuse(broker, session_stream, peer, limit)
+                await _refuse(broker, session_stream, peer, limit, nats)
                 return
             victim.evict(limit)
-        session = Session(broker, session_stream, session_id, peer, guard)
+        if nats:
+            session: Session = NatsSession(broker, session_stream, session_id, peer, guard, tls)
+        else:
+            session = Session(broker, session_stream, session_id, peer, guard)
         broker.sessions.add(session)
         log.debug("connection_opened", session=session_id, peer=peer)
         await session.run()
@@ -306,11 +361,14 @@ async def _connection(
             await trio.aclose_forcefully(session_stream)
 
 
-async def _refuse(broker: Broker, stream: trio.abc.Stream, peer: str, limit: int) -> None:
+async def _refuse(broker: Broker, stream: trio.abc.Stream, peer: str, limit: int, nats: bool = False) -> None:
     broker.counters.connections_refused += 1
     code = ErrorCode.SHUTTING_DOWN if broker.shutting_down else ErrorCode.TOO_MANY_CONNECTIONS
     reason = "the broker is shutting down" if broker.shutting_down else f"the broker is at its limit of {limit} connections"
-    frame = ProtocolConnection(Role.SERVER).send_push(PushKind.GOODBYE, reason.encode(), int(code))
+    if nats:  # nats-server's refusal; at a shutdown, it just closes
+        frame = b"" if broker.shutting_down else TOO_MANY_CONNECTIONS
+    else:
+        frame = ProtocolConnection(Role.SERVER).send_push(PushKind.GOODBYE, reason.encode(), int(code))
     with trio.move_on_after(1):
         try:
             await stream.send_all(frame)
@@ -328,8 +386,9 @@ GC_THRESHOLD = (50_000, 20, 100)
 
 async def run_server(config: Config) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully; prints
-    ``listening on HOST:PORT`` on stdout once ready, and on the next line
-    ``monitoring on http://HOST:PORT`` (unless ``[http] port = 0``).
+    ``listening on HOST:PORT`` on stdout once ready, then ``monitoring on
+    http://HOST:PORT`` (unless ``[http] port = 0``) and ``nats on
+    nats://HOST:PORT`` (unless ``[nats] enabled = false``), each on its own line.
 
     A failure to start that an operator can fix is raised as one
     :class:`StartupError` (``_startup.py``), outside any exception group.
@@ -353,6 +412,8 @@ async def run_server(config: Config) -> None:
             print(f"listening on {handle.address}", flush=True)
             if handle.monitoring_url is not None:
                 print(f"monitoring on {handle.monitoring_url}", flush=True)
+            if handle.nats_url is not None:
+                print(f"nats on {handle.nats_url}", flush=True)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
                     log.info("signal", signal=signal.Signals(signum).name)

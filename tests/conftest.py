@@ -4,6 +4,12 @@
 data directory under ``tmp_path``; it shuts down gracefully when the test ends.
 ``client`` is the bundled trio client connected to it. Tests that restart a broker
 use ``start_server`` to run several in sequence on the same data directory.
+
+The NATS listener is off in ``make_config`` (every broker would otherwise open a
+second port); ``nats_server`` starts a broker with it on a free port, and
+``nats_url`` is its ``nats://127.0.0.1:PORT``. nats-py is an asyncio client: run
+its code with ``helpers.in_asyncio`` (a worker thread with its own event loop)
+while the broker runs on the test's trio loop.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from broker.client import Client, connect  # noqa: E402
 
 
 def make_config(data_dir: Path | str, **changes: object) -> Config:
-    base = {"server.port": 0, "http.port": -1, "system.path": str(data_dir)}
+    base = {"server.port": 0, "http.port": -1, "nats.enabled": False, "nats.port": 0, "system.path": str(data_dir)}
     base.update(changes)
     return Config().replace(**base)
 
@@ -65,6 +71,25 @@ async def start_server(config: Config, clock: Clock | None = None) -> AsyncItera
 async def server(config: Config) -> AsyncIterator[ServerHandle]:
     async with start_server(config) as handle:
         yield handle
+
+
+@pytest.fixture
+def nats_config(data_dir: Path) -> Config:
+    """A broker's config with the NATS listener on (a free port)."""
+    return make_config(data_dir, **{"nats.enabled": True})
+
+
+@pytest.fixture
+async def nats_server(nats_config: Config) -> AsyncIterator[ServerHandle]:
+    async with start_server(nats_config) as handle:
+        yield handle
+
+
+@pytest.fixture
+def nats_url(nats_server: ServerHandle) -> str:
+    """``nats://127.0.0.1:PORT`` of ``nats_server``'s NATS listener."""
+    assert nats_server.nats_url is not None
+    return nats_server.nats_url
 
 
 @pytest.fixture

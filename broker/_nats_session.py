@@ -1,0 +1,428 @@
+"""One NATS client connection: the NATS listener's sibling of ``_session.py``.
+
+:class:`NatsSession` is a :class:`~broker._session.Session` that speaks the NATS
+client protocol (``protocol._nats``) instead of ttlbroker's frames. It keeps
+everything else of a session: the output queue counted in ``pending_bytes`` and in
+the broker's output budget, the slow-consumer cut-off, the connection limit and the
+graceful shutdown (``_limits.py``), and the rule that whatever the peer does, only
+this connection ends.
+
+The conversation, as nats-server holds it:
+
+* the server sends ``INFO`` at once (``server_id``, ``version``, ``proto`` 1,
+  ``headers``, ``max_payload``, ``auth_required`` with a token, ``tls_required``
+  with TLS); on a TLS listener the client then starts TLS (``_tls.py`` does the
+  handshake) and the protocol goes on inside it;
+* ``CONNECT`` carries the options (``verbose``: ``+OK`` after each operation;
+  ``pedantic``; ``headers``; ``no_responders``; ``echo``; ``auth_token``, compared
+  in constant time). With a token, anything else first, or a wrong token, is
+  answered ``-ERR 'Authorization Violation'`` and the connection closed (after the
+  failed-handshake delay of ``_limits.FailureThrottle``); no ``CONNECT`` within
+  ``limits.handshake_timeout`` is ``-ERR 'Authentication Timeout'``;
+* ``PUB``/``HPUB``: a subject the JetStream API handles goes to
+  ``broker.jetstream.request``; a subject a topic captures is stored through the
+  broker's one publish path (``_publishing.publish``), and a reply subject gets the
+  PubAck (``broker.jetstream.pub_ack``/``pub_error``) once the message is durable
+  as an ack is; any other subject is a core message (``_nats_core.send_core``),
+  and a request (a reply subject) that reaches nobody gets a ``NATS/1.0 503``
+  status message on its reply subject when the client asked for
+  ``no_responders``;
+* ``SUB``/``UNSUB`` (with queue groups and a maximum) manage this connection's
+  subscriptions (``_nats_core.NatsSubscription``), at most
+  ``limits.max_subscriptions_per_connection`` (``-ERR 'maximum subscriptions
+  exceeded'``);
+* ``PING`` gets ``PONG``; the server sends ``PING`` every ``[nats] ping_interval``
+  and closes with ``-ERR 'Stale Connection'`` when ``[nats] max_pings_out`` of them
+  are unanswered.
+
+Bad bytes (an unknown operation, a control line over 4096 bytes, a payload over
+``limits.max_payload_bytes``) get nats-server's ``-ERR`` and close the connection;
+an invalid subject gets ``-ERR 'Invalid Subject'`` (SUB) or, with ``pedantic``,
+``-ERR 'Invalid Publish Subject'`` and the connection goes on.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+import protocol as P
+from protocol import ErrorCode
+from protocol._nats import (
+    NATS_NEED_DATA,
+    OK,
+    PING,
+    PONG,
+    NatsConnect,
+    NatsParser,
+    NatsPing,
+    NatsPong,
+    NatsProtocolError,
+    NatsPub,
+    NatsSub,
+    NatsUnsub,
+    encode_err,
+    encode_info,
+    encode_msg,
+    encode_nats_headers,
+    valid_nats_subject,
+)
+
+from ._info import VERSION
+from ._log import get_logger
+from ._nats_core import NatsSubscription, send_core
+from ._routing import NO_TOPIC
+from ._session import GOODBYE_SECONDS, RECEIVE_SIZE, Session
+
+if TYPE_CHECKING:
+    from ._broker import Broker
+    from ._limits import ConnectionGuard
+    from ._tls import TlsAcceptor
+
+__all__ = ["NatsSession", "SERVER_ID", "TOO_MANY_CONNECTIONS"]
+
+log = get_logger(__name__)
+
+#: This process's server id in INFO (nats-server's is a 56-character key).
+SERVER_ID = "TTLBROKER" + secrets.token_hex(12).upper()
+
+AUTH_VIOLATION = "Authorization Violation"
+#: What each GOODBYE of a session becomes for a NATS client (None: just close, as
+#: nats-server does when it shuts down).
+_ERR_OF_CODE = {
+    ErrorCode.SLOW_CONSUMER: "Slow Consumer",
+    ErrorCode.HANDSHAKE_TIMEOUT: "Authentication Timeout",
+    ErrorCode.TOO_MANY_CONNECTIONS: "maximum connections exceeded",
+    ErrorCode.UNAUTHORIZED: AUTH_VIOLATION,
+    ErrorCode.SHUTTING_DOWN: None,
+}
+#: A client on a TLS listener that does not start TLS after INFO.
+TLS_REQUIRED = "Secure Connection - TLS Required"
+_NO_RESPONDERS = encode_nats_headers([], 503)
+
+
+#: What a NATS client the broker cannot take is told (then closed).
+TOO_MANY_CONNECTIONS = encode_err("maximum connections exceeded")
+
+
+class NatsSession(Session):
+    """See the module docstring."""
+
+    protocol = "nats"
+
+    def __init__(
+        self, broker: Broker, stream: trio.abc.Stream, session_id: int, peer: str, guard: ConnectionGuard,
+        tls: TlsAcceptor | None = None,
+    ) -> None:
+        super().__init__(broker, stream, session_id, peer, guard)
+        self.parser = NatsParser(server=True, max_payload=broker.max_payload)
+        self.subs: dict[str, NatsSubscription] = {}  # type: ignore[assignment]
+        self.tls = tls
+        self.verbose = False
+        self.pedantic = False
+        self.headers = False
+        self.no_responders = False
+        self.echo = True
+        self.pings_out = 0
+
+    # -- output ----------------------------------------------------------------------
+
+    def push_nats(self, data: bytes) -> bool:
+        """Queue a MSG/HMSG; False (nothing queued) when the connection is backed up
+        or the output budget has no room (deliveries are at most once)."""
+        if self._closing or self.pending_bytes > self._limit or not self.budget.has_room(len(data)):
+            return False
+        self.send_now(data)
+        return True
+
+    def _goodbye(self, code: ErrorCode, reason: str) -> None:
+        self._handling = False
+        text = _ERR_OF_CODE.get(code, reason)
+        if text is not None:
+            self.send_now(encode_err(text))
+
+    def _fail(self, text: str, reason: str) -> None:
+        """``-ERR 'text'``, then close."""
+        self.broker.counters.request_errors += 1
+        log.debug("protocol_error", session=self.id, peer=self.peer, error=text, protocol="nats")
+        self.send_now(encode_err(text))
+        self._end_as(reason)
+        self._drain_seconds = GOODBYE_SECONDS
+
+    def _info(self) -> dict[str, Any]:
+        config = self.broker.config
+        host, port = self.stream_address()
+        info: dict[str, Any] = {
+            "server_id": SERVER_ID, "server_name": config.server.name, "version": VERSION, "proto": 1,
+            "go": "python", "host": host, "port": port, "headers": True, "max_payload": self.broker.max_payload,
+            "client_id": self.id, "jetstream": hasattr(self.broker, "jetstream"),
+        }
+        if config.server.auth_token:
+            info["auth_required"] = True
+        if self.tls is not None:
+            info["tls_required"] = True
+            info["tls_available"] = True
+            if config.server.tls_ca:
+                info["tls_verify"] = True
+        return info
+
+    def stream_address(self) -> tuple[str, int]:
+        socket = getattr(self.stream, "socket", None)
+        if socket is None:
+            return "", 0
+        name = socket.getsockname()
+        return name[0], name[1]
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def _writer(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pinger)
+            await super()._writer()
+
+    async def _pinger(self) -> None:
+        """Server PINGs; too many unanswered ones mean a stale connection."""
+        nats = self.broker.config.nats
+        while True:
+            await trio.sleep(nats.ping_interval)
+            if self._closing:
+                return
+            if self.pings_out >= nats.max_pings_out:
+                log.info("stale_connection", session=self.id, peer=self.peer, pings_out=self.pings_out)
+                self._fail("Stale Connection", "stale_connection")
+                self._stop_reading()
+                return
+            self.pings_out += 1
+            self.send_now(PING)
+
+    async def _read_loop(self) -> None:
+        self.send_now(encode_info(self._info()))
+        if self.tls is not None and not await self._start_tls():
+            return
+        parser = self.parser
+        budget = self.budget
+        while True:
+            if self._closing:
+                return
+            if self.pending_bytes > self._limit or budget.total > budget.limit:
+                await self._wait_room()
+            try:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._lost()
+                return
+            if not data:
+                self._end_as("closed_mid_frame" if parser.buffered else "closed")
+                return
+            if self._closing:
+                return
+            parser.receive_data(data)
+            self._handling = True
+            try:
+                while True:
+                    try:
+                        event = parser.next_event()
+                    except NatsProtocolError as err:
+                        self._fail(err.text, "protocol_error")
+                        return
+                    if event is NATS_NEED_DATA:
+                        break
+                    if not self.ready and not await self._before_connect(event):
+                        return
+                    if self._closing:
+                        return
+                    self._event(event)
+                    if self._closing:
+                        return
+                    if self.pending_bytes > self._limit or budget.total > budget.limit:
+                        await self._wait_room()
+                        if self._closing:
+                            return
+            finally:
+                self._handling = False
+            if self._now:
+                self._reader_sending = True
+                try:
+                    await self._send_ready()
+                finally:
+                    self._reader_sending = False
+
+    async def _start_tls(self) -> bool:
+        """After INFO, the client starts TLS (nats-py's ``start_tls``)."""
+        await self._send_ready()
+        assert self.tls is not None
+        secured = await self.tls.accept(self.stream, self.peer, self.id, plain_reply=encode_err(TLS_REQUIRED))  # type: ignore[arg-type]
+        if secured is None:
+            self._end_as("tls_failed")
+            return False
+        self.stream = secured
+        return True
+
+    async def _before_connect(self, event: Any) -> bool:
+        """The first operation: CONNECT (checked against the token), or, without a
+        token, anything. False: the connection is refused."""
+        token = self.broker.config.server.auth_token
+        if event.__class__ is NatsConnect:
+            given = event.options.get("auth_token")
+            if token and not (isinstance(given, str) and hmac.compare_digest(given.encode(), token.encode())):
+                await self._refuse_auth()
+                return False
+        elif token:
+            await self._refuse_auth()
+            return False
+        self.ready = True
+        self.guard.waiting.pop(self, None)
+        if self._read_scope is not None:
+            self._read_scope.deadline = math.inf
+        return True
+
+    async def _refuse_auth(self) -> None:
+        """``-ERR 'Authorization Violation'`` after the throttle's delay, then close;
+        counted and logged rate-limited as a failed handshake is."""
+        counters = self.broker.counters
+        counters.request_errors += 1
+        counters.auth_failures += 1
+        self._end_as("unauthorized")
+        now = trio.current_time()
+        delay = self.throttle.failure(self.peer_host, now)
+        suppressed = self.guard.log_limit.allow(self.peer_host, now)
+        if suppressed is not None:
+            log.warning("handshake_failed", session=self.id, peer=self.peer, code="UNAUTHORIZED", error=AUTH_VIOLATION,
+                        protocol="nats", delay_seconds=round(delay, 3), suppressed=suppressed)
+        if self._read_scope is not None:
+            self._read_scope.deadline = math.inf
+        await trio.sleep(delay)
+        self.send_now(encode_err(AUTH_VIOLATION))
+        self._drain_seconds = GOODBYE_SECONDS
+
+    # -- operations ------------------------------------------------------------------
+
+    def _event(self, event: Any) -> None:
+        cls = event.__class__
+        if cls is NatsPub:
+            self._publish(event)
+        elif event is NatsPing:
+            self.send_now(PONG)
+            return
+        elif event is NatsPong:
+            self.pings_out = 0
+            return
+        elif cls is NatsSub:
+            if not self._subscribe(event):
+                return
+        elif cls is NatsUnsub:
+            self._unsubscribe(event)
+        elif cls is NatsConnect:
+            self._connect(event.options)
+            if self._closing:
+                return
+        if self.verbose:
+            self.send_now(OK)
+
+    def _connect(self, options: dict[str, Any]) -> None:
+        self.verbose = bool(options.get("verbose", False))
+        self.pedantic = bool(options.get("pedantic", False))
+        self.headers = bool(options.get("headers", False))
+        self.no_responders = bool(options.get("no_responders", False))
+        self.echo = bool(options.get("echo", True))
+        self.client_name = str(options.get("name", ""))[:256]
+        if self.no_responders and not self.headers:
+            self._fail("no responders requires headers support", "protocol_error")
+
+    def _subscribe(self, ev: NatsSub) -> bool:
+        if not valid_nats_subject(ev.subject, wildcards=True) or (ev.queue is not None and not valid_nats_subject(ev.queue)):
+            self.broker.counters.request_errors += 1
+            self.send_now(encode_err("Invalid Subject"))
+            return False
+        if ev.sid in self.subs:
+            return True  # nats-server keeps the first subscription of a sid
+        limit = self.broker.config.limits.max_subscriptions_per_connection
+        if len(self.subs) >= limit:
+            self.broker.counters.request_errors += 1
+            self.send_now(encode_err("maximum subscriptions exceeded"))
+            return False
+        sub = NatsSubscription(self, ev.sid, ev.subject, ev.queue)
+        self.subs[ev.sid] = sub
+        self.broker.subs.add(sub)
+        return True
+
+    def _unsubscribe(self, ev: NatsUnsub) -> None:
+        sub = self.subs.get(ev.sid)
+        if sub is None:
+            return  # as nats-server: unknown sids are ignored
+        if ev.max_msgs and ev.max_msgs > sub.delivered:
+            sub.remaining = ev.max_msgs - sub.delivered
+        else:
+            self.remove_subscription(sub)
+
+    def remove_subscription(self, sub: NatsSubscription) -> None:
+        if self.subs.get(sub.sid) is sub:
+            del self.subs[sub.sid]
+            self.broker.subs.remove(sub)
+
+    def _publish(self, ev: NatsPub) -> None:
+        broker = self.broker
+        subject = ev.subject
+        if not valid_nats_subject(subject):
+            if self.pedantic:
+                broker.counters.request_errors += 1
+                self.send_now(encode_err("Invalid Publish Subject"))
+            return
+        js = getattr(broker, "jetstream", None)
+        if js is not None and js.handles(subject):
+            js.request(subject, ev.reply, ev.headers, ev.payload)
+            return
+        subj = subject.encode()
+        route = broker.router.cache.get(subj) if len(subj) <= 255 else NO_TOPIC
+        if route is None:
+            route = broker.router.resolve(subj)
+        if route is NO_TOPIC:
+            broker.counters.messages_in += 1
+            broker.counters.bytes_in += len(ev.payload)
+            if not send_core(broker, subject, ev.reply, ev.headers, ev.payload, origin=self) and ev.reply and self.no_responders:
+                self._no_responders(ev.reply)
+            return
+        self._store(ev, route)
+
+    def _no_responders(self, reply: str) -> None:
+        """A ``NATS/1.0 503`` status message to this client's subscriptions that match
+        the reply subject (its request's inbox), as nats-server sends it."""
+        subj = reply.encode()
+        tokens = reply.split(".")
+        for sub in list(self.subs.values()):
+            if P.subject_matches(sub.tokens, tokens):
+                self.push_nats(encode_msg(subj, sub.sid_bytes, None, _NO_RESPONDERS, b""))
+
+    def _store(self, ev: NatsPub, route: Any) -> None:
+        """A message a topic captures: through the broker's one publish path, with
+        the PubAck to its reply subject once it is durable."""
+        broker = self.broker
+        js = getattr(broker, "jetstream", None)
+        topic = getattr(route, "topic", None)
+        reply = ev.reply
+        try:
+            block = P.nats_to_record_headers(ev.headers) if ev.headers else b""
+            body = P.encode_body(ev.subject, ev.payload, block)
+        except P.BrokerError as err:
+            if reply and js is not None:
+                send_core(broker, reply, None, None, js.pub_error(err, topic))
+            return
+        cmd = P.Publish.from_bodies([body], 0 if reply else P.PUBLISH_NO_ACK)
+        result = broker.sync_handlers[P.Publish](self, cmd)
+        if not reply or js is None:
+            return
+        payload, epoch = result if result.__class__ is tuple else (result, 0)
+        ack = P.Acks.decode(payload)[0]
+        if ack.error is not None:
+            answer = js.pub_error(ack.error, topic)
+        else:
+            answer = js.pub_ack(topic, ack.offset, ack.status == ErrorCode.DUPLICATE_MESSAGE)
+        committer = broker.committer
+        if epoch and committer.acks_wait and epoch > committer.synced:
+            committer.after(epoch, lambda: send_core(broker, reply, None, None, answer))
+        else:
+            send_core(broker, reply, None, None, answer)

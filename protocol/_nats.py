@@ -1,0 +1,460 @@
+"""The NATS client protocol, sans-IO: the text protocol nats-server speaks to its
+clients (``INFO``, ``CONNECT``, ``PUB``, ``HPUB``, ``SUB``, ``UNSUB``, ``MSG``,
+``HMSG``, ``PING``, ``PONG``, ``+OK``, ``-ERR``) and its header blocks.
+
+:class:`NatsParser` turns the bytes of one side into events, as nats-server's
+``parser.go`` reads them: operation names in any case, arguments separated by
+spaces or tabs, a control line ended by LF (a CR before it is dropped), a payload of
+the announced size followed by CRLF. The server side (``server=True``) reads what a
+client sends; the client side what a server sends (tests and tools use it). A
+violation raises :class:`NatsProtocolError`, whose ``text`` is what nats-server
+puts in its ``-ERR`` line; after one, the parser is unusable (the server closes the
+connection). Memory is bounded: a control line may be at most
+``max_control_line`` bytes and a payload at most ``max_payload``, checked before
+either is buffered.
+
+The ``encode_*`` functions write each operation. A NATS header block is
+``NATS/1.0[ status[ description]]\\r\\n`` then ``Name: value\\r\\n`` lines and an empty
+line; :func:`nats_to_record_headers` and :func:`record_to_nats_headers` convert it
+to and from ttlbroker's header block (``_records.py``), and
+:func:`nats_message_of_record` gives a stored record's parts as a NATS message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import ErrorCode, RemoteProtocolError, error_class
+from ._records import FIXED_SIZE, RECORD_FIXED, _check_header_name, _check_header_value, _iter_header_block, encode_headers
+
+__all__ = [
+    "NatsProtocolError", "NatsParser", "NATS_NEED_DATA", "NatsConnect", "NatsPub", "NatsSub", "NatsUnsub", "NatsPing",
+    "NatsPong", "NatsInfo", "NatsMsg", "NatsOk", "NatsErr", "PING", "PONG", "OK", "encode_info", "encode_connect",
+    "encode_pub", "encode_sub", "encode_unsub", "encode_msg", "encode_err", "encode_nats_headers", "decode_nats_headers",
+    "nats_to_record_headers", "record_to_nats_headers", "nats_message_of_record", "MAX_CONTROL_LINE",
+    "valid_nats_subject",
+]
+
+#: nats-server's default ``max_control_line``.
+MAX_CONTROL_LINE = 4096
+
+PING = b"PING\r\n"
+PONG = b"PONG\r\n"
+OK = b"+OK\r\n"
+
+#: The texts nats-server sends in ``-ERR`` for what the parser finds.
+UNKNOWN_OP = "Unknown Protocol Operation"
+MAX_LINE = "maximum control line exceeded"
+MAX_PAYLOAD = "Maximum Payload Violation"
+
+_HEADER_LINE = b"NATS/1.0"
+
+
+class NatsProtocolError(RemoteProtocolError):
+    """The peer broke the NATS protocol; ``text`` is the ``-ERR`` text."""
+
+    def __init__(self, text: str, detail: str = "") -> None:
+        super().__init__(f"{text}: {detail}" if detail else text, ErrorCode.MALFORMED_FRAME)
+        self.text = text
+
+
+# -- events ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NatsConnect:
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class NatsPub:
+    """PUB (``headers`` None) or HPUB (``headers`` the whole NATS header block)."""
+
+    subject: str
+    reply: str | None
+    headers: bytes | None
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NatsSub:
+    subject: str
+    queue: str | None
+    sid: str
+
+
+@dataclass(frozen=True, slots=True)
+class NatsUnsub:
+    sid: str
+    max_msgs: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class NatsInfo:
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class NatsMsg:
+    """MSG (``headers`` None) or HMSG."""
+
+    subject: str
+    sid: str
+    reply: str | None
+    headers: bytes | None
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NatsErr:
+    text: str
+
+
+class _Singleton:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+NatsPing = _Singleton("NatsPing")
+NatsPong = _Singleton("NatsPong")
+NatsOk = _Singleton("NatsOk")
+#: What :meth:`NatsParser.next_event` returns when it needs more bytes.
+NATS_NEED_DATA = _Singleton("NATS_NEED_DATA")
+
+Event = NatsConnect | NatsPub | NatsSub | NatsUnsub | NatsInfo | NatsMsg | NatsErr | _Singleton
+
+_WS = b" \t"
+_ENDS = b" \t\r\n"
+
+
+def _args(line: bytes) -> list[bytes]:
+    return line.replace(b"\t", b" ").split()
+
+
+def _size(raw: bytes) -> int:
+    if not raw.isdigit() or len(raw) > 12:
+        raise NatsProtocolError(UNKNOWN_OP, f"bad size {raw[:20]!r}")
+    return int(raw)
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise NatsProtocolError(UNKNOWN_OP, "an argument is not UTF-8") from None
+
+
+def valid_nats_subject(subject: str, wildcards: bool = False) -> bool:
+    """nats-server's ``IsValidLiteralSubject`` (``wildcards`` False) or
+    ``IsValidSubject``: non-empty tokens, no whitespace, and wildcards only as
+    whole tokens, ``>`` last (only when ``wildcards``)."""
+    if not subject:
+        return False
+    tokens = subject.split(".")
+    last = len(tokens) - 1
+    for i, token in enumerate(tokens):
+        if not token:
+            return False
+        if token in ("*", ">"):
+            if not wildcards or (token == ">" and i != last):
+                return False
+            continue
+        for ch in token:
+            if ch in " \t\r\n\f\v":
+                return False
+    return True
+
+
+class NatsParser:
+    """Incremental parser of one side of a NATS connection (see the module
+    docstring). Feed bytes with :meth:`receive_data`, take events with
+    :meth:`next_event` until it returns :data:`NATS_NEED_DATA`."""
+
+    def __init__(self, *, server: bool = True, max_control_line: int = MAX_CONTROL_LINE, max_payload: int = 1024 * 1024) -> None:
+        self.server = server
+        self.max_control_line = max_control_line
+        self.max_payload = max_payload
+        self._buf = bytearray()
+        self._pos = 0
+        #: The operation waiting for its payload: (kind, args, header size, total size).
+        self._pending: tuple[bytes, list[bytes], int, int] | None = None
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data: bytes) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def next_event(self) -> Event:
+        buf = self._buf
+        if self._pending is not None:
+            return self._payload(buf)
+        if self._pos == len(buf):
+            return NATS_NEED_DATA
+        self._check_op()
+        nl = buf.find(b"\n", self._pos, self._pos + self.max_control_line + 2)
+        if nl < 0:
+            if len(buf) - self._pos > self.max_control_line + 1:
+                raise NatsProtocolError(MAX_LINE)
+            return NATS_NEED_DATA
+        end = nl - 1 if nl > self._pos and buf[nl - 1] == 13 else nl
+        if end - self._pos > self.max_control_line:
+            raise NatsProtocolError(MAX_LINE)
+        line = bytes(buf[self._pos : end])
+        self._pos = nl + 1
+        return self._control(line)
+
+    def _check_op(self) -> None:
+        """Garbage is refused as soon as its first bytes cannot start an operation
+        (so the answer does not depend on how the bytes were split)."""
+        head = bytes(self._buf[self._pos : self._pos + 8]).upper()
+        ops = _SERVER_OPS if self.server else _CLIENT_OPS
+        for i, b in enumerate(head):
+            if b in _ENDS:
+                word = head[:i]
+                if word not in ops:
+                    raise NatsProtocolError(UNKNOWN_OP, f"unknown operation {word!r}")
+                return
+        if not any(op.startswith(head) for op in ops):
+            raise NatsProtocolError(UNKNOWN_OP, f"unknown operation starting {head!r}")
+
+    def _control(self, line: bytes) -> Event:
+        cut = len(line)
+        for i, b in enumerate(line):
+            if b in (32, 9):
+                cut = i
+                break
+        op = line[:cut].upper()
+        rest = line[cut:]
+        if self.server:
+            if op == b"PUB" or op == b"HPUB":
+                return self._pub_line(op, _args(rest))
+            if op == b"PING" and not rest.strip(_WS):
+                return NatsPing
+            if op == b"PONG" and not rest.strip(_WS):
+                return NatsPong
+            if op == b"SUB":
+                a = _args(rest)
+                if len(a) == 2:
+                    return NatsSub(_text(a[0]), None, _text(a[1]))
+                if len(a) == 3:
+                    return NatsSub(_text(a[0]), _text(a[1]), _text(a[2]))
+                raise NatsProtocolError(UNKNOWN_OP, "SUB takes a subject, an optional queue group and a sid")
+            if op == b"UNSUB":
+                a = _args(rest)
+                if len(a) == 1:
+                    return NatsUnsub(_text(a[0]), None)
+                if len(a) == 2:
+                    return NatsUnsub(_text(a[0]), _size(a[1]))
+                raise NatsProtocolError(UNKNOWN_OP, "UNSUB takes a sid and an optional maximum")
+            if op == b"CONNECT":
+                return NatsConnect(self._json(rest))
+        else:
+            if op == b"MSG" or op == b"HMSG":
+                return self._pub_line(op, _args(rest))
+            if op == b"PING" and not rest.strip(_WS):
+                return NatsPing
+            if op == b"PONG" and not rest.strip(_WS):
+                return NatsPong
+            if op == b"+OK" and not rest.strip(_WS):
+                return NatsOk
+            if op == b"-ERR":
+                text = rest.strip(_WS)
+                if len(text) >= 2 and text[:1] == b"'" and text[-1:] == b"'":
+                    text = text[1:-1]
+                return NatsErr(_text(text))
+            if op == b"INFO":
+                return NatsInfo(self._json(rest))
+        raise NatsProtocolError(UNKNOWN_OP, f"unknown operation {op[:20]!r}")
+
+    @staticmethod
+    def _json(rest: bytes) -> dict[str, Any]:
+        try:
+            value = json.loads(rest)
+        except ValueError:
+            raise NatsProtocolError(UNKNOWN_OP, "the argument is not JSON") from None
+        if not isinstance(value, dict):
+            raise NatsProtocolError(UNKNOWN_OP, "the argument is not a JSON object")
+        return value
+
+    def _pub_line(self, op: bytes, args: list[bytes]) -> Event:
+        headed = op[0] == 72  # H
+        # PUB subj [reply] size; HPUB subj [reply] hsize size; MSG subj sid [reply] size;
+        # HMSG subj sid [reply] hsize size.
+        fixed = (1 if op in (b"PUB", b"HPUB") else 2) + (2 if headed else 1)
+        if len(args) not in (fixed, fixed + 1):
+            raise NatsProtocolError(UNKNOWN_OP, f"{op.decode()} has {len(args)} arguments")
+        if headed:
+            hsize, total = _size(args[-2]), _size(args[-1])
+            if hsize > total or hsize < len(_HEADER_LINE) + 4:
+                raise NatsProtocolError(UNKNOWN_OP, f"{op.decode()}: header size {hsize} of total {total}")
+        else:
+            hsize, total = 0, _size(args[-1])
+        if total > self.max_payload:
+            raise NatsProtocolError(MAX_PAYLOAD, f"{total} bytes, the maximum is {self.max_payload}")
+        self._pending = (op, args, hsize, total)
+        return self._payload(self._buf)
+
+    def _payload(self, buf: bytearray) -> Event:
+        assert self._pending is not None
+        op, args, hsize, total = self._pending
+        start = self._pos
+        if len(buf) - start < total + 2:
+            return NATS_NEED_DATA
+        if buf[start + total : start + total + 2] != b"\r\n":
+            raise NatsProtocolError(UNKNOWN_OP, f"the payload of {op.decode()} is not followed by CRLF")
+        self._pending = None
+        self._pos = start + total + 2
+        headers = bytes(buf[start : start + hsize]) if op[0] == 72 else None
+        payload = bytes(buf[start + hsize : start + total])
+        if op in (b"PUB", b"HPUB"):
+            reply = _text(args[1]) if len(args) == (4 if op == b"HPUB" else 3) else None
+            return NatsPub(_text(args[0]), reply, headers, payload)
+        reply = _text(args[2]) if len(args) == (5 if op == b"HMSG" else 4) else None
+        return NatsMsg(_text(args[0]), _text(args[1]), reply, headers, payload)
+
+
+_SERVER_OPS = (b"PUB", b"HPUB", b"SUB", b"UNSUB", b"PING", b"PONG", b"CONNECT")
+_CLIENT_OPS = (b"MSG", b"HMSG", b"PING", b"PONG", b"+OK", b"-ERR", b"INFO")
+
+
+# -- writing -------------------------------------------------------------------------
+
+
+def _json_line(op: bytes, value: dict[str, Any]) -> bytes:
+    return op + b" " + json.dumps(value, separators=(",", ":")).encode() + b"\r\n"
+
+
+def encode_info(info: dict[str, Any]) -> bytes:
+    return _json_line(b"INFO", info)
+
+
+def encode_connect(options: dict[str, Any]) -> bytes:
+    return _json_line(b"CONNECT", options)
+
+
+def encode_err(text: str) -> bytes:
+    return b"-ERR '" + text.encode() + b"'\r\n"
+
+
+def encode_pub(subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> bytes:
+    """PUB, or HPUB when ``headers`` is not None (a whole NATS header block)."""
+    r = b" " + reply.encode() if reply else b""
+    if headers is None:
+        return b"PUB %s%s %d\r\n%s\r\n" % (subject.encode(), r, len(payload), payload)
+    return b"HPUB %s%s %d %d\r\n%s%s\r\n" % (subject.encode(), r, len(headers), len(headers) + len(payload), headers, payload)
+
+
+def encode_sub(subject: str, queue: str | None, sid: str) -> bytes:
+    return b"SUB %s%s %s\r\n" % (subject.encode(), b" " + queue.encode() if queue else b"", sid.encode())
+
+
+def encode_unsub(sid: str, max_msgs: int | None = None) -> bytes:
+    return b"UNSUB %s%s\r\n" % (sid.encode(), b"" if max_msgs is None else b" %d" % max_msgs)
+
+
+def encode_msg(subject: bytes, sid: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview) -> bytes:
+    """MSG, or HMSG when ``headers`` is not None (a whole NATS header block)."""
+    r = b" " + reply if reply else b""
+    if headers is None:
+        return b"MSG %s %s%s %d\r\n%s\r\n" % (subject, sid, r, len(payload), payload)
+    return b"HMSG %s %s%s %d %d\r\n%s%s\r\n" % (subject, sid, r, len(headers), len(headers) + len(payload), headers, payload)
+
+
+# -- header blocks --------------------------------------------------------------------
+
+
+def _bad_headers(msg: str) -> Exception:
+    return error_class(ErrorCode.INVALID_HEADERS)(msg)
+
+
+def encode_nats_headers(pairs: list[tuple[str, str]], status: int | None = None, description: str = "") -> bytes:
+    """A NATS header block: ``NATS/1.0[ status[ description]]`` and the pairs.
+
+    Raises:
+        InvalidHeadersError: a name or value breaks the header rules.
+    """
+    first = _HEADER_LINE
+    if status is not None:
+        first += b" %03d" % status
+        if description:
+            first += b" " + description.encode()
+    out = [first]
+    for name, value in pairs:
+        out.append(_check_header_name(name) + b": " + _check_header_value(name, value))
+    return b"\r\n".join(out) + b"\r\n\r\n"
+
+
+def decode_nats_headers(block: bytes) -> tuple[int | None, str, list[tuple[str, str]]]:
+    """``(status, description, pairs)`` of a NATS header block; values lose their
+    surrounding spaces (as nats.go and nats-py read them).
+
+    Raises:
+        InvalidHeadersError: the block is malformed.
+    """
+    if not block.startswith(_HEADER_LINE) or not block.endswith(b"\r\n\r\n"):
+        raise _bad_headers("a NATS header block starts with NATS/1.0 and ends with an empty line")
+    try:
+        text = block[:-4].decode()
+    except UnicodeDecodeError:
+        raise _bad_headers("the NATS header block is not UTF-8") from None
+    lines = text.split("\r\n")
+    first = lines[0][len(_HEADER_LINE):]
+    status: int | None = None
+    description = ""
+    if first:
+        if first[0] != " ":
+            raise _bad_headers(f"bad NATS header line {lines[0][:40]!r}")
+        code, _, description = first.strip().partition(" ")
+        if len(code) != 3 or not code.isdigit():
+            raise _bad_headers(f"bad status {code[:10]!r} in the NATS header line")
+        status = int(code)
+        description = description.strip()
+    pairs: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip() or "\n" in line or "\r" in line:
+            raise _bad_headers(f"bad NATS header line {line[:40]!r}")
+        pairs.append((name, value.strip()))
+    return status, description, pairs
+
+
+def nats_to_record_headers(block: bytes) -> bytes:
+    """ttlbroker's header block of a NATS one (its status line is not kept).
+
+    Raises:
+        InvalidHeadersError: the block is malformed or breaks the header rules.
+    """
+    return encode_headers(decode_nats_headers(block)[2])
+
+
+def record_to_nats_headers(record_block: bytes | memoryview) -> bytes:
+    """The NATS header block of ttlbroker's (names and values already obey the
+    rules, so no check is repeated); ``b""`` for an empty block."""
+    if not record_block:
+        return b""
+    out = [_HEADER_LINE]
+    for name, value in _iter_header_block(record_block):
+        out.append(name + b": " + value)
+    return b"\r\n".join(out) + b"\r\n\r\n"
+
+
+def nats_message_of_record(record: bytes | memoryview) -> tuple[bytes, bytes | None, memoryview]:
+    """``(subject, NATS header block or None, payload)`` of one stored record."""
+    view = memoryview(record)
+    sl, hl, pl = RECORD_FIXED.unpack_from(view, 0)[6:9]
+    s = FIXED_SIZE
+    subject = bytes(view[s : s + sl])
+    headers = record_to_nats_headers(view[s + sl : s + sl + hl]) if hl else None
+    return subject, headers, view[s + sl + hl : s + sl + hl + pl]
