@@ -65,6 +65,9 @@ class JetStream:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.nursery: trio.Nursery | None = None
+        #: API requests served and refused since start (``$JS.API.INFO``'s ``api``).
+        self.api_total = 0
+        self.api_errors = 0
 
     @property
     def namespace(self) -> str:

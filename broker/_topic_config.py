@@ -283,8 +283,10 @@ def _check_kv(cfg: TopicConfig) -> dict[str, Any]:
         raise _Config(f"kv refresh must be one of {', '.join(KV_REFRESH)}, not {refresh!r}")
     if visibility not in KV_VISIBILITY:
         raise _Config(f"kv visibility must be one of {', '.join(KV_VISIBILITY)}, not {visibility!r}")
-    if not (cfg.allow_msg_ttl and cfg.allow_rollup and cfg.subject_delete_marker_ttl):
-        raise _Config("a KV bucket needs allow_msg_ttl, allow_rollup and subject_delete_marker_ttl")
+    # Markers are optional, as in NATS KV (limit_marker_ttl): without them an expired
+    # key goes without a trace.
+    if not (cfg.allow_msg_ttl and cfg.allow_rollup):
+        raise _Config("a KV bucket needs allow_msg_ttl and allow_rollup")
     if cfg.partitions_count != 1:
         raise _Config("a KV bucket has exactly one partition")
     return {"ttl": ttl, "refresh": refresh, "visibility": visibility}

@@ -1,0 +1,452 @@
+"""The JetStream stream API over the broker's own operations: ``$JS.API.INFO``,
+``STREAM.CREATE|UPDATE|INFO|DELETE|PURGE|NAMES|LIST|MSG.GET|MSG.DELETE`` and
+``DIRECT.GET``.
+
+Every request maps onto what our own protocol's handlers do (``_admin.py``,
+``_removing.py``, ``_kv.py``, the partition's index and log): no second copy of
+topic creation, purge, delete or KV reads. JSON shapes and error numbers are the
+NATS server's (``protocol/_jetstream.py``); what ttlbroker lacks is refused there.
+
+A KV bucket's stream (``KV_<b>``) is the topic ``kv/<b>``: its ``max_age`` is the
+bucket's default key TTL (the ``kv`` option's ``ttl``, so FLIP-25's refresh policy,
+set on our side, applies to it), and a get by last subject (``STREAM.MSG.GET`` or
+``DIRECT.GET``) goes through the bucket's read rules (visibility, refresh on read),
+as our own client's ``kv.get`` does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import TYPE_CHECKING, Any
+
+import protocol as P
+from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
+from protocol._jetstream import (
+    BAD_REQUEST, INVALID_JSON, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, STREAM_MISMATCH,
+    STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, rfc3339, stream_config,
+    stream_config_to_topic,
+)
+from protocol._nats import decode_nats_headers, encode_nats_headers, nats_message_of_record
+
+from . import _admin, _removing
+from ._jetstream import KV_STREAM
+from ._log import get_logger
+from ._topic_config import TopicConfig, resolve
+
+if TYPE_CHECKING:
+    from ._catalog import Topic
+    from ._jetstream import JetStream
+
+__all__ = ["api", "stream_info"]
+
+log = get_logger(__name__)
+
+#: nats-server's page sizes for STREAM.NAMES and STREAM.LIST.
+NAMES_LIMIT = 1024
+LIST_LIMIT = 256
+#: The JetStream API level we report (ADR-43's per-message TTLs and markers are level 1).
+API_LEVEL = 1
+
+
+def api(js: JetStream, tokens: list[str], reply: str | None, headers: bytes | None, payload: bytes) -> None:
+    """One ``$JS.API.<tokens>`` request (not CONSUMER.*); answers ``reply``."""
+    js.api_total += 1
+    head = tokens[0]
+    if head == "INFO" and len(tokens) == 1:
+        js.respond(reply, api_response("account_info", account_info(js)))
+        return
+    if head == "DIRECT" and len(tokens) >= 3 and tokens[1] == "GET":
+        _direct_get(js, tokens[2], ".".join(tokens[3:]), reply, payload)
+        return
+    if head != "STREAM" or len(tokens) < 2:
+        _no_responders(js, reply)
+        return
+    op = tokens[1]
+    if op == "MSG" and len(tokens) == 4 and tokens[2] in ("GET", "DELETE"):
+        kind, name = f"stream_msg_{tokens[2].lower()}", tokens[3]
+    elif op in ("NAMES", "LIST") and len(tokens) == 2:
+        kind, name = f"stream_{op.lower()}", ""
+    elif op in ("CREATE", "UPDATE", "INFO", "DELETE", "PURGE") and len(tokens) == 3:
+        kind, name = f"stream_{op.lower()}", tokens[2]
+    else:
+        _no_responders(js, reply)
+        return
+    try:
+        req = _json(payload)
+        handler = _HANDLERS[kind]
+        if kind in _ASYNC:
+            js.spawn(_run_async, js, handler, kind, name, req, reply)
+            return
+        body, epoch = handler(js, name, req)
+        js.respond(reply, api_response(kind, body), epoch=epoch)
+    except (BrokerError, JSError) as err:
+        _fail(js, reply, kind, err)
+
+
+async def _run_async(js: JetStream, handler: Any, kind: str, name: str, req: dict[str, Any], reply: str | None) -> None:
+    try:
+        body = await handler(js, name, req)
+    except (BrokerError, JSError) as err:
+        _fail(js, reply, kind, err)
+        return
+    except Exception as exc:  # answered, logged; never reaches the nursery
+        log.error("jetstream_request_failed", kind=kind, error=repr(exc))
+        _fail(js, reply, kind, JSError(500, 10077, f"internal error: {exc}"))
+        return
+    js.respond(reply, api_response(kind, body))
+
+
+def _fail(js: JetStream, reply: str | None, kind: str, err: BrokerError | JSError) -> None:
+    js.api_errors += 1
+    js.respond(reply, api_error(kind, err))
+
+
+def _no_responders(js: JetStream, reply: str | None) -> None:
+    """What a client sees for an API subject the server does not serve."""
+    js.respond(reply, b"", headers=encode_nats_headers([], 503))
+
+
+def _json(payload: bytes) -> dict[str, Any]:
+    if not payload.strip():
+        return {}
+    try:
+        req = json.loads(payload)
+    except ValueError as exc:
+        raise js_error(INVALID_JSON, f"invalid JSON: {exc}") from None
+    if not isinstance(req, dict):
+        raise js_error(INVALID_JSON, "invalid JSON: the request must be an object")
+    return req
+
+
+# -- account and streams -------------------------------------------------------------
+
+
+def account_info(js: JetStream) -> dict[str, Any]:
+    topics = js.topics()
+    return {
+        "memory": 0,
+        "storage": sum(t.size_bytes for t in topics),
+        "reserved_memory": 0,
+        "reserved_storage": 0,
+        "streams": len(topics),
+        "consumers": sum(len(t.consumer_set) for t in topics),
+        "limits": {
+            "max_memory": -1, "max_storage": -1, "max_streams": -1, "max_consumers": -1, "max_ack_pending": -1,
+            "memory_max_stream_bytes": -1, "storage_max_stream_bytes": -1, "max_bytes_required": False,
+        },
+        "api": {"level": API_LEVEL, "total": js.api_total, "errors": js.api_errors},
+    }
+
+
+def _max_age(topic: Topic) -> int:
+    kv = topic.config.kv
+    return kv["ttl"] if kv is not None and topic.stream.name == KV_STREAM else topic.config.message_expiry
+
+
+def stream_info(js: JetStream, topic: Topic, subjects_filter: str | None = None) -> dict[str, Any]:
+    """A topic as the server's StreamInfo (config, created, state, ts)."""
+    options = topic.config.options()
+    if options["nats"] is None and topic.stream.name == KV_STREAM:
+        options["nats"] = {"allow_direct": True}  # a bucket made by our own client
+    cfg = stream_config(options, _max_age(topic), js.stream_name(topic))
+    part = topic.partitions[0] if topic.partitions else None
+    messages = topic.messages_count
+    last = max((p.log.last_offset for p in topic.partitions), default=0)
+    first = part.log.first_offset if part is not None and messages else last + 1
+    state: dict[str, Any] = {
+        "messages": messages,
+        "bytes": topic.size_bytes,
+        "first_seq": first,
+        "first_ts": rfc3339(part.log.timestamp_of(first) if messages and part is not None else 0),
+        "last_seq": last,
+        "last_ts": rfc3339(part.log.timestamp_of(last) if last and part is not None else 0),
+        "consumer_count": len(topic.consumer_set),
+    }
+    counts: dict[str, int] = {}
+    for p in topic.partitions:
+        for raw, st in p.index.subjects.items():
+            if st.count:
+                counts[raw.decode(errors="replace")] = st.count
+    if counts:
+        state["num_subjects"] = len(counts)
+    deleted = (last - first + 1) - messages if messages else 0
+    if deleted > 0:
+        state["num_deleted"] = deleted
+    if subjects_filter:
+        ftokens = tuple(subjects_filter.split("."))
+        matching = {s: n for s, n in counts.items() if subject_matches(ftokens, s.split("."))}
+        if matching:
+            state["subjects"] = matching
+    return {
+        "config": cfg,
+        "created": rfc3339(topic.created_at),
+        "state": state,
+        "ts": rfc3339(js.broker.clock.now_ns()),
+    }
+
+
+def _topic_request(js: JetStream, name: str, req: dict[str, Any]) -> tuple[str, str, dict[str, Any], int, bool]:
+    """A create or update request as (ttlbroker stream, topic name, options, max
+    age seconds, pedantic)."""
+    req = dict(req)
+    pedantic = bool(req.pop("pedantic", False))
+    check_stream_name(name)
+    if req.get("name") not in (None, name):
+        raise js_error(STREAM_MISMATCH)
+    req["name"] = name
+    options, max_age = stream_config_to_topic(req)
+    where, topic_name = js.place(name)
+    if where == KV_STREAM:
+        # A bucket: max_age is the default key TTL, so that the refresh policy applies.
+        options["kv"] = {"ttl": max_age}
+        max_age = 0
+    return where, topic_name, options, max_age, pedantic
+
+
+async def _create(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, Any]:
+    broker = js.broker
+    where, topic_name, options, max_age, pedantic = _topic_request(js, name, req)
+    try:
+        existing = js.topic(name)
+    except JSError:
+        existing = None
+    if existing is not None:
+        if _same(broker, existing, options, max_age, pedantic):
+            return stream_info(js, existing)
+        raise js_error(STREAM_NAME_EXIST)
+    if not any(s.name == where for s in broker.catalog.streams.values()):
+        try:
+            await _admin.create_stream(broker, None, P.CreateStream(0, where))
+        except BrokerError as err:
+            if err.code != ErrorCode.STREAM_NAME_EXISTS:
+                raise
+    if pedantic:
+        options["pedantic"] = True
+    cmd = P.CreateTopic(Identifier.of(where), 0, 1, max_age or P.EXPIRY_NONE, topic_name, options)
+    await _admin.create_topic(broker, None, cmd)
+    return {**stream_info(js, js.topic(name)), "did_create": True}
+
+
+def _same(broker: Any, topic: Topic, options: dict[str, Any], max_age: int, pedantic: bool) -> bool:
+    """Would creating ``options`` give ``topic``'s configuration (the server answers
+    a repeated create with the same config with the stream's info)?"""
+    old = topic.config
+    opts = dict(options)
+    if opts.get("kv") is not None and old.kv is not None:
+        opts["kv"] = {**old.kv, **opts["kv"]}
+    new = TopicConfig(
+        name=old.name, partitions_count=1, message_expiry=max_age, subjects=tuple(opts.pop("subjects")),
+        segment_size=old.segment_size, **opts,
+    )
+    try:
+        new = resolve(new, None, pedantic, broker.config.limits.max_partitions, options)
+    except BrokerError:
+        return False
+    return new.to_json() == old.to_json()
+
+
+async def _update(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, Any]:
+    topic = js.topic(name)
+    _, _, options, max_age, pedantic = _topic_request(js, name, req)
+    if options.get("kv") is not None and topic.config.kv is not None:
+        options["kv"] = {**topic.config.kv, **options["kv"]}  # keep our refresh and visibility
+    changes = {**options, "message_expiry": max_age}
+    if pedantic:
+        changes["pedantic"] = True
+    await _admin.update_topic(js.broker, None, P.UpdateTopic(Identifier.of(topic.stream.id), Identifier.of(topic.id), changes))
+    return stream_info(js, topic)
+
+
+def _info(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    topic = js.topic(name)
+    flt = req.get("subjects_filter")
+    if flt is not None and not isinstance(flt, str):
+        raise js_error(BAD_REQUEST)
+    return stream_info(js, topic, flt), 0
+
+
+async def _delete(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, Any]:
+    topic = js.topic(name)
+    await _admin.delete_topic(js.broker, None, P.DeleteTopic(Identifier.of(topic.stream.id), Identifier.of(topic.id)))
+    return {"success": True}
+
+
+def _purge(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    topic = js.topic(name)
+    if topic.config.deny_purge:
+        raise js_error(PURGE_FAILED, "stream purge not permitted")
+    if req.get("seq") or req.get("keep"):
+        raise js_error(PURGE_FAILED, "purge with 'seq' or 'keep' is not supported by ttlbroker (use 'filter')")
+    flt = req.get("filter") or ""
+    if not isinstance(flt, str):
+        raise js_error(BAD_REQUEST)
+    reply = _removing.purge(js.broker, None, P.Purge(Identifier.of(topic.stream.id), Identifier.of(topic.id), flt))
+    payload, epoch = reply if isinstance(reply, tuple) else (reply, 0)
+    return {"success": True, "purged": P.PurgeResult.decode(payload).purged}, epoch
+
+
+def _filter_of(req: dict[str, Any]) -> str:
+    flt = req.get("subject") or ""
+    if not isinstance(flt, str):
+        raise js_error(BAD_REQUEST)
+    return flt
+
+
+def _page(topics: list[Topic], req: dict[str, Any], limit: int) -> tuple[list[Topic], int, int]:
+    flt = _filter_of(req)
+    if flt:
+        topics = [t for t in topics if any(P.filters_overlap(flt, s) for s in t.config.subjects)]
+    offset = req.get("offset") or 0
+    if not isinstance(offset, int) or offset < 0:
+        raise js_error(BAD_REQUEST)
+    return topics[offset : offset + limit], len(topics), offset
+
+
+def _names(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    page, total, offset = _page(js.topics(), req, NAMES_LIMIT)
+    return {"total": total, "offset": offset, "limit": NAMES_LIMIT, "streams": [js.stream_name(t) for t in page]}, 0
+
+
+def _list(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    page, total, offset = _page(js.topics(), req, LIST_LIMIT)
+    return {"total": total, "offset": offset, "limit": LIST_LIMIT, "streams": [stream_info(js, t) for t in page]}, 0
+
+
+# -- messages --------------------------------------------------------------------------
+
+
+class _Found:
+    """One stored message as the get APIs report it."""
+
+    __slots__ = ("seq", "subject", "headers", "payload", "timestamp")
+
+    def __init__(self, seq: int, record: bytes | memoryview) -> None:
+        self.seq = seq
+        subject, headers, payload = nats_message_of_record(record)
+        self.subject = subject.decode()
+        self.headers = headers
+        self.payload = bytes(payload)
+        self.timestamp = read_record_info(record, 0).timestamp
+
+
+def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int]:
+    """The message a get request names (``seq``, ``last_by_subj``, ``next_by_subj``
+    from ``seq``); for a bucket's last-by-subject, through the bucket's read rules.
+    Returns it and the epoch the answer waits for (a refresh lease; 0 = none).
+
+    Raises:
+        JSError: 404 10037 "no message found"; 400 10003 for a malformed request.
+    """
+    seq = req.get("seq") or 0
+    last_by = req.get("last_by_subj")
+    next_by = req.get("next_by_subj")
+    if not isinstance(seq, int) or seq < 0 or any(v is not None and not isinstance(v, str) for v in (last_by, next_by)):
+        raise js_error(BAD_REQUEST)
+    if (last_by and (seq or next_by)) or not (seq or last_by or next_by):
+        raise js_error(BAD_REQUEST)
+    part = topic.partitions[0]
+    not_found = js_error(NO_MESSAGE_FOUND)
+    if last_by:
+        if not P.is_literal(last_by):
+            raise not_found
+        raw = last_by.encode()
+        if topic.config.kv is not None:
+            try:
+                entry, epoch = js.broker.kv.get(topic, last_by, 0, js.broker.clock.now_ns())
+            except BrokerError:
+                raise not_found from None
+            return _Found(entry["revision"], part.log.get(entry["revision"])), epoch
+        st = part.index.get(raw)
+        if st is None or not st.count:
+            raise not_found
+        return _Found(st.last, part.log.get(st.last)), 0
+    if next_by:
+        ftokens = tuple(next_by.split("."))
+        wanted = part.wanted_for(next_by, lambda s: subject_matches(ftokens, s.decode(errors="replace").split(".")))
+        res = part.read(max(seq, 1), 1, js.broker.config.limits.max_fetch_bytes, wanted)
+        if not res or not res.count:
+            raise not_found
+        rec = res.records[0]
+        return _Found(read_record_info(rec, 0).offset, rec), 0
+    if not 1 <= seq <= part.log.last_offset or not part.log.is_live(seq):
+        raise not_found
+    return _Found(seq, part.log.get(seq)), 0
+
+
+def _msg_get(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    topic = js.topic(name)
+    found, epoch = _load(js, topic, req)
+    msg: dict[str, Any] = {"subject": found.subject, "seq": found.seq}
+    if found.headers:
+        msg["hdrs"] = base64.b64encode(found.headers).decode()
+    if found.payload:
+        msg["data"] = base64.b64encode(found.payload).decode()
+    msg["time"] = rfc3339(found.timestamp)
+    return {"message": msg}, epoch
+
+
+def _msg_delete(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    topic = js.topic(name)
+    seq = req.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise js_error(BAD_REQUEST)
+    nats = topic.config.nats or {}
+    if nats.get("deny_delete") or topic.config.deny_purge:
+        raise js_error(MSG_DELETE_FAILED, "message delete not permitted")
+    try:
+        reply = _removing.delete_message(
+            js.broker, None, P.DeleteMessage(Identifier.of(topic.stream.id), Identifier.of(topic.id), 0, seq)
+        )
+    except BrokerError as err:
+        if err.code == ErrorCode.MESSAGE_NOT_FOUND:
+            raise js_error(MSG_DELETE_FAILED, "no message found") from None
+        raise
+    _, epoch = reply if isinstance(reply, tuple) else (reply, 0)
+    return {"success": True}, epoch
+
+
+def _direct_get(js: JetStream, name: str, subject: str, reply: str | None, payload: bytes) -> None:
+    """``$JS.API.DIRECT.GET.<stream>[.<subject>]``: the message itself, with
+    Nats-Stream, Nats-Subject, Nats-Sequence and Nats-Time-Stamp appended to its
+    headers; a 404 status when there is none (408 for a malformed request, as the
+    server). A stream without ``allow_direct`` does not answer (no responders)."""
+    try:
+        topic = js.topic(name)
+    except JSError:
+        _no_responders(js, reply)
+        return
+    if not (topic.config.nats or {}).get("allow_direct", topic.stream.name == KV_STREAM):
+        _no_responders(js, reply)
+        return
+    try:
+        req = {"last_by_subj": subject} if subject else _json(payload)
+        found, epoch = _load(js, topic, req)
+    except JSError as err:
+        if err.err_code == NO_MESSAGE_FOUND[1]:
+            js.respond(reply, b"", headers=encode_nats_headers([], 404, "Message Not Found"))
+        else:
+            js.respond(reply, b"", headers=encode_nats_headers([], 408, "Bad Request"))
+        return
+    pairs = decode_nats_headers(found.headers)[2] if found.headers else []
+    pairs += [
+        ("Nats-Stream", js.stream_name(topic)),
+        ("Nats-Subject", found.subject),
+        ("Nats-Sequence", str(found.seq)),
+        ("Nats-Time-Stamp", rfc3339(found.timestamp)),
+    ]
+    js.respond(reply, found.payload, headers=encode_nats_headers(pairs), epoch=epoch)
+
+
+_HANDLERS: dict[str, Any] = {
+    "stream_create": _create,
+    "stream_update": _update,
+    "stream_info": _info,
+    "stream_delete": _delete,
+    "stream_purge": _purge,
+    "stream_names": _names,
+    "stream_list": _list,
+    "stream_msg_get": _msg_get,
+    "stream_msg_delete": _msg_delete,
+}
+_ASYNC = frozenset(("stream_create", "stream_update", "stream_delete"))
