@@ -83,17 +83,18 @@ class NatsSubscription:
 
 def send_core(
     broker: Broker, subject: str, reply: str | None, headers: bytes | None, payload: bytes | memoryview,
-    origin: Any = None,
+    origin: Any = None, shown: bytes | None = None,
 ) -> int:
     """Deliver one core (not stored) message to every matching core subscription of
     both protocols (one member of each queue group); returns how many took it.
     ``headers`` is a whole NATS header block or None. ``origin``: the publishing
     NATS session, whose own subscriptions are skipped when its CONNECT said
-    ``echo: false``."""
-    subj = subject.encode()
-    subs = broker.subs.match(subj)
+    ``echo: false``. ``shown``: the subject the message carries when it is not the
+    one it is sent to (a JetStream delivery to an inbox shows the stored subject)."""
+    subs = broker.subs.match(subject.encode())
     if not subs:
         return 0
+    subj = shown or subject.encode()
     rep = reply.encode() if reply else None
     record: bytes | None = None
     skip = origin if origin is not None and not origin.echo else None

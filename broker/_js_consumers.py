@@ -1,0 +1,648 @@
+"""JetStream consumers over the NATS listener (issue 14), on the consumer engine
+(``_consumers.py``, ``_pulls.py``): no second engine.
+
+``_jetstream.py`` dispatches ``$JS.API.CONSUMER.<op>`` here (:func:`consumer_api`)
+and the ``$JS.ACK.>`` / ``$JS.FC.>`` subjects (:func:`ack`). Everything is answered
+with core messages (``send_core``) to the request's reply inbox.
+
+* **Create, info, delete, names, list**: the server's JSON (``protocol/_js_consumers.py``
+  maps the config); the consumer is an ordinary consumer of the stream's topic (a
+  one-partition topic, so stream sequence = offset), created, updated and deleted
+  through ``_consumer_handlers``; the answer waits for the group commit that makes
+  the change durable, like our own acks.
+* **Pull requests** (``CONSUMER.MSG.NEXT``): a :class:`NatsPull` is a
+  ``PullRequest`` whose messages and end go to its reply inbox as HMSGs with the
+  ``$JS.ACK`` reply subject, then the server's status (``404 No Messages``,
+  ``408 Request Timeout``, ``409 ...`` with ``Nats-Pending-Messages/Bytes``). A
+  request whose delivery reaches no subscriber is dropped, as the server drops
+  requests without interest.
+* **Acks**: ``+ACK``, ``-NAK`` (with ``{"delay": ns}``), ``+TERM``, ``+WPI``,
+  ``+NXT`` go to ``ConsumerEngine.settle``; an ack sent as a request (``ack_sync``)
+  is answered once the consumer state it changed is durable.
+* **Push consumers** (ephemeral, ``ack_policy: none``: what ``js.subscribe(...,
+  ordered_consumer=True)`` and the KV watchers create): a :class:`Push` keeps one
+  :class:`PushWindow` waiting on the consumer; a window delivers up to
+  :data:`WINDOW_MSGS` messages or :data:`WINDOW_BYTES` to the deliver subject, then,
+  with flow control, sends ``100 FlowControl Request`` and the next window starts
+  when the client answers on ``$JS.FC...``; idle heartbeats (``100 Idle Heartbeat``
+  with ``Nats-Last-Consumer/Stream``) go out when nothing was delivered for a
+  heartbeat interval.
+* **Ephemeral consumers** are deleted ``inactive_threshold`` (default 5 s, the
+  server's) after their last pull, or after their deliver subject lost its last
+  subscriber.
+
+Timers (pull heartbeats, push heartbeats, inactivity) are entries in the expiry
+engine's deadline structure, owned by :class:`Ticks`: nothing polls.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from protocol import AckKind, BrokerError, PullEnd, normalize_name
+from protocol._jetstream import FC_PREFIX, INVALID_JSON, STREAM_MISMATCH, JSError, api_error, api_response, js_error, rfc3339
+from protocol._js_consumers import (
+    ACK_NEXT,
+    NextRequest,
+    PushSettings,
+    consumer_config_from_nats,
+    consumer_config_to_nats,
+    idle_heartbeat,
+    js_delivery,
+    parse_ack_body,
+    parse_ack_subject,
+    parse_next_request,
+    status_message,
+)
+
+from ._consumer_config import ConsumerConfig
+from ._consumer_handlers import change_consumer, new_consumer, remove_consumer
+from ._consumers import MS
+from ._log import get_logger
+from ._nats_core import send_core
+from ._pulls import PullRequest, collect, end, retire
+
+if TYPE_CHECKING:
+    from ._catalog import Topic
+    from ._consumers import Consumer
+    from ._jetstream import JetStream
+
+__all__ = ["consumer_api", "ack", "NatsPull", "PushWindow", "Push"]
+
+log = get_logger(__name__)
+
+NS = 1_000_000_000
+#: An ephemeral consumer without ``inactive_threshold`` goes after this long unused
+#: (the server's ``JsDeleteWaitTimeDefault``).
+EPHEMERAL_INACTIVE_NS = 5 * NS
+#: A push consumer's flow-control window.
+WINDOW_MSGS = 1024
+WINDOW_BYTES = 1 << 20
+#: Page sizes of CONSUMER.NAMES and CONSUMER.LIST (the server's).
+NAMES_LIMIT = 1024
+LIST_LIMIT = 256
+#: What a durable or natively created consumer has of the NATS settings.
+_DURABLE = PushSettings(durable=True)
+_NO_RESPONDERS = status_message(503, "")
+
+
+class _Owner:
+    """The ``session`` of NATS pulls: they answer to a reply subject, not to a
+    connection (``_pulls.retire`` takes them out of ``pulls``)."""
+
+    closing = False
+
+    def __init__(self) -> None:
+        self.pulls: set[PullRequest] = set()
+
+
+class Ticks:
+    """Owner of the timer entries of this module (``timers_due``): each id is one
+    object with a ``tick(now_ns)`` method that re-arms itself if it must."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.by_id: dict[int, Any] = {}
+        self.next_id = 0
+
+    def arm(self, obj: Any, deadline_ns: int) -> None:
+        self.next_id += 1
+        self.by_id[self.next_id] = obj
+        self.state.engine.expiry.schedule_timers(self, (self.next_id,), deadline_ns)
+
+    def timers_due(self, ids: list[int], now_ns: int) -> None:
+        for i in ids:
+            obj = self.by_id.pop(i, None)
+            if obj is not None:
+                try:
+                    obj.tick(now_ns)
+                except Exception:
+                    log.error("js_consumer_tick_failed", exc_info=True)
+
+
+class State:
+    """The NATS side of the consumers of one broker: their NATS settings, the push
+    consumers, and when ephemeral ones were last used."""
+
+    def __init__(self, js: JetStream) -> None:
+        self.js = js
+        self.broker = js.broker
+        self.engine = js.broker.consumers
+        self.owner = _Owner()
+        self.ticks = Ticks(self)
+        self.settings: weakref.WeakKeyDictionary[Consumer, PushSettings] = weakref.WeakKeyDictionary()
+        self.pushes: weakref.WeakKeyDictionary[Consumer, Push] = weakref.WeakKeyDictionary()
+        self.last_active: weakref.WeakKeyDictionary[Consumer, int] = weakref.WeakKeyDictionary()
+
+    def settings_of(self, c: Consumer) -> PushSettings:
+        return self.settings.get(c, _DURABLE)
+
+    def send(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes | memoryview = b"") -> int:
+        return send_core(self.broker, subject, reply, headers, payload)
+
+    def touch(self, c: Consumer) -> None:
+        self.last_active[c] = self.broker.clock.now_ns()
+
+    def deliver(self, c: Consumer, subject: str, parts: list[Any]) -> int:
+        """Send the messages of a pull batch to ``subject``; returns how many
+        reached a subscriber."""
+        stream = self.js.stream_name(c.topic)
+        headers_only = self.settings_of(c).headers_only
+        reached = 0
+        for i in range(0, len(parts), 2):
+            subj, reply, headers, payload = js_delivery(parts[i], parts[i + 1], stream, c.name, headers_only)
+            if send_core(self.broker, subject, reply, headers, payload, shown=subj):
+                reached += 1
+        return reached
+
+
+_states: weakref.WeakKeyDictionary[Any, State] = weakref.WeakKeyDictionary()
+
+
+def _state(js: JetStream) -> State:
+    st = _states.get(js)
+    if st is None:
+        st = _states[js] = State(js)
+    return st
+
+
+# -- pulls -----------------------------------------------------------------------------
+
+
+class NatsPull(PullRequest):
+    """A ``CONSUMER.MSG.NEXT`` request waiting on its consumer."""
+
+    __slots__ = ("state", "reply", "no_wait", "heartbeat_ns", "max_bytes")
+
+    def __init__(self, state: State, reply: str, c: Consumer, nr: NextRequest) -> None:
+        super().__init__(state.owner, 0, c, max(nr.batch, 1), nr.max_bytes, None)
+        self.state = state
+        self.reply = reply
+        self.no_wait = nr.no_wait
+        self.heartbeat_ns = nr.heartbeat_ns
+        self.max_bytes = nr.max_bytes
+
+    def _deliver(self, parts: list[Any], count: int) -> bool:
+        """Send the messages; False (and the pull dropped) when nobody got them."""
+        if count and not self.state.deliver(self.consumer, self.reply, parts):
+            retire(self)
+            return False
+        return True
+
+    def respond(self, status: PullEnd, parts: list[Any], count: int) -> None:
+        if not self._deliver(parts, count):
+            return
+        if status == PullEnd.BATCH_COMPLETE:
+            if self.max_bytes and self.bytes_left > 0:
+                self._status(409, "Batch Completed")
+        elif status == PullEnd.MAX_BYTES:
+            self._status(409, "Message Size Exceeds MaxBytes")
+        elif status == PullEnd.NO_MESSAGES:
+            self.state.send(self.reply, None, status_message(404, "No Messages"))
+        elif status == PullEnd.EXPIRED:
+            self._status(408, "Request Timeout")
+
+    def _status(self, code: int, text: str) -> None:
+        self.state.send(self.reply, None, status_message(code, text, max(self.remaining, 0), self.bytes_left if self.max_bytes else 0))
+
+    def more(self, parts: list[Any], count: int) -> None:
+        if self._deliver(parts, count) and self.no_wait:
+            end(self, PullEnd.NO_MESSAGES)  # no_wait with expires: returns once it has any
+
+    def refuse(self, err: BrokerError) -> None:
+        self.state.send(self.reply, None, status_message(409, "Consumer Deleted"))
+
+    def tick(self, now_ns: int) -> None:
+        """The pull's idle heartbeat."""
+        if self.ended or self.consumer.deleted:
+            return
+        c = self.consumer
+        if not self.state.send(self.reply, None, idle_heartbeat(c.dseq, _last_stream_seq(c))):
+            retire(self)
+            return
+        self.state.ticks.arm(self, now_ns + self.heartbeat_ns)
+
+
+def _last_stream_seq(c: Consumer) -> int:
+    cp = c.parts[0]
+    return cp.last_delivered or max(cp.cursor - 1, 0)
+
+
+def _next(st: State, c: Consumer, reply: str | None, payload: bytes) -> None:
+    if not reply:
+        return
+    if st.settings_of(c).deliver_subject:
+        st.send(reply, None, status_message(409, "Consumer is push based"))
+        return
+    try:
+        nr = parse_next_request(payload)
+    except ValueError as exc:
+        st.send(reply, None, status_message(400, f"Bad Request - {exc}"))
+        return
+    st.touch(c)
+    if nr.no_wait and not nr.expires_ns and not (c.num_pending or any(cp.redeliver for cp in c.parts)):
+        st.send(reply, None, status_message(404, "No Messages"))
+        return
+    if len(c.waiting) >= c.config.max_waiting:
+        if not nr.heartbeat_ns:
+            st.send(reply, None, status_message(409, "Exceeded MaxWaiting"))
+        return
+    engine = st.engine
+    req = NatsPull(st, reply, c, nr)
+    parts, count, hit = collect(engine, c, req)
+    req.remaining -= count
+    if req.bytes_left:
+        req.bytes_left = max(req.bytes_left - sum(len(p) for p in parts[1::2]), 1)
+    if req.remaining <= 0:
+        end(req, PullEnd.BATCH_COMPLETE, parts, count)
+    elif hit:
+        end(req, PullEnd.MAX_BYTES, parts, count)
+    elif nr.no_wait and (count or not nr.expires_ns):
+        end(req, PullEnd.NO_MESSAGES, parts, count)
+    else:
+        if count and not req._deliver(parts, count):
+            return
+        if nr.expires_ns:
+            req.expires = st.broker.clock.now_ns() + nr.expires_ns
+            engine.pull_timers.add(engine, req)
+        c.waiting.append(req)
+        st.owner.pulls.add(req)
+        if nr.heartbeat_ns:
+            st.ticks.arm(req, st.broker.clock.now_ns() + nr.heartbeat_ns)
+
+
+# -- push consumers ----------------------------------------------------------------------
+
+
+class PushWindow(NatsPull):
+    """One flow-control window of a push consumer: it waits on the consumer like a
+    pull and sends to the deliver subject."""
+
+    __slots__ = ("push",)
+
+    def __init__(self, push: Push) -> None:
+        nr = NextRequest(WINDOW_MSGS, WINDOW_BYTES, 0, False, 0)
+        super().__init__(push.state, push.subject, push.consumer, nr)
+        self.push = push
+
+    def _deliver(self, parts: list[Any], count: int) -> bool:
+        if count:
+            self.push.delivered(self.state.deliver(self.consumer, self.reply, parts))
+        return True
+
+    def respond(self, status: PullEnd, parts: list[Any], count: int) -> None:
+        self._deliver(parts, count)
+        if status in (PullEnd.BATCH_COMPLETE, PullEnd.MAX_BYTES):
+            self.push.window_done()
+
+    def refuse(self, err: BrokerError) -> None:
+        pass
+
+
+class Push:
+    """A push consumer's delivery: windows, flow control, idle heartbeats."""
+
+    def __init__(self, state: State, c: Consumer, settings: PushSettings) -> None:
+        self.state = state
+        self.consumer = c
+        self.subject = settings.deliver_subject
+        self.flow_control = settings.flow_control
+        self.heartbeat_ns = settings.idle_heartbeat_ns
+        self.fc_reply = ""
+        self.fc_count = 0
+        self.busy = False  # something was delivered since the last heartbeat tick
+        self.window: PushWindow | None = None
+
+    def start(self) -> None:
+        self.open_window()
+        if self.heartbeat_ns:
+            self.state.ticks.arm(self, self.state.broker.clock.now_ns() + self.heartbeat_ns)
+
+    def open_window(self) -> None:
+        c = self.consumer
+        if c.deleted:
+            return
+        self.window = w = PushWindow(self)
+        c.waiting.append(w)
+        self.state.owner.pulls.add(w)
+        self.state.engine.kick(c)
+
+    def delivered(self, reached: int) -> None:
+        self.busy = True
+        if reached:
+            self.state.touch(self.consumer)
+
+    def window_done(self) -> None:
+        self.window = None
+        if not self.flow_control:
+            self.open_window()
+            return
+        self.fc_count += 1
+        c = self.consumer
+        self.fc_reply = f"{FC_PREFIX}{self.state.js.stream_name(c.topic)}.{c.name}.{self.fc_count}"
+        if self.state.send(self.subject, self.fc_reply, status_message(100, "FlowControl Request")):
+            self.state.touch(c)
+
+    def flow_reply(self, subject: str) -> None:
+        if subject == self.fc_reply:
+            self.fc_reply = ""
+            self.open_window()
+
+    def tick(self, now_ns: int) -> None:
+        c = self.consumer
+        if c.deleted:
+            return
+        if not self.busy:
+            if self.state.send(self.subject, None, idle_heartbeat(c.dseq, _last_stream_seq(c), self.fc_reply)):
+                self.state.touch(c)
+        self.busy = False
+        self.state.ticks.arm(self, now_ns + self.heartbeat_ns)
+
+    def stop(self) -> None:
+        if self.window is not None:
+            retire(self.window)
+            self.window = None
+
+
+class Inactivity:
+    """Deletes an ephemeral consumer unused for its ``inactive_threshold``."""
+
+    def __init__(self, state: State, c: Consumer, threshold_ns: int) -> None:
+        self.state = state
+        self.consumer = c
+        self.threshold_ns = threshold_ns
+
+    def tick(self, now_ns: int) -> None:
+        c = self.consumer
+        st = self.state
+        if c.deleted:
+            return
+        push = st.pushes.get(c)
+        if push is not None:
+            if st.broker.subs.match(push.subject.encode()):
+                st.touch(c)
+        elif c.waiting:
+            st.touch(c)
+        last = st.last_active.get(c, 0)
+        if now_ns - last >= self.threshold_ns:
+            log.info("ephemeral_consumer_inactive", topic=c.topic.full_name, consumer=c.name)
+            _delete(st, c)
+            return
+        st.ticks.arm(self, last + self.threshold_ns)
+
+
+def _delete(st: State, c: Consumer) -> int:
+    push = st.pushes.pop(c, None)
+    if push is not None:
+        push.stop()
+    return remove_consumer(st.broker, c)
+
+
+# -- the API -------------------------------------------------------------------------------
+
+
+def consumer_api(js: JetStream, op: str, tokens: list[str], reply: str | None, headers: bytes | None, payload: bytes) -> None:
+    """``$JS.API.CONSUMER.<op>.<tokens...>`` (dispatched by ``JetStream.request``)."""
+    st = _state(js)
+    if op == "MSG.NEXT":
+        c = _lookup(st, tokens)
+        if c is None:
+            if reply:
+                st.send(reply, None, _NO_RESPONDERS)  # no consumer: nobody listens there
+            return
+        _next(st, c, reply, payload)
+        return
+    handler = _API.get(op)
+    if handler is None:
+        if reply:
+            st.send(reply, None, _NO_RESPONDERS)
+        return
+    kind, fn = handler
+    try:
+        body, epoch = fn(st, tokens, payload)
+    except (JSError, BrokerError) as err:
+        js.respond(reply, api_error(kind, err))
+        return
+    js.respond(reply, api_response(kind, body), epoch=epoch)
+
+
+def _lookup(st: State, tokens: list[str]) -> Consumer | None:
+    if len(tokens) != 2:
+        return None
+    try:
+        topic = st.js.topic(tokens[0])
+        return topic.consumer_set.get(normalize_name(tokens[1], "consumer name"))
+    except (JSError, BrokerError):
+        return None
+
+
+def _find(st: State, tokens: list[str]) -> Consumer:
+    if len(tokens) != 2:
+        raise JSError(400, 10003, "bad request")
+    topic = st.js.topic(tokens[0])
+    try:
+        c = topic.consumer_set.get(normalize_name(tokens[1], "consumer name"))
+    except BrokerError:
+        c = None
+    if c is None:
+        raise JSError(404, 10014, "consumer not found")
+    return c
+
+
+def _json(payload: bytes) -> dict[str, Any]:
+    if not payload.strip():
+        return {}
+    try:
+        req = json.loads(payload)
+    except ValueError as exc:
+        raise js_error(INVALID_JSON, f"invalid JSON: {exc}") from None
+    if not isinstance(req, dict):
+        raise js_error(INVALID_JSON, "invalid JSON: the request must be an object")
+    return req
+
+
+def _topic_for_consumers(st: State, stream: str) -> Topic:
+    topic = st.js.topic(stream)
+    if len(topic.partitions) != 1:
+        raise JSError(400, 10094, f"consumers over NATS need a one-partition topic; {topic.full_name} has {len(topic.partitions)} partitions")
+    return topic
+
+
+def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple[dict[str, Any], int]:
+    req = _json(payload)
+    if not tokens or not tokens[0]:
+        raise JSError(400, 10003, "bad request")
+    stream = tokens[0]
+    name = ""
+    subject_filter = ""
+    if legacy:
+        if len(tokens) != 2:
+            raise JSError(400, 10016, "consumer expected to be durable but no durable name set in subject")
+        name = tokens[1]
+    elif len(tokens) > 1:
+        name = tokens[1]
+        subject_filter = ".".join(tokens[2:])
+    if req.get("stream_name") != stream:
+        raise js_error(STREAM_MISMATCH)
+    cfg = req.get("config")
+    if not isinstance(cfg, dict):
+        raise JSError(400, 10078, "consumer config required")
+    if name and any(ch in name for ch in "/\\"):
+        raise JSError(400, 10127, "Consumer name can not contain path separators")
+    durable = cfg.get("durable_name") or ""
+    given = cfg.get("name") or ""
+    if legacy:
+        if not durable:
+            raise JSError(400, 10018, "consumer expected to be durable but a durable name was not set")
+        if durable != name:
+            raise JSError(400, 10017, "consumer name in subject does not match durable name in request")
+    elif name:
+        if durable and durable != name:
+            raise JSError(400, 10017, "consumer name in subject does not match durable name in request")
+    else:
+        if durable:
+            raise JSError(400, 10020, "consumer expected to be ephemeral but a durable name was set in request")
+        name = given or secrets.token_hex(4)
+    if given and durable and given != durable:
+        raise JSError(400, 10132, "Consumer Durable and Name have to be equal if both are provided")
+    if subject_filter:
+        if cfg.get("filter_subjects"):
+            raise JSError(400, 10137, "consumer with multiple subject filters cannot use subject based API")
+        if cfg.get("filter_subject") != subject_filter:
+            raise JSError(400, 10131, "Consumer create request did not match filtered subject from create subject")
+    topic = _topic_for_consumers(st, stream)
+    ours, settings = consumer_config_from_nats(cfg, durable=bool(durable))
+    try:
+        config = ConsumerConfig.from_map(ours)
+        cname = normalize_name(name, "consumer name")
+    except BrokerError as err:
+        raise JSError(400, 10094, err.message) from None
+    action = req.get("action") or ""
+    existing = topic.consumer_set.get(cname)
+    epoch = 0
+    if existing is not None:
+        same = existing.config == config and st.settings_of(existing) == settings
+        if not same:
+            if action == "create":
+                raise JSError(400, 10148, "consumer already exists")
+            if st.settings_of(existing).deliver_subject != settings.deliver_subject or st.settings_of(existing).durable != settings.durable:
+                raise JSError(400, 10105 if settings.deliver_subject else 10148, "consumer already exists")
+            epoch = change_consumer(st.broker, existing, config)
+            st.settings[existing] = settings
+        c = existing
+    else:
+        if action == "update":
+            raise JSError(400, 10149, "consumer does not exist")
+        c, epoch = new_consumer(st.broker, topic, cname, config)
+        if not settings.durable or settings != _DURABLE:
+            st.settings[c] = settings
+        if not settings.durable:
+            st.touch(c)
+            st.ticks.arm(Inactivity(st, c, settings.inactive_threshold_ns or EPHEMERAL_INACTIVE_NS),
+                         st.broker.clock.now_ns() + (settings.inactive_threshold_ns or EPHEMERAL_INACTIVE_NS))
+        if settings.deliver_subject:
+            push = st.pushes[c] = Push(st, c, settings)
+            push.start()
+    return _info(st, c), epoch
+
+
+def _info(st: State, c: Consumer) -> dict[str, Any]:
+    cp = c.parts[0]
+    settings = st.settings_of(c)
+    return {
+        "stream_name": st.js.stream_name(c.topic),
+        "name": c.name,
+        "created": rfc3339(c.created_ns),
+        "config": consumer_config_to_nats(c.name, c.config.to_map(), settings, EPHEMERAL_INACTIVE_NS),
+        "delivered": {"consumer_seq": c.dseq, "stream_seq": _last_stream_seq(c)},
+        "ack_floor": {"consumer_seq": c._ack_floor_dseq(), "stream_seq": cp.ack_floor},
+        "num_ack_pending": c.num_ack_pending,
+        "num_redelivered": c.num_redelivered,
+        "num_waiting": sum(1 for r in c.waiting if not isinstance(r, PushWindow)),
+        "num_pending": c.num_pending,
+        "push_bound": bool(settings.deliver_subject) and bool(st.broker.subs.match(settings.deliver_subject.encode())) or None,
+        "ts": rfc3339(st.broker.clock.now_ns()),
+    }
+
+
+def _api_create(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    return _create(st, tokens, payload, legacy=False)
+
+
+def _api_durable_create(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    return _create(st, tokens, payload, legacy=True)
+
+
+def _api_info(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    return _info(st, _find(st, tokens)), 0
+
+
+def _api_delete(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    return {"success": True}, _delete(st, _find(st, tokens))
+
+
+def _page(st: State, tokens: list[str], payload: bytes, limit: int) -> tuple[list[Consumer], int, int]:
+    if len(tokens) != 1:
+        raise JSError(400, 10003, "bad request")
+    req = _json(payload)
+    offset = req.get("offset") or 0
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise js_error(INVALID_JSON, "invalid JSON: offset must be a non-negative integer")
+    topic = st.js.topic(tokens[0])
+    consumers = sorted(topic.consumer_set.values(), key=lambda c: c.name)
+    return consumers[offset : offset + limit], len(consumers), offset
+
+
+def _api_names(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    page, total, offset = _page(st, tokens, payload, NAMES_LIMIT)
+    return {"total": total, "offset": offset, "limit": NAMES_LIMIT, "consumers": [c.name for c in page]}, 0
+
+
+def _api_list(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    page, total, offset = _page(st, tokens, payload, LIST_LIMIT)
+    return {"total": total, "offset": offset, "limit": LIST_LIMIT, "consumers": [_info(st, c) for c in page]}, 0
+
+
+_API = {
+    "CREATE": ("consumer_create", _api_create),
+    "DURABLE.CREATE": ("consumer_create", _api_durable_create),
+    "INFO": ("consumer_info", _api_info),
+    "DELETE": ("consumer_delete", _api_delete),
+    "NAMES": ("consumer_names", _api_names),
+    "LIST": ("consumer_list", _api_list),
+}
+
+
+# -- acks --------------------------------------------------------------------------------------
+
+
+def ack(js: JetStream, subject: str, reply: str | None, payload: bytes) -> None:
+    """A ``$JS.ACK...`` acknowledgement or a ``$JS.FC...`` flow-control answer."""
+    st = _state(js)
+    if subject.startswith(FC_PREFIX):
+        for push in list(st.pushes.values()):
+            if push.fc_reply == subject:
+                push.flow_reply(subject)
+                break
+        return
+    a = parse_ack_subject(subject)
+    if a is None:
+        return
+    c = _lookup(st, [a.stream, a.consumer])
+    if c is None:
+        return
+    try:
+        kind, value = parse_ack_body(payload)
+    except ValueError:
+        return
+    if kind == ACK_NEXT:
+        epoch = st.engine.settle(c, [(AckKind.ACK, 0, a.stream_seq, 0)])
+        if reply:
+            st.broker.committer.after(epoch, lambda: _next(st, c, reply, str(value).encode()))
+        return
+    delay_ms = -(-value // MS) if value else 0
+    epoch = st.engine.settle(c, [(kind, 0, a.stream_seq, delay_ms)])
+    js.respond(reply, b"", epoch=epoch)

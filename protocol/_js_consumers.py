@@ -1,0 +1,458 @@
+"""JetStream consumers as NATS clients see them, sans-IO (issue 14): the consumer
+configuration in the server's JSON, the pull request (``CONSUMER.MSG.NEXT``), the
+``$JS.ACK`` reply subjects and the acknowledgement bodies.
+
+* :func:`consumer_config_from_nats` turns the server's ``ConsumerConfig`` (durations
+  in nanoseconds, times in RFC 3339) into the map ttlbroker's consumer engine checks
+  (``ConsumerConfig.from_map``: durations in seconds) plus the NATS-only delivery
+  settings (:class:`PushSettings`); what the engine does not have is refused with
+  a ``JSError`` (``_jetstream.py``) carrying the server's ``{code, err_code, description}``,
+  never silently accepted. :func:`consumer_config_to_nats` is the way back.
+* :func:`parse_next_request` reads a pull request as nats-server's ``nextReqFromMsg``
+  does (empty = one message, a bare number = a batch, or the JSON request).
+* :func:`ack_subject` / :func:`parse_ack_subject` are the server's v1 ack reply
+  subject ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream_seq>.<consumer_seq>.<timestamp_ns>.<pending>``
+  (the 11-or-more-token v2 form with domain and account hash is read too).
+* :func:`parse_ack_body` reads ``+ACK``, ``-NAK`` (optionally ``{"delay": ns}``),
+  ``+TERM``, ``+WPI`` and ``+NXT``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from ._consumers import _PULL_ENTRY, AckKind
+from ._jetstream import JSError, rfc3339
+from ._nats import encode_nats_headers, nats_message_of_record
+from ._records import RECORD_FIXED
+
+__all__ = [
+    "PushSettings",
+    "NextRequest",
+    "ACK_NEXT",
+    "consumer_config_from_nats",
+    "consumer_config_to_nats",
+    "parse_next_request",
+    "ack_subject",
+    "parse_ack_subject",
+    "AckReply",
+    "parse_ack_body",
+    "parse_rfc3339",
+    "js_delivery",
+    "status_message",
+    "idle_heartbeat",
+]
+
+NS = 1_000_000_000
+
+#: ``+NXT``: ack, and ask for the next message(s) on the ack's reply subject.
+ACK_NEXT = 100
+
+
+def _invalid(description: str) -> JSError:
+    """A refused setting: the server's ``JSConsumerInvalidPolicyErrF`` (10094), whose
+    description is the reason."""
+    return JSError(400, 10094, description)
+
+
+def parse_rfc3339(text: str) -> int:
+    """An RFC 3339 time (Go's ``time.Time`` JSON: any offset, up to nanoseconds) in
+    ns since the epoch. Raises ValueError."""
+    if not isinstance(text, str) or "T" not in text:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    s = text.strip()
+    tz = "+00:00"
+    if s[-1:] in ("Z", "z"):
+        s = s[:-1]
+    else:
+        i = max(s.rfind("+"), s.rfind("-"))
+        if i > s.index("T"):
+            s, tz = s[:i], s[i:]
+    frac_ns = 0
+    if "." in s:
+        s, frac = s.split(".", 1)
+        if not frac.isdigit() or len(frac) > 9:
+            raise ValueError(f"not an RFC 3339 time: {text!r}")
+        frac_ns = int(frac.ljust(9, "0"))
+    dt = datetime.fromisoformat(s + tz)
+    return int(dt.timestamp()) * NS + frac_ns
+
+
+# -- configuration --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PushSettings:
+    """What a NATS consumer has beyond the engine's configuration: how it delivers.
+
+    ``deliver_subject`` set: a push consumer. ``durable``: created with a durable name
+    (else ephemeral: removed ``inactive_threshold`` after it was last active).
+    """
+
+    durable: bool
+    deliver_subject: str = ""
+    flow_control: bool = False
+    idle_heartbeat_ns: int = 0
+    headers_only: bool = False
+    inactive_threshold_ns: int = 0
+    mem_storage: bool = False
+    num_replicas: int = 0
+
+
+#: Settings the server has and the engine does not: refused when set to anything but
+#: the default, with the reason (field -> (is it set?, description)).
+_UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "rate_limit_bps": (lambda v: bool(v), "consumer rate_limit_bps is not supported by ttlbroker"),
+    "sample_freq": (lambda v: bool(v), "consumer sample_freq is not supported by ttlbroker"),
+    "deliver_group": (lambda v: bool(v), "push consumers with a deliver_group (queue groups) are not supported by ttlbroker: use a pull consumer"),
+    "max_batch": (lambda v: bool(v), "consumer max_batch (MaxRequestBatch) is not supported by ttlbroker"),
+    "max_expires": (lambda v: bool(v), "consumer max_expires (MaxRequestExpires) is not supported by ttlbroker"),
+    "max_bytes": (lambda v: bool(v), "consumer max_bytes (MaxRequestMaxBytes) is not supported by ttlbroker"),
+    "metadata": (lambda v: bool(v), "consumer metadata is not supported by ttlbroker"),
+    "pause_until": (lambda v: bool(v) and not str(v).startswith("0001-01-01"), "pausing consumers (pause_until) is not supported by ttlbroker"),
+    "priority_groups": (lambda v: bool(v), "consumer priority groups are not supported by ttlbroker"),
+    "priority_policy": (lambda v: v not in (None, "", "none"), "consumer priority policies are not supported by ttlbroker"),
+    "priority_timeout": (lambda v: bool(v), "consumer priority groups are not supported by ttlbroker"),
+    "direct": (lambda v: bool(v), "direct consumers are not supported by ttlbroker"),
+}
+
+_KNOWN = {
+    "name", "durable_name", "description", "deliver_policy", "opt_start_seq", "opt_start_time", "ack_policy",
+    "ack_wait", "max_deliver", "backoff", "filter_subject", "filter_subjects", "replay_policy", "max_waiting",
+    "max_ack_pending", "flow_control", "idle_heartbeat", "headers_only", "deliver_subject", "inactive_threshold",
+    "num_replicas", "mem_storage", *_UNSUPPORTED,
+}
+
+
+def _ns(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise JSError(400, 10025, f"invalid JSON: {key} must be an integer of nanoseconds")
+    return value
+
+
+def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], PushSettings]:
+    """The server's ``ConsumerConfig`` -> (the engine's config map, NATS settings).
+
+    Raises:
+        JSError: a setting is malformed, contradicts another (the server's error
+            for it), or asks for something ttlbroker does not have.
+    """
+    if not isinstance(raw, dict):
+        raise JSError(400, 10078, "consumer config required")
+    for key, (is_set, text) in _UNSUPPORTED.items():
+        if key in raw and is_set(raw[key]):
+            raise _invalid(text)
+    unknown = sorted(set(raw) - _KNOWN)
+    if unknown:
+        raise _invalid(f"consumer option {unknown[0]!r} is not supported by ttlbroker")
+    replay = raw.get("replay_policy") or "instant"
+    if replay != "instant":
+        if replay == "original":
+            raise _invalid("consumer replay policy original is not supported by ttlbroker: messages are delivered as fast as they are pulled")
+        raise JSError(400, 10182, "consumer replay policy invalid")
+    replicas = raw.get("num_replicas") or 0
+    if replicas not in (0, 1):
+        raise JSError(500, 10074, "replicas > 1 not supported in non-clustered mode")
+    deliver = raw.get("deliver_subject") or ""
+    out: dict[str, Any] = {}
+    filters = raw.get("filter_subjects") or []
+    single = raw.get("filter_subject") or ""
+    if single and filters:
+        raise JSError(400, 10136, "consumer cannot have both FilterSubject and FilterSubjects specified")
+    if any(not f for f in filters):
+        raise JSError(400, 10139, "consumer filter in FilterSubjects cannot be empty")
+    out["filter_subjects"] = list(filters) if filters else ([single] if single and single != ">" else [])
+    dp = raw.get("deliver_policy") or "all"
+    if dp == "by_start_sequence":
+        seq = raw.get("opt_start_seq") or 0
+        if not seq:
+            raise _invalid("consumer deliver policy by_start_sequence requires opt_start_seq")
+        out["deliver_policy"] = "by_start_offset"
+        out["opt_start_offset"] = seq
+    elif dp == "by_start_time":
+        t = raw.get("opt_start_time")
+        if not t:
+            raise _invalid("consumer deliver policy by_start_time requires opt_start_time")
+        try:
+            out["opt_start_time"] = max(parse_rfc3339(t), 0)
+        except ValueError:
+            raise JSError(400, 10025, f"invalid JSON: opt_start_time {t!r} is not an RFC 3339 time") from None
+        out["deliver_policy"] = dp
+    elif dp in ("all", "last", "new", "last_per_subject"):
+        if raw.get("opt_start_seq"):
+            raise _invalid("consumer opt_start_seq requires deliver policy by_start_sequence")
+        if raw.get("opt_start_time"):
+            raise _invalid("consumer opt_start_time requires deliver policy by_start_time")
+        out["deliver_policy"] = dp
+    else:
+        raise _invalid(f"consumer deliver policy {dp!r} is not valid")
+    ap = raw.get("ack_policy") or "none"  # the server's zero value
+    if ap not in ("none", "all", "explicit"):
+        raise JSError(400, 10181, "consumer ack policy invalid")
+    out["ack_policy"] = ap
+    wait = _ns("ack_wait", raw.get("ack_wait") or 0)
+    if wait < 0:
+        raise JSError(400, 10183, "consumer ack wait needs to be positive")
+    backoff = raw.get("backoff") or []
+    if not isinstance(backoff, list):
+        raise JSError(400, 10025, "invalid JSON: backoff must be a list of nanoseconds")
+    if any(_ns("backoff", b) <= 0 for b in backoff):
+        raise JSError(400, 10184, "consumer backoff needs to be positive")
+    md = raw.get("max_deliver") or -1
+    if backoff and md != -1 and md <= len(backoff):
+        raise JSError(400, 10116, "max deliver is required to be > length of backoff values")
+    if backoff:
+        out["backoff"] = [b / NS for b in backoff]
+    elif wait:
+        out["ack_wait"] = wait / NS
+    if ap != "none" or md not in (-1, 1):  # ack none delivers once: max_deliver 1 is what it does
+        out["max_deliver"] = md
+    mw = raw.get("max_waiting") or 0
+    if deliver and mw:
+        raise JSError(400, 10080, "consumer in push mode can not set max waiting")
+    if mw > 0:
+        out["max_waiting"] = mw
+    mp = raw.get("max_ack_pending") or 0
+    if mp and mp != -1 and ap == "none":
+        raise JSError(400, 10082, "consumer requires ack policy for max ack pending")
+    if mp and ap != "none":
+        out["max_ack_pending"] = mp
+    if raw.get("description"):
+        out["description"] = raw["description"]
+    hb = _ns("idle_heartbeat", raw.get("idle_heartbeat") or 0)
+    fc = bool(raw.get("flow_control"))
+    if not deliver:
+        if hb:
+            raise JSError(400, 10088, "consumer idle heartbeat requires a push based consumer")
+        if fc:
+            raise JSError(400, 10089, "consumer flow control requires a push based consumer")
+    else:
+        if any(t in ("*", ">") for t in deliver.split(".")):
+            raise JSError(400, 10079, "consumer deliver subject has wildcards")
+        if hb and hb < NS // 10:
+            raise JSError(400, 10083, "consumer idle heartbeat needs to be >= 100ms")
+        if fc and not hb:
+            raise JSError(400, 10108, "consumer with flow control also needs heartbeats")
+        if durable:
+            raise _invalid("durable push consumers are not supported by ttlbroker: use a pull consumer, or an ephemeral (ordered) push consumer")
+        if ap != "none":
+            raise _invalid("push consumers with acknowledgements are not supported by ttlbroker: use a pull consumer, or ack_policy none (ordered consumers)")
+    inactive = _ns("inactive_threshold", raw.get("inactive_threshold") or 0)
+    if inactive < 0:
+        raise _invalid("consumer inactive_threshold needs to be positive")
+    if durable and inactive:
+        raise _invalid("inactive_threshold on a durable consumer is not supported by ttlbroker: durable consumers stay until deleted")
+    settings = PushSettings(
+        durable=durable, deliver_subject=deliver, flow_control=fc, idle_heartbeat_ns=hb,
+        headers_only=bool(raw.get("headers_only")), inactive_threshold_ns=inactive if not durable else 0,
+        mem_storage=bool(raw.get("mem_storage")), num_replicas=replicas,
+    )
+    if settings.headers_only and durable:
+        raise _invalid("headers_only on a durable consumer is not supported by ttlbroker")
+    return out, settings
+
+
+def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettings, default_inactive_ns: int) -> dict[str, Any]:
+    """The engine's config map (``ConsumerConfig.to_map``) and the NATS settings as the
+    server's ``ConsumerConfig`` JSON."""
+    out: dict[str, Any] = {"name": name}
+    if settings.durable:
+        out["durable_name"] = name
+    if cfg.get("description"):
+        out["description"] = cfg["description"]
+    if settings.deliver_subject:
+        out["deliver_subject"] = settings.deliver_subject
+    dp = cfg["deliver_policy"]
+    if dp == "by_start_offset":
+        out["deliver_policy"] = "by_start_sequence"
+        start = cfg["opt_start_offset"]
+        out["opt_start_seq"] = start if isinstance(start, int) else min(start.values())
+    else:
+        out["deliver_policy"] = dp
+        if dp == "by_start_time":
+            out["opt_start_time"] = rfc3339(cfg["opt_start_time"])
+    out["ack_policy"] = cfg["ack_policy"]
+    out["ack_wait"] = int(cfg["ack_wait"] * NS)
+    out["max_deliver"] = cfg["max_deliver"]
+    if cfg["backoff"]:
+        out["backoff"] = [int(b * NS) for b in cfg["backoff"]]
+    filters = cfg["filter_subjects"]
+    if len(filters) == 1:
+        out["filter_subject"] = filters[0]
+    elif filters:
+        out["filter_subjects"] = list(filters)
+    out["replay_policy"] = "instant"
+    if not settings.deliver_subject:
+        out["max_waiting"] = cfg["max_waiting"]
+    if cfg["ack_policy"] != "none":
+        out["max_ack_pending"] = cfg["max_ack_pending"]
+    if settings.flow_control:
+        out["flow_control"] = True
+    if settings.idle_heartbeat_ns:
+        out["idle_heartbeat"] = settings.idle_heartbeat_ns
+    if settings.headers_only:
+        out["headers_only"] = True
+    if not settings.durable:
+        out["inactive_threshold"] = settings.inactive_threshold_ns or default_inactive_ns
+    out["num_replicas"] = settings.num_replicas
+    if settings.mem_storage:
+        out["mem_storage"] = True
+    return out
+
+
+# -- pull requests --------------------------------------------------------------------------
+
+
+class NextRequest(NamedTuple):
+    batch: int
+    max_bytes: int
+    expires_ns: int
+    no_wait: bool
+    heartbeat_ns: int
+
+
+def parse_next_request(payload: bytes) -> NextRequest:
+    """A ``CONSUMER.MSG.NEXT`` request, as nats-server's ``nextReqFromMsg`` reads it.
+
+    Raises:
+        ValueError: the reason, which the server sends as ``400 Bad Request - <reason>``.
+    """
+    req = bytes(payload).strip()
+    if not req:
+        return NextRequest(1, 0, 0, False, 0)
+    if req[:1] != b"{":
+        return NextRequest(int(req) if req.isdigit() else 1, 0, 0, False, 0)
+    try:
+        d = json.loads(req)
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(d, dict):
+        raise ValueError("the request must be a JSON object")
+    vals = []
+    for key in ("batch", "max_bytes", "expires", "idle_heartbeat"):
+        v = d.get(key) or 0
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"json: cannot unmarshal {type(v).__name__} into Go struct field {key}")
+        vals.append(v)
+    batch, max_bytes, expires, hb = vals
+    if hb > 0 and hb * 2 > expires:
+        raise ValueError("heartbeat value too large")
+    return NextRequest(batch, max_bytes, max(expires, 0), bool(d.get("no_wait")), hb)
+
+
+# -- ack subjects and bodies ------------------------------------------------------------------
+
+
+def ack_subject(stream: str, consumer: str, delivered: int, stream_seq: int, consumer_seq: int, ts: int, pending: int) -> str:
+    return f"$JS.ACK.{stream}.{consumer}.{delivered}.{stream_seq}.{consumer_seq}.{ts}.{pending}"
+
+
+class AckReply(NamedTuple):
+    stream: str
+    consumer: str
+    delivered: int
+    stream_seq: int
+    consumer_seq: int
+
+
+def parse_ack_subject(subject: str) -> AckReply | None:
+    """The fields of a ``$JS.ACK`` subject (v1, or v2 with domain and account hash);
+    None when it is not one."""
+    t = subject.split(".")
+    if len(t) == 9:
+        i = 2
+    elif len(t) >= 11:
+        i = 4
+    else:
+        return None
+    if t[0] != "$JS" or t[1] != "ACK":
+        return None
+    nums = t[i + 2 : i + 5]
+    if not all(n.isdigit() for n in nums):
+        return None
+    return AckReply(t[i], t[i + 1], int(nums[0]), int(nums[1]), int(nums[2]))
+
+
+def parse_ack_body(payload: bytes) -> tuple[int, int]:
+    """``(kind, value)``: an :class:`AckKind` and the NAK delay in ns, or
+    ``(ACK_NEXT, batch)``. An empty body is ``+ACK`` (as on the server).
+
+    Raises:
+        ValueError: not an acknowledgement.
+    """
+    body = bytes(payload).strip()
+    if not body or body == b"+ACK":
+        return int(AckKind.ACK), 0
+    head, _, rest = body.partition(b" ")
+    if head == b"+ACK":
+        return int(AckKind.ACK), 0
+    if head == b"-NAK":
+        delay = 0
+        rest = rest.strip()
+        if rest:
+            try:
+                d = json.loads(rest)
+            except ValueError:
+                d = None
+            if isinstance(d, dict) and isinstance(d.get("delay"), int):
+                delay = max(d["delay"], 0)
+            elif isinstance(d, int):
+                delay = max(d, 0)
+        return int(AckKind.NAK), delay
+    if head == b"+TERM":
+        return int(AckKind.TERM), 0
+    if head == b"+WPI":
+        return int(AckKind.IN_PROGRESS), 0
+    if head == b"+NXT":
+        n = 1
+        rest = rest.strip()
+        if rest.isdigit():
+            n = int(rest)
+        elif rest[:1] == b"{":
+            try:
+                n = int(json.loads(rest).get("batch") or 1)
+            except (ValueError, AttributeError, TypeError):
+                n = 1
+        return ACK_NEXT, max(n, 1)
+    raise ValueError(f"not an acknowledgement: {body[:20]!r}")
+
+
+# -- deliveries and status messages ---------------------------------------------------------
+
+
+def js_delivery(
+    head: bytes | memoryview, record: bytes | memoryview, stream: str, consumer: str, headers_only: bool = False,
+) -> tuple[bytes, str, bytes | None, bytes | memoryview]:
+    """One message of a pull batch (its entry head and record, ``_pulls.collect``) as
+    the server delivers it: ``(subject, $JS.ACK reply, NATS header block or None,
+    payload)``. ``headers_only``: no payload, and a ``Nats-Msg-Size`` header with its
+    size (as the server's ``HeadersOnly``)."""
+    _, dseq, delivered, pending = _PULL_ENTRY.unpack(head)
+    offset, ts = RECORD_FIXED.unpack_from(record, 0)[2:4]
+    subject, headers, payload = nats_message_of_record(record)
+    if headers_only:
+        size = f"Nats-Msg-Size: {len(payload)}\r\n\r\n".encode()
+        headers = (headers[:-2] if headers else b"NATS/1.0\r\n") + size
+        payload = b""
+    return subject, ack_subject(stream, consumer, delivered, offset, dseq, ts, pending), headers, payload
+
+
+def status_message(code: int, description: str, pending_msgs: int | None = None, pending_bytes: int | None = None) -> bytes:
+    """A status message's header block (``NATS/1.0 408 Request Timeout``), with the
+    pull request's ``Nats-Pending-Messages`` / ``Nats-Pending-Bytes`` when given."""
+    pairs = []
+    if pending_msgs is not None:
+        pairs = [("Nats-Pending-Messages", str(pending_msgs)), ("Nats-Pending-Bytes", str(pending_bytes or 0))]
+    return encode_nats_headers(pairs, code, description)
+
+
+def idle_heartbeat(last_consumer_seq: int, last_stream_seq: int, stalled: str = "") -> bytes:
+    """``100 Idle Heartbeat`` with the last delivery's sequences (and the flow-control
+    reply it waits for, when stalled), as the server's ``sendIdleHeartbeat``."""
+    pairs = [("Nats-Last-Consumer", str(last_consumer_seq)), ("Nats-Last-Stream", str(last_stream_seq))]
+    if stalled:
+        pairs.append(("Nats-Consumer-Stalled", stalled))
+    return encode_nats_headers(pairs, 100, "Idle Heartbeat")
