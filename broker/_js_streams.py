@@ -160,7 +160,7 @@ def stream_info(js: JetStream, topic: Topic, subjects_filter: str | None = None)
         "first_seq": first,
         "first_ts": rfc3339(part.log.timestamp_of(first) if messages and part is not None else 0),
         "last_seq": last,
-        "last_ts": rfc3339(part.log.timestamp_of(last) if last and part is not None else 0),
+        "last_ts": rfc3339(part.log.timestamp_of(last) if last and part is not None and part.log.is_live(last) else 0),
         "consumer_count": len(topic.consumer_set),
     }
     counts: dict[str, int] = {}

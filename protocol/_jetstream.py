@@ -292,12 +292,12 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
     for key, v in cfg.items():
         if key not in _MAPPED and key not in _OFF_ONLY and v not in (None, False, 0, "", [], {}):
             raise _refuse(f"stream config field {key!r}")
+    raw_age = cfg.get("max_age") or 0
+    if isinstance(raw_age, int) and 0 < raw_age < NS // 10:
+        raise js_error(STREAM_INVALID_CONFIG, "max age needs to be >= 100ms")
     max_age = _seconds(cfg, "max_age")
     if max_age < 0:
         raise js_error(STREAM_INVALID_CONFIG, "max age can not be negative")
-    raw_age = cfg.get("max_age") or 0
-    if 0 < raw_age < NS // 10:
-        raise js_error(STREAM_INVALID_CONFIG, "max age needs to be >= 100ms")
     sdm_raw = cfg.get("subject_delete_marker_ttl") or 0
     if isinstance(sdm_raw, int) and not isinstance(sdm_raw, bool):
         if sdm_raw < 0:

@@ -1,0 +1,282 @@
+"""The JetStream stream API of the NATS listener (``broker/_js_streams.py``), driven
+by nats-py against a real broker on loopback (``conftest.nats_server``). Errors are
+asserted with the NATS server's exact ``code``, ``err_code`` and description."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+import nats.js.errors as jse
+from helpers import in_asyncio
+from nats.js.api import RePublish, StreamConfig
+
+from broker import ServerHandle
+from broker.client import connect
+
+
+async def _js(url: str, fn: Callable[[Any, Any], Awaitable[Any]]) -> Any:
+    """Run ``fn(nc, js)`` with a nats-py connection (closed afterwards)."""
+
+    async def scenario() -> Any:
+        nc = await nats.connect(url)
+        try:
+            return await fn(nc, nc.jetstream())
+        finally:
+            await nc.close()
+
+    return await in_asyncio(scenario)
+
+
+async def _error(coro: Awaitable[Any]) -> tuple[int | None, int | None, str | None]:
+    try:
+        await coro
+    except jse.APIError as err:
+        return err.code, err.err_code, err.description
+    raise AssertionError("no error")
+
+
+async def test_create_info_names_list_delete(nats_url: str, nats_server: ServerHandle) -> None:
+    async def fn(nc: Any, js: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        cfg = StreamConfig(
+            name="ORDERS", description="all orders", subjects=["orders.>"], max_age=3600, max_msgs_per_subject=5,
+            allow_msg_ttl=True, subject_delete_marker_ttl=10, duplicate_window=60, allow_direct=True,
+            republish=RePublish(src="orders.>", dest="copy.orders.>"), metadata={"team": "shop"},
+        )
+        si = await js.add_stream(cfg)
+        out["created"] = si
+        out["again"] = await js.add_stream(cfg)  # the same config: the stream's info
+        cfg.max_msgs_per_subject = 7
+        out["different"] = await _error(js.add_stream(cfg))
+        for i in range(3):
+            await js.publish(f"orders.{i % 2}", b"x" * 10)
+        out["info"] = await js.stream_info("ORDERS", subjects_filter="orders.>")
+        await js.add_stream(name="EVENTS", subjects=["events.*"])
+        out["names"] = await js.streams_info()
+        raw = await nc.request("$JS.API.STREAM.NAMES", b"{}", timeout=5)
+        out["names_raw"] = json.loads(raw.data)
+        raw = await nc.request("$JS.API.STREAM.NAMES", json.dumps({"subject": "events.x"}).encode(), timeout=5)
+        out["names_filtered"] = json.loads(raw.data)["streams"]
+        out["deleted"] = await js.delete_stream("EVENTS")
+        out["gone"] = await _error(js.stream_info("EVENTS"))
+        out["account"] = await js.account_info()
+        return out
+
+    out = await _js(nats_url, fn)
+    si = out["created"]
+    c = si.config
+    assert (c.name, c.description, c.subjects, c.max_age, c.max_msgs_per_subject) == (
+        "ORDERS", "all orders", ["orders.>"], 3600.0, 5,
+    )
+    assert (c.allow_msg_ttl, c.subject_delete_marker_ttl, c.duplicate_window, c.allow_direct) == (True, 10.0, 60.0, True)
+    # the server's automatic fix: markers need roll-ups
+    assert c.allow_rollup_hdrs is True and c.deny_purge is False
+    assert (c.republish.src, c.republish.dest, c.metadata) == ("orders.>", "copy.orders.>", {"team": "shop"})
+    assert (c.retention, c.storage, c.num_replicas, c.max_msgs, c.max_bytes) == ("limits", "file", 1, -1, -1)
+    assert si.did_create is True and out["again"].config.name == "ORDERS"
+    assert out["different"] == (400, 10058, "stream name already in use with a different configuration")
+    st = out["info"].state
+    assert (st.messages, st.first_seq, st.last_seq, st.consumer_count) == (3, 1, 3, 0)
+    assert st.subjects == {"orders.0": 2, "orders.1": 1}
+    assert [s.config.name for s in out["names"]] == ["EVENTS", "ORDERS"]
+    assert out["names_raw"]["type"] == "io.nats.jetstream.api.v1.stream_names_response"
+    assert (out["names_raw"]["total"], out["names_raw"]["streams"]) == (2, ["EVENTS", "ORDERS"])
+    assert out["names_filtered"] == ["EVENTS"]
+    assert out["deleted"] is True
+    assert out["gone"] == (404, 10059, "stream not found")
+    assert out["account"].streams == 1 and out["account"].api.level == 1
+    # The same stream through our own client: the topic nats/orders.
+    async with connect(nats_server.address) as client:
+        t = await client.get_topic("nats", "orders")
+    assert t.options["nats"]["name"] == "ORDERS" and t.message_expiry == 3600 and t.messages_count == 3
+
+
+async def test_refusals(nats_url: str) -> None:
+    """What ttlbroker does not have is refused with the server's error shape."""
+
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        cases = [
+            StreamConfig(name="R", subjects=["r.>"], num_replicas=3),
+            StreamConfig(name="R", subjects=["r.>"], retention="workqueue"),
+            StreamConfig(name="R", subjects=["r.>"], retention="interest"),
+            StreamConfig(name="R", subjects=["r.>"], storage="memory"),
+            StreamConfig(name="R", subjects=["r.>"], max_msgs=100),
+            StreamConfig(name="R", subjects=["r.>"], max_bytes=1 << 20),
+            StreamConfig(name="R", subjects=["r.>"], max_age=0.05),
+            StreamConfig(name="R", subjects=["r.>"], max_age=1.5),
+            StreamConfig(name="R", subjects=["r.>"], subject_delete_marker_ttl=0.5),
+            StreamConfig(name="R", subjects=["r.>"], deny_purge=True, allow_rollup_hdrs=True),
+        ]
+        out = [await _error(js.add_stream(c)) for c in cases]
+        raw = await nc.request(
+            "$JS.API.STREAM.CREATE.M", json.dumps({"name": "M", "mirror": {"name": "ORDERS"}}).encode(), timeout=5
+        )
+        out.append(json.loads(raw.data))
+        raw = await nc.request("$JS.API.STREAM.CREATE.A", json.dumps({"name": "B"}).encode(), timeout=5)
+        out.append(json.loads(raw.data)["error"])
+        raw = await nc.request("$JS.API.STREAM.CREATE.A", b"{nope", timeout=5)
+        out.append(json.loads(raw.data)["error"]["err_code"])
+        await js.add_stream(name="ONE", subjects=["one.>"])
+        out.append(await _error(js.add_stream(name="TWO", subjects=["one.x"])))
+        out.append(await _error(js.update_stream(StreamConfig(name="ONE", subjects=["one.>"], num_replicas=3))))
+        out.append(await _error(js.stream_info("NOPE")))
+        out.append(await _error(js.stream_info("NOPE")))
+        return out
+
+    out = await _js(nats_url, fn)
+    assert out[0] == (500, 10074, "replicas > 1 not supported in non-clustered mode")
+    assert out[1] == (500, 10052, "retention policy 'workqueue' (only 'limits'; work-queue and interest retention are not) is not supported by ttlbroker")
+    assert out[2] == (500, 10052, "retention policy 'interest' (only 'limits'; work-queue and interest retention are not) is not supported by ttlbroker")
+    assert out[3] == (500, 10052, "storage 'memory' (only 'file': every stream is on disk) is not supported by ttlbroker")
+    assert out[4] == (500, 10052, "max_msgs 100 (no message count limit per stream; use max_age or max_msgs_per_subject) is not supported by ttlbroker")
+    assert out[5] == (500, 10052, "max_bytes 1048576 (no byte limit per stream) is not supported by ttlbroker")
+    assert out[6] == (500, 10052, "max age needs to be >= 100ms")
+    assert out[7] == (500, 10052, "max_age must be a whole number of seconds in ttlbroker, not 1500000000 ns")
+    assert out[8] == (500, 10052, "subject delete marker TTL must be at least 1 second")
+    assert out[9] == (500, 10052, "roll-ups require the purge permission")
+    assert out[10] == {
+        "type": "io.nats.jetstream.api.v1.stream_create_response",
+        "error": {"code": 500, "err_code": 10052, "description": "mirror is not supported by ttlbroker"},
+    }
+    assert out[11] == {"code": 400, "err_code": 10056, "description": "stream name in subject does not match request"}
+    assert out[12] == 10025
+    assert out[13] == (400, 10065, "subjects overlap with an existing stream")
+    assert out[14] == (500, 10074, "replicas > 1 not supported in non-clustered mode")
+    assert out[15] == (404, 10059, "stream not found")
+
+
+async def test_publish_acks_dedup_and_ttl_errors(nats_url: str) -> None:
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        await js.add_stream(name="S", subjects=["s.>"], duplicate_window=60)
+        await js.add_stream(name="T", subjects=["t.>"], allow_msg_ttl=True)
+        out: list[Any] = []
+        out.append(await js.publish("s.a", b"1", headers={"Nats-Msg-Id": "m1"}))
+        out.append(await js.publish("s.a", b"1", headers={"Nats-Msg-Id": "m1"}))
+        out.append(await js.publish("s.a", b"2", headers={"Nats-Msg-Id": "m2"}))
+        out.append(await _error(js.publish("s.a", b"x", msg_ttl=5)))
+        out.append(await _error(js.publish("t.a", b"x", headers={"Nats-TTL": "abc"})))
+        out.append(await _error(js.publish("t.a", b"x", headers={"Nats-TTL": "500ms"})))
+        out.append(await js.publish("t.a", b"x", msg_ttl=30))
+        out.append(await _error(js.publish("s.a", b"x", headers={"Nats-Expected-Last-Subject-Sequence": "1"})))
+        out.append(await js.publish("s.a", b"y", headers={"Nats-Expected-Last-Subject-Sequence": "2"}))
+        out.append(await _error(js.publish("s.a", b"x", headers={"Nats-Rollup": "sub"})))
+        msg = await nc.request("s.b", b"raw", timeout=5)
+        out.append(json.loads(msg.data))
+        out.append((await js.get_msg("T", 1)).headers)
+        return out
+
+    out = await _js(nats_url, fn)
+    assert (out[0].stream, out[0].seq, out[0].duplicate) == ("S", 1, None)
+    assert (out[1].stream, out[1].seq, out[1].duplicate) == ("S", 1, True)
+    assert (out[2].seq, out[2].duplicate) == (2, None)
+    assert out[3] == (400, 10166, "per-message TTL is disabled")
+    assert out[4] == (400, 10165, "invalid per-message TTL")
+    assert out[5] == (400, 10165, "invalid per-message TTL")
+    assert (out[6].stream, out[6].seq) == ("T", 1)
+    assert out[7] == (400, 10071, "wrong last sequence: 2")
+    assert out[8].seq == 3
+    assert out[9] == (500, 10111, "rollup not permitted")
+    assert out[10] == {"stream": "S", "seq": 4}
+    assert out[11] == {"Nats-TTL": "30"}
+
+
+async def test_get_delete_purge(nats_url: str) -> None:
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        await js.add_stream(name="G", subjects=["g.>"])
+        for i in range(6):
+            await js.publish(f"g.{i % 3}", f"v{i}".encode(), headers={"K": str(i)})
+        out: list[Any] = []
+        m = await js.get_msg("G", 2)
+        out.append((m.subject, m.seq, m.data, m.headers))
+        m = await js.get_msg("G", subject="g.0")
+        out.append((m.subject, m.seq, m.data))
+        raw = await nc.request("$JS.API.STREAM.MSG.GET.G", json.dumps({"seq": 1, "next_by_subj": "g.2"}).encode(), timeout=5)
+        out.append(json.loads(raw.data)["message"]["seq"])
+        out.append(await _error(js.get_msg("G", 99)))
+        out.append(await _error(js.get_msg("G", subject="g.none")))
+        out.append(await js.delete_msg("G", 2))
+        out.append(await _error(js.get_msg("G", 2)))
+        out.append(await _error(js.delete_msg("G", 2)))
+        raw = await nc.request("$JS.API.STREAM.PURGE.G", json.dumps({"filter": "g.0"}).encode(), timeout=5)
+        out.append(json.loads(raw.data))
+        out.append((await js.stream_info("G")).state.messages)
+        out.append(await _error(js.purge_stream("G", keep=1)))
+        out.append(await js.purge_stream("G"))
+        st = (await js.stream_info("G")).state
+        out.append((st.messages, st.first_seq, st.last_seq))
+        await js.add_stream(name="D", subjects=["d.>"], deny_delete=True, deny_purge=True)
+        await js.publish("d.1", b"x")
+        out.append(await _error(js.delete_msg("D", 1)))
+        out.append(await _error(js.purge_stream("D")))
+        return out
+
+    out = await _js(nats_url, fn)
+    assert out[0] == ("g.1", 2, b"v1", {"K": "1"})
+    assert out[1] == ("g.0", 4, b"v3")
+    assert out[2] == 3
+    assert out[3] == (404, 10037, "no message found")
+    assert out[4] == (404, 10037, "no message found")
+    assert out[5] is True
+    assert out[6] == (404, 10037, "no message found")
+    assert out[7] == (500, 10057, "no message found")
+    assert out[8] == {"type": "io.nats.jetstream.api.v1.stream_purge_response", "success": True, "purged": 2}
+    assert out[9] == 3
+    assert out[10] == (500, 10110, "purge with 'seq' or 'keep' is not supported by ttlbroker (use 'filter')")
+    assert out[11] is True
+    assert out[12] == (0, 7, 6)
+    assert out[13] == (500, 10057, "message delete not permitted")
+    assert out[14] == (500, 10110, "stream purge not permitted")
+
+
+async def test_direct_get(nats_url: str) -> None:
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        await js.add_stream(name="DG", subjects=["dg.>"], allow_direct=True)
+        await js.add_stream(name="ND", subjects=["nd.>"])
+        await js.publish("dg.a", b"first", headers={"H": "1"})
+        await js.publish("dg.b", b"second")
+        out: list[Any] = []
+        m = await js.get_msg("DG", 1, direct=True)
+        out.append((m.subject, m.seq, m.data, m.headers))
+        m = await js.get_msg("DG", subject="dg.b", direct=True)
+        out.append((m.subject, m.seq, m.data))
+        raw = await nc.request("$JS.API.DIRECT.GET.DG.dg.a", b"", timeout=5)
+        out.append(dict(raw.headers or {}))
+        raw = await nc.request("$JS.API.DIRECT.GET.DG", json.dumps({"seq": 9}).encode(), timeout=5)
+        out.append((raw.headers or {}).get("Status"))
+        try:
+            await js.get_msg("DG", subject="dg.none", direct=True)
+        except jse.NotFoundError:
+            out.append("not found")
+        try:
+            await nc.request("$JS.API.DIRECT.GET.ND.nd.a", b"", timeout=5)
+        except nats.errors.NoRespondersError:
+            out.append("no responders")
+        return out
+
+    out = await _js(nats_url, fn)
+    assert out[0][:3] == ("dg.a", 1, b"first")
+    assert out[0][3]["H"] == "1" and out[0][3]["Nats-Stream"] == "DG" and out[0][3]["Nats-Sequence"] == "1"
+    assert out[1] == ("dg.b", 2, b"second")
+    h = out[2]
+    assert (h["Nats-Stream"], h["Nats-Subject"], h["Nats-Sequence"], h["H"]) == ("DG", "dg.a", "1", "1")
+    assert h["Nats-Time-Stamp"].endswith("Z") and h["Nats-Time-Stamp"][:2] == "20"
+    assert out[3] == "404"
+    assert out[4:] == ["not found", "no responders"]
+
+
+async def test_update_stream(nats_url: str) -> None:
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        await js.add_stream(name="U", subjects=["u.>"])
+        for i in range(4):
+            await js.publish("u.k", str(i).encode())
+        si = await js.update_stream(StreamConfig(name="U", subjects=["u.>", "v.>"], max_msgs_per_subject=2, allow_msg_ttl=True))
+        ttl_off = await _error(js.update_stream(StreamConfig(name="U", subjects=["u.>"], allow_msg_ttl=False)))
+        return [si.config.subjects, si.config.max_msgs_per_subject, si.state.messages, ttl_off]
+
+    out = await _js(nats_url, fn)
+    assert out[:3] == [["u.>", "v.>"], 2, 2]
+    assert out[3] == (500, 10052, "message TTL status can not be disabled")
+
