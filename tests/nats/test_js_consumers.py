@@ -1,0 +1,231 @@
+"""JetStream consumers over the NATS listener (``broker/_js_consumers.py``), driven by
+nats-py against a real broker on loopback (``conftest.nats_server``).
+
+Virtual time: the tests that need ack waits or delays to pass run under trio's
+``mock_clock`` (time stands still unless moved) and move it from nats-py's side with
+:func:`jump`, so a redelivery "after 30 s" takes no real time and nothing depends on
+the machine's speed. nats-py's own timeouts are real time: they only bound how long a
+fetch waits for something the broker already decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import nats
+import pytest
+import trio
+import trio.testing
+from conftest import start_server
+from helpers import in_asyncio
+from nats.js import api
+from nats.js.errors import APIError, NotFoundError
+
+STREAM = "ORDERS"
+
+
+async def _advance(seconds: float) -> None:
+    trio.lowlevel.current_clock().jump(seconds)  # type: ignore[attr-defined]
+    await trio.testing.wait_all_tasks_blocked()
+
+
+def jump(seconds: float) -> None:
+    """Move the broker's virtual time on (called from nats-py's thread) and let every
+    timer that fell due run."""
+    trio.from_thread.run(_advance, seconds)
+
+
+async def connect(url: str) -> tuple[Any, Any]:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    return nc, js
+
+
+async def orders(js: Any, n: int, start: int = 0, subject: str = "orders.{i}") -> None:
+    try:
+        await js.add_stream(name=STREAM, subjects=["orders.>"])
+    except APIError:
+        pass  # exists (a second phase of a test)
+    for i in range(start, start + n):
+        await js.publish(subject.format(i=i), b"m%d" % i)
+
+
+async def api_request(nc: Any, subject: str, body: dict[str, Any] | bytes) -> dict[str, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    msg = await nc.request(subject, data, timeout=5)
+    return json.loads(msg.data)  # type: ignore[no-any-return]
+
+
+async def fetch_or_none(psub: Any, n: int, timeout: float = 0.3) -> list[Any]:
+    try:
+        return list(await psub.fetch(n, timeout=timeout))
+    except nats.errors.TimeoutError:
+        return []
+
+
+# -- pull consumers ---------------------------------------------------------------------
+
+
+async def test_pull_fetch_ack_and_consumer_info_counters(mock_clock: Any, nats_url: str) -> None:
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        await orders(js, 5)
+        psub = await js.pull_subscribe("orders.>", durable="dur")
+        msgs = await psub.fetch(3, timeout=2)
+        out: dict[str, Any] = {
+            "subjects": [m.subject for m in msgs],
+            "data": [m.data for m in msgs],
+            "meta": [(m.metadata.sequence.stream, m.metadata.sequence.consumer, m.metadata.num_delivered,
+                      m.metadata.num_pending, m.metadata.stream, m.metadata.consumer) for m in msgs],
+        }
+        await msgs[0].ack_sync()
+        await msgs[2].ack_sync()
+        out["info"] = await js.consumer_info(STREAM, "dur")
+        await msgs[1].ack_sync()
+        out["after"] = await js.consumer_info(STREAM, "dur")
+        rest = await psub.fetch(10, timeout=1)
+        out["rest"] = [(m.subject, m.metadata.num_pending) for m in rest]
+        for m in rest:
+            await m.ack()
+        out["empty"] = await fetch_or_none(psub, 1)
+        await nc.flush()
+        out["final"] = await js.consumer_info(STREAM, "dur")
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    assert r["subjects"] == ["orders.0", "orders.1", "orders.2"]
+    assert r["data"] == [b"m0", b"m1", b"m2"]
+    assert r["meta"] == [(1, 1, 1, 4, STREAM, "dur"), (2, 2, 1, 3, STREAM, "dur"), (3, 3, 1, 2, STREAM, "dur")]
+    info = r["info"]
+    assert (info.name, info.stream_name, info.config.durable_name) == ("dur", STREAM, "dur")
+    assert info.config.ack_policy == api.AckPolicy.EXPLICIT and info.config.filter_subject == "orders.>"
+    assert (info.delivered.consumer_seq, info.delivered.stream_seq) == (3, 3)
+    # seq 1 and 3 acked, 2 outstanding: the floor stays at 1, as on the server
+    assert (info.ack_floor.consumer_seq, info.ack_floor.stream_seq) == (1, 1)
+    assert (info.num_ack_pending, info.num_pending, info.num_redelivered, info.num_waiting) == (1, 2, 0, 0)
+    after = r["after"]
+    assert (after.ack_floor.consumer_seq, after.ack_floor.stream_seq, after.num_ack_pending) == (3, 3, 0)
+    assert r["rest"] == [("orders.3", 1), ("orders.4", 0)]
+    assert r["empty"] == []
+    final = r["final"]
+    assert (final.delivered.stream_seq, final.ack_floor.stream_seq, final.num_ack_pending, final.num_pending) == (5, 5, 0, 0)
+
+
+async def test_redelivery_after_ack_wait_nak_delay_term_and_in_progress(mock_clock: Any, nats_url: str) -> None:
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        await orders(js, 4)
+        psub = await js.pull_subscribe("orders.>", durable="w", config=api.ConsumerConfig(ack_wait=30))
+        a, b, c, d = await psub.fetch(4, timeout=2)
+        out: dict[str, Any] = {}
+        # a: nak now -> next at once, delivered twice; b: nak with a 10 s delay;
+        # c: term (never again); d: in progress at 20 s moves its deadline to 50 s.
+        await a.nak()
+        await nc.request(b.reply, b'-NAK {"delay": 10000000000}', timeout=5)  # the ack as a request: answered once durable
+        await nc.request(c.reply, b"+TERM", timeout=5)
+        again = await psub.fetch(1, timeout=2)
+        out["nak_now"] = [(m.metadata.sequence.stream, m.metadata.num_delivered) for m in again]
+        await again[0].ack_sync()
+        out["before_delay"] = await fetch_or_none(psub, 1)
+        jump(10.5)
+        later = await psub.fetch(1, timeout=2)
+        out["nak_delay"] = [(m.metadata.sequence.stream, m.metadata.num_delivered) for m in later]
+        await later[0].ack_sync()
+        jump(9.5)  # 20 s since d was delivered
+        await nc.request(d.reply, b"+WPI", timeout=5)
+        jump(15)  # 35 s: past d's ack wait, but in progress moved it
+        out["in_progress"] = await fetch_or_none(psub, 1)
+        info = await js.consumer_info(STREAM, "w")
+        out["mid"] = (info.num_ack_pending, info.num_redelivered, info.num_pending)
+        jump(16)  # 51 s
+        redone = await psub.fetch(1, timeout=2)
+        out["redelivered"] = [(m.metadata.sequence.stream, m.metadata.num_delivered) for m in redone]
+        info = await js.consumer_info(STREAM, "w")
+        out["end"] = (info.num_ack_pending, info.num_redelivered, info.ack_floor.stream_seq)
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    assert r["nak_now"] == [(1, 2)]
+    assert r["before_delay"] == []
+    assert r["nak_delay"] == [(2, 2)]
+    assert r["in_progress"] == []
+    assert r["mid"] == (1, 0, 0)  # only d outstanding; c was terminated
+    assert r["redelivered"] == [(4, 2)]
+    assert r["end"] == (1, 1, 3)
+
+
+async def test_max_ack_pending_holds_new_messages_back(mock_clock: Any, nats_url: str) -> None:
+    async def scenario() -> tuple[list[int], list[int], list[int], int]:
+        nc, js = await connect(nats_url)
+        await orders(js, 5)
+        psub = await js.pull_subscribe("orders.>", durable="cap", config=api.ConsumerConfig(max_ack_pending=2))
+        first = await psub.fetch(5, timeout=1)
+        held = await fetch_or_none(psub, 5)
+        await first[0].ack_sync()
+        more = await psub.fetch(5, timeout=1)
+        info = await js.consumer_info(STREAM, "cap")
+        await nc.close()
+        return ([m.metadata.sequence.stream for m in first], [m.metadata.sequence.stream for m in held],
+                [m.metadata.sequence.stream for m in more], info.num_ack_pending)
+
+    first, held, more, pending = await in_asyncio(scenario)
+    assert first == [1, 2]
+    assert held == []
+    assert more == [3]
+    assert pending == 2
+
+
+async def test_pull_request_statuses(mock_clock: Any, nats_url: str) -> None:
+    """The raw pull protocol: 404 for no_wait with nothing, messages then 404 for a
+    partial no_wait batch, 408 with the pending counts when a request expires, 409
+    past max_waiting, and 400 for a malformed request."""
+
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        await orders(js, 2)
+        await js.add_consumer(STREAM, durable_name="raw", ack_policy="explicit", max_waiting=1)
+        nxt = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.raw"
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+
+        async def ask(body: dict[str, Any] | bytes, n: int) -> list[Any]:
+            await nc.publish(nxt, body if isinstance(body, bytes) else json.dumps(body).encode(), reply=inbox)
+            return [await sub.next_msg(timeout=2) for _ in range(n)]
+
+        out: dict[str, Any] = {}
+        got = await ask({"batch": 5, "no_wait": True}, 3)
+        out["partial"] = [(m.subject, m.headers) for m in got]
+        got = await ask({"batch": 1, "no_wait": True}, 1)
+        out["none"] = got[0].headers
+        await nc.publish(nxt, json.dumps({"batch": 3, "expires": 5_000_000_000}).encode(), reply=inbox)
+        await nc.flush()
+        got = await ask({"batch": 1, "expires": 5_000_000_000}, 1)
+        out["max_waiting"] = got[0].headers
+        await js.publish("orders.9", b"late")
+        got = [await sub.next_msg(timeout=2)]
+        trio.from_thread.run(_advance, 5.5)
+        got.append(await sub.next_msg(timeout=2))
+        out["expired"] = [(m.subject, m.headers) for m in got]
+        got = await ask(b'{"batch": "x"}', 1)
+        out["bad"] = got[0].headers
+        try:
+            await nc.request(f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.nope", b"", timeout=2)
+        except nats.errors.NoRespondersError as exc:
+            out["no_consumer"] = exc
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    assert [s for s, _ in r["partial"][:2]] == ["orders.0", "orders.1"]
+    assert r["partial"][2][1] == {"Status": "404", "Description": "No Messages"}
+    assert r["none"] == {"Status": "404", "Description": "No Messages"}
+    assert r["max_waiting"] == {"Status": "409", "Description": "Exceeded MaxWaiting"}
+    assert r["expired"][0][0] == "orders.9"
+    assert r["expired"][1][1] == {"Status": "408", "Description": "Request Timeout",
+                                  "Nats-Pending-Messages": "2", "Nats-Pending-Bytes": "0"}
+    assert r["bad"]["Status"] == "400" and r["bad"]["Description"].startswith("Bad Request - ")
+    assert isinstance(r["no_consumer"], nats.errors.NoRespondersError)
