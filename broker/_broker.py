@@ -141,6 +141,7 @@ class Broker:
         self.republisher = Republisher(
             self.counters, self.committer, config.limits.max_republish_hops,
             lambda bodies: _publishing.publish(self, None, P.Publish.from_bodies(bodies, P.PUBLISH_NO_ACK), trusted=True),
+            self.router, self.subs,
         )
         self.retention.on_markers = lambda part, res, epoch, removed: self.republisher.after_append(
             part, res, removed, epoch

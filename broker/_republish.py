@@ -15,6 +15,14 @@ update (``_catalog.py``); a message that would cross more than
 ``[limits] max_republish_hops`` hops is dropped and counted (``dropped_loops``). A
 transform that yields an invalid subject drops the copy, counted
 (``dropped_invalid_subject``) and logged at most once a minute (decision 10.13).
+
+Speed: a copy costs about what a message of a publish batch costs. What the copies of
+one subject share (destination, the headers before ``Nats-Sequence``, the hop count)
+is worked out once per batch, the destination of a subject once per topic (unless the
+transform draws ``random``), and each copy is then one pass in
+``protocol.republish_bodies``. A copy that would reach nobody when it is sent (no
+topic captures its subject, no subscription matches it) is only counted, as a
+publish would count it (``messages_unrouted``): it is never built.
 """
 
 from __future__ import annotations
@@ -22,19 +30,37 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from protocol import BrokerError, encode_body, hops_of, read_record_info, republish_headers, validate_subject
+from protocol import BrokerError, SubjectTransform, copy_plan, hops_of, record_keys, republish_bodies, validate_subject
 from storage import AppendResult
 
+from ._catalog import Topic
 from ._commit import Committer
 from ._log import get_logger
 from ._partition import Partition
+from ._routing import NO_TOPIC, Router
 from ._stats import Counters
+from ._subscriptions import SubscriptionIndex
 
 __all__ = ["Republisher"]
 
 log = get_logger(__name__)
 
 _LOG_EVERY_SECONDS = 60.0
+#: Subjects whose destination a topic keeps, and topics kept (then forgotten at once).
+_DEST_CACHE_LIMIT = 10_000
+_TOPIC_CACHE_LIMIT = 1_000
+
+Plan = tuple[bytes, bytes, bytes]  # protocol.copy_plan: destination, head, hops header
+
+
+class _Drop:
+    """A copy that is not sent, and what to count and log for each one."""
+
+    __slots__ = ("kind", "fields")
+
+    def __init__(self, kind: str, **fields: object) -> None:
+        self.kind = kind
+        self.fields = fields
 
 
 class Republisher:
@@ -43,77 +69,122 @@ class Republisher:
     committer: the group committer (copies wait for the append to be durable).
     max_hops: ``[limits] max_republish_hops``.
     publish: the broker's internal publish of message bodies (no acks).
+    router, subs: the broker's routing and subscriptions (does a copy reach anyone?).
     """
 
-    def __init__(self, counters: Counters, committer: Committer, max_hops: int, publish: Callable[[list[bytes]], None]) -> None:
+    def __init__(
+        self, counters: Counters, committer: Committer, max_hops: int, publish: Callable[[list[bytes]], None],
+        router: Router, subs: SubscriptionIndex,
+    ) -> None:
         self.counters = counters
         self.committer = committer
         self.max_hops = max_hops
         self.publish = publish
+        self.router = router
+        self.subs = subs
         self._last_warning = {"invalid": -_LOG_EVERY_SECONDS, "hops": -_LOG_EVERY_SECONDS}
+        #: topic -> (its transform, subject -> destination, None (no match) or why it is invalid)
+        self._dests: dict[Topic, tuple[SubjectTransform, dict[bytes, str | BrokerError | None]]] = {}
 
     def after_append(self, part: Partition, res: AppendResult, last_offsets: list[int], epoch: int) -> None:
         """Republish what an append stored, once it is durable. ``last_offsets`` come
         from :meth:`Partition.last_offsets`, taken before the append."""
-        bodies = self._copies(part, res, last_offsets)
-        if not bodies:
-            return
-        if self.committer.acks_wait:
-            self.committer.after(epoch, lambda: self._send(bodies))
-        else:
-            self._send(bodies)
-
-    def _send(self, bodies: list[bytes]) -> None:
-        self.counters.republished += len(bodies)
-        self.publish(bodies)
-
-    def _copies(self, part: Partition, res: AppendResult, last_offsets: list[int]) -> list[bytes]:
         topic = part.topic
         transform = topic.republisher
         rp = topic.config.republish
         if transform is None or rp is None:
-            return []
-        headers_only = rp["headers_only"]
-        where = topic.full_name
-        records = res.records
-        out: list[bytes] = []
-        # subject -> (its text, the destination or None: no match, or "" invalid)
-        dests: dict[bytes, tuple[str, str | None]] = {}
-        for k, pos in enumerate(res.positions):
-            info = read_record_info(records, pos)
-            known = dests.get(info.subject)
-            if known is None:
-                subject = info.subject.decode()
-                dest = transform.apply(subject)
-                if dest is not None:
-                    try:
-                        validate_subject(dest)
-                    except BrokerError as err:
-                        self._warn("invalid", "republish_dropped", topic=where, subject=subject, reason=err.message)
-                        dest = ""
-                known = dests[info.subject] = (subject, dest)
-            subject, dest = known
-            if dest is None:
-                continue
-            if not dest:
-                self.counters.dropped_invalid_subject += 1
-                continue
-            hops = hops_of(info.headers) + 1
-            if hops > self.max_hops:
-                self.counters.dropped_loops += 1
-                self._warn("hops", "republish_loop_dropped", topic=where, subject=subject, hops=hops, limit=self.max_hops)
-                continue
-            headers = republish_headers(
-                info.headers, where, subject, info.offset, info.timestamp, last_offsets[k],
-                info.payload_len if headers_only else None, hops,
-            )
-            if headers_only:
-                payload: bytes | memoryview = b""
-            else:
-                start = pos + 38 + len(info.subject) + len(info.headers)
-                payload = memoryview(records)[start : start + info.payload_len]
-            out.append(encode_body(dest, payload, headers))
-        return out
+            return
+        plans, distinct = self._plans(topic, transform, res)
+        if not distinct:
+            return
+        headers_only: bool = rp["headers_only"]
+        if self.committer.acks_wait:
+            self.committer.after(epoch, lambda: self._send(res, plans, distinct, last_offsets, headers_only))
+        else:
+            self._send(res, plans, distinct, last_offsets, headers_only)
+
+    def _plans(self, topic: Topic, transform: SubjectTransform, res: AppendResult) -> tuple[list[Plan | None], list[Plan]]:
+        """The plan of each record's copy (None: none), and the distinct plans."""
+        batch: dict[tuple[bytes, bytes], Plan | _Drop | None] = {}
+        plans: list[Plan | None] = []
+        append = plans.append
+        for key in record_keys(res.records, res.positions):
+            plan = batch.get(key, _Drop)
+            if plan is _Drop:
+                plan = batch[key] = self._plan(topic, transform, *key)
+            if plan.__class__ is _Drop:
+                self._drop(plan)  # type: ignore[arg-type]
+                plan = None
+            append(plan)  # type: ignore[arg-type]
+        return plans, [p for p in batch.values() if p.__class__ is tuple]  # type: ignore[misc]
+
+    def _plan(self, topic: Topic, transform: SubjectTransform, subject: bytes, block: bytes) -> Plan | _Drop | None:
+        dest = self._dest(topic, transform, subject)
+        if dest is None:
+            return None
+        text = subject.decode()
+        if dest.__class__ is not str:
+            return _Drop("invalid", topic=topic.full_name, subject=text, reason=dest.message)  # type: ignore[union-attr]
+        hops = hops_of(block) + 1 if block else 1
+        if hops > self.max_hops:
+            return _Drop("hops", topic=topic.full_name, subject=text, hops=hops, limit=self.max_hops)
+        return copy_plan(dest, block, topic.full_name, text, hops)  # type: ignore[arg-type]
+
+    def _dest(self, topic: Topic, transform: SubjectTransform, subject: bytes) -> str | BrokerError | None:
+        """Where a message on ``subject`` is republished: the destination, None (no
+        match), or why the transformed subject is invalid."""
+        known = self._dests.get(topic)
+        if known is None or known[0] is not transform:
+            if len(self._dests) >= _TOPIC_CACHE_LIMIT:
+                self._dests = {}
+            known = self._dests[topic] = (transform, {})
+        dests = known[1]
+        dest = dests.get(subject, _Drop)
+        if dest is not _Drop:
+            return dest  # type: ignore[return-value]
+        dest = transform.apply(subject.decode())
+        if dest is not None:
+            try:
+                validate_subject(dest)
+            except BrokerError as err:
+                dest = err
+        if transform.deterministic:
+            if len(dests) >= _DEST_CACHE_LIMIT:
+                dests.clear()
+            dests[subject] = dest
+        return dest
+
+    def _drop(self, drop: _Drop) -> None:
+        if drop.kind == "hops":
+            self.counters.dropped_loops += 1
+            self._warn("hops", "republish_loop_dropped", **drop.fields)
+        else:
+            self.counters.dropped_invalid_subject += 1
+            self._warn("invalid", "republish_dropped", **drop.fields)
+
+    def _send(
+        self, res: AppendResult, plans: list[Plan | None], distinct: list[Plan], last_offsets: list[int], headers_only: bool
+    ) -> None:
+        total = len(plans) - plans.count(None)
+        self.counters.republished += total
+        idle = {p for p in distinct if not self._reaches_anyone(p[0])}
+        if idle:
+            # Sent now, these copies would reach nobody: a publish of them would only
+            # count them, so they are counted and not built.
+            if len(idle) == len(distinct):
+                self.counters.messages_unrouted += total
+                return
+            plans = [None if p in idle else p for p in plans]
+            self.counters.messages_unrouted += total - (len(plans) - plans.count(None))
+        self.publish(republish_bodies(res.records, res.positions, plans, last_offsets, headers_only))
+
+    def _reaches_anyone(self, dest: bytes) -> bool:
+        """Would a publish on ``dest`` now reach a topic or a subscription?"""
+        router = self.router
+        route = router.cache.get(dest)
+        if route is None:
+            route = router.resolve(dest)
+        return route is not NO_TOPIC or (len(self.subs) > 0 and len(self.subs.match(dest)) > 0)
 
     def _warn(self, kind: str, event: str, **fields: object) -> None:
         now = time.monotonic()

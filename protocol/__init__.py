@@ -159,8 +159,10 @@ from ._responses import delivery_entry as delivery_entry
 from ._responses import encode_delivery as encode_delivery
 from ._responses import encode_uniform_acks as encode_uniform_acks
 from ._republish import HOPS_HEADER as HOPS_HEADER
+from ._republish import copy_plan as copy_plan
 from ._republish import hops_of as hops_of
-from ._republish import republish_headers as republish_headers
+from ._republish import record_keys as record_keys
+from ._republish import republish_bodies as republish_bodies
 from ._republish import rfc3339_ns as rfc3339_ns
 from ._transform import SubjectTransform as SubjectTransform
 from ._transform import TransformError as TransformError

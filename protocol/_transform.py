@@ -184,7 +184,7 @@ class SubjectTransform:
         TransformError: with the server's text (see the module docstring).
     """
 
-    __slots__ = ("src", "dest", "_stokens", "_dtokens", "_positions", "_fwc_at", "_identity")
+    __slots__ = ("src", "dest", "deterministic", "_stokens", "_dtokens", "_positions", "_fwc_at", "_identity")
 
     def __init__(self, src: str, dest: str) -> None:
         src = src or ">"
@@ -211,6 +211,9 @@ class SubjectTransform:
                     raise _dest_error(_OUT_OF_RANGE, f"{token}: [{index}]")
             parsed.append(p)
         self._dtokens = tuple(parsed)
+        #: The same subject always gives the same result (no ``random``): a caller
+        #: may keep the answer per subject.
+        self.deterministic = all(p.kind != _RANDOM for p in parsed)
         self._fwc_at = len(stokens) - 1 if sfwc else -1
 
     def __repr__(self) -> str:

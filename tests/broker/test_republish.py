@@ -254,3 +254,49 @@ async def test_under_fsync_always_the_copy_follows_the_group_commit(tmp_path: Pa
             (copy,) = await _drain(sub, 1)
         assert server.broker.committer.synced > synced_before
         assert copy.headers["Nats-Sequence"] == "1"
+
+
+async def test_copies_that_reach_nobody_are_counted_not_sent(client: Client) -> None:
+    await client.create_stream("s")
+    await client.create_topic("s", "a", subjects=["a.*"], republish={"src": "a.*", "dest": "rp.$1"})
+    before = await client.stats()
+    async with await client.subscribe("rp.x") as sub:
+        await client.publish_batch([("a.x", b"1"), ("a.y", b"2"), ("a.x", b"3"), ("a.y", b"4")])
+        got = await _drain(sub, 2)
+        assert [(m.subject, m.payload, m.headers["Nats-Sequence"], m.headers["Nats-Last-Sequence"]) for m in got] == [
+            ("rp.x", b"1", "1", "0"), ("rp.x", b"3", "3", "1"),
+        ]
+        await _nothing_more(sub, client)
+        after = await client.stats()
+        # Every copy is republished, and no topic captures any (those on rp.y reach
+        # no subscription either: they are counted, as a publish counts them).
+        assert after["republished"] - before["republished"] == 4
+        assert after["messages_unrouted"] - before["messages_unrouted"] == 4
+        # Interest is looked at when a copy is sent, not remembered.
+        async with await client.subscribe("rp.y") as later:
+            await client.publish("a.y", b"5")
+            (m,) = await _drain(later, 1)
+            assert (m.subject, m.headers["Nats-Sequence"], m.headers["Nats-Last-Sequence"]) == ("rp.y", "5", "4")
+    assert (await client.stats())["messages_unrouted"] - before["messages_unrouted"] == 5
+
+
+async def test_a_changed_rule_applies_to_the_next_message(client: Client) -> None:
+    await client.create_stream("s")
+    await client.create_topic("s", "a", subjects=["a.*"], republish={"src": "a.*", "dest": "rp.$1"})
+    async with await client.subscribe(">") as sub:
+        await client.publish("a.x", b"1")
+        await client.update_topic("s", "a", republish={"src": "a.*", "dest": "new.$1", "headers_only": True})
+        await client.publish("a.x", b"2")
+        got = [m for m in await _drain(sub, 4) if not m.subject.startswith("a.")]
+        assert [(m.subject, m.payload) for m in got] == [("rp.x", b"1"), ("new.x", b"")]
+        assert got[1].headers["Nats-Msg-Size"] == "1"
+
+
+async def test_a_random_transform_draws_for_each_publish(client: Client) -> None:
+    await client.create_stream("s")
+    await client.create_topic("s", "a", subjects=["a"], republish={"src": "a", "dest": "r.{{random(1000)}}"})
+    async with await client.subscribe("r.*") as sub:
+        for _ in range(20):
+            await client.publish("a", b"")
+        got = await _drain(sub, 20)
+    assert len({m.subject for m in got}) > 1  # not one destination kept for the subject

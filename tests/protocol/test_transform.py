@@ -142,3 +142,9 @@ def test_identity_and_prefix(tokens: list[str]) -> None:
     assert SubjectTransform(">", ">").apply(subject) == subject
     assert SubjectTransform("", "pre.>").apply(subject) == "pre." + subject
     assert SubjectTransform(tokens[0] + ".>", "x.>").apply(subject) == ("x." + ".".join(tokens[1:]) if len(tokens) > 1 else None)
+
+
+def test_only_random_makes_a_transform_non_deterministic() -> None:
+    assert SubjectTransform("a.*", "b.$1.{{partition(3,1)}}.{{split(1,-)}}").deterministic
+    assert SubjectTransform(">", ">").deterministic
+    assert not SubjectTransform("a.*", "b.$1.{{Random(3)}}").deterministic
