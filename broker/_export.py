@@ -1,11 +1,20 @@
-"""The export task: sealed segments to Parquet, off the event loop.
+"""The export task: sealed segments to Parquet, in a worker process.
 
 Every ``[export] interval`` seconds (and on demand, by the EXPORT command behind
 ``ttlbroker export``), the task snapshots on the event loop the sealed segments that
-the manifest does not list yet, and hands them to ``spark_export.export_segments``
-in a worker thread: the conversion (pyarrow) never stalls publishing. Sealed segment
-files never change, so the thread reads them while the loop goes on appending to the
-active ones; deletions made meanwhile show up in the next segment's export only.
+the manifest does not list yet, and hands them to ``spark_export.export_in_worker``,
+which runs the conversion (numpy and pyarrow) in a process of its own
+(``python -m spark_export.worker``, at a lower priority): it never shares the GIL
+with the event loop, so publishing goes on at full speed. The loop only reads one
+line per exported segment. Sealed segment files never change, so the worker reads
+them while the loop goes on appending to the active ones; deletions made meanwhile
+show up in the next segment's export only.
+
+A worker that crashes (killed, out of memory, a bug) is logged
+(``export_worker_crashed``), counted in ``export_failures`` and the pass run again
+at once, up to ``CRASH_RETRIES`` times; the segments it finished before are kept
+(the manifest lists them), and the broker never goes down with it. Shutting down
+terminates the worker and waits for it.
 
 While the export is on, the segment cleaner keeps every segment not yet exported
 (:meth:`Exporter.keeps`): a message that expired before it was exported still reaches
@@ -41,6 +50,9 @@ __all__ = ["Exporter"]
 
 log = get_logger(__name__)
 
+#: How many times a pass whose worker crashed is run again at once.
+CRASH_RETRIES = 1
+
 
 class Exporter:
     """Args:
@@ -59,10 +71,12 @@ class Exporter:
         self._report: Report = lambda damage: None
         self._lock = trio.Lock()
         #: The export pass under way: segments it has to write, and has written (both
-        #: 0 between passes). The worker thread sets them; ``stats`` reads them, and
+        #: 0 between passes), as the worker reports them; ``stats`` reads them, and
         #: ``ttlbroker export`` draws its progress bar from them.
         self.pass_segments = 0
         self.pass_done = 0
+        #: The worker's command line (tests put a wrapper there).
+        self.worker_command: tuple[str, ...] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -142,7 +156,7 @@ class Exporter:
             raise error_class(ErrorCode.EXPORT_NOT_CONFIGURED)(
                 "the broker has no export directory: start it with --export-dir DIR or set [export] dir"
             )
-        from spark_export import ManifestUnreadable, export_segments
+        from spark_export import WORKER_COMMAND, ManifestUnreadable, WorkerCrashed, WorkerFailed, export_in_worker
 
         async with self._lock:
             if self.paused:
@@ -154,34 +168,49 @@ class Exporter:
                         sealed += 1
             jobs = self._jobs(partitions)
             started = time.perf_counter()
-            damage: list[Damage] = []
+            done: list[dict[str, Any]] = []
             self.pass_segments, self.pass_done = len(jobs), 0
 
-            def progress(done: int, total: int) -> None:  # in the worker thread: two int stores
-                self.pass_segments, self.pass_done = total, done
+            def listed(keys: list[str], todo: int) -> None:  # the manifest lists these already
+                self.exported.update(keys)
+                self.pass_segments, self.pass_done = todo, 0
+
+            def exported(entry: dict[str, Any], n: int, of: int) -> None:
+                # Recorded as each segment is in the manifest: a later failure keeps it.
+                done.append(entry)
+                self.exported.add(entry["key"])
+                self.counters.segments_exported += 1
+                self.counters.rows_exported += entry["rows"]
+                self.pass_segments, self.pass_done = of, n
 
             try:
-                done = await trio.to_thread.run_sync(export_segments, self.root, jobs, progress, damage.append)
+                for attempt in range(CRASH_RETRIES + 1):
+                    try:
+                        await export_in_worker(
+                            self.root, jobs, self._report, listed, exported, self.worker_command or WORKER_COMMAND
+                        )
+                        break
+                    except WorkerCrashed as exc:
+                        self.counters.export_failures += 1
+                        retry = attempt < CRASH_RETRIES
+                        log.error("export_worker_crashed", error=exc.message, retry=retry, stderr=exc.stderr[-2000:])
+                        if not retry:
+                            raise
             except ManifestUnreadable as exc:
-                for d in damage:
-                    self._report(d)
                 self._pause(exc.message)
                 raise error_class(ErrorCode.EXPORT_FAILED)(exc.message) from None
-            except Exception as exc:
-                for d in damage:
-                    self._report(d)
+            except WorkerFailed as exc:
+                if not isinstance(exc, WorkerCrashed):
+                    self.counters.export_failures += 1
+                    log.error("export_failed", error=exc.message, stderr=exc.stderr[-2000:])
+                raise error_class(ErrorCode.EXPORT_FAILED)(f"export to {self.root} failed: {exc.message}") from None
+            except OSError as exc:  # the worker could not be started
                 self.counters.export_failures += 1
                 log.error("export_failed", error=repr(exc))
                 raise error_class(ErrorCode.EXPORT_FAILED)(f"export to {self.root} failed: {exc}") from None
             finally:
                 self.pass_segments = self.pass_done = 0
-            for d in damage:  # reported here, on the loop, not from the worker thread
-                self._report(d)
-            for entry in done:
-                self.exported.add(entry["key"])
             rows = sum(e["rows"] for e in done)
-            self.counters.segments_exported += len(done)
-            self.counters.rows_exported += rows
             if done:
                 log.info("exported", segments=len(done), rows=rows, seconds=round(time.perf_counter() - started, 3), dir=self.root)
             return {"dir": self.root, "sealed": sealed, "exported": done, "segments_in_export": len(self.exported)}

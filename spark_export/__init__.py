@@ -1,7 +1,9 @@
 """ttlbroker's export to Parquet, and the PySpark jobs over it.
 
 * The broker's export task (``broker/_export.py``) snapshots sealed segments on its
-  event loop and calls :func:`export_segments` in a worker thread: pyarrow only.
+  event loop and runs :func:`export_segments` in a worker process
+  (:func:`export_in_worker`, ``python -m spark_export.worker``): numpy and pyarrow
+  only.
 * ``python -m spark_export analyze|compact|load ...``: the PySpark analytics and
   compaction (which never write into their input or over an output unless told to,
   ``_outputs.py``), and loading a compacted snapshot back into a broker, creating
@@ -16,6 +18,10 @@ Spark job is asked for.
 from ._convert import SegmentJob as SegmentJob
 from ._exporter import CRASH_ENV as CRASH_ENV
 from ._exporter import export_segments as export_segments
+from ._spawn import WORKER_COMMAND as WORKER_COMMAND
+from ._spawn import WorkerCrashed as WorkerCrashed
+from ._spawn import WorkerFailed as WorkerFailed
+from ._spawn import export_in_worker as export_in_worker
 from ._manifest import MANIFEST_NAME as MANIFEST_NAME
 from ._manifest import Manifest as Manifest
 from ._manifest import ManifestUnreadable as ManifestUnreadable

@@ -1,33 +1,56 @@
-"""One sealed segment to one Parquet file (pyarrow only, no Spark).
+"""One sealed segment to one Parquet file (pyarrow and numpy only, no Spark).
 
 The broker takes a :class:`SegmentJob` snapshot on its event loop (the segment's
-files are immutable once sealed; only its deletions may still grow) and converts it
-in a worker thread. Reading goes through ``storage`` (record layout, checksums,
-deletion tags), never around it: a record that fails its checksum is left out and
-counted, never exported.
+files are immutable once sealed; only its deletions may still grow) and the export
+worker process (``worker.py``) converts it. Reading follows the record layout of
+``protocol._records`` and the deletion tags of ``storage``: a record that fails its
+checksum or whose lengths do not add up is left out and counted, never exported.
+
+The conversion is columnar, a batch of records at a time: one numpy gather reads the
+fixed fields of every record; the subjects, header names and values and payloads are
+cut out of the segment's bytes by one Arrow ``take`` each (:func:`_slices`); header
+blocks are parsed one header position at a time across all records. Only the CRC-32
+is one call per record (zlib's, over a view of the bytes: no copy).
 """
 
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from protocol import MARKER_MASK, RECORD_FIXED, TTL_NEVER, MarkerReason, RemovalReason, check_record, decode_headers
+from protocol import MARKER_MASK, TTL_NEVER, ErrorCode, MarkerReason, RemovalReason, error_class
 from storage import read_deletion_tags
 
 from ._schema import SCHEMA
 
 __all__ = ["SegmentJob", "segment_batches", "write_segment", "relative_path", "BATCH_ROWS"]
 
-NS = 1_000_000_000
 _LIVE = 1
-_REASONS = {int(r): r.label for r in RemovalReason}
-_MARKERS = {int(r): r.header_value for r in MarkerReason if r}
+#: A record's fixed part, ``protocol.RECORD_FIXED``: record header, then body header.
+_FIXED = np.dtype(
+    [("length", "<u4"), ("crc", "<u4"), ("offset", "<u8"), ("ts", "<u8"),
+     ("ttl", "<u4"), ("flags", "u1"), ("sl", "u1"), ("hl", "<u4"), ("pl", "<u4")]
+)
+_FIXED_SIZE = _FIXED.itemsize  # 38
+_FIXED_BYTES = np.arange(_FIXED_SIZE, dtype=np.int64)
+_US = 1_000_000  # microseconds per second
+_NO_DEADLINE = np.iinfo(np.int64).max
+_MARKER_TEXT = {int(r): r.header_value for r in MarkerReason if r}
+#: ``marker_reason`` by the flags' marker bits.
+_MARKERS = pa.array([_MARKER_TEXT.get(bits) for bits in range(MARKER_MASK + 1)], pa.string())
+_TAG_TEXT = {int(r): r.label for r in RemovalReason}
+_TAGS = 16  # a deletion tag is 4 bits
+#: ``removed_reason`` by code: 0 live (null), 1 ``purge``, 2 ``unknown``, 3 + t tag t.
+_REASONS = pa.array([None, "purge", "unknown"] + [_TAG_TEXT.get(t, "unknown") for t in range(_TAGS)], pa.string())
+_PURGE, _UNKNOWN, _TAGGED = 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -78,67 +101,197 @@ def relative_path(job: SegmentJob) -> str:
     )
 
 
-#: Rows per Arrow record batch: bounds the memory a conversion holds (a 64 MiB segment
-#: of small messages is ~370,000 rows, ~1.6 KB each as Python objects) and how long
-#: one Arrow call holds the GIL (the broker's event loop runs beside the thread).
-BATCH_ROWS = 16_384
+#: Rows per Arrow record batch and Parquet row group: bounds what a conversion holds
+#: besides the segment's bytes (a few hundred bytes per row) while numpy's and Arrow's
+#: per-call costs stay small against the rows.
+BATCH_ROWS = 65_536
+
+
+class _Segment:
+    """A segment's bytes, as Python bytes (for CRCs and odd cuts), a numpy array (for
+    gathers) and an Arrow buffer (for zero-copy binary arrays)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self.view = memoryview(raw)
+        self.u8 = np.frombuffer(raw, np.uint8)
+        self.arrow = pa.py_buffer(raw)
+        # Binary offsets are int32; a segment is at most 1 GiB, but stay right beyond.
+        self.tiles_type, self.bound = (pa.binary(), np.int32) if len(raw) < 2**31 else (pa.large_binary(), np.int64)
+
+    def u16(self, at: np.ndarray) -> np.ndarray:
+        """The little-endian u16 at each position."""
+        return self.u8[at].astype(np.int64) | self.u8[at + 1].astype(np.int64) << 8
+
+    def slices(self, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+        """``raw[starts[i]:ends[i]]`` for each i, as one binary array.
+
+        Ranges in file order that do not overlap (records and their parts) tile the
+        bytes together with the gaps between them: a binary array with those
+        boundaries as offsets costs nothing to make, and filtering every other value
+        out of it copies exactly the bytes wanted, in C++. Other ranges are cut one by
+        one.
+        """
+        n = len(starts)
+        if n and np.all(starts[1:] >= ends[:-1]):
+            bounds = np.empty(2 * n, self.bound)
+            bounds[0::2] = starts
+            bounds[1::2] = ends
+            tiles = pa.Array.from_buffers(self.tiles_type, 2 * n - 1, [None, pa.py_buffer(bounds), self.arrow])
+            wanted = np.zeros(2 * n - 1, bool)
+            wanted[0::2] = True
+            return tiles.filter(wanted).cast(pa.binary())
+        return pa.array([self.raw[s:e] for s, e in zip(starts.tolist(), ends.tolist())], pa.binary())
+
+    def checked(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The records at ``pos`` that pass ``protocol.check_record`` (in bounds,
+        lengths that add up, a subject, the CRC-32): their fixed fields, and a mask of
+        which ``pos`` they are."""
+        n = len(self.raw)
+        if n < _FIXED_SIZE:
+            return np.zeros(0, _FIXED), np.zeros(len(pos), bool)
+        fixed = self.u8[np.minimum(pos, n - _FIXED_SIZE)[:, None] + _FIXED_BYTES].view(_FIXED).ravel()
+        length = fixed["length"].astype(np.int64)
+        total = length + 4
+        ok = (pos + _FIXED_SIZE <= n) & (length >= 34) & (pos + total <= n) & (fixed["sl"] != 0)
+        ok &= _FIXED_SIZE + fixed["sl"].astype(np.int64) + fixed["hl"] + fixed["pl"] == total
+        at = np.flatnonzero(ok)
+        crc_from, crc_to = (pos[at] + 8).tolist(), (pos[at] + total[at]).tolist()
+        crcs = np.fromiter(map(zlib.crc32, map(self.view.__getitem__, map(slice, crc_from, crc_to))), np.uint32, len(at))
+        ok[at] = crcs == fixed["crc"][at]
+        return fixed[ok], ok
+
+
+def _bad_headers(msg: str) -> Exception:
+    return error_class(ErrorCode.INVALID_HEADERS)(msg)
+
+
+def _text(values: pa.Array, what: str | None) -> pa.Array:
+    """Binary to UTF-8 strings. ``what`` (header names or values) must be valid
+    UTF-8, as ``protocol.decode_headers`` requires; a subject (``what`` None) gets
+    U+FFFD for invalid bytes, as ``bytes.decode(errors="replace")``."""
+    try:
+        return values.cast(pa.string())
+    except pa.ArrowInvalid:
+        if what is not None:
+            raise _bad_headers("header name or value is not valid text") from None
+        return pa.array([v.decode(errors="replace") for v in values.to_pylist()], pa.string())
+
+
+def _first_of_each_name(recs: np.ndarray, names: pa.Array) -> np.ndarray:
+    """Which headers to keep: the first of each name in each record (``recs``: the
+    record of each header, in file order)."""
+    i = np.arange(len(recs))
+    order = pc.sort_indices(
+        pa.table({"r": recs, "n": names, "i": i}), [("r", "ascending"), ("n", "ascending"), ("i", "ascending")]
+    ).to_numpy()
+    by_name = names.take(order)
+    again = (recs[order][1:] == recs[order][:-1]) & pc.equal(by_name[1:], by_name[:-1]).to_numpy(zero_copy_only=False)
+    keep = np.ones(len(recs), bool)
+    keep[order[1:][again]] = False
+    return keep
+
+
+def _headers(seg: _Segment, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
+    """The header blocks ``[starts[i], starts[i] + lens[i])`` as the ``headers`` map
+    column, as ``protocol.decode_headers`` reads them (the first of a repeated name
+    wins): step k reads header k of every block that has one.
+
+    Raises:
+        InvalidHeadersError: a block is malformed.
+    """
+    u8 = seg.u8
+    rec = np.flatnonzero(lens)
+    at, end = starts[rec], starts[rec] + lens[rec]
+    recs, names_at, values_at = [], [], []
+    while len(rec):
+        nlen = u8[at].astype(np.int64)
+        value_at = at + 1 + nlen + 2
+        if not np.all(nlen) or np.any(value_at > end):
+            raise _bad_headers("header block is truncated or has an empty name")
+        value_end = value_at + seg.u16(value_at - 2)
+        if np.any(value_end > end):
+            raise _bad_headers("header block is truncated")
+        recs.append(rec)
+        names_at.append(at + 1)
+        values_at.append(value_at)
+        more = value_end < end
+        rec, at, end = rec[more], value_end[more], end[more]
+    offsets = np.zeros(len(starts) + 1, np.int32)
+    if not recs:
+        empty = pa.array([], pa.string())
+        return pa.MapArray.from_arrays(offsets, empty, empty)
+    name_at = np.concatenate(names_at)
+    order = np.argsort(name_at, kind="stable")  # file order: by record, then within its block
+    rec_all, name_at, value_at = np.concatenate(recs)[order], name_at[order], np.concatenate(values_at)[order]
+    names = _text(seg.slices(name_at, value_at - 2), "names")
+    if not pc.all(pc.string_is_ascii(names)).as_py():
+        raise _bad_headers("header name or value is not valid text")
+    values = _text(seg.slices(value_at, value_at + seg.u16(value_at - 2)), "values")
+    if np.any(rec_all[1:] == rec_all[:-1]):  # a block with several headers: drop repeated names
+        keep = _first_of_each_name(rec_all, names)
+        rec_all, names, values = rec_all[keep], names.filter(keep), values.filter(keep)
+    np.cumsum(np.bincount(rec_all, minlength=len(starts)), out=offsets[1:])
+    return pa.MapArray.from_arrays(offsets, names, values)
+
+
+def _deletion_tags(job: SegmentJob) -> np.ndarray:
+    """The recorded deletion tag of each record of the segment (0: none or not said)."""
+    tags = np.zeros(job.count, np.int64)
+    for rel, tag in read_deletion_tags(job.del_path).items():
+        if rel < job.count:
+            tags[rel] = tag
+    return tags
 
 
 def segment_batches(job: SegmentJob, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[pa.RecordBatch, int]]:
     """The segment as record batches of at most ``batch_rows`` rows, each with how
     many corrupt records (left out) it skipped."""
-    from array import array
-
-    positions = array("I")
-    positions.frombytes(job.positions)
     with open(job.log_path, "rb") as f:
-        buf = f.read()
-    tags = read_deletion_tags(job.del_path)
-    unpack = RECORD_FIXED.unpack_from
-    max_age_ns = job.max_age * NS
-    n = len(buf)
+        seg = _Segment(f.read())
+    positions = np.frombuffer(job.positions, "<u4").astype(np.int64)
+    states = np.frombuffer(job.states, np.uint8)
+    tags = _deletion_tags(job)
     for start in range(0, job.count, batch_rows):
-        cols: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
-        offset_c, ts_c, subj_c, hdr_c, pay_c = cols["offset"], cols["timestamp_ns"], cols["subject"], cols["headers"], cols["payload"]
-        ttl_c, never_c, exp_c = cols["ttl_seconds"], cols["ttl_never"], cols["expires_at"]
-        mk_c, mkr_c, rm_c, rmr_c = cols["is_marker"], cols["marker_reason"], cols["removed"], cols["removed_reason"]
-        corrupt = 0
-        for rel in range(start, min(start + batch_rows, job.count)):
-            pos = positions[rel]
-            if check_record(buf, pos, n) < 0:
-                corrupt += 1
-                continue
-            _, _, off, ts, ttl, flags, sl, hl, pl = unpack(buf, pos)
-            s = pos + 38
-            offset_c.append(off)
-            ts_c.append(ts)
-            subj_c.append(buf[s : s + sl].decode(errors="replace"))
-            hdr_c.append(list(decode_headers(buf[s + sl : s + sl + hl]).items()) if hl else [])
-            pay_c.append(buf[s + sl + hl : s + sl + hl + pl])
-            never = ttl == TTL_NEVER
-            never_c.append(never)
-            ttl_c.append(ttl if ttl and not never else None)
-            deadlines = []
-            if ttl and not never:
-                deadlines.append(ts + ttl * NS)
-            if max_age_ns and not never:
-                deadlines.append(ts + max_age_ns)
-            exp_c.append(min(deadlines) // 1000 if deadlines else None)
-            reason = flags & MARKER_MASK
-            mk_c.append(bool(reason))
-            mkr_c.append(_MARKERS.get(reason))
-            live = job.states[rel] == _LIVE if rel < len(job.states) else True
-            rm_c.append(not live)
-            if live:
-                rmr_c.append(None)
-            elif rel in tags and tags[rel]:
-                rmr_c.append(_REASONS.get(tags[rel], "unknown"))
-            elif off <= job.purged_through:
-                rmr_c.append("purge")
-            else:
-                rmr_c.append("unknown")
-        cols["timestamp"] = [t // 1000 for t in ts_c]
-        yield pa.RecordBatch.from_pydict(cols, schema=SCHEMA), corrupt
+        stop = min(start + batch_rows, job.count)
+        fixed, good = seg.checked(positions[start:stop])
+        rels = np.arange(start, stop)[good]
+        pos = positions[start:stop][good]
+        subject_at = pos + _FIXED_SIZE
+        headers_at = subject_at + fixed["sl"]
+        payload_at = headers_at + fixed["hl"]
+        offset = fixed["offset"].astype(np.int64)
+        ts_ns = fixed["ts"].astype(np.int64)
+        ts_us = ts_ns // 1000
+        ttl = fixed["ttl"].astype(np.int64)
+        never = ttl == TTL_NEVER
+        own_ttl = (ttl != 0) & ~never
+        # The earlier of the TTL's and the max age's deadlines, in µs: (ts + s * 1e9) // 1000 == ts // 1000 + s * 1e6.
+        expires = np.where(own_ttl, ts_us + ttl * _US, _NO_DEADLINE)
+        if job.max_age:
+            expires = np.minimum(expires, np.where(never, _NO_DEADLINE, ts_us + job.max_age * _US))
+        marker = fixed["flags"] & MARKER_MASK
+        live = np.ones(len(rels), bool)
+        known = rels < len(states)
+        live[known] = states[rels[known]] == _LIVE
+        tag = tags[rels]
+        reason = np.where(live, 0, np.where(tag != 0, _TAGGED + tag, np.where(offset <= job.purged_through, _PURGE, _UNKNOWN)))
+        columns = {
+            "offset": pa.array(offset),
+            "timestamp": pa.array(ts_us, SCHEMA.field("timestamp").type),
+            "timestamp_ns": pa.array(ts_ns),
+            "subject": _text(seg.slices(subject_at, headers_at), None),
+            "headers": _headers(seg, headers_at, fixed["hl"].astype(np.int64)),
+            "payload": seg.slices(payload_at, payload_at + fixed["pl"]),
+            "ttl_seconds": pa.array(ttl, mask=~own_ttl),
+            "ttl_never": pa.array(never),
+            "expires_at": pa.array(expires, SCHEMA.field("expires_at").type, mask=expires == _NO_DEADLINE),
+            "is_marker": pa.array(marker != 0),
+            "marker_reason": _MARKERS.take(marker),
+            "removed": pa.array(~live),
+            "removed_reason": _REASONS.take(reason),
+        }
+        yield pa.RecordBatch.from_arrays([columns[name] for name in SCHEMA.names], schema=SCHEMA), len(good) - len(rels)
 
 
 def write_segment(job: SegmentJob, path: str) -> tuple[int, int]:

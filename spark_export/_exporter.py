@@ -1,8 +1,8 @@
-"""Export sealed segments to Parquet, exactly once (runs in a worker thread).
+"""Export sealed segments to Parquet, exactly once (runs in the export worker process).
 
-:func:`export_segments` is what the broker's export task calls off its event loop
-with the jobs it snapshotted; see ``_manifest.py`` for the order of writes that makes
-a crash at any point harmless. ``TTLBROKER_EXPORT_CRASH_AT`` (``before_write``,
+:func:`export_segments` is what the export worker (``worker.py``) runs with the jobs
+the broker snapshotted; see ``_manifest.py`` for the order of writes that makes a
+crash at any point harmless. ``TTLBROKER_EXPORT_CRASH_AT`` (``before_write``,
 ``after_write``, ``after_rename``) makes the process exit on the spot at that step:
 a fault-injection point for the crash tests, never set in operation.
 """
@@ -29,25 +29,31 @@ def _crash_point(step: str) -> None:
         os._exit(86)
 
 
-
 def export_segments(
     root: str,
     jobs: Iterable[SegmentJob],
-    progress: Callable[[int, int], None] | None = None,
     report: Report = ignore_damage,
+    started: Callable[[list[str], int], None] | None = None,
+    progress: Callable[[dict[str, Any], int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Export every job not already in ``root``'s manifest; returns one entry per
-    segment exported now (``key``, ``path``, ``rows``, ``bytes``, ``corrupt``,
-    ``seconds``). Damage found in the manifest goes to ``report``.
+    segment exported now (``key``, ``path``, ``rows``, ``bytes``, ``corrupt_records``,
+    ``seconds``...). Damage found in the manifest goes to ``report``; ``started``
+    gets the keys of the jobs the manifest already lists and how many segments are
+    left to export; ``progress`` each entry as its segment is in the manifest, with
+    how many are done of how many.
 
     Raises:
         ManifestUnreadable: no copy of the manifest is valid; nothing is exported.
     """
     manifest = Manifest.load(root, report)
+    jobs = list(jobs)
     todo = [j for j in jobs if j.key not in manifest]
+    if started is not None:
+        started([j.key for j in jobs if j.key in manifest], len(todo))
     done: list[dict[str, Any]] = []
     for i, job in enumerate(todo):
-        started = time.perf_counter()
+        started_at = time.perf_counter()
         rel = relative_path(job)
         final = os.path.join(root, rel)
         folder = os.path.dirname(final)
@@ -78,7 +84,7 @@ def export_segments(
                 **job.topic_config, "recorded_at": time.time(),
             })
         manifest.record(job.key, entry, topic)
-        done.append({"key": job.key, **entry, "seconds": round(time.perf_counter() - started, 3)})
+        done.append({"key": job.key, **entry, "seconds": round(time.perf_counter() - started_at, 3)})
         if progress is not None:
-            progress(i + 1, len(todo))
+            progress(done[-1], i + 1, len(todo))
     return done

@@ -115,6 +115,9 @@ async def test_cleaner_keeps_segments_until_they_are_exported(mock_clock, tmp_pa
 
 @pytest.mark.parametrize("step", ["before_write", "after_write", "after_rename"])
 async def test_a_crash_at_any_step_leaves_each_segment_exactly_once(tmp_path: Path, step: str) -> None:
+    """The export worker dies at ``step`` (the pass is run again at once and dies
+    there again): the broker answers EXPORT_FAILED and stays up, and whatever the
+    worker left behind, the next broker's export has every segment exactly once."""
     data, export = tmp_path / "data", tmp_path / "export"
     data.mkdir()
     broker = BrokerProcess(data, "--export-dir", str(export), "--fsync", "always", env={CRASH_ENV: step})
@@ -123,11 +126,16 @@ async def test_a_crash_at_any_step_leaves_each_segment_exactly_once(tmp_path: Pa
             await c.create_stream("s")
             await c.create_topic("s", "t", subjects=["a.>"], partitions=2)
             await c.publish_batch([(f"a.{i}", str(i).encode()) for i in range(100)])
-            with pytest.raises(Exception):
-                await c.export(seal=True)  # the broker dies at `step`
-        assert broker.proc.wait(10) == 86
+            with pytest.raises(P.ExportFailedError) as info:  # type: ignore[attr-defined]
+                await c.export(seal=True)  # the worker dies at `step`, twice
+            assert info.value.message == (
+                f"export to {export} failed: the export worker exited with code 86 before the end of the pass"
+            )
+            stats = await c.stats()  # the broker is up
+            assert (stats["export_failures"], stats["segments_exported"]) == (2, 0)
     finally:
-        broker.stop()
+        assert broker.stop(signal.SIGTERM) == 0
+    assert broker.stderr.count("export_worker_crashed") == 2
     parquet = sorted(p.relative_to(export).as_posix() for p in export.rglob("*.parquet"))
     tmp = list(export.rglob("*.tmp"))
     if step == "before_write":
@@ -340,29 +348,19 @@ async def test_the_manifest_records_each_topics_configuration(tmp_path: Path) ->
     assert json.loads((export / MANIFEST_NAME).read_bytes())["version"] == 2
 
 
-async def test_stats_show_the_progress_of_the_pass_under_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_stats_show_the_progress_of_the_pass_under_way(tmp_path: Path) -> None:
     """``export_pass_done`` of ``export_pass_segments`` while a pass runs (what
     ``ttlbroker export`` draws its bar from), both 0 between passes."""
     import functools
-    import threading
+    import os
+    import sys
 
-    import spark_export
-
-    real = spark_export.export_segments
-    first_written, go_on = threading.Event(), threading.Event()
-
-    def held(root, jobs, progress, report):  # type: ignore[no-untyped-def]
-        def step(done: int, total: int) -> None:
-            progress(done, total)
-            if done == 1:
-                first_written.set()
-                go_on.wait(30)
-        return real(root, jobs, step, report)
-
-    monkeypatch.setattr(spark_export, "export_segments", held)
+    go_on = tmp_path / "go_on"
+    os.mkfifo(go_on)
     cfg = make_config(tmp_path / "data", **{"export.dir": str(tmp_path / "export"), "system.partition.fsync": "never"})
     (tmp_path / "data").mkdir()
     async with start_server(cfg, Clock()) as server, connect(server.address) as c, connect(server.address) as watcher:
+        server.broker.exporter.worker_command = (sys.executable, str(Path(__file__).with_name("held_worker.py")), str(go_on))
         await c.create_stream("s")
         await c.create_topic("s", "t", partitions=3, subjects=["a.>"])
         await c.publish_batch([(f"a.{i}", b"x") for i in range(30)])
@@ -370,9 +368,10 @@ async def test_stats_show_the_progress_of_the_pass_under_way(tmp_path: Path, mon
         assert (stats["export_pass_segments"], stats["export_pass_done"]) == (0, 0)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(functools.partial(c.export, seal=True))  # seal the 3 active segments, export them
-            await trio.to_thread.run_sync(first_written.wait, 30)
-            stats = await watcher.stats()
-            go_on.set()
+            with trio.fail_after(30):
+                while (stats := await watcher.stats())["export_pass_done"] == 0:  # the worker is held after one
+                    await trio.sleep(0.01)
+            await trio.to_thread.run_sync(go_on.write_text, "go on")
         assert (stats["export_pass_segments"], stats["export_pass_done"]) == (3, 1)
         stats = await watcher.stats()
         assert (stats["export_pass_segments"], stats["export_pass_done"], stats["segments_exported"]) == (0, 0, 3)

@@ -1,0 +1,152 @@
+"""An export pass in the worker process (``worker.py``), followed from the broker's
+trio event loop.
+
+:func:`export_in_worker` starts ``python -m spark_export.worker``, writes it the jobs
+and turns what it prints into the same calls :func:`export_segments` makes
+(``report``, ``started``, ``progress``), on the loop. The loop only copies the jobs
+into a pipe and reads one short line per segment: the conversion runs on another core
+with its own GIL. Cancelling the call (the broker shutting down) terminates the
+worker and waits for it; what it leaves half-written is never under a final name
+(``_manifest.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
+from typing import Any
+
+import trio
+
+from storage import Damage, Report, ignore_damage
+
+from ._convert import SegmentJob
+from ._manifest import ManifestUnreadable
+from ._wire import job_messages
+
+__all__ = ["export_in_worker", "WORKER_COMMAND", "WorkerCrashed", "WorkerFailed"]
+
+WORKER_COMMAND = (sys.executable, "-m", "spark_export.worker")
+_LINE_MAX = 1 << 20  # an event is one short line; more is not the worker talking
+_TAIL = 4096  # bytes of the worker's stderr kept to say why it failed
+
+
+class WorkerFailed(Exception):
+    """The pass failed in the worker (a write or a conversion raised); ``message``
+    is the error. Nothing half-written is under a final name."""
+
+    def __init__(self, message: str, stderr: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        #: The end of what the worker wrote to stderr (a traceback, usually).
+        self.stderr = stderr
+
+
+class WorkerCrashed(WorkerFailed):
+    """The worker stopped without finishing the pass or saying why (killed, crashed,
+    or output that is not its protocol): the pass may be run again at once."""
+
+
+async def _send(stream: trio.abc.SendStream, messages: list[bytes]) -> None:
+    try:
+        async with stream:
+            for message in messages:
+                await stream.send_all(message)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the worker is gone: its exit status says why
+
+
+async def _keep_tail(stream: trio.abc.ReceiveStream, tail: bytearray) -> None:
+    async for chunk in stream:
+        tail += chunk
+        del tail[:-_TAIL]
+
+
+async def _lines(stream: trio.abc.ReceiveStream) -> AsyncIterator[bytes | None]:
+    """The lines of ``stream``; None for a line longer than ``_LINE_MAX``."""
+    buf = bytearray()
+    async for chunk in stream:
+        buf += chunk
+        while (end := buf.find(b"\n")) >= 0:
+            yield bytes(buf[:end])
+            del buf[: end + 1]
+        if len(buf) > _LINE_MAX:
+            yield None
+            return
+    if buf:
+        yield bytes(buf)
+
+
+def _why(returncode: int | None, stderr: str) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            how = f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"was killed by signal {-returncode}"
+    else:
+        how = f"exited with code {returncode}"
+    last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
+    return f"the export worker {how} before the end of the pass" + (f" ({last})" if last else "")
+
+
+async def export_in_worker(
+    root: str,
+    jobs: list[SegmentJob],
+    report: Report = ignore_damage,
+    started: Callable[[list[str], int], None] | None = None,
+    progress: Callable[[dict[str, Any], int, int], None] | None = None,
+    command: Sequence[str] = WORKER_COMMAND,
+) -> list[dict[str, Any]]:
+    """:func:`export_segments` in the worker process; the callbacks run on the loop.
+
+    Raises:
+        ManifestUnreadable: no copy of the manifest is valid; nothing is exported.
+        WorkerCrashed: the worker stopped before the end of the pass (segments it
+            reported through ``progress`` are exported).
+        WorkerFailed: the pass failed in the worker (the same).
+    """
+    done: list[dict[str, Any]] = []
+    tail = bytearray()
+    ending: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        run = partial(trio.run_process, list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, check=False)
+        proc = await nursery.start(run)
+        nursery.start_soon(_send, proc.stdin, job_messages(root, jobs))
+        nursery.start_soon(_keep_tail, proc.stderr, tail)
+        async for line in _lines(proc.stdout):
+            try:
+                event = json.loads(line) if line is not None else None
+            except ValueError:
+                event = None
+            if not isinstance(event, dict) or ending:
+                ending = {"garbled": line[:200] if line is not None else "a line too long"}
+                nursery.cancel_scope.cancel()  # terminates the worker
+                break
+            if "damage" in event:
+                fields = event["damage"]
+                offsets = fields.pop("offsets", None)
+                report(Damage(**fields, offsets=tuple(offsets) if offsets else None))
+            elif "started" in event:
+                if started is not None:
+                    started(event["started"]["exported"], event["started"]["todo"])
+            elif "done" in event:
+                done.append(event["done"])
+                if progress is not None:
+                    progress(event["done"], event["n"], event["of"])
+            else:
+                ending = event
+    stderr = tail.decode(errors="replace")
+    if "unreadable" in ending:
+        raise ManifestUnreadable(ending["unreadable"])
+    if "error" in ending:
+        raise WorkerFailed(ending["error"], stderr)
+    if "garbled" in ending:
+        raise WorkerCrashed(f"the export worker wrote what is not an event: {ending['garbled']!r}", stderr)
+    if "end" not in ending or proc.returncode != 0:
+        raise WorkerCrashed(_why(proc.returncode, stderr), stderr)
+    return done

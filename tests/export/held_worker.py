@@ -1,0 +1,22 @@
+"""``python held_worker.py FIFO``: the export worker (``spark_export.worker``), held
+after its first segment until something is written to FIFO (progress tests)."""
+
+import sys
+
+from spark_export import worker
+
+real = worker.export_segments
+
+
+def held(root, jobs, report, started, progress):  # type: ignore[no-untyped-def]
+    def step(entry, n, of):  # type: ignore[no-untyped-def]
+        progress(entry, n, of)
+        if n == 1:
+            with open(sys.argv[1]) as fifo:
+                fifo.read()
+
+    return real(root, jobs, report=report, started=started, progress=step)
+
+
+worker.export_segments = held
+sys.exit(worker.main())
