@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import protocol as P
 from protocol import RemovalReason as R
-from protocol import TTL_NEVER, BrokerError, ErrorCode, error_class, scan_bodies
+from protocol import TTL_NEVER, TTL_NONE, BrokerError, ErrorCode, error_class, scan_bodies
 
 from ._admission import ROLLUP_SUB, WANTED, Admission, admit
 from ._dedup import Original
@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 _DUPLICATE = int(ErrorCode.DUPLICATE_MESSAGE)
 _TtlDisabled = error_class(ErrorCode.MSG_TTL_DISABLED)
+#: id(KV bucket config) -> (the config, the admission of a message without TTL field,
+#: flags or headers, its stamp): the same for each such message (a plain KV put), so
+#: it is worked out once per config object (an update of the topic makes a new one).
+_plain_kv: dict[int, tuple[Any, Admission, tuple[int, int] | None]] = {}
 
 __all__ = ["enforce_max_msgs", "publish"]
 
@@ -401,7 +405,10 @@ def _admit(
                 continue
             if kv or i in todo:
                 h = headed.get(i) if headed else None
-                got = same.get(h) if h is not None else None  # type: ignore[arg-type]
+                if h is not None:
+                    got = same.get(h)  # type: ignore[arg-type]
+                else:
+                    got = _plain_kv_admission(cfg) if i not in todo else None
                 try:
                     if got is None:
                         if h is not None:
@@ -445,6 +452,18 @@ def _admit(
     if rewritten:
         data = b"".join((data, *rewritten))
     return data, new_starts, new_ends, extra
+
+
+def _plain_kv_admission(cfg: Any) -> tuple[Admission, tuple[int, int] | None]:
+    """The admission (and stamp) of a message with no TTL field, flags or headers
+    into the KV bucket configured by ``cfg``."""
+    got = _plain_kv.get(id(cfg))
+    if got is None or got[0] is not cfg:
+        if len(_plain_kv) >= 1024:
+            _plain_kv.clear()
+        a = admit(b"", TTL_NONE, b"", cfg, {}, restamp=False)
+        got = _plain_kv[id(cfg)] = (cfg, a, (a.ttl, a.flags) if a.ttl or a.flags else None)
+    return got[1], got[2]
 
 
 def _apply_rollups(

@@ -78,6 +78,19 @@ async def test_ttl_on_write_restarts_on_put_only(mock_clock, data_dir) -> None:
         assert (await kv.get("k")).value == b"3"
 
 
+async def test_a_changed_bucket_ttl_applies_to_the_next_put(mock_clock, data_dir) -> None:
+    async with broker_and_client(data_dir) as (_, c):
+        kv = await c.kv_create("b", ttl=10)
+        await kv.put("k", b"1")
+        assert (await kv.get("k")).ttl_remaining == pytest.approx(10, abs=0.01)
+        await c.update_topic("kv", "b", kv={"ttl": 30, "refresh": "on_write", "visibility": "never_return_expired"})
+        await kv.put("k", b"2")
+        assert (await kv.get("k")).ttl_remaining == pytest.approx(30, abs=0.01)
+        other = await c.kv_create("o", ttl=0)  # no default TTL: a plain put never expires
+        await other.put("k", b"3")
+        assert (await other.get("k")).ttl_remaining is None
+
+
 async def test_refresh_on_read_keeps_a_key_alive_and_lets_it_lapse(mock_clock, data_dir) -> None:
     async with broker_and_client(data_dir) as (h, c):
         kv = await c.kv_create("b", ttl=10, refresh="on_read_and_write")
