@@ -32,6 +32,15 @@ servers):
   the same way), per expired message. Writing the markers is included, on both
   servers. No reader is connected in this phase.
 
+* **the same lag with P TTLs pending beside them** (``--pending P``, e.g. 1,000,000):
+  before phase 3 publishes, P messages with TTLs of an hour or more (they never expire
+  during the run) go to a second topic / stream (``pend.<i>``), and while phase 3
+  runs a background publisher keeps adding more there at ``--publish-rate`` messages a
+  second, until every lag message has expired. ttlbroker also reports, from its
+  ``stats``, the longest event-loop stall (the longest batch of task steps between two
+  looks at I/O and timers) and its garbage collections' total and longest pause,
+  since it started (so the preload and phase 3 only: every phase has a fresh server).
+
 Both servers get the same durability setting (``--sync``, default ``2m``:
 ttlbroker ``--fsync 2m``, nats ``sync_interval: "2m"``, which is nats's own
 default; ``always`` is possible but nats then publishes at a few thousand
@@ -48,6 +57,7 @@ the repository root::
 
     .venv/bin/python bench/ttl.py              # 1,000,000 messages, TTL 10..60 s: ~11 minutes
     .venv/bin/python bench/ttl.py --quick      # 20,000 messages, TTL 2..5 s: < 1 minute
+    .venv/bin/python bench/ttl.py --lag-only --pending 1000000   # phase 3 beside 1M pending TTLs
 """
 
 from __future__ import annotations
@@ -88,6 +98,10 @@ BATCH = 1000  # messages per publish_batch (ttlbroker)
 BATCHES_IN_FLIGHT = 4
 WINDOW = 1000  # publish_async in flight (nats)
 PAGE = 1000  # messages per fetch
+PENDING_TOPIC = "pending"  # ttlbroker topic (and nats stream PEND) of --pending
+PENDING_FILTER = "pend.>"
+NATS_PENDING_STREAM = "PEND"
+BACKGROUND_PERIOD = 0.02  # seconds between the background publisher's batches
 WARMUP = 1000  # messages without TTL published first on every server (not timed)
 MARKER_TTL = 3600  # seconds: markers outlive the benchmark
 HEADER_SHIFT = 3600  # added to the TTLs of the Nats-TTL header publish, so nothing expires
@@ -176,6 +190,9 @@ class Side:
     markers_wrong_reason: int = 0
     lag: dict[str, float] = field(default_factory=dict)
     server_stats: dict[str, Any] = field(default_factory=dict)
+    # --pending: the preload and the background publisher of phase 3
+    publish_pending: Publish | None = None
+    background: Publish | None = None
 
     @property
     def rss_per_ttl(self) -> float | None:
@@ -197,7 +214,7 @@ class Side:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("publish_plain", "publish_ttl", "publish_ttl_header", "publish_lag_run"):
+        for k in ("publish_plain", "publish_ttl", "publish_ttl_header", "publish_lag_run", "publish_pending", "background"):
             p = getattr(self, k)
             if p is not None:
                 d[k].update(msgs_per_s=round(p.per_second, 1), server_cpu_us_per_msg=p.server_cpu_us)
@@ -307,6 +324,35 @@ async def wait_for_expiry(server: Server, n: int, expired: Callable[[], Awaitabl
 
 def lag_limit(args: argparse.Namespace) -> float:
     return args.ttl_max + args.expiry_timeout
+
+
+async def publish_in_background(send: Callable[[int, int], Awaitable[int]], rate: float, stop: asyncio.Event) -> Publish:
+    """``rate`` messages a second, a batch every ``BACKGROUND_PERIOD``, until ``stop``:
+    ``send(first, count)`` publishes ``pend.bg.<first>`` ... and returns how many
+    were refused or failed."""
+    out = Publish()
+    per = max(1, round(rate * BACKGROUND_PERIOD))
+    t0 = next_at = time.perf_counter()
+    while not stop.is_set():
+        errors = await send(out.messages + out.errors, per)
+        out.errors += errors
+        out.messages += per - errors
+        next_at += BACKGROUND_PERIOD
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except TimeoutError:
+                pass
+    out.seconds = time.perf_counter() - t0
+    log(f"  background: {out.messages:,} msgs in {out.seconds:.1f} s = {out.per_second:,.0f} msgs/s"
+        + (f", {out.errors:,} ERRORS" if out.errors else ""))
+    return out
+
+
+def pending_ttls(args: argparse.Namespace) -> array:
+    """The preload's TTLs: an hour and more, so none expires during the run."""
+    return array("I", (t + HEADER_SHIFT for t in draw_ttls(args.pending, args.ttl_min, args.ttl_max, seed=2)))
 
 
 # -- ttlbroker ---------------------------------------------------------------------------
@@ -441,9 +487,25 @@ async def tb_lag(server: Server, n: int, ttls: array, side: Side, args: argparse
         side.timestamps_seen, side.ttl_mismatches = seen, mismatched
 
     async with aio.connect(server.address, name="bench-ttl") as c, \
-            aio.connect(server.address, name="bench-ttl-reader") as r:
+            aio.connect(server.address, name="bench-ttl-reader") as r, \
+            aio.connect(server.address, name="bench-ttl-background") as b:
         await tb_setup(c)
         await tb_warmup(c)
+        stop = asyncio.Event()
+        background = None
+        if args.pending:
+            await tb_setup(c, PENDING_TOPIC, PENDING_FILTER)
+            side.publish_pending = await tb_publish(server, c, args.pending, pending_ttls(args),
+                                                    f"publish_batch, {args.pending:,} TTLs of an hour to stay pending",
+                                                    prefix="pend")
+
+            async def send(first: int, count: int) -> int:
+                acks = await b.publish_batch([(f"pend.bg.{i}", PAYLOAD, None, HEADER_SHIFT)
+                                              for i in range(first, first + count)])
+                return len(acks.errors)
+
+            background = asyncio.create_task(publish_in_background(send, args.publish_rate, stop))
+        side.server_stats["pending_at_start"] = (await c.stats())["pending_expiries"]
         reader = asyncio.create_task(follow(r))
         try:
             side.publish_lag_run = await tb_publish(server, c, n, ttls, "publish_batch, TTL field, reader following")
@@ -457,6 +519,9 @@ async def tb_lag(server: Server, n: int, ttls: array, side: Side, args: argparse
             return (await c.stats())["expired_ttl"]
 
         side.lag_window = await wait_for_expiry(server, side.publish_lag_run.messages, expired, lag_limit(args), 0)
+        stop.set()
+        if background is not None:
+            side.background = await background
 
         lags: list[int] = []
         progress = Progress("reading markers", n)
@@ -479,11 +544,14 @@ async def tb_lag(server: Server, n: int, ttls: array, side: Side, args: argparse
         side.markers_read, side.markers_wrong_reason = markers, wrong
         side.lag = lag_stats(lags)
         st = await c.stats()
-        side.server_stats = {k: st.get(k) for k in ("expired_ttl", "markers", "pending_expiries", "expiry_passes",
-                                                     "expiry_lag_max_ms", "messages", "publish_errors")}
+        side.server_stats.update({k: st.get(k) for k in (
+            "expired_ttl", "markers", "pending_expiries", "expiry_passes", "expiry_lag_max_ms", "messages",
+            "publish_errors", "loop_stall_max_ms", "gc_collections", "gc_pause_total_ms", "gc_pause_max_ms")})
         log(f"  {markers:,} markers read, {len(lags):,} lags: p50 {side.lag.get('p50_ms', 0):.1f} ms, "
             f"max {side.lag.get('max_ms', 0):.1f} ms; the server says expiry_lag_max_ms="
-            f"{st.get('expiry_lag_max_ms')} over {st.get('expiry_passes')} passes")
+            f"{st.get('expiry_lag_max_ms')} over {st.get('expiry_passes')} passes, loop stall max "
+            f"{st.get('loop_stall_max_ms')} ms, {st.get('gc_collections')} garbage collections: "
+            f"{st.get('gc_pause_total_ms')} ms in all, {st.get('gc_pause_max_ms')} ms the longest")
 
 
 # -- nats -----------------------------------------------------------------------------------
@@ -503,11 +571,11 @@ async def nats_connect(url: str, name: str) -> Any:
     return await nats.connect(url, name=name, allow_reconnect=False)
 
 
-async def nats_setup(js: Any) -> None:
+async def nats_setup(js: Any, name: str = NATS_STREAM, filt: str = FILTER) -> None:
     from nats.js.api import StorageType, StreamConfig
 
     await js.add_stream(StreamConfig(
-        name=NATS_STREAM, subjects=[FILTER], storage=StorageType.FILE, allow_msg_ttl=True,
+        name=name, subjects=[filt], storage=StorageType.FILE, allow_msg_ttl=True,
         subject_delete_marker_ttl=MARKER_TTL, allow_rollup_hdrs=True, max_msgs_per_subject=1,
     ))
 
@@ -518,7 +586,8 @@ async def nats_warmup(js: Any) -> None:
     await js.publish_async_completed()
 
 
-async def nats_publish(server: Server, js: Any, n: int, ttls: array | None, label: str, shift: int = 0) -> Publish:
+async def nats_publish(server: Server, js: Any, n: int, ttls: array | None, label: str, shift: int = 0,
+                       prefix: str = "ttl") -> Publish:
     """``js.publish_async`` with ``WINDOW`` unacknowledged at most."""
     out = Publish()
     progress = Progress(label, n)
@@ -538,9 +607,9 @@ async def nats_publish(server: Server, js: Any, n: int, ttls: array | None, labe
     publish = js.publish_async
     for i in range(n):
         if ttls is None:
-            fut = await publish(f"ttl.{i}", PAYLOAD)
+            fut = await publish(f"{prefix}.{i}", PAYLOAD)
         else:
-            fut = await publish(f"ttl.{i}", PAYLOAD, msg_ttl=ttls[i] + shift)
+            fut = await publish(f"{prefix}.{i}", PAYLOAD, msg_ttl=ttls[i] + shift)
         fut.add_done_callback(on_ack)
         if not i & 1023:
             progress.update(out.messages)
@@ -621,6 +690,22 @@ async def nats_lag(server: Server, n: int, ttls: array, side: Side, args: argpar
             if st["last"] and st["max_seq"] >= st["last"]:
                 caught_up.set()
 
+        stop = asyncio.Event()
+        background = None
+        if args.pending:
+            await nats_setup(js, NATS_PENDING_STREAM, PENDING_FILTER)
+            side.publish_pending = await nats_publish(server, js, args.pending, pending_ttls(args),
+                                                      f"publish_async, {args.pending:,} TTLs of an hour to stay pending",
+                                                      prefix="pend")
+
+            async def send(first: int, count: int) -> int:
+                futs = [await js.publish_async(f"pend.bg.{i}", PAYLOAD, msg_ttl=HEADER_SHIFT)
+                        for i in range(first, first + count)]
+                done = await asyncio.gather(*futs, return_exceptions=True)
+                return sum(isinstance(d, BaseException) for d in done)
+
+            background = asyncio.create_task(publish_in_background(send, args.publish_rate, stop))
+            side.server_stats["pending_at_start"] = (await js.stream_info(NATS_PENDING_STREAM)).state.messages
         sub = await jr.subscribe(FILTER, stream=NATS_STREAM, ordered_consumer=True, cb=on_msg)
         side.publish_lag_run = await nats_publish(server, js, n, ttls, "publish_async, Nats-TTL header, reader following")
         st["last"] = side.publish_lag_run.last
@@ -636,6 +721,9 @@ async def nats_lag(server: Server, n: int, ttls: array, side: Side, args: argpar
 
         expired = nats_expired_counter(js, WARMUP + side.publish_lag_run.messages)
         side.lag_window = await wait_for_expiry(server, side.publish_lag_run.messages, expired, lag_limit(args), 0)
+        stop.set()
+        if background is not None:
+            side.background = await background
 
         # Read every marker back, from the start (the expired messages are gone).
         info = await js.stream_info(NATS_STREAM)
@@ -674,7 +762,7 @@ async def nats_lag(server: Server, n: int, ttls: array, side: Side, args: argpar
         await sub.unsubscribe()
         side.markers_read, side.markers_wrong_reason = counts["markers"], counts["wrong"]
         side.lag = lag_stats(lags)
-        side.server_stats = {"messages": info.state.messages, "last_seq": info.state.last_seq}
+        side.server_stats.update(messages=info.state.messages, last_seq=info.state.last_seq)
         log(f"  {counts['markers']:,} markers read, {len(lags):,} lags: p50 {side.lag.get('p50_ms', 0):.1f} ms, "
             f"max {side.lag.get('max_ms', 0):.1f} ms")
     finally:
@@ -733,6 +821,15 @@ def report(results: dict[str, Side], args: argparse.Namespace) -> str:
     row("  expiry lag min (ms; < 0 = removed early)", tb.lag.get("min_ms"), nt.lag.get("min_ms"), "", 1, ratio=False)
     rows.append(["  lags measured / messages", _count(tb.lag.get("samples"), published(tb)),
                  _count(nt.lag.get("samples"), published(nt)), "", ""])
+    if args.pending:
+        row("  TTLs pending beside them, at the start [6]", tb.server_stats.get("pending_at_start"),
+            nt.server_stats.get("pending_at_start"), "", ratio=False)
+        row("  background publishing meanwhile (msgs/s) [6]", rate(tb.background), rate(nt.background), "", ratio=False)
+    stats = tb.server_stats
+    row("  longest event-loop stall (ms) [7]", stats.get("loop_stall_max_ms"), None, "lower", 1, ratio=False)
+    row("  garbage collections [7]", stats.get("gc_collections"), None, "", ratio=False)
+    row("  GC pauses in all (ms) [7]", stats.get("gc_pause_total_ms"), None, "lower", 1, ratio=False)
+    row("  longest GC pause (ms) [7]", stats.get("gc_pause_max_ms"), None, "lower", 1, ratio=False)
     row("RSS, N stored without TTL (MiB)", _mib(tb.rss_plain), _mib(nt.rss_plain), "lower", 1)
     row("RSS, N stored with TTLs pending (MiB)", _mib(tb.rss_ttl), _mib(nt.rss_ttl), "lower", 1)
     row("RSS per pending TTL beyond payload (bytes) [4]", tb.rss_per_ttl, nt.rss_per_ttl, "lower")
@@ -755,6 +852,10 @@ def report(results: dict[str, Side], args: argparse.Namespace) -> str:
         f"\n[4] (RSS with N TTLs pending - RSS with N messages without TTL) / N, after {args.settle:g} s of quiet."
         "\n[5] server CPU from the end of publishing until the last expiry, minus the same server's idle CPU over"
         " as long; includes writing one subject delete marker per expired message."
+        f"\n[6] --pending {args.pending:,}: TTLs of an hour and more published to a second topic (nats: stream) before"
+        f" [3], and more at --publish-rate {args.publish_rate:,.0f} msgs/s until the last expiry of [3]."
+        "\n[7] ttlbroker's stats at the end of [3] (a fresh server: its warm-up, the preload of [6] and [3]):"
+        " the longest batch of task steps between two looks at I/O and timers, and gc.callbacks' timings."
     )
     problems = []
     for name, s in results.items():
@@ -774,6 +875,8 @@ def report(results: dict[str, Side], args: argparse.Namespace) -> str:
             problems.append(f"{name}: {s.markers_wrong_reason:,} markers with a reason other than MaxAge")
         if s.publish_lag_run and s.markers_read != s.publish_lag_run.messages:
             problems.append(f"{name}: {s.markers_read:,} markers for {s.publish_lag_run.messages:,} expired messages")
+        if s.background is not None and s.background.errors:
+            problems.append(f"{name} background: {s.background.errors:,} messages refused or failed")
         if s.publish_lag_run and s.timestamps_seen != s.publish_lag_run.messages:
             problems.append(f"{name}: the reader saw {s.timestamps_seen:,} of {s.publish_lag_run.messages:,} messages")
     if problems:
@@ -813,6 +916,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="longest idle CPU baseline after the expiry window (default 20; 3 with --quick)")
     p.add_argument("--expiry-timeout", type=float, default=60.0,
                    help="stop waiting this many seconds after the last deadline could be (default 60)")
+    p.add_argument("--pending", type=int, default=0, metavar="P",
+                   help="measure the expiry lag with P more TTLs (of an hour) pending on a second topic, and publishing "
+                        "going on there meanwhile (e.g. 1000000; default 0)")
+    p.add_argument("--publish-rate", type=float, default=5000.0, metavar="R",
+                   help="with --pending: messages a second the background publisher adds while the lag is measured "
+                        "(default 5,000)")
+    p.add_argument("--lag-only", action="store_true", help="run the expiry lag phase (3/3) only")
     p.add_argument("--quick", action="store_true", help="a smoke test: 20,000 messages, TTL 2..5 s, < 1 minute")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON (e.g. bench/results/ttl.json)")
     p.add_argument("--keep-temp", action="store_true", help="keep the servers' temporary directories")
@@ -829,6 +939,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.idle_seconds = 3.0 if args.quick else 20.0
     if args.messages < 1:
         p.error("--messages must be >= 1")
+    if args.pending < 0 or args.publish_rate <= 0:
+        p.error("need --pending >= 0 and --publish-rate > 0")
     if not 1 <= args.ttl_min <= args.ttl_max:
         p.error("need 1 <= --ttl-min <= --ttl-max")
     if args.ttl_max >= MARKER_TTL:
@@ -859,6 +971,8 @@ def main(argv: list[str] | None = None) -> int:
                 start = lambda: h.nats(sync_interval=args.sync)
                 phases = (("1/3 no TTL", nats_plain), ("2/3 TTLs pending, then expiring", nats_pending),
                           ("3/3 expiry lag", nats_lag))
+            if args.lag_only:
+                phases = phases[2:]
             for label, phase in phases:
                 if phase in (tb_pending, nats_pending):
                     side.shift = shift_for(side.publish_plain, args)
@@ -885,7 +999,8 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {"messages": n, "payload_bytes": len(PAYLOAD), "ttl_min": args.ttl_min, "ttl_max": args.ttl_max,
                          "sync": args.sync, "batch": BATCH, "batches_in_flight": BATCHES_IN_FLIGHT, "window": WINDOW,
                          "marker_ttl": MARKER_TTL, "header_shift": HEADER_SHIFT, "settle_s": args.settle,
-                         "idle_s": args.idle_seconds, "warmup": WARMUP},
+                         "idle_s": args.idle_seconds, "warmup": WARMUP, "pending": args.pending,
+                         "publish_rate": args.publish_rate, "lag_only": args.lag_only},
             "elapsed_s": round(elapsed, 1),
             "results": {name: s.as_dict() for name, s in results.items()},
         }

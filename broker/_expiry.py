@@ -37,41 +37,68 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
+from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
 import trio
 from sortedcontainers import SortedDict
 
+from ._stalls import LoopWatch
+
 if TYPE_CHECKING:
     from ._clock import Clock
     from ._partition import Partition
 
-__all__ = ["DeadlineQueue", "ExpiryEngine", "BUCKET_NS", "TIMER_NS", "LAG_BUCKETS_NS", "fire_time"]
+__all__ = ["DeadlineQueue", "ExpiryEngine", "BUCKET_NS", "TIMER_NS", "TICK_NS", "SLICE_NS", "LAG_BUCKETS_NS", "fire_time"]
 
-#: Bucket width: the most a removal can lag its deadline (decision 10.15).
+#: Firing granularity: an entry fires at its deadline rounded up to a tick, so at most
+#: this long after it (decision 10.15: never early, within 100 ms; the NATS server
+#: ticks at 250 ms). Per-message TTLs and consumer timers share it.
+TICK_NS = 10_000_000
+#: Consumer timers (redelivery after an ack wait or a nak delay: an application waits
+#: on them, never early, p99 within 50 ms) fire on the same ticks.
+TIMER_NS = TICK_NS
+#: Storage bucket width: entries are kept in buckets of this many ticks, and a bucket
+#: is split by tick (*opened*) only when its first tick comes.
 BUCKET_NS = 100_000_000
-#: Bucket width of timers (consumer redeliveries): finer, since an application
-#: waits on them (redelivery never early, p99 within 50 ms).
-TIMER_NS = 10_000_000
+_TICKS = BUCKET_NS // TICK_NS  # ticks per bucket (a tick index fits in 4 bits)
+_TICK_BITS = 4
+_TICK_MASK = (1 << _TICK_BITS) - 1
+#: Work per slice of an expiry pass: the task yields to the event loop after a chunk
+#: once a slice has run this long, so a pass never blocks the loop for much more.
+SLICE_NS = 2_000_000
+#: Entries handed to one removal call (one append of markers per call).
+CHUNK = 64
 #: Upper bounds (ns, inclusive) of the expiry lag histogram's buckets: how long after
 #: its bucket's time a pass ran. Lag comes from a busy event loop (a long handler,
 #: a garbage collection), so the buckets span 1 ms to 10 s.
 LAG_BUCKETS_NS = tuple(ms * 1_000_000 for ms in (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000))
 
 
-def fire_time(deadline_ns: int, width: int = BUCKET_NS) -> int:
-    """When the bucket holding ``deadline_ns`` fires: never before it, at most
-    ``width`` after."""
+def fire_time(deadline_ns: int, width: int = TICK_NS) -> int:
+    """When an entry for ``deadline_ns`` fires: never before it, less than ``width``
+    after."""
     return -(-deadline_ns // width) * width
 
 
 class DeadlineQueue:
-    """Pending per-message expiries (and consumer timers), ordered by the time their
-    bucket fires. A bucket maps an owner (a partition for TTLs, a consumer's
-    partition state for timers) to an ``array('Q')`` of offsets."""
+    """Pending per-message expiries (and consumer timers), ordered by when they fire.
+
+    Two levels, so that a pending entry costs 8 bytes however the deadlines spread
+    and whatever the tick: ``_buckets`` (a ``SortedDict``) maps a bucket's end (its
+    last tick, a multiple of :data:`BUCKET_NS`) to ``{owner: array('Q')}``, each
+    entry ``offset << 4 | ticks before the bucket's end``; ``_near`` maps the fire time
+    of each tick of the buckets opened so far to ``{owner: [offsets]}``. A bucket is
+    opened (its entries moved to ``_near`` by tick: one pass over them) when its
+    first tick is due, so ``_near`` holds about one bucket's entries. An owner is a
+    partition for TTLs, a consumer's partition state for timers. Offsets must be
+    below 2**60.
+    """
 
     def __init__(self) -> None:
-        self._buckets: SortedDict = SortedDict()  # fire time (ns) -> {owner: array('Q')}
+        self._buckets: SortedDict = SortedDict()  # bucket end (ns) -> {owner: array('Q')}
+        self._near: SortedDict = SortedDict()  # fire time (ns) -> {owner: list[int]}
+        self._opened = 0  # every bucket ending at or before this was opened into _near
         #: Live pending entries (entries of removed messages are not counted).
         self.count = 0
 
@@ -79,68 +106,102 @@ class DeadlineQueue:
         return self.count
 
     def add(self, deadline_ns: int, partition: Partition, offset: int) -> int:
-        """Schedule ``offset`` of ``partition``; returns when its bucket fires.
+        """Schedule ``offset`` of ``partition``; returns when it fires.
 
         Runtime complexity: O(log buckets).
         """
-        b = self.add_timer(fire_time(deadline_ns), partition, offset)
-        self.count += 1
+        b = fire_time(deadline_ns)
+        self.add_many(b, partition, [offset])
         return b
 
-    def add_timer(self, fire_ns: int, owner: object, offset: int) -> int:
-        """Schedule a timer entry (not counted as a pending TTL) firing at ``fire_ns``."""
-        b = fire_ns
-        slot = self._buckets.get(b)
-        if slot is None:
-            slot = self._buckets[b] = {}
-        offsets = slot.get(owner)
-        if offsets is None:
-            offsets = slot[owner] = array("Q")
-        offsets.append(offset)
-        return b
-
-    def add_many(self, bucket: int, partition: Partition, offsets: list[int]) -> None:
-        """Schedule several offsets of one partition in one bucket (its fire time)."""
-        slot = self._buckets.get(bucket)
-        if slot is None:
-            slot = self._buckets[bucket] = {}
-        arr = slot.get(partition)
-        if arr is None:
-            slot[partition] = array("Q", offsets)
-        else:
-            arr.extend(offsets)
+    def add_many(self, fire_ns: int, partition: Partition, offsets: list[int]) -> None:
+        """Schedule several offsets of one partition firing at ``fire_ns`` (a multiple
+        of :data:`TICK_NS`: ``fire_time(deadline)``): one bulk insertion."""
+        self.add_timers(fire_ns, partition, offsets)
         self.count += len(offsets)
+
+    def add_timers(self, fire_ns: int, owner: object, offsets: Iterable[int]) -> None:
+        """Schedule entries firing at ``fire_ns`` (a multiple of :data:`TICK_NS`) that
+        are not counted as pending TTLs (consumer timers; and the bulk insertion)."""
+        end = -(-fire_ns // BUCKET_NS) * BUCKET_NS
+        if end <= self._opened:  # its bucket is open (or due already): straight to its tick
+            slot = self._near.get(fire_ns)
+            if slot is None:
+                slot = self._near[fire_ns] = {}
+            listed = slot.get(owner)
+            if listed is None:
+                slot[owner] = list(offsets)
+            else:
+                listed.extend(offsets)
+            return
+        tick = (end - fire_ns) // TICK_NS  # 0 for the bucket's last tick; never rounds later
+        slot = self._buckets.get(end)
+        if slot is None:
+            slot = self._buckets[end] = {}
+        arr = slot.get(owner)
+        if arr is None:
+            arr = slot[owner] = array("Q")
+        arr.extend([o << _TICK_BITS | tick for o in offsets])
 
     def discarded(self, n: int = 1) -> None:
         """``n`` pending entries were taken out (their messages removed first)."""
         self.count -= n
 
     def first_bucket(self) -> int | None:
-        """When the first bucket fires. Runtime complexity: O(1)."""
-        return self._buckets.peekitem(0)[0] if self._buckets else None
+        """When the first entry may fire (a bucket not opened yet: its first tick).
+        Runtime complexity: O(1)."""
+        a = self._near.peekitem(0)[0] if self._near else None
+        if not self._buckets:
+            return a
+        b = self._buckets.peekitem(0)[0] - BUCKET_NS + TICK_NS
+        return b if a is None or b < a else a
 
-    def pop_due(self, now_ns: int) -> Iterator[tuple[object, array]]:
-        """Remove and yield every ``(owner, offsets)`` of buckets due at ``now_ns``."""
-        buckets = self._buckets
-        while buckets:
-            b, slot = buckets.peekitem(0)
-            if b > now_ns:
+    def open_due(self, now_ns: int) -> None:
+        """Open every bucket whose first tick is due at ``now_ns``."""
+        buckets, near = self._buckets, self._near
+        while buckets and buckets.peekitem(0)[0] - BUCKET_NS + TICK_NS <= now_ns:
+            end, slot = buckets.popitem(0)
+            self._opened = max(self._opened, end)
+            for owner, arr in slot.items():
+                by_tick: list[list[int]] = [[] for _ in range(_TICKS)]
+                for e in arr:
+                    by_tick[e & _TICK_MASK].append(e >> _TICK_BITS)
+                for tick, offsets in enumerate(by_tick):
+                    if offsets:
+                        fire = end - tick * TICK_NS
+                        ticked = near.get(fire)
+                        if ticked is None:
+                            ticked = near[fire] = {}
+                        listed = ticked.get(owner)
+                        if listed is None:
+                            ticked[owner] = offsets
+                        else:
+                            listed.extend(offsets)
+
+    def pop_due(self, now_ns: int) -> Iterator[tuple[object, list[int]]]:
+        """Remove and yield every ``(owner, offsets)`` due at ``now_ns``."""
+        self.open_due(now_ns)
+        near = self._near
+        while near:
+            fire, slot = near.peekitem(0)
+            if fire > now_ns:
                 return
-            buckets.popitem(0)
+            near.popitem(0)
             yield from slot.items()
 
     def drop_partition(self, partition: object) -> None:
         """Forget every entry of an owner (a partition whose topic is gone, or a
         deleted consumer's partition state)."""
-        for b in list(self._buckets):
-            slot = self._buckets[b]
-            slot.pop(partition, None)
-            if not slot:
-                del self._buckets[b]
+        for level in (self._buckets, self._near):
+            for b in list(level):
+                slot = level[b]
+                slot.pop(partition, None)
+                if not slot:
+                    del level[b]
 
     def entries(self) -> int:
         """Entries physically held (live or lazily deleted); for tests and stats."""
-        return sum(len(a) for slot in self._buckets.values() for a in slot.values())
+        return sum(len(a) for level in (self._buckets, self._near) for slot in level.values() for a in slot.values())
 
 
 class ExpiryEngine:
@@ -172,6 +233,16 @@ class ExpiryEngine:
         self.lag_ns_sum = 0
         #: Timer entries physically held (consumer redeliveries).
         self.timers = 0
+        #: The event loop's longest stall and the garbage collector's pauses, measured
+        #: while the task runs (a stall is what delays a bucket's pass).
+        self.watch = LoopWatch()
+        #: The pass under way: TTL offsets (and whether its max-age check fell due) by
+        #: partition, and timer ids by owner, not yet handled.
+        self._work: dict[Partition, list] = {}
+        self._timer_work: dict[object, list[int]] = {}
+        #: A slice's budget (:data:`SLICE_NS`; None: a pass in one go), and slices run.
+        self.slice_ns: int | None = SLICE_NS
+        self.slices = 0
 
     # -- scheduling ------------------------------------------------------------------
 
@@ -187,10 +258,9 @@ class ExpiryEngine:
         :data:`TIMER_NS` buckets. Returns when they fire (an owner re-arms lazily:
         when an entry fires it checks the deadline it holds now)."""
         b = fire_time(deadline_ns, TIMER_NS)
-        q = self.queue
-        for i in ids:
-            q.add_timer(b, owner, i)
-            self.timers += 1
+        ids = list(ids)
+        self.queue.add_timers(b, owner, ids)
+        self.timers += len(ids)
         self._maybe_wake(b)
         return b
 
@@ -219,6 +289,7 @@ class ExpiryEngine:
         return self._age_armed.get(partition)
 
     def forget(self, partition: Partition) -> None:
+        self._work.pop(partition, None)
         self.queue.drop_partition(partition)
         self.schedule_age(partition, None)
 
@@ -231,16 +302,27 @@ class ExpiryEngine:
 
     # -- expiring --------------------------------------------------------------------
 
-    def expire_due(self, now_ns: int) -> int:
-        """Expire everything due at ``now_ns`` (one pass). Returns partitions touched."""
-        due: dict[Partition, list[int]] = {}
-        timers: dict[object, list[int]] = {}
+    def expire_due(self, now_ns: int, budget_ns: int | None = None) -> bool:
+        """Take what is due at ``now_ns`` into the pass under way and work on it: all
+        of it, or with ``budget_ns`` chunks (:data:`CHUNK` entries of one partition)
+        until a slice has run that long. Returns whether work is left (the task then
+        lets the event loop run and calls again).
+
+        A partition's TTL entries are removed in offset order and its max-age check
+        goes with its first chunk, so a subject emptied in several chunks gets its
+        marker from the last one, for its newest message, as in one call."""
+        work, timers = self._work, self._timer_work
+        grown: set[Partition] = set()
         for owner, offsets in self.queue.pop_due(now_ns):
             if hasattr(owner, "timers_due"):
                 timers.setdefault(owner, []).extend(offsets)
+                continue
+            entry = work.get(owner)  # type: ignore[call-overload]
+            if entry is None:
+                work[owner] = [offsets, False]  # type: ignore[index]
             else:
-                due.setdefault(owner, []).extend(offsets)  # type: ignore[arg-type]
-        age_due: set[Partition] = set()
+                entry[0].extend(offsets)
+            grown.add(owner)  # type: ignore[arg-type]
         while self._age:
             b, parts = self._age.peekitem(0)
             if b > now_ns:
@@ -249,21 +331,56 @@ class ExpiryEngine:
             for p in parts:
                 if self._age_armed.get(p) == b:
                     del self._age_armed[p]
-                    age_due.add(p)
-        for part in due.keys() | age_due:
-            next_age = self._expire(part, due.get(part, []), part in age_due, now_ns)
-            if part in age_due or next_age is not None:
-                self.schedule_age(part, next_age)
-        for owner, offsets in timers.items():
-            self.timers -= len(offsets)
-            owner.timers_due(offsets, now_ns)  # type: ignore[attr-defined]
-        if due or age_due:
+                    grown.add(p)
+                    entry = work.get(p)
+                    if entry is None:
+                        work[p] = [[], True]
+                    else:
+                        entry[1] = True
+        if grown:
             self.passes += 1
-        return len(due.keys() | age_due)
+            for p in grown:
+                work[p][0].sort(reverse=True)  # taken from the end: oldest first
+        elif not (work or timers):
+            return False
+        start = perf_counter_ns()
+        while work:
+            part, entry = next(iter(work.items()))
+            offsets, age_due = entry
+            chunk = offsets[-CHUNK:][::-1]
+            del offsets[-CHUNK:]
+            if not offsets:
+                del work[part]
+            entry[1] = False
+            next_age = self._expire(part, chunk, age_due, now_ns)
+            if age_due or next_age is not None:
+                self.schedule_age(part, next_age)
+            if budget_ns is not None and perf_counter_ns() - start >= budget_ns:
+                return True
+        while timers:
+            owner, ids = next(iter(timers.items()))
+            chunk = ids[-CHUNK:]
+            del ids[-CHUNK:]
+            if not ids:
+                del timers[owner]
+            self.timers -= len(chunk)
+            owner.timers_due(chunk, now_ns)  # type: ignore[attr-defined]
+            if budget_ns is not None and perf_counter_ns() - start >= budget_ns:
+                return True
+        return False
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        with self.watch.watching():
+            task_status.started()
+            await self._run()
+
+    async def _run(self) -> None:
         while True:
+            if self._work or self._timer_work:  # a pass under way: the loop ran, go on
+                await trio.lowlevel.checkpoint()
+                self.slices += 1
+                self.expire_due(self.clock.now_ns(), self.slice_ns)
+                continue
             b = self.next_bucket()
             self._armed = b
             self._wake = trio.Event()
@@ -278,8 +395,15 @@ class ExpiryEngine:
             # The bucket is due by trio's clock; never let float rounding make it look
             # a few nanoseconds early (it would be skipped and the loop would spin).
             now = max(self.clock.now_ns(), fire_ns)
-            self._lagged(now - fire_ns)
-            self.expire_due(now)
+            # A bucket not opened yet wakes the task at its first tick: open it, and
+            # measure the lag against what really fell due (perhaps nothing yet).
+            self.queue.open_due(now)
+            due = self.next_bucket()
+            if due is None or due > now:
+                continue
+            self._lagged(now - due)
+            self.slices += 1
+            self.expire_due(now, self.slice_ns)
 
     def _lagged(self, lag_ns: int) -> None:
         if lag_ns > self.lag_ns_max:

@@ -78,6 +78,7 @@ def stats_values(broker: Broker, bytes_on_disk: int, budget: Any = None) -> dict
         pending_expiries=len(broker.retention.engine.queue),
         expiry_passes=broker.retention.engine.passes,
         expiry_lag_max_ms=round(broker.retention.engine.lag_ns_max / 1e6, 3),
+        **broker.retention.engine.watch.values(),
         export_pass_segments=broker.exporter.pass_segments,
         export_pass_done=broker.exporter.pass_done,
     )

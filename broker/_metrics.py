@@ -66,6 +66,8 @@ GAUGES: dict[str, tuple[str, str, float]] = {
     "last_fsync_seconds": ("last_fsync_seconds", "Duration of the last group commit's fsync round.", 1),
     "pending_expiries": ("pending_expiries", "Messages waiting in the deadline structure for their per-message TTL.", 1),
     "expiry_lag_max_ms": ("expiry_lag_max_seconds", "The longest an expiry pass ran after its bucket's time since start.", 1e-3),
+    "loop_stall_max_ms": ("loop_stall_max_seconds", "The longest the event loop ran tasks without looking at I/O and timers, since start.", 1e-3),
+    "gc_pause_max_ms": ("gc_pause_max_seconds", "The longest garbage collection since start.", 1e-3),
     "export_pass_segments": ("export_pass_segments", "Segments the export pass under way has to write (0 between passes).", 1),
     "export_pass_done": ("export_pass_done", "Segments the export pass under way has written (0 between passes).", 1),
     "consumers": ("consumers", "Durable consumers of all topics.", 1),
@@ -82,8 +84,10 @@ GAUGES: dict[str, tuple[str, str, float]] = {
 #: ``_total`` would end in it twice (and ``connections`` is the gauge of open ones).
 RENAMED = {"connections_total": "connections_accepted"}
 #: Numbers of ``stats`` that only grow but are not in ``Counters``.
-COUNTERS: dict[str, tuple[str, str]] = {
-    "expiry_passes": ("expiry_passes", "Expiry passes that removed or re-armed something."),
+COUNTERS: dict[str, tuple[str, str, float]] = {
+    "expiry_passes": ("expiry_passes", "Expiry passes that removed or re-armed something.", 1),
+    "gc_collections": ("gc_collections", "Garbage collections (every generation) since start.", 1),
+    "gc_pause_total_ms": ("gc_pause_seconds", "Time the garbage collector stopped the broker.", 1e-3),
 }
 #: Text of ``stats``, shown as labels of ``ttlbroker_info``.
 INFO_KEYS = ("name", "version", "fsync")
@@ -172,8 +176,8 @@ def families(snap: Snapshot, helps: dict[str, str]) -> list[Metric]:
             name, text, scale = GAUGES[key]
             out.append(GaugeMetricFamily(PREFIX + name, text, value=value * scale))
         elif key in COUNTERS:
-            name, text = COUNTERS[key]
-            out.append(CounterMetricFamily(PREFIX + name, text, value=value))
+            name, text, scale = COUNTERS[key]
+            out.append(CounterMetricFamily(PREFIX + name, text, value=value * scale))
     out.append(_lag(snap))
     out.extend(_topics(snap))
     out.extend(_consumers(snap))
