@@ -14,6 +14,8 @@ loopback with a fresh temporary data directory:
   (1,000 a batch, 4 in flight, ``fsync never`` while filling); the broker is
   stopped, then restarted on it (``fsync always``, the default) and timed as above
   (``--runs`` times). Between its first 503 and its 200 the broker is recovering.
+  With ``--ttl SECONDS`` every message carries that TTL (the topic allows
+  per-message TTLs), so the restart also rebuilds a deadline per message.
 * **/metrics with T topics**: ``--topics`` (1,000) topics of one partition, each with
   one message, then ``--scrapes`` (20) scrapes one after another: wall time of each
   (the client's view; the broker builds the families on its event loop and encodes
@@ -23,6 +25,7 @@ Progress goes to stderr, the tables to stdout. Run from the repository root::
 
     .venv/bin/python bench/startup.py                     # a few minutes
     .venv/bin/python bench/startup.py --quick             # 100,000 messages, 200 topics
+    .venv/bin/python bench/startup.py --only stored --ttl 3600   # restart with a TTL on every message
     .venv/bin/python bench/startup.py --json bench/results/startup-$(date +%F).json
 """
 
@@ -102,17 +105,20 @@ def wait_healthy(server: Server, http_port: int, t0: float, timeout: float = 600
 def address_of(server: Server) -> str:
     import re
 
-    m = re.search(r"^listening on (\S+)\s*$", server.log_path.read_text(errors="replace"), re.M)
-    assert m, server.log_tail()
+    deadline = time.monotonic() + 10  # /healthz may answer before the line is written
+    while not (m := re.search(r"^listening on (\S+)\s*$", server.log_path.read_text(errors="replace"), re.M)):
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.01)
     return m.group(1)
 
 
-async def fill(address: str, messages: int, partitions: int) -> float:
+async def fill(address: str, messages: int, partitions: int, ttl: int) -> float:
     t = time.perf_counter()
     async with connect(address, timeout=None) as c:
         await c.create_stream("bench")
-        await c.create_topic("bench", "fill", partitions=partitions, subjects=["fill.>"])
-        batch = [(f"fill.{i % 100}", PAYLOAD) for i in range(1000)]
+        await c.create_topic("bench", "fill", partitions=partitions, subjects=["fill.>"],
+                             **({"allow_msg_ttl": True} if ttl else {}))
+        batch = [(f"fill.{i % 100}", PAYLOAD, None, ttl or None) for i in range(1000)]
         sem = asyncio.Semaphore(4)
         done = 0
         next_log = time.perf_counter() + 5
@@ -161,6 +167,12 @@ def main() -> None:
     ap.add_argument("--topics", type=int, default=1000)
     ap.add_argument("--scrapes", type=int, default=20)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--ttl", type=int, default=0, metavar="SECONDS",
+                    help="give every stored message this TTL (restart then rebuilds a deadline each; default none)")
+    ap.add_argument("--only", choices=("empty", "stored", "metrics"), action="append",
+                    help="run only this measurement (repeatable; default all three)")
+    ap.add_argument("--data", metavar="DIR", help="fill this data directory (kept afterwards) or, if it exists, "
+                    "restart on what it holds (repeat a restart measurement without filling again)")
     ap.add_argument("--quick", action="store_true", help="100,000 messages, 200 topics, 5 scrapes, 1 run")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
@@ -170,78 +182,97 @@ def main() -> None:
     env = environment()
     cpu = CpuWatch()
     results: dict[str, Any] = {}
+    want = set(args.only or ("empty", "stored", "metrics"))
     with Harness("startup") as h:
         # 1. empty
-        runs = []
-        for i in range(args.runs):
-            work = h.tempdir("empty")
-            port = free_port()
-            server, t0 = spawn(h, work / "data", work, port, "always", "ttlbroker empty")
-            runs.append(wait_healthy(server, port, t0))
-            h.stop(server)
-            log(f"empty, run {i + 1}: healthy after {runs[-1]['healthy_s']:.3f} s")
-        results["empty"] = runs
+        if "empty" in want:
+            runs = []
+            for i in range(args.runs):
+                work = h.tempdir("empty")
+                port = free_port()
+                server, t0 = spawn(h, work / "data", work, port, "always", "ttlbroker empty")
+                runs.append(wait_healthy(server, port, t0))
+                h.stop(server)
+                log(f"empty, run {i + 1}: healthy after {runs[-1]['healthy_s']:.3f} s")
+            results["empty"] = runs
 
         # 2. N stored messages
-        work = h.tempdir("full")
-        data = work / "data"
-        port = free_port()
-        server, t0 = spawn(h, data, work, port, "never", "ttlbroker fill")
-        wait_healthy(server, port, t0)
-        log(f"filling {args.messages:,} messages")
-        fill_s = run_uvloop(fill(address_of(server), args.messages, args.partitions))
-        log(f"filled in {fill_s:.1f} s ({args.messages / fill_s:,.0f} msgs/s)")
-        h.stop(server, timeout=120)
-        disk = sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
-        runs = []
-        for i in range(args.runs):
-            server, t0 = spawn(h, data, work, port, "always", "ttlbroker restart")
-            runs.append(wait_healthy(server, port, t0))
-            h.stop(server, timeout=120)
-            log(f"{args.messages:,} messages, run {i + 1}: healthy after {runs[-1]['healthy_s']:.3f} s")
-        results["stored"] = {"messages": args.messages, "partitions": args.partitions, "bytes_on_disk": disk,
-                             "fill_seconds": round(fill_s, 2), "runs": runs}
+        if "stored" in want:
+            work = Path(args.data).parent if args.data else h.tempdir("full")
+            data = Path(args.data) if args.data else work / "data"
+            port = free_port()
+            fill_s = None
+            if data.exists():
+                log(f"restarting on the messages already in {data} (--data)")
+            else:
+                server, t0 = spawn(h, data, work, port, "never", "ttlbroker fill")
+                wait_healthy(server, port, t0)
+                log(f"filling {args.messages:,} messages" + (f" with a TTL of {args.ttl} s" if args.ttl else ""))
+                fill_s = run_uvloop(fill(address_of(server), args.messages, args.partitions, args.ttl))
+                log(f"filled in {fill_s:.1f} s ({args.messages / fill_s:,.0f} msgs/s)")
+                h.stop(server, timeout=120)
+            disk = sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
+            runs = []
+            for i in range(args.runs):
+                server, t0 = spawn(h, data, work, port, "always", "ttlbroker restart")
+                runs.append(wait_healthy(server, port, t0))
+                h.stop(server, timeout=120)
+                log(f"{args.messages:,} messages, run {i + 1}: healthy after {runs[-1]['healthy_s']:.3f} s "
+                    f"(recovering {runs[-1]['healthy_s'] - runs[-1]['monitoring_s']:.3f} s)")
+            results["stored"] = {"messages": args.messages, "partitions": args.partitions, "ttl": args.ttl,
+                                 "bytes_on_disk": disk, "fill_seconds": fill_s and round(fill_s, 2), "runs": runs}
 
         # 3. /metrics with many topics
-        work = h.tempdir("topics")
-        port = free_port()
-        server, t0 = spawn(h, work / "data", work, port, "never", "ttlbroker topics")
-        wait_healthy(server, port, t0)
-        log(f"creating {args.topics:,} topics")
-        run_uvloop(make_topics(address_of(server), args.topics))
-        scrape(port)  # warm
-        times = []
-        body = b""
-        for _ in range(args.scrapes):
-            t, body = scrape(port)
-            times.append(t)
-        families = list(text_string_to_metric_families(body.decode()))
-        nsamples = sum(len(f.samples) for f in families)
-        h.stop(server)
-        results["metrics"] = {
-            "topics": args.topics, "scrapes": args.scrapes, "bytes": len(body), "families": len(families),
-            "samples": nsamples, "seconds": [round(t, 4) for t in times],
-            "median_s": round(statistics.median(times), 4), "max_s": round(max(times), 4),
-        }
+        if "metrics" in want:
+            work = h.tempdir("topics")
+            port = free_port()
+            server, t0 = spawn(h, work / "data", work, port, "never", "ttlbroker topics")
+            wait_healthy(server, port, t0)
+            log(f"creating {args.topics:,} topics")
+            run_uvloop(make_topics(address_of(server), args.topics))
+            scrape(port)  # warm
+            times = []
+            body = b""
+            for _ in range(args.scrapes):
+                t, body = scrape(port)
+                times.append(t)
+            families = list(text_string_to_metric_families(body.decode()))
+            nsamples = sum(len(f.samples) for f in families)
+            h.stop(server)
+            results["metrics"] = {
+                "topics": args.topics, "scrapes": args.scrapes, "bytes": len(body), "families": len(families),
+                "samples": nsamples, "seconds": [round(t, 4) for t in times],
+                "median_s": round(statistics.median(times), 4), "max_s": round(max(times), 4),
+            }
     others = cpu.stop()
 
     def med(rs: list[dict[str, float]], key: str) -> float:
         return statistics.median(r[key] for r in rs)
 
     print(f"\n## Start-up: `ttlbroker serve` to /healthz 200 (median of {args.runs})\n")
-    rows = [
-        ["empty data directory", f"{med(results['empty'], 'monitoring_s'):.3f}", f"{med(results['empty'], 'healthy_s'):.3f}"],
-        [f"{args.messages:,} messages ({disk / 1e6:,.0f} MB)", f"{med(results['stored']['runs'], 'monitoring_s'):.3f}",
-         f"{med(results['stored']['runs'], 'healthy_s'):.3f}"],
-    ]
-    print(format_table(["data", "monitoring answers (s)", "/healthz 200 (s)"], rows, right=(1, 2)))
-    mt = results["metrics"]
-    print(f"\n## /metrics with {mt['topics']:,} topics ({mt['scrapes']} scrapes)\n")
-    print(format_table(
-        ["median (ms)", "max (ms)", "bytes", "families", "samples"],
-        [[f"{mt['median_s'] * 1000:.1f}", f"{mt['max_s'] * 1000:.1f}", f"{mt['bytes']:,}", str(mt["families"]), f"{mt['samples']:,}"]],
-        right=(0, 1, 2, 3, 4),
-    ))
+    rows = []
+    if "empty" in results:
+        rows.append(["empty data directory", f"{med(results['empty'], 'monitoring_s'):.3f}",
+                     f"{med(results['empty'], 'healthy_s'):.3f}", "", ""])
+    if "stored" in results:
+        st = results["stored"]
+        healthy = med(st["runs"], "healthy_s")
+        recovering = statistics.median(r["healthy_s"] - r["monitoring_s"] for r in st["runs"])
+        ttl = f", TTL {args.ttl} s" if args.ttl else ""
+        rows.append([f"{args.messages:,} messages{ttl} ({st['bytes_on_disk'] / 1e6:,.0f} MB)",
+                     f"{med(st['runs'], 'monitoring_s'):.3f}", f"{healthy:.3f}", f"{recovering:.3f}",
+                     f"{healthy / args.messages * 1e6:.3f}"])
+    print(format_table(["data", "monitoring answers (s)", "/healthz 200 (s)", "recovering (s)", "200 per million (s)"],
+                       rows, right=(1, 2, 3, 4)))
+    if "metrics" in results:
+        mt = results["metrics"]
+        print(f"\n## /metrics with {mt['topics']:,} topics ({mt['scrapes']} scrapes)\n")
+        print(format_table(
+            ["median (ms)", "max (ms)", "bytes", "families", "samples"],
+            [[f"{mt['median_s'] * 1000:.1f}", f"{mt['max_s'] * 1000:.1f}", f"{mt['bytes']:,}", str(mt["families"]),
+              f"{mt['samples']:,}"]],
+            right=(0, 1, 2, 3, 4),
+        ))
     print_cpu_share(others)
     if args.json:
         env["cpu_during_run"] = others

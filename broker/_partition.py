@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from protocol import FLAG_NO_MARKER, FLAG_TOMBSTONE, HOPS_HEADER, MARKER_MASK, TTL_NEVER, header_values
-from storage import AppendResult, PartitionLog, ReadResult, StoredRecord
+from storage import AppendResult, PartitionLog, ReadResult
 
 from ._dedup import MSG_ID
 from ._subject_index import MARKER, NEVER, NO_MARKER, PENDING, TOMBSTONE, SubjectIndex, SubjectState
@@ -38,6 +38,10 @@ def flags_for(ttl: int, record_flags: int) -> int:
     if record_flags & FLAG_TOMBSTONE:
         f |= TOMBSTONE
     return f
+
+
+#: Record flags byte -> subject index flags (NEVER comes from the TTL field).
+_INDEX_FLAGS = bytes(flags_for(0, f) for f in range(256))
 
 
 class Removed(NamedTuple):
@@ -80,42 +84,45 @@ class Partition:
     def __repr__(self) -> str:
         return f"Partition({self.topic.full_name}[{self.number}])"
 
-    def rebuild_index(self, msg_ids: list[tuple[int, bytes, int, int]] | None = None) -> list[StoredRecord]:
-        """Rebuild the subject index from the log (startup). Returns the live records
-        that carry a TTL (seconds, not never), for the caller to schedule.
+    def rebuild_index(self, msg_ids: list[tuple[int, bytes, int, int]] | None = None) -> dict[tuple[int, int], list[int]]:
+        """Rebuild the subject index from the log (startup). Returns the offsets of the
+        live records that carry a TTL (seconds, not never) grouped by ``(timestamp,
+        ttl)``, for the caller to schedule.
 
         With ``msg_ids`` (a list), the same scan adds ``(timestamp, Nats-Msg-Id,
         partition, offset)`` for the records that carry the header and are no older
         than the topic's duplicate window before the newest of them (markers and
         republished copies, which carry ``TTLB-Hops``, never count)."""
-        self.index = SubjectIndex(self.log.segments[0].base, self.log.is_live)
+        self.index = index = SubjectIndex(self.log.segments[0].base, self.log.is_live)
         self.pending = 0
-        run_first = 0
-        run: list[bytes] = []
-        run_flags = bytearray()
-        with_ttl: list[StoredRecord] = []
+        with_ttl: dict[tuple[int, int], list[int]] = {}
         window_ns = self.topic.config.duplicate_window * 1_000_000_000 if msg_ids is not None else 0
         ids: deque[tuple[int, bytes, int, int]] = deque()
-        for rec in self.log.scan():
-            if window_ns and rec.headers and not rec.flags & MARKER_MASK:
-                found = header_values(rec.headers, _DEDUP_HEADERS)
+        for live in self.log.scan(headers=bool(window_ns)):
+            flags = live.flags.translate(_INDEX_FLAGS)
+            k = 0
+            for first, n in live.runs:
+                index.extend(first, live.subjects[k : k + n], flags[k : k + n])
+                k += n
+            for (ts, ttl), offsets in live.ttls.items():
+                if ttl != TTL_NEVER:
+                    group = with_ttl.get((ts, ttl))
+                    if group is None:
+                        with_ttl[ts, ttl] = offsets
+                    else:
+                        group.extend(offsets)  # a batch split across two segments
+                else:
+                    for o in offsets:
+                        index.set_flags(o, index.flags_at(o) | NEVER)
+            for offset, ts, block in live.headers:
+                if index.flags_at(offset) & MARKER:
+                    continue
+                found = header_values(block, _DEDUP_HEADERS)
                 msg_id = found.get(MSG_ID)
                 if msg_id and _HOPS not in found:
-                    ids.append((rec.timestamp, msg_id, self.number, rec.offset))
-                    while ids[0][0] < rec.timestamp - window_ns:
+                    ids.append((ts, msg_id, self.number, offset))
+                    while ids[0][0] < ts - window_ns:
                         ids.popleft()
-            if run and rec.offset != run_first + len(run):
-                self.index.extend(run_first, run, bytes(run_flags))
-                run = []
-                run_flags = bytearray()
-            if not run:
-                run_first = rec.offset
-            run.append(rec.subject)
-            run_flags.append(flags_for(rec.ttl, rec.flags))
-            if rec.ttl and rec.ttl != TTL_NEVER:
-                with_ttl.append(rec)
-        if run:
-            self.index.extend(run_first, run, bytes(run_flags))
         if msg_ids is not None:
             msg_ids.extend(ids)
         return with_ttl

@@ -132,13 +132,22 @@ class Retention:
         self.forget(part)
         window = part.topic.config.duplicate_window
         msg_ids: list[tuple[int, bytes, int, int]] | None = [] if window else None
-        records = part.rebuild_index(msg_ids)
+        with_ttl = part.rebuild_index(msg_ids)
         if msg_ids:
             part.topic.dedup.load(msg_ids, window)
         if part.topic.config.allow_msg_ttl:
             by_deadline: dict[int, list[int]] = {}
-            for rec in records:
-                by_deadline.setdefault(rec.timestamp + rec.ttl * NS, []).append(rec.offset)
+            merged = set()
+            for (ts, ttl), group in with_ttl.items():
+                deadline = ts + ttl * NS
+                offsets = by_deadline.get(deadline)
+                if offsets is None:
+                    by_deadline[deadline] = group
+                else:
+                    offsets.extend(group)
+                    merged.add(deadline)
+            for deadline in merged:
+                by_deadline[deadline].sort()
             for deadline, offsets in by_deadline.items():
                 part.mark_pending(offsets)
                 self.engine.schedule_ttl_many(part, offsets, deadline)

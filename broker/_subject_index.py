@@ -12,6 +12,7 @@ broker starts.
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from collections.abc import Callable
 
 __all__ = ["SubjectIndex", "SubjectState", "PENDING", "NEVER", "NO_MARKER", "MARKER", "TOMBSTONE"]
@@ -20,6 +21,8 @@ __all__ = ["SubjectIndex", "SubjectState", "PENDING", "NEVER", "NO_MARKER", "MAR
 NO_SUBJECT = 0xFFFFFFFF
 #: Ids per chunk when ``prev_live`` scans backwards.
 _CHUNK = 65536
+#: From this many messages on, :meth:`SubjectIndex.extend` works in bulk.
+_BULK = 64
 
 # Per-offset flags (one byte per message, beside its subject id):
 #: the message has a live entry in the deadline structure
@@ -100,6 +103,9 @@ class SubjectIndex:
         if first_offset != self.base + len(self.seq):
             # Offsets with no subject (recovery gaps): fill with an id that matches nothing.
             self._pad(first_offset)
+        if len(subjects) >= _BULK:
+            self._extend_bulk(first_offset, subjects, flags)
+            return
         table = self.subjects
         ids = []
         append = ids.append
@@ -120,6 +126,34 @@ class SubjectIndex:
             off += 1
         self.seq.extend(ids)
         self.flags += flags if flags is not None else bytes(len(ids))
+
+    def _extend_bulk(self, first_offset: int, subjects: list[bytes], flags: bytes | None) -> None:
+        """:meth:`extend` for many messages: the per-message work is done by C loops
+        (dict building, counting), the Python loop runs once per distinct subject."""
+        table = self.subjects
+        names = self.names
+        end = first_offset + len(subjects)
+        counts = Counter(subjects)  # in order of first appearance, like the ids
+        last = dict(zip(subjects, range(first_offset, end)))  # the later one wins
+        first: dict[bytes, int] | None = None
+        ids = {}
+        for s, n in counts.items():
+            st = table.get(s)
+            if st is None or not st.count:
+                if first is None:
+                    first = dict(zip(reversed(subjects), range(end - 1, first_offset - 1, -1)))
+                if st is None:
+                    st = table[s] = SubjectState(len(names), first[s])
+                    names.append(s)
+                    self.version += 1
+                    st.count = 0
+                else:
+                    st.first = first[s]
+            st.count += n
+            st.last = last[s]
+            ids[s] = st.sid
+        self.seq.extend(array("I", map(ids.__getitem__, subjects)))
+        self.flags += flags if flags is not None else bytes(len(subjects))
 
     def _pad(self, offset: int) -> None:
         missing = offset - (self.base + len(self.seq))

@@ -36,7 +36,7 @@ from ._partition_log import SCAN_LIMIT as SCAN_LIMIT
 from ._partition_log import AppendResult as AppendResult
 from ._partition_log import PartitionLog as PartitionLog
 from ._partition_log import ReadResult as ReadResult
-from ._partition_log import StoredRecord as StoredRecord
+from ._partition_log import LiveRecords as LiveRecords
 from ._segment import CORRUPT as CORRUPT
 from ._segment import DELETED as DELETED
 from ._segment import LIVE as LIVE

@@ -121,8 +121,8 @@ def _check_partition(
     try:
         summary.partitions += 1
         summary.segments += len(log.segments)
-        for _ in log.scan():  # verifies every live record's checksum and offset
-            summary.records += 1
+        for live in log.scan():  # verifies every live record (one CRC-32 of a segment unchanged since sealed)
+            summary.records += len(live.subjects)
         for first, last in _runs(sorted(corrupt)):
             seg = next(s for s in reversed(log.segments) if s.base <= first)
             found(Damage(

@@ -11,6 +11,7 @@ a restart nothing deleted comes back and no offset is handed out twice.
 from __future__ import annotations
 
 import os
+import re
 import struct
 import time
 import zlib
@@ -27,14 +28,13 @@ from ._files import keep_aside, makedirs
 from ._segment import CORRUPT, LIVE, Opening, RecoveryReport, Segment
 from ._state import STATE_NAME, StateFile
 
-__all__ = ["PartitionLog", "ReadResult", "AppendResult", "StoredRecord"]
+__all__ = ["PartitionLog", "ReadResult", "AppendResult", "LiveRecords"]
 
 _PURGE = struct.Struct("<QI")
 _OLD_PURGE = "purged"  # the watermark file of the first format, read once on upgrade
 #: Offsets reserved ahead at a time (when acks do not wait for the disk).
 RESERVE_MIN = 1 << 16
 RESERVE_MAX = 1 << 22
-_UNPACK_FIXED = RECORD_FIXED.unpack_from
 
 #: Fetches with a subject filter look at no more than this many records per call
 #: (Kafka and NATS both bound the work of one fetch the same way); the response's
@@ -63,16 +63,22 @@ class ReadResult(NamedTuple):
         return [o for first, n in self.runs for o in range(first, first + n)]
 
 
-class StoredRecord(NamedTuple):
-    """The fields of one live record, as the startup scan yields them."""
+class LiveRecords(NamedTuple):
+    """The live records of one segment, as the startup scan reads them: ``runs`` of
+    consecutive offsets ``(first, count)``, and for each record in order its
+    ``subjects`` and record ``flags`` byte; ``ttls`` groups the offsets of records
+    with a TTL field (``never`` included) by ``(timestamp, ttl)``; ``headers`` holds
+    ``(offset, timestamp, header block)`` of the records with headers, when asked."""
 
-    offset: int
-    timestamp: int
-    ttl: int
-    flags: int
-    subject: bytes
-    headers: bytes
-    payload_len: int
+    runs: list[tuple[int, int]]
+    subjects: list[bytes]
+    flags: bytearray
+    ttls: dict[tuple[int, int], list[int]]
+    headers: list[tuple[int, int, bytes]]
+
+    @property
+    def offsets(self) -> list[int]:
+        return [o for first, n in self.runs for o in range(first, first + n)]
 
 
 class PartitionLog:
@@ -566,34 +572,91 @@ class PartitionLog:
             raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(f"no message at offset {offset}")
         return seg.read_one(rel, self._corrupt)
 
-    def scan(self) -> Iterator[StoredRecord]:
-        """Every live record's fields, oldest first, verifying each (startup rebuild).
+    def scan(self, headers: bool = False) -> Iterator[LiveRecords]:
+        """The live records of every segment, oldest first, for the startup rebuild;
+        every live record is verified on the way.
 
-        A record that fails verification is marked corrupt and reported, not yielded.
+        A segment whose log still has the CRC-32 it had when it was sealed (its
+        summary), or that :meth:`Segment.open_active` verified record by record just
+        before, is verified with one CRC-32 of the whole file; any other is verified
+        record by record (and, all live records passing, given a summary so the next
+        start does not have to). A record that fails is marked corrupt and reported,
+        not returned. ``headers``: also return the header blocks.
         """
         for seg in list(self.segments):
             if not seg.live_count:
                 continue
             buf = seg.read_all()
-            n = len(buf)
-            state = seg.state
-            positions = seg.positions
-            base = seg.base
-            for rel in range(len(positions)):
-                if state[rel] != LIVE:
-                    continue
-                p = positions[rel]
-                if check_record(buf, p, n) < 0:
-                    seg._mark_corrupt(rel)
-                    self._corrupt(base + rel, "checksum mismatch or truncated record")
-                    continue
-                _, _, off, ts, ttl, flags, sl, hl, pl = _UNPACK_FIXED(buf, p)
-                if off != base + rel:
-                    seg._mark_corrupt(rel)
-                    self._corrupt(base + rel, f"record holds offset {off}, expected {base + rel}")
-                    continue
-                s = p + 38
-                yield StoredRecord(off, ts, ttl, flags, buf[s : s + sl], buf[s + sl : s + sl + hl] if hl else b"", pl)
+            expected = seg.sealed_crc if seg.sealed else seg.crc
+            if expected is None or zlib.crc32(buf) != expected:
+                # Changed since it was sealed: the records that fail are reported one
+                # by one (bytes of deleted records do not matter).
+                failed = self._verify_records(seg, buf)
+                if seg.sealed and not failed and not self._readonly and not seg.uncertain and CORRUPT not in seg.state:
+                    seg.write_summary(zlib.crc32(buf))
+            yield _live_records(seg, buf, headers)
+
+    def _verify_records(self, seg: Segment, buf: bytes) -> int:
+        """Check every live record of ``seg`` (in ``buf``, its log); mark and report
+        the ones that fail. Returns how many failed."""
+        n = len(buf)
+        state = seg.state
+        positions = seg.positions
+        base = seg.base
+        failed = 0
+        for rel in range(len(positions)):
+            if state[rel] != LIVE:
+                continue
+            p = positions[rel]
+            if check_record(buf, p, n) < 0:
+                reason = "checksum mismatch or truncated record"
+            elif (off := _OFFSET.unpack_from(buf, p + 8)[0]) != base + rel:
+                reason = f"record holds offset {off}, expected {base + rel}"
+            else:
+                continue
+            seg._mark_corrupt(rel)
+            self._corrupt(base + rel, reason)
+            failed += 1
+        return failed
+
+
+_LIVE_RUN = re.compile(rb"\x01+")
+_OFFSET = struct.Struct("<Q")
+_FIELDS = struct.Struct("<QIBBI")  # timestamp, ttl, flags, subject length, headers length
+_FIELDS_AT = 16
+
+
+def _live_records(seg: Segment, buf: bytes, want_headers: bool) -> LiveRecords:
+    """The fields of ``seg``'s live records from its (verified) log ``buf``."""
+    positions = seg.positions
+    base = seg.base
+    runs: list[tuple[int, int]] = []
+    subjects: list[bytes] = []
+    flags = bytearray()
+    ttls: dict[tuple[int, int], list[int]] = {}
+    headers: list[tuple[int, int, bytes]] = []
+    add_subject = subjects.append
+    add_flags = flags.append
+    unpack = _FIELDS.unpack_from
+    for m in _LIVE_RUN.finditer(seg.state):
+        a, b = m.span()
+        runs.append((base + a, b - a))
+        offset = base + a
+        for p in positions[a:b]:
+            ts, ttl, fl, sl, hl = unpack(buf, p + _FIELDS_AT)
+            s = p + RECORD_FIXED.size
+            add_subject(buf[s : s + sl])
+            add_flags(fl)
+            if ttl:
+                group = ttls.get((ts, ttl))
+                if group is None:
+                    ttls[ts, ttl] = [offset]
+                else:
+                    group.append(offset)
+            if hl and want_headers:
+                headers.append((offset, ts, buf[s + sl : s + sl + hl]))
+            offset += 1
+    return LiveRecords(runs, subjects, flags, ttls, headers)
 
 
 def _read_old_purge(path: str, report: Report) -> int:

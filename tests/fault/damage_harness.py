@@ -11,7 +11,9 @@ rule:
 * never serve other bytes than were stored (``wrong_data``), or a wrong
   timestamp (``wrong_time``: max age would expire the wrong messages);
 * never give out an offset twice (``offset_reused``);
-* never crash on open (``crashed``).
+* never crash on open (``crashed``);
+* the startup scan (what a broker rebuilds its subject index and TTL deadlines
+  from) gives only live records, each as stored.
 
 A trial that breaks none of them is ``detected`` when damage was reported (by the
 open, or by a read that found a corrupt record) and ``harmless`` when nothing was
@@ -32,8 +34,13 @@ import protocol as P
 from protocol import BrokerError
 from storage import CorruptedRecord, Damage, PartitionLog
 
-KINDS = ("active_log", "sealed_log", "offset_index", "time_index", "deletions", "deletions_mirror", "partition_state")
+KINDS = (
+    "active_log", "sealed_log", "offset_index", "time_index", "segment_summary", "deletions", "deletions_mirror",
+    "partition_state",
+)
 DAMAGES = ("flip", "truncate", "zero_page")
+_SUBJECT_LEN_AT = 5  # in a message body: ttl (4), flags (1), subject length (1), ...
+_SUBJECT_AT = 14  # after the body header
 FAILURES = ("resurrected", "lost", "wrong_data", "wrong_time", "offset_reused", "crashed")
 
 
@@ -98,6 +105,8 @@ def _files_of(path: Path, kind: str, log: PartitionLog) -> list[str]:
         return [s.index_path for s in segs[:-1]]
     if kind == "time_index":
         return [s.time_path for s in segs[:-1]]
+    if kind == "segment_summary":
+        return [s.summary_path for s in segs[:-1] if os.path.exists(s.summary_path)]
     if kind == "deletions":
         return [s.del_path for s in segs if os.path.exists(s.del_path)]
     if kind == "deletions_mirror":
@@ -176,6 +185,14 @@ def run_trial(tmp: Path, kind: str, how: str, seed: int) -> Trial:
         trial.outcome = "crashed"
         return trial
     try:
+        # What a broker start rebuilds its state from (the fast path where the
+        # segment summaries allow it): only live records, each as stored.
+        for live in log.scan(headers=True):
+            for off, subject in zip(live.offsets, live.subjects):
+                if off in deleted:
+                    trial.problems.append(f"resurrected: the startup scan gives deleted offset {off}")
+                elif subject != bodies[off][_SUBJECT_AT : _SUBJECT_AT + bodies[off][_SUBJECT_LEN_AT]]:
+                    trial.problems.append(f"wrong_data: the startup scan gives another subject for offset {off}")
         hidden = 0
         for off in range(1, acked_next):
             try:
