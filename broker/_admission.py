@@ -59,8 +59,13 @@ _ROLLUP = b"Nats-Rollup"
 _KV_OP = b"KV-Operation"
 _MARKER_REASON = b"Nats-Marker-Reason"
 _EXPECTED_LAST = b"Nats-Expected-Last-Subject-Sequence"
+_EXPECTED_STREAM = b"Nats-Expected-Stream"
+_EXPECTED_SEQ = b"Nats-Expected-Last-Sequence"
+_EXPECTED_MSG_ID = b"Nats-Expected-Last-Msg-Id"
 _HOPS = HOPS_HEADER.encode()
-_WANTED = frozenset((_TTL, _ROLLUP, _KV_OP, _MARKER_REASON, _EXPECTED_LAST, MSG_ID, _HOPS))
+_WANTED = frozenset(
+    (_TTL, _ROLLUP, _KV_OP, _MARKER_REASON, _EXPECTED_LAST, MSG_ID, _HOPS, _EXPECTED_STREAM, _EXPECTED_SEQ, _EXPECTED_MSG_ID)
+)
 #: The headers admission reads.
 WANTED = _WANTED
 _ROLLUPS = {b"sub": ROLLUP_SUB, b"all": ROLLUP_ALL}
@@ -84,6 +89,9 @@ class Admission(NamedTuple):
             (``Nats-Expected-Last-Subject-Sequence``; 0 = none stored), or None.
         msg_id: the ``Nats-Msg-Id`` to de-duplicate on, or None (no header, an empty
             one, a topic with ``duplicate_window`` 0, or a republished copy).
+        expects: JetStream's other compare-and-set headers, ``(Nats-Expected-Stream,
+            Nats-Expected-Last-Sequence, Nats-Expected-Last-Msg-Id)`` (None where
+            absent), checked by the publish path against the topic; None if none.
     """
 
     ttl: int
@@ -92,6 +100,7 @@ class Admission(NamedTuple):
     body: bytes | None
     expected_last: int | None = None
     msg_id: bytes | None = None
+    expects: tuple[bytes | None, int | None, bytes | None] | None = None
 
 
 def admit(
@@ -150,9 +159,17 @@ def admit(
         if not raw_expected.isdigit():
             raise _WrongLast(f"invalid Nats-Expected-Last-Subject-Sequence {raw_expected.decode(errors='replace')!r}")
         expected = int(raw_expected)
+    expects = None
+    raw_stream, raw_seq, raw_id = hv.get(_EXPECTED_STREAM), hv.get(_EXPECTED_SEQ), hv.get(_EXPECTED_MSG_ID)
+    if raw_stream or raw_seq or raw_id:
+        if raw_seq and not raw_seq.isdigit():
+            raise _WrongLast(f"invalid Nats-Expected-Last-Sequence {raw_seq.decode(errors='replace')!r}")
+        expects = (raw_stream or None, int(raw_seq) if raw_seq else None, raw_id or None)
     changed = headers is not block or (restamp and (ttl != field_ttl or flags))
     msg_id = (hv.get(MSG_ID) or None) if cfg.duplicate_window and _HOPS not in hv else None
-    return Admission(ttl, rollup, flags, restamp_body(body, ttl, flags, headers) if changed else None, expected, msg_id)
+    return Admission(
+        ttl, rollup, flags, restamp_body(body, ttl, flags, headers) if changed else None, expected, msg_id, expects
+    )
 
 
 def _ttl_text(ttl: int) -> str:

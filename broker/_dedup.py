@@ -69,6 +69,11 @@ class DedupTable:
         self.ids[msg_id] = Original(timestamp, partition, offset)
         self._order.append((timestamp, msg_id))
 
+    @property
+    def last(self) -> bytes | None:
+        """The id stored last (within the window), or None."""
+        return self._order[-1][1] if self._order else None
+
     def clear(self) -> None:
         self.ids.clear()
         self._order.clear()

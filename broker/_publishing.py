@@ -50,6 +50,32 @@ def _check_expected_last(part: Partition, subject: bytes, expected: int, written
         raise error_class(ErrorCode.WRONG_LAST_SEQUENCE)(f"wrong last sequence: {last}")
 
 
+def _check_expects(part: Partition, expects: tuple[bytes | None, int | None, bytes | None], written: set[bytes]) -> None:
+    """JetStream's ``Nats-Expected-Stream`` (the topic's name, ``stream/topic``, or the
+    NATS stream name the topic was created with), ``Nats-Expected-Last-Sequence``
+    (the partition's last offset; an earlier message of the same batch into the
+    partition changes it) and ``Nats-Expected-Last-Msg-Id`` (the last id the
+    topic's de-duplication holds), with the server's descriptions."""
+    stream, seq, msg_id = expects
+    topic = part.topic
+    if stream is not None:
+        nats = topic.config.nats or {}
+        names = {topic.name, topic.full_name, nats.get("name")}
+        if topic.config.kv is not None:
+            names.add("KV_" + topic.name)
+        if stream.decode(errors="replace") not in names:
+            raise error_class(ErrorCode.WRONG_EXPECTED_STREAM)("expected stream does not match")
+    if seq is not None:
+        last = part.log.last_offset
+        if written or last != seq:
+            raise error_class(ErrorCode.WRONG_LAST_SEQUENCE)(f"wrong last sequence: {last}")
+    if msg_id is not None:
+        last_id = topic.dedup.last
+        if last_id != msg_id:
+            text = "" if last_id is None else last_id.decode(errors="replace")
+            raise error_class(ErrorCode.WRONG_LAST_MSG_ID)(f"wrong last msg ID: {text}")
+
+
 def publish(broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False) -> Reply:
     """A batch of messages (``trusted``: bodies the broker built itself, such as
     republished copies, whose flags, sizes and headers need no checking)."""
@@ -424,6 +450,8 @@ def _admit(
                         a, stamp = got
                     if a.expected_last is not None:
                         _check_expected_last(part, subjects[i], a.expected_last, written)
+                    if a.expects is not None:
+                        _check_expects(part, a.expects, written)
                 except BrokerError as err:
                     failed[i] = err
                     continue

@@ -114,6 +114,8 @@ class ErrorCode(IntEnum):
         "not an error: the Nats-Msg-Id was stored within the topic's duplicate window; "
         "the ack names the original's partition and offset"
     )
+    WRONG_EXPECTED_STREAM = 6015, "the message's Nats-Expected-Stream does not name the topic that captures it"
+    WRONG_LAST_MSG_ID = 6016, "the topic's last Nats-Msg-Id is not the one Nats-Expected-Last-Msg-Id names"
 
     # -- subscriptions and consumers (7000s) -------------------------------------
     SUBSCRIPTION_EXISTS = 7001, "the connection already has a subscription with that id"

@@ -104,6 +104,8 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.MESSAGE_NOT_FOUND: NO_MESSAGE_FOUND,
     ErrorCode.PARTITION_NOT_FOUND: NO_MESSAGE_FOUND,
     ErrorCode.WRONG_LAST_SEQUENCE: (400, 10071, None),  # "wrong last sequence: {seq}"
+    ErrorCode.WRONG_EXPECTED_STREAM: STREAM_NOT_MATCH,
+    ErrorCode.WRONG_LAST_MSG_ID: WRONG_LAST_MSG_ID,  # "wrong last msg ID: {id}"
     ErrorCode.MSG_TTL_DISABLED: (400, 10166, "per-message TTL is disabled"),
     ErrorCode.INVALID_MSG_TTL: (400, 10165, "invalid per-message TTL"),
     ErrorCode.ROLLUP_DENIED: (500, 10111, None),  # "rollup not permitted"

@@ -15,6 +15,7 @@ from nats.js.api import RePublish, StreamConfig
 
 from broker import ServerHandle
 from broker.client import connect
+from protocol import BrokerError
 
 
 async def _js(url: str, fn: Callable[[Any, Any], Awaitable[Any]]) -> Any:
@@ -280,3 +281,41 @@ async def test_update_stream(nats_url: str) -> None:
     assert out[:3] == [["u.>", "v.>"], 2, 2]
     assert out[3] == (500, 10052, "message TTL status can not be disabled")
 
+
+
+async def test_expected_headers(nats_url: str, nats_server: ServerHandle) -> None:
+    """Nats-Expected-Stream, -Last-Sequence, -Last-Msg-Id and -Last-Subject-Sequence
+    through nats-py (the server's numbers) and through our own client (ours)."""
+
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        await js.add_stream(name="E", subjects=["e.>"])
+        out: list[Any] = [await js.publish("e.a", b"1", headers={"Nats-Msg-Id": "first"})]
+        out.append(await js.publish("e.a", b"2", stream="E"))
+        out.append(await _error(js.publish("e.a", b"x", stream="OTHER")))
+        out.append(await js.publish("e.b", b"3", headers={"Nats-Expected-Last-Sequence": "2"}))
+        out.append(await _error(js.publish("e.b", b"x", headers={"Nats-Expected-Last-Sequence": "2"})))
+        out.append(await _error(js.publish("e.b", b"x", headers={"Nats-Expected-Last-Sequence": "two"})))
+        out.append(await js.publish("e.c", b"4", headers={"Nats-Expected-Last-Msg-Id": "first", "Nats-Msg-Id": "second"}))
+        out.append(await _error(js.publish("e.c", b"x", headers={"Nats-Expected-Last-Msg-Id": "first"})))
+        return out
+
+    out = await _js(nats_url, fn)
+    assert [a.seq for a in (out[0], out[1], out[3], out[6])] == [1, 2, 3, 4]
+    assert out[2] == (400, 10060, "expected stream does not match")
+    assert out[4] == (400, 10071, "wrong last sequence: 3")
+    assert out[5] == (400, 10071, "invalid Nats-Expected-Last-Sequence 'two'")
+    assert out[7] == (400, 10070, "wrong last msg ID: second")
+    async with connect(nats_server.address) as client:
+        for headers, code, message in (
+            ({"Nats-Expected-Stream": "nope"}, 6015, "expected stream does not match"),
+            ({"Nats-Expected-Last-Msg-Id": "zzz"}, 6016, "wrong last msg ID: second"),
+            ({"Nats-Expected-Last-Sequence": "1"}, 6012, "wrong last sequence: 4"),
+        ):
+            try:
+                await client.publish("e.d", b"x", headers=headers)
+            except BrokerError as err:
+                assert (int(err.code), err.message) == (code, message)
+            else:
+                raise AssertionError(headers)
+        ack = await client.publish("e.d", b"ok", headers={"Nats-Expected-Stream": "nats/e", "Nats-Expected-Last-Sequence": "4"})
+        assert ack is not None and ack.offset == 5
