@@ -319,3 +319,13 @@ async def test_expected_headers(nats_url: str, nats_server: ServerHandle) -> Non
                 raise AssertionError(headers)
         ack = await client.publish("e.d", b"ok", headers={"Nats-Expected-Stream": "nats/e", "Nats-Expected-Last-Sequence": "4"})
         assert ack is not None and ack.offset == 5
+
+
+def test_error_table_documented() -> None:
+    """docs/protocol.md's NATS error table is protocol._jetstream.NATS_ERRORS."""
+    from test_protocol_doc import doc_table
+
+    from protocol._jetstream import NATS_ERRORS
+
+    rows = {r[0]: (int(r[1]), int(r[2]), None if r[3] == "(our message)" else r[3]) for r in doc_table("nats_errors")}
+    assert rows == {code.name: entry for code, entry in NATS_ERRORS.items()}
