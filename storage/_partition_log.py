@@ -638,6 +638,8 @@ def _live_records(seg: Segment, buf: bytes, want_headers: bool) -> LiveRecords:
     add_subject = subjects.append
     add_flags = flags.append
     unpack = _FIELDS.unpack_from
+    last_key = (-1, 0)  # the records of a batch share the timestamp and mostly the TTL
+    add_ttl = None
     for m in _LIVE_RUN.finditer(seg.state):
         a, b = m.span()
         runs.append((base + a, b - a))
@@ -648,11 +650,13 @@ def _live_records(seg: Segment, buf: bytes, want_headers: bool) -> LiveRecords:
             add_subject(buf[s : s + sl])
             add_flags(fl)
             if ttl:
-                group = ttls.get((ts, ttl))
-                if group is None:
-                    ttls[ts, ttl] = [offset]
-                else:
-                    group.append(offset)
+                if ts != last_key[0] or ttl != last_key[1]:
+                    last_key = (ts, ttl)
+                    group = ttls.get(last_key)
+                    if group is None:
+                        group = ttls[last_key] = []
+                    add_ttl = group.append
+                add_ttl(offset)  # type: ignore[misc]
             if hl and want_headers:
                 headers.append((offset, ts, buf[s + sl : s + sl + hl]))
             offset += 1
