@@ -159,7 +159,7 @@ class NatsSession(Session):
         info: dict[str, Any] = {
             "server_id": SERVER_ID, "server_name": config.server.name, "version": VERSION, "proto": 1,
             "go": "python", "host": host, "port": port, "headers": True, "max_payload": self.broker.max_payload,
-            "client_id": self.id, "jetstream": hasattr(self.broker, "jetstream"),
+            "client_id": self.id, "jetstream": True,
         }
         if config.server.auth_token:
             info["auth_required"] = True
@@ -372,8 +372,8 @@ class NatsSession(Session):
                 broker.counters.request_errors += 1
                 self.send_now(encode_err("Invalid Publish Subject"))
             return
-        js = getattr(broker, "jetstream", None)
-        if js is not None and js.handles(subject):
+        js = broker.jetstream
+        if js.handles(subject):
             js.request(subject, ev.reply, ev.headers, ev.payload)
             return
         subj = subject.encode()
@@ -401,19 +401,17 @@ class NatsSession(Session):
         """A message a topic captures: through the broker's one publish path, with
         the PubAck to its reply subject once it is durable."""
         broker = self.broker
-        js = getattr(broker, "jetstream", None)
-        topic = getattr(route, "topic", None)
+        js = broker.jetstream
+        topic = getattr(route, "topic", None)  # None: the route is the subject's error
         reply = ev.reply
         try:
             block = P.nats_to_record_headers(ev.headers) if ev.headers else b""
             body = P.encode_body(ev.subject, ev.payload, block)
         except P.BrokerError as err:
-            if reply and js is not None:
-                send_core(broker, reply, None, None, js.pub_error(err, topic))
+            js.respond(reply, js.pub_error(err, topic))
             return
-        cmd = P.Publish.from_bodies([body], 0 if reply else P.PUBLISH_NO_ACK)
-        result = broker.sync_handlers[P.Publish](self, cmd)
-        if not reply or js is None:
+        result = broker.sync_handlers[P.Publish](self, P.Publish.from_bodies([body], 0 if reply else P.PUBLISH_NO_ACK))
+        if not reply:
             return
         payload, epoch = result if result.__class__ is tuple else (result, 0)
         ack = P.Acks.decode(payload)[0]
@@ -421,8 +419,4 @@ class NatsSession(Session):
             answer = js.pub_error(ack.error, topic)
         else:
             answer = js.pub_ack(topic, ack.offset, ack.status == ErrorCode.DUPLICATE_MESSAGE)
-        committer = broker.committer
-        if epoch and committer.acks_wait and epoch > committer.synced:
-            committer.after(epoch, lambda: send_core(broker, reply, None, None, answer))
-        else:
-            send_core(broker, reply, None, None, answer)
+        js.respond(reply, answer, epoch=epoch if broker.committer.acks_wait else 0)

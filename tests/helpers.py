@@ -118,3 +118,50 @@ def run_cli(address: str, *args: str, stdin: bytes | None = None, check: bool = 
 def json_lines(p: subprocess.CompletedProcess[str]) -> list[Any]:
     """The JSON Lines a command printed."""
     return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+
+
+class RawNats:
+    """A trio TCP connection to a NATS listener that sends raw bytes and parses
+    what the server sends (``protocol.NatsParser`` on the client side)."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.parser = P.NatsParser(server=False, max_payload=1 << 30)
+
+    @classmethod
+    async def open(cls, url: str) -> RawNats:
+        host, port = url.removeprefix("nats://").rsplit(":", 1)
+        return cls(await trio.open_tcp_stream(host, int(port)))
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def next_event(self, timeout: float = 5) -> object:
+        """The next event from the server, or None at end of stream."""
+        with trio.fail_after(timeout):
+            while True:
+                ev = self.parser.next_event()
+                if ev is not P.NATS_NEED_DATA:
+                    return ev
+                try:
+                    data = await self.stream.receive_some(65536)
+                except trio.BrokenResourceError:
+                    data = b""
+                if not data:
+                    return None
+                self.parser.receive_data(data)
+
+    async def connect(self, **options: Any) -> dict[str, Any]:
+        """Read INFO, send CONNECT with ``options``; returns the INFO."""
+        info = await self.next_event()
+        assert isinstance(info, P.NatsInfo), info
+        await self.send(b"CONNECT " + json.dumps(options).encode() + b"\r\n")
+        return info.info
+
+    async def until_closed(self, timeout: float = 5) -> list[object]:
+        """Every event until the server closes the connection."""
+        seen = []
+        while (ev := await self.next_event(timeout)) is not None:
+            seen.append(ev)
+        return seen
+

@@ -1,0 +1,206 @@
+"""protocol/_nats.py, the sans-IO NATS parser and writer: round trips, any split of
+the byte stream gives the same events, and bad bytes give the protocol's error
+(with nats-server's -ERR text), never another exception."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import protocol as P
+from protocol._nats import (
+    encode_connect,
+    encode_err,
+    encode_info,
+    encode_msg,
+    encode_pub,
+    encode_sub,
+    encode_unsub,
+)
+
+TOKEN = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABC0123456789_-$", min_size=1, max_size=8)
+SUBJECT = st.lists(TOKEN, min_size=1, max_size=5).map(".".join)
+FILTER = st.lists(st.one_of(TOKEN, st.just("*")), min_size=1, max_size=4).map(".".join) | SUBJECT.map(lambda s: s + ".>")
+SID = st.integers(1, 10**9).map(str)
+NAME = st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126, blacklist_characters=":"), min_size=1, max_size=12)
+VALUE = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\r\n"), max_size=20).map(str.strip)
+PAIRS = st.lists(st.tuples(NAME, VALUE), max_size=5)
+PAYLOAD = st.binary(max_size=200)
+
+
+def events_of(data: bytes, *, server: bool = True, splits: list[int] | None = None, **limits: int) -> list[object]:
+    parser = P.NatsParser(server=server, **limits)
+    cuts = sorted({0, len(data), *(splits or [])})
+    events: list[object] = []
+    for a, b in zip(cuts, cuts[1:]):
+        parser.receive_data(data[a:b])
+        while (ev := parser.next_event()) is not P.NATS_NEED_DATA:
+            events.append(ev)
+    return events
+
+
+@st.composite
+def client_ops(draw: st.DrawFn) -> tuple[bytes, object]:
+    kind = draw(st.sampled_from(["connect", "pub", "hpub", "sub", "unsub", "ping", "pong"]))
+    if kind == "connect":
+        opts = draw(st.fixed_dictionaries({"verbose": st.booleans(), "headers": st.booleans(), "name": TOKEN}))
+        return encode_connect(opts), P.NatsConnect(opts)
+    if kind in ("pub", "hpub"):
+        subject, reply, payload = draw(SUBJECT), draw(st.none() | SUBJECT), draw(PAYLOAD)
+        headers = P.encode_nats_headers(draw(PAIRS), draw(st.none() | st.integers(100, 599))) if kind == "hpub" else None
+        return encode_pub(subject, reply, headers, payload), P.NatsPub(subject, reply, headers, payload)
+    if kind == "sub":
+        subject, queue, sid = draw(FILTER), draw(st.none() | TOKEN), draw(SID)
+        return encode_sub(subject, queue, sid), P.NatsSub(subject, queue, sid)
+    if kind == "unsub":
+        sid, n = draw(SID), draw(st.none() | st.integers(1, 10**6))
+        return encode_unsub(sid, n), P.NatsUnsub(sid, n)
+    return (b"PING\r\n", P.NatsPing) if kind == "ping" else (b"PONG\r\n", P.NatsPong)
+
+
+@given(st.lists(client_ops(), max_size=8), st.lists(st.integers(0, 4000), max_size=10))
+def test_client_operations_round_trip_whatever_the_split(ops: list[tuple[bytes, object]], splits: list[int]) -> None:
+    data = b"".join(raw for raw, _ in ops)
+    want = [ev for _, ev in ops]
+    assert events_of(data) == want
+    assert events_of(data, splits=[s % (len(data) + 1) for s in splits]) == want
+    assert events_of(data, splits=list(range(len(data)))) == want  # byte by byte
+
+
+@given(SUBJECT, SID, st.none() | SUBJECT, st.none() | PAIRS, PAYLOAD, st.lists(st.integers(0, 500), max_size=5))
+def test_server_messages_round_trip(subject: str, sid: str, reply: str | None, pairs: list[tuple[str, str]] | None,
+                                    payload: bytes, splits: list[int]) -> None:
+    headers = None if pairs is None else P.encode_nats_headers(pairs)
+    data = (encode_info({"server_id": "x", "proto": 1}) + encode_msg(subject.encode(), sid.encode(), reply.encode() if reply else None, headers, payload)
+            + b"+OK\r\n" + encode_err("Stale Connection") + b"PING\r\n")
+    want = [P.NatsInfo({"server_id": "x", "proto": 1}), P.NatsMsg(subject, sid, reply, headers, payload), P.NatsOk,
+            P.NatsErr("Stale Connection"), P.NatsPing]
+    assert events_of(data, server=False, splits=[s % (len(data) + 1) for s in splits]) == want
+
+
+def test_operation_names_in_any_case_and_arguments_split_by_tabs() -> None:
+    data = b"pub\ta.b  r\t 2\r\nhi\r\nSuB a.* q 7\nping\r\n"
+    assert events_of(data) == [P.NatsPub("a.b", "r", None, b"hi"), P.NatsSub("a.*", "q", "7"), P.NatsPing]
+
+
+@given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=5))
+def test_garbage_gives_the_protocol_error_only(data: bytes, splits: list[int]) -> None:
+    try:
+        events_of(data, splits=[s % (len(data) + 1) for s in splits], max_control_line=64, max_payload=100)
+    except P.NatsProtocolError as err:
+        assert err.text in ("Unknown Protocol Operation", "maximum control line exceeded", "Maximum Payload Violation")
+        assert isinstance(err, P.RemoteProtocolError)
+
+
+@given(st.lists(client_ops(), min_size=1, max_size=3), st.binary(min_size=1, max_size=50), st.integers(0, 400))
+def test_the_error_does_not_depend_on_the_split(ops: list[tuple[bytes, object]], tail: bytes, split: int) -> None:
+    data = b"".join(raw for raw, _ in ops) + tail
+
+    def outcome(splits: list[int]) -> tuple[list[object], str | None]:
+        parser = P.NatsParser(max_control_line=64)
+        cuts = sorted({0, len(data), *splits})
+        events: list[object] = []
+        try:
+            for a, b in zip(cuts, cuts[1:]):
+                parser.receive_data(data[a:b])
+                while (ev := parser.next_event()) is not P.NATS_NEED_DATA:
+                    events.append(ev)
+        except P.NatsProtocolError as err:
+            return events, err.text
+        return events, None
+
+    whole = outcome([])
+    assert outcome([split % (len(data) + 1)]) == whole
+    assert outcome(list(range(len(data)))) == whole
+
+
+@pytest.mark.parametrize(
+    ("data", "text"),
+    [
+        (b"HELLO\r\n", "Unknown Protocol Operation"),
+        (b"PUBX a 1\r\n", "Unknown Protocol Operation"),
+        (b"PUB a\r\n", "Unknown Protocol Operation"),
+        (b"PUB a b c 1\r\n", "Unknown Protocol Operation"),
+        (b"PUB a -1\r\n", "Unknown Protocol Operation"),
+        (b"PUB a 2\r\nabc\r\n", "Unknown Protocol Operation"),
+        (b"HPUB a 40 2\r\n", "Unknown Protocol Operation"),
+        (b"SUB a\r\n", "Unknown Protocol Operation"),
+        (b"UNSUB 1 x\r\n", "Unknown Protocol Operation"),
+        (b"CONNECT [1]\r\n", "Unknown Protocol Operation"),
+        (b"CONNECT {\r\n", "Unknown Protocol Operation"),
+        (b"PING x\r\n", "Unknown Protocol Operation"),
+        (b"MSG a 1 2\r\nhi\r\n", "Unknown Protocol Operation"),  # a server's operation, from a client
+        (b"PUB a " + b"1" * 5000, "maximum control line exceeded"),
+        (b"PUB a 101\r\n", "Maximum Payload Violation"),
+        (b"HPUB a 12 101\r\n", "Maximum Payload Violation"),
+    ],
+)
+def test_violations_and_their_texts(data: bytes, text: str) -> None:
+    with pytest.raises(P.NatsProtocolError) as info:
+        events_of(data, max_payload=100)
+    assert info.value.text == text
+
+
+def test_a_control_line_of_exactly_the_maximum_is_accepted() -> None:
+    line = b"SUB " + b"a" * 4088 + b" 1"
+    assert len(line) == 4094 and events_of(line + b"\r\n", max_control_line=4094) == [P.NatsSub("a" * 4088, None, "1")]
+    with pytest.raises(P.NatsProtocolError, match="maximum control line exceeded"):
+        events_of(line + b"\r\n", max_control_line=4093)
+
+
+@given(PAIRS, st.none() | st.integers(100, 999), st.text(alphabet="abcXYZ ", max_size=12).map(str.strip))
+def test_header_blocks_round_trip(pairs: list[tuple[str, str]], status: int | None, description: str) -> None:
+    block = P.encode_nats_headers(pairs, status, description)
+    assert block.startswith(b"NATS/1.0") and block.endswith(b"\r\n\r\n")
+    assert P.decode_nats_headers(block) == (status, description if status is not None else "", pairs)
+    ours = P.encode_headers(pairs)
+    assert P.nats_to_record_headers(block) == ours
+    assert P.record_to_nats_headers(ours) == (P.encode_nats_headers(pairs) if pairs else b"")
+
+
+def test_status_line_of_no_responders_and_no_messages() -> None:
+    assert P.encode_nats_headers([], 503) == b"NATS/1.0 503\r\n\r\n"
+    assert P.encode_nats_headers([], 404, "No Messages") == b"NATS/1.0 404 No Messages\r\n\r\n"
+    assert P.decode_nats_headers(b"NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: 1\r\n\r\n") == (
+        408, "Request Timeout", [("Nats-Pending-Messages", "1")])
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        (b"HTTP/1.1\r\n\r\n", "starts with NATS/1.0"),
+        (b"NATS/1.0\r\nA: b\r\n", "ends with an empty line"),
+        (b"NATS/1.0 5x3\r\n\r\n", "bad status"),
+        (b"NATS/1.0\r\nno colon\r\n\r\n", "bad NATS header line"),
+        (b"NATS/1.0\r\n: empty name\r\n\r\n", "bad NATS header line"),
+        (b"NATS/1.0\r\nA: \xff\r\n\r\n", "not UTF-8"),
+    ],
+)
+def test_malformed_header_blocks(block: bytes, message: str) -> None:
+    with pytest.raises(P.InvalidHeadersError, match=message) as info:  # type: ignore[attr-defined]
+        P.decode_nats_headers(block)
+    assert info.value.code == P.ErrorCode.INVALID_HEADERS
+
+
+def test_headers_ttlbroker_cannot_carry_are_refused_on_conversion() -> None:
+    with pytest.raises(P.BrokerError) as info:
+        P.nats_to_record_headers(b"NATS/1.0\r\nBad\x01Name: v\r\n\r\n")
+    assert info.value.code == P.ErrorCode.INVALID_HEADERS
+
+
+def test_a_stored_record_as_a_nats_message() -> None:
+    body = P.encode_body("a.b", b"payload", P.encode_headers({"Nats-TTL": "5s"}))
+    subject, headers, payload = P.nats_message_of_record(P.encode_record(3, 7, body))
+    assert (subject, headers, bytes(payload)) == (b"a.b", b"NATS/1.0\r\nNats-TTL: 5s\r\n\r\n", b"payload")
+    subject, headers, payload = P.nats_message_of_record(P.encode_record(3, 7, P.encode_body("x", b"")))
+    assert (subject, headers, bytes(payload)) == (b"x", None, b"")
+
+
+@pytest.mark.parametrize(("subject", "literal", "wildcard"), [
+    ("a.b", True, True), ("a.*", False, True), ("a.>", False, True), ("a.>.b", False, False), ("a..b", False, False),
+    ("", False, False), ("a b", False, False), (".a", False, False), ("a*.b", True, True),
+])
+def test_subject_validity_as_nats_server_sees_it(subject: str, literal: bool, wildcard: bool) -> None:
+    assert P.valid_nats_subject(subject) is literal
+    assert P.valid_nats_subject(subject, wildcards=True) is wildcard
