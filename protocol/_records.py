@@ -244,10 +244,23 @@ def find_header(block: bytes | memoryview, name: bytes) -> bytes | None:
 def header_values(block: bytes | memoryview, names: frozenset[bytes]) -> dict[bytes, bytes]:
     """The first value of each header in ``names`` that the block has, in one pass
     (leading spaces skipped, as :func:`find_header`)."""
+    if block.__class__ is not bytes:
+        block = bytes(block)
     out: dict[bytes, bytes] = {}
-    for key, value in _iter_header_block(block):
+    pos, end = 0, len(block)
+    while pos < end:  # _iter_header_block's walk, slicing only the values wanted
+        nlen = block[pos]
+        npos = pos + 1
+        vpos = npos + nlen + 2
+        if nlen == 0 or vpos > end:
+            raise _bad_header("header block is truncated or has an empty name")
+        vend = vpos + (block[vpos - 2] | block[vpos - 1] << 8)
+        if vend > end:
+            raise _bad_header("header block is truncated")
+        key = block[npos : npos + nlen]
         if key in names and key not in out:
-            out[key] = value.lstrip(b" ")
+            out[key] = block[vpos:vend].lstrip(b" ")
+        pos = vend
     return out
 
 

@@ -84,3 +84,27 @@ def test_message_marker_properties() -> None:
     assert P.MarkerReason.MAX_AGE.header_value == "MaxAge"
     assert P.MarkerReason.from_header_value("Purge") is P.MarkerReason.PURGE
     assert not P.Message("s", b"", b"", 1, 2).is_marker
+
+
+_NAMES = ["Nats-TTL", "K", "TTLB-Hops", "Nats-Rollup"]
+
+
+@given(st.lists(st.tuples(st.sampled_from(_NAMES), st.text(" ab7é", max_size=6)), max_size=6), st.sets(st.sampled_from(_NAMES)),
+       st.booleans(), st.integers(0, 40))
+def test_header_values_is_first_occurrence_stripped(pairs, wanted, as_view, cut) -> None:  # type: ignore[no-untyped-def]
+    block = P.encode_headers(pairs)
+    names = frozenset(n.encode() for n in wanted)
+    want: dict[bytes, bytes] = {}
+    for k, v in pairs:
+        if k.encode() in names:
+            want.setdefault(k.encode(), v.encode().lstrip(b" "))
+    assert P.header_values(memoryview(block) if as_view else block, names) == want
+    truncated = block[: max(0, len(block) - cut)]
+    try:
+        expected = P.find_header(truncated, b"\x00") if truncated else None  # the reference walk
+    except P.BrokerError as err:
+        with pytest.raises(P.BrokerError) as exc:
+            P.header_values(truncated, names)
+        assert (exc.value.code, exc.value.message) == (err.code, err.message)
+    else:
+        assert expected is None and P.header_values(truncated, frozenset()) == {}
