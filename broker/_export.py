@@ -140,6 +140,7 @@ class Exporter:
                             "message_expiry": topic.config.message_expiry,
                             "options": topic.config.options(),
                         },
+                        log_crc=seg.sealed_crc,
                     )
                 )
         return jobs

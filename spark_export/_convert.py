@@ -9,8 +9,11 @@ checksum or whose lengths do not add up is left out and counted, never exported.
 The conversion is columnar, a batch of records at a time: one numpy gather reads the
 fixed fields of every record; the subjects, header names and values and payloads are
 cut out of the segment's bytes by one Arrow ``take`` each (:func:`_slices`); header
-blocks are parsed one header position at a time across all records. Only the CRC-32
-is one call per record (zlib's, over a view of the bytes: no copy).
+blocks are parsed one header position at a time across all records. Checksums: a
+segment sealed with a summary (``storage._segment``) is checked with one CRC-32 of
+its whole file against the one recorded at seal; any other, or one whose file no
+longer matches, has each record's CRC-32 checked (one zlib call per record, over a
+view of the bytes).
 """
 
 from __future__ import annotations
@@ -59,7 +62,9 @@ class SegmentJob:
 
     ``states`` is the segment's per-record state at snapshot time (1 = live);
     ``purged_through`` the partition's purge watermark; ``max_age`` the topic's
-    max age in seconds (0 = none).
+    max age in seconds (0 = none); ``log_crc`` the CRC-32 of the whole ``.log`` file
+    that its summary recorded at seal, when every record was valid (None: no valid
+    summary).
     """
 
     stream_id: int
@@ -77,6 +82,7 @@ class SegmentJob:
     max_age: int
     generation: int = 0  # the topic's creation time (ids of deleted topics are reused)
     topic_config: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+    log_crc: int | None = None
 
     @property
     def key(self) -> str:
@@ -143,10 +149,11 @@ class _Segment:
             return tiles.filter(wanted).cast(pa.binary())
         return pa.array([self.raw[s:e] for s, e in zip(starts.tolist(), ends.tolist())], pa.binary())
 
-    def checked(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def checked(self, pos: np.ndarray, intact: bool) -> tuple[np.ndarray, np.ndarray]:
         """The records at ``pos`` that pass ``protocol.check_record`` (in bounds,
         lengths that add up, a subject, the CRC-32): their fixed fields, and a mask of
-        which ``pos`` they are."""
+        which ``pos`` they are. ``intact``: the whole file has the CRC-32 it had when
+        it was sealed with every record valid, so each record's own holds too."""
         n = len(self.raw)
         if n < _FIXED_SIZE:
             return np.zeros(0, _FIXED), np.zeros(len(pos), bool)
@@ -155,6 +162,8 @@ class _Segment:
         total = length + 4
         ok = (pos + _FIXED_SIZE <= n) & (length >= 34) & (pos + total <= n) & (fixed["sl"] != 0)
         ok &= _FIXED_SIZE + fixed["sl"].astype(np.int64) + fixed["hl"] + fixed["pl"] == total
+        if intact:
+            return fixed[ok], ok
         at = np.flatnonzero(ok)
         crc_from, crc_to = (pos[at] + 8).tolist(), (pos[at] + total[at]).tolist()
         crcs = np.fromiter(map(zlib.crc32, map(self.view.__getitem__, map(slice, crc_from, crc_to))), np.uint32, len(at))
@@ -249,12 +258,14 @@ def segment_batches(job: SegmentJob, batch_rows: int = BATCH_ROWS) -> Iterator[t
     many corrupt records (left out) it skipped."""
     with open(job.log_path, "rb") as f:
         seg = _Segment(f.read())
+    # One CRC-32 of the file at C speed instead of one call per record, when it can vouch for them.
+    intact = job.log_crc is not None and zlib.crc32(seg.raw) == job.log_crc
     positions = np.frombuffer(job.positions, "<u4").astype(np.int64)
     states = np.frombuffer(job.states, np.uint8)
     tags = _deletion_tags(job)
     for start in range(0, job.count, batch_rows):
         stop = min(start + batch_rows, job.count)
-        fixed, good = seg.checked(positions[start:stop])
+        fixed, good = seg.checked(positions[start:stop], intact)
         rels = np.arange(start, stop)[good]
         pos = positions[start:stop][good]
         subject_at = pos + _FIXED_SIZE

@@ -90,7 +90,11 @@ messages = st.lists(
 )
 
 
-def build_segment(directory: str, msgs: list[Any], damaged: list[tuple[int, int]], deleted: list[tuple[int, int]]) -> Segment:
+def build_segment(
+    directory: str, msgs: list[Any], damaged: list[tuple[int, int]], deleted: list[tuple[int, int]], seal: bool
+) -> Segment:
+    """The messages in a segment (sealed, with its summary, if ``seal``), then the
+    ``deleted`` records deleted and the ``damaged`` records damaged (one byte each)."""
     seg = Segment.create(directory, 1)
     ts = 1_700_000_000 * NS
     for i, (subject, headers, payload, ttl, flags, ns) in enumerate(msgs):
@@ -98,6 +102,9 @@ def build_segment(directory: str, msgs: list[Any], damaged: list[tuple[int, int]
         seg.append(record, [seg.size], ts + i * NS + ns)
     for rel, tag in deleted:
         seg.delete_many([rel % len(msgs)], tag)
+    if seal:
+        seg.seal()
+        assert seg.sealed_crc is not None
     seg.close()
     with open(seg.log_path, "r+b") as f:
         for rel, at in damaged:
@@ -120,18 +127,20 @@ def build_segment(directory: str, msgs: list[Any], damaged: list[tuple[int, int]
     max_age=st.sampled_from([0, 30]),
     batch_rows=st.integers(1, 50),
     garbage=st.one_of(st.none(), st.tuples(st.integers(0, 1000), st.binary(min_size=1, max_size=12))),
+    seal=st.booleans(),
 )
-def test_the_columnar_decode_reads_every_record_as_protocol_does(msgs, damaged, deleted, purged_around, max_age, batch_rows, garbage) -> None:  # type: ignore[no-untyped-def]
+def test_the_columnar_decode_reads_every_record_as_protocol_does(msgs, damaged, deleted, purged_around, max_age, batch_rows, garbage, seal) -> None:  # type: ignore[no-untyped-def]
     if garbage is not None:  # one header block of random bytes, usually malformed
         i = garbage[0] % len(msgs)
         msgs[i] = (msgs[i][0], garbage[1], *msgs[i][2:])
     # The purge watermark next to a deleted record's offset (the first deletion's).
     purged_through = deleted[0][0] % len(msgs) + 1 + purged_around if deleted else 0
     with tempfile.TemporaryDirectory() as d:
-        seg = build_segment(d, msgs, damaged, deleted)
+        seg = build_segment(d, msgs, damaged, deleted, seal)
         job = SegmentJob(1, 1, 0, "s", "t", 1, seg.count, seg.log_path, seg.del_path, seg.positions.tobytes(),
                          bytes(seg.state[: len(msgs) - len(msgs) // 3]),  # the last records' states not known
-                         purged_through, max_age)
+                         purged_through, max_age,
+                         log_crc=seg.sealed_crc)  # the whole file checked at once, unless damaged since
         try:
             expected, corrupt = reference_rows(job)
         except P.InvalidHeadersError:  # type: ignore[attr-defined]
