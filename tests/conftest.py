@@ -136,6 +136,20 @@ class BrokerProcess:
             self.proc.kill()
             raise RuntimeError(f"broker did not start: {line!r} {err}")
         self.address = line.split()[-1]
+        self._nats_url: str | None = None
+
+    @property
+    def nats_url(self) -> str:
+        """``nats://HOST:PORT`` from the ``nats on`` line (read when first asked for:
+        a broker started without its NATS listener never prints it)."""
+        assert self.proc.stdout is not None
+        while self._nats_url is None:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("the broker printed no 'nats on' line")
+            if line.startswith("nats on "):
+                self._nats_url = line.split()[-1]
+        return self._nats_url
 
     def stop(self, sig: int | None = None, timeout: float = 20) -> int:
         import signal as _signal

@@ -95,14 +95,15 @@ def test_the_five_minute_tour(spark: Any, tmp_path: Path, monkeypatch: pytest.Mo
         (tmp_path / ".venv").mkdir()
         (tmp_path / ".venv" / "bin").symlink_to(BIN)
     broker = BrokerProcess(tmp_path, "--http-port", "0", "--export-dir", str(tmp_path / "export"))
-    ports = {"8090": broker.address.rsplit(":", 1)[1], "8190": str(free_port()), "8191": str(free_port())}
+    ports = {"8090": broker.address.rsplit(":", 1)[1], "8190": str(free_port()), "8191": str(free_port()),
+             "4222": broker.nats_url.rsplit(":", 1)[1]}
     env = {**env_with_project(), "TTLBROKER_SERVER": broker.address, "COLUMNS": "120"}
     env.pop("TTLBROKER_TOKEN", None)
     background: list[tuple[str, subprocess.Popen[str]]] = []
     outputs: dict[str, str] = {}
 
     def local(cmd: str) -> str:
-        cmd = re.sub(r"\b(8090|8190|8191)\b", lambda m: ports[m.group(1)], cmd)
+        cmd = re.sub(r"\b(8090|8190|8191|4222)\b", lambda m: ports[m.group(1)], cmd)
         return re.sub(r"(^|[;&|]\s*)tb ", r"\1.venv/bin/ttlbroker ", cmd)
 
     def subscriptions() -> int:
