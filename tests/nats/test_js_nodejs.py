@@ -1,0 +1,55 @@
+"""A second language: nats.js (the npm package ``nats``, pinned in
+tests/nats/js/package.json and package-lock.json) under Node publishes with
+``Nats-TTL`` to ttlbroker's NATS listener. The tests install it with ``npm ci``;
+without Node and npm they skip with the reason, and under CI (``CI`` set) they
+fail instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import trio
+
+JS_DIR = Path(__file__).resolve().parent / "js"
+
+
+def _node_missing() -> str | None:
+    for tool in ("node", "npm"):
+        if shutil.which(tool) is None:
+            return f"the nats.js tests need Node.js: no `{tool}` on PATH"
+    return None
+
+
+@pytest.fixture(scope="session")
+def node_nats() -> Path:
+    """tests/nats/js with its node_modules installed (``npm ci`` from the lock file)."""
+    reason = _node_missing()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI must run the nats.js tests)", pytrace=False)
+        pytest.skip(reason)
+    if not (JS_DIR / "node_modules" / "nats" / "package.json").exists():
+        p = subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund"], cwd=JS_DIR, capture_output=True, text=True, timeout=300
+        )
+        assert p.returncode == 0, f"npm ci failed:\n{p.stdout}\n{p.stderr}"
+    return JS_DIR
+
+
+async def _node(script: Path, *args: str) -> dict:
+    p = await trio.run_process(["node", str(script), *args], capture_stdout=True, capture_stderr=True, check=False)
+    assert p.returncode == 0, p.stderr.decode()
+    return json.loads(p.stdout)
+
+
+async def test_nodejs_publish_with_nats_ttl(node_nats: Path, nats_url: str) -> None:
+    out = await _node(node_nats / "ttl_publish.mjs", nats_url)
+    assert out["ack"] == {"stream": "NODE", "seq": 1, "duplicate": False}
+    assert out["stored"] == {"subject": "node.a", "data": "hello", "ttl": "1m30s"}
+    assert out["invalid"] == {"code": 400, "err_code": 10165, "description": "invalid per-message TTL"}
+    assert out["disabled"] == {"code": 400, "err_code": 10166, "description": "per-message TTL is disabled"}
