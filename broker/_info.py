@@ -65,6 +65,7 @@ def stats_values(broker: Broker, bytes_on_disk: int, budget: Any = None) -> dict
         version=VERSION,
         uptime_seconds=round(time.time() - broker.started_at, 3),
         connections=len(broker.sessions),
+        nats_connections=sum(1 for s in broker.sessions if getattr(s, "protocol", "") == "nats"),
         subscriptions=len(broker.subs),
         streams=len(broker.catalog.streams),
         topics=len(topics),

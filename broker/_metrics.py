@@ -54,7 +54,8 @@ PREFIX = "ttlbroker_"
 #: is here, in ``Counters`` or in :data:`COUNTERS`.
 GAUGES: dict[str, tuple[str, str, float]] = {
     "uptime_seconds": ("uptime_seconds", "Seconds since the broker started.", 1),
-    "connections": ("connections", "Client connections open now.", 1),
+    "connections": ("connections", "Client connections open now (both protocols).", 1),
+    "nats_connections": ("nats_connections", "NATS client connections open now (counted in connections too).", 1),
     "subscriptions": ("subscriptions", "Core subscriptions open now.", 1),
     "streams": ("streams", "Streams.", 1),
     "topics": ("topics", "Topics.", 1),

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import nats
 import nats.errors
 import pytest
@@ -436,16 +437,18 @@ async def test_connections_are_counted_with_the_main_port(data_dir: Path) -> Non
     config = make_config(data_dir, **{"nats.enabled": True, "limits.max_connections": 2})
     async with start_server(config) as handle:
         url = handle.nats_url or ""
-        async with connect(handle.address):
+        async with connect(handle.address) as client:
             first = await RawNats.open(url)
             await first.connect()
             await first.send(b"PING\r\n")
             assert await first.next_event() is PONG
             refused = await RawNats.open(url)
             assert await refused.until_closed() == [err("maximum connections exceeded")]
-            stats = handle.broker.info()
-            assert handle.broker.counters.connections_refused == 1
-            assert len(handle.broker.sessions) == 2, stats
+            stats = await client.stats()
+            assert (stats["connections"], stats["nats_connections"], stats["connections_refused"]) == (2, 1, 1)
+            async with httpx.AsyncClient(base_url=handle.monitoring_url or "", timeout=10) as http:
+                metrics = (await http.get("/metrics")).text
+            assert "\nttlbroker_nats_connections 1.0\n" in metrics and "\nttlbroker_connections 2.0\n" in metrics
 
 
 async def test_slow_consumer_is_cut_off(data_dir: Path) -> None:
