@@ -117,13 +117,11 @@ class JetStream:
     async def run(self) -> None:
         """Runs for the broker's lifetime: the nursery of the API's waiting work, and
         the consumers' background work."""
+        from . import _js_consumers
+
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
-            try:
-                from . import _js_consumers
-            except ImportError:  # pragma: no cover - the consumers module not there yet
-                _js_consumers = None  # type: ignore[assignment]
-            consumers_run = getattr(_js_consumers, "run", None)
+            consumers_run = getattr(_js_consumers, "run", None)  # what the consumers need running, if anything
             if consumers_run is not None:
                 nursery.start_soon(consumers_run, self)
             await trio.sleep_forever()

@@ -17,15 +17,14 @@ as our own client's ``kv.get`` does.
 from __future__ import annotations
 
 import base64
-import json
 from typing import TYPE_CHECKING, Any
 
 import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
 from protocol._jetstream import (
-    BAD_REQUEST, INVALID_JSON, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, STREAM_MISMATCH,
+    BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, rfc3339, stream_config,
-    stream_config_to_topic,
+    parse_request, stream_config_to_topic,
 )
 from protocol._nats import decode_nats_headers, encode_nats_headers, nats_message_of_record
 
@@ -73,7 +72,7 @@ def api(js: JetStream, tokens: list[str], reply: str | None, headers: bytes | No
         _no_responders(js, reply)
         return
     try:
-        req = _json(payload)
+        req = parse_request(payload)
         handler = _HANDLERS[kind]
         if kind in _ASYNC:
             js.spawn(_run_async, js, handler, kind, name, req, reply)
@@ -105,18 +104,6 @@ def _fail(js: JetStream, reply: str | None, kind: str, err: BrokerError | JSErro
 def _no_responders(js: JetStream, reply: str | None) -> None:
     """What a client sees for an API subject the server does not serve."""
     js.respond(reply, b"", headers=encode_nats_headers([], 503))
-
-
-def _json(payload: bytes) -> dict[str, Any]:
-    if not payload.strip():
-        return {}
-    try:
-        req = json.loads(payload)
-    except ValueError as exc:
-        raise js_error(INVALID_JSON, f"invalid JSON: {exc}") from None
-    if not isinstance(req, dict):
-        raise js_error(INVALID_JSON, "invalid JSON: the request must be an object")
-    return req
 
 
 # -- account and streams -------------------------------------------------------------
@@ -420,7 +407,7 @@ def _direct_get(js: JetStream, name: str, subject: str, reply: str | None, paylo
         _no_responders(js, reply)
         return
     try:
-        req = {"last_by_subj": subject} if subject else _json(payload)
+        req = {"last_by_subj": subject} if subject else parse_request(payload)
         found, epoch = _load(js, topic, req)
     except JSError as err:
         if err.err_code == NO_MESSAGE_FOUND[1]:

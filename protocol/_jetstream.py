@@ -30,7 +30,7 @@ from ._errors import BrokerError, ErrorCode
 __all__ = [
     "API_PREFIX", "ACK_PREFIX", "FC_PREFIX", "NS", "JSError", "NATS_ERRORS", "nats_error", "api_response",
     "api_error", "pub_ack", "pub_error", "rfc3339", "stream_config_to_topic", "stream_config", "NATS_SETTINGS",
-    "check_stream_name",
+    "check_stream_name", "parse_request", "js_error",
 ]
 
 API_PREFIX = "$JS.API."
@@ -131,6 +131,23 @@ def nats_error(err: BrokerError | JSError) -> JSError:
         return err
     code, err_code, fixed = NATS_ERRORS.get(err.code, (400, 10003, None))
     return JSError(code, err_code, fixed if fixed is not None else err.message)
+
+
+def parse_request(payload: bytes) -> dict[str, Any]:
+    """An API request's JSON object (an empty payload is ``{}``).
+
+    Raises:
+        JSError: 400 10025 ``invalid JSON: ...`` for anything but a JSON object.
+    """
+    if not payload.strip():
+        return {}
+    try:
+        req = json.loads(payload)
+    except ValueError as exc:
+        raise js_error(INVALID_JSON, f"invalid JSON: {exc}") from None
+    if not isinstance(req, dict):
+        raise js_error(INVALID_JSON, "invalid JSON: the request must be an object")
+    return req
 
 
 def _dumps(obj: Any) -> bytes:

@@ -4,26 +4,14 @@ own client's KV API sees (``broker/_js_streams.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import nats
 import nats.js.errors as jse
-from helpers import in_asyncio
+from test_js_streams import _js
 
 from broker import ServerHandle
 from broker.client import connect
-
-
-async def _js(url: str, fn: Callable[[Any, Any], Awaitable[Any]]) -> Any:
-    async def scenario() -> Any:
-        nc = await nats.connect(url)
-        try:
-            return await fn(nc, nc.jetstream())
-        finally:
-            await nc.close()
-
-    return await in_asyncio(scenario)
+from protocol import Identifier
 
 
 async def test_put_get_create_update_delete_purge(nats_url: str, nats_server: ServerHandle) -> None:
@@ -96,19 +84,13 @@ async def test_refresh_policy_set_from_our_side(nats_url: str, nats_server: Serv
         await js.create_key_value(bucket="cache", ttl=60)
 
     await _js(nats_url, create)
-    part = nats_server.broker.catalog.topic(*map(_ident, ("kv", "cache"))).partitions[0]
+    part = nats_server.broker.catalog.topic(Identifier.of("kv"), Identifier.of("cache")).partitions[0]
     rev = await _js(nats_url, put_and_get)
     assert rev not in part.refreshed  # on_write: a read refreshes nothing
     async with connect(nats_server.address) as client:
         await client.update_topic("kv", "cache", kv={"ttl": 60, "refresh": "on_read_and_write"})
     rev = await _js(nats_url, put_and_get)
     assert part.refreshed[rev] > part.log.timestamp_of(rev) + 59 * 10**9
-
-
-def _ident(name: str) -> Any:
-    from protocol import Identifier
-
-    return Identifier.of(name)
 
 
 async def test_bucket_of_our_client_through_nats(nats_url: str, nats_server: ServerHandle) -> None:
