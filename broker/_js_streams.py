@@ -308,13 +308,23 @@ class _Found:
 
     __slots__ = ("seq", "subject", "headers", "payload", "timestamp")
 
-    def __init__(self, seq: int, record: bytes | memoryview) -> None:
+    def __init__(self, seq: int, subject: str, headers: bytes | None, payload: bytes, timestamp: int) -> None:
         self.seq = seq
-        subject, headers, payload = nats_message_of_record(record)
-        self.subject = subject.decode()
+        self.subject = subject
         self.headers = headers
-        self.payload = bytes(payload)
-        self.timestamp = read_record_info(record, 0).timestamp
+        self.payload = payload
+        self.timestamp = timestamp
+
+    @classmethod
+    def of_record(cls, seq: int, record: bytes | memoryview) -> _Found:
+        subject, headers, payload = nats_message_of_record(record)
+        return cls(seq, subject.decode(), headers, bytes(payload), read_record_info(record, 0).timestamp)
+
+    @classmethod
+    def of_kv_entry(cls, entry: dict[str, Any]) -> _Found:
+        """From a KV read (``KvReads.get``), which has read the record already."""
+        headers = encode_nats_headers(list(entry["headers"].items())) if entry["headers"] else None
+        return cls(entry["revision"], entry["subject"], headers, entry["value"], entry["created"])
 
 
 def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int]:
@@ -343,11 +353,11 @@ def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int
                 entry, epoch = js.broker.kv.get(topic, last_by, 0, js.broker.clock.now_ns())
             except BrokerError:
                 raise not_found from None
-            return _Found(entry["revision"], part.log.get(entry["revision"])), epoch
+            return _Found.of_kv_entry(entry), epoch
         st = part.index.get(raw)
         if st is None or not st.count:
             raise not_found
-        return _Found(st.last, part.log.get(st.last)), 0
+        return _Found.of_record(st.last, part.log.get(st.last)), 0
     if next_by:
         ftokens = tuple(next_by.split("."))
         wanted = part.wanted_for(next_by, lambda s: subject_matches(ftokens, s.decode(errors="replace").split(".")))
@@ -355,10 +365,10 @@ def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int
         if not res or not res.count:
             raise not_found
         rec = res.records[0]
-        return _Found(read_record_info(rec, 0).offset, rec), 0
+        return _Found.of_record(read_record_info(rec, 0).offset, rec), 0
     if not 1 <= seq <= part.log.last_offset or not part.log.is_live(seq):
         raise not_found
-    return _Found(seq, part.log.get(seq)), 0
+    return _Found.of_record(seq, part.log.get(seq)), 0
 
 
 def _msg_get(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
