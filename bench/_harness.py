@@ -121,6 +121,8 @@ class Server:
     settings: dict[str, Any] = field(default_factory=dict)
     #: The CA file that signed the server's certificate (a TLS ttlbroker), else None.
     tls_ca: Path | None = None
+    #: A ttlbroker's NATS listener (``nats://HOST:PORT``), when started with one.
+    nats_url: str | None = None
 
     def client_tls(self) -> Any:
         """The client's ``ssl.SSLContext`` for this server (None without TLS)."""
@@ -340,12 +342,13 @@ class Harness:
 
     @contextlib.contextmanager
     def ttlbroker(self, fsync: str = "always", extra_args: Sequence[str] = (), config: str | None = None,
-                  ready_timeout: float = 60.0, tls: bool = False) -> Iterator[Server]:
+                  ready_timeout: float = 60.0, tls: bool = False, nats: bool = False) -> Iterator[Server]:
         """A ttlbroker on a free loopback port with a fresh data directory.
 
         ``config``: TOML text written to a file and passed with ``--config`` (only the
         keys it changes). ``tls``: serve TLS with a certificate made now (see
-        :func:`make_certs`); connect with ``tls=server.client_tls()``. Yields once
+        :func:`make_certs`); connect with ``tls=server.client_tls()``. ``nats``: with
+        its NATS listener on a free port (``server.nats_url``). Yields once
         ``listening on HOST:PORT`` is printed; stops the broker and removes its
         directory when the block ends.
         """
@@ -360,6 +363,7 @@ class Harness:
             cfg = workdir / "ttlbroker.toml"
             cfg.write_text(config)
             argv += ["--config", str(cfg)]
+        argv += ["--nats-port", "0"] if nats else ["--no-nats"]
         argv += list(extra_args)
         label = f"ttlbroker fsync={fsync}{' tls' if tls else ''}"
         server = self._spawn("ttlbroker", label, argv, workdir, {"fsync": fsync, "tls": tls})
@@ -367,6 +371,8 @@ class Harness:
         try:
             m = _wait_for_log(server, re.compile(r"^listening on (\S+):(\d+)\s*$", re.M), ready_timeout)
             server.host, server.port = m.group(1), int(m.group(2))
+            if nats:
+                server.nats_url = _wait_for_log(server, re.compile(r"^nats on (nats://\S+)\s*$", re.M), ready_timeout).group(1)
             with _explain_death(server):
                 yield server
         finally:

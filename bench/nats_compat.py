@@ -1,0 +1,186 @@
+"""nats-py against nats-server and against ttlbroker's NATS listener, side by side.
+
+The same nats-py code runs against both servers (issue 14): only the URL differs.
+Each server gets a fresh store; the stream ``BENCH`` captures ``bench.>`` (on
+ttlbroker: the topic ``nats/bench``, one partition), payloads are ``--size`` bytes
+(default 128). Workloads, in table order:
+
+* **awaited publish**: ``await js.publish(...)`` one at a time (``--serial`` messages).
+* **publish_async, 1,000 in flight**: ``js.publish_async`` with
+  ``publish_async_max_pending=1000``, then ``publish_async_completed()`` (``--messages``).
+* **pull consume with acks**: a durable pull consumer (``js.pull_subscribe``) on what
+  publish_async stored, ``fetch(--batch)`` and ``await msg.ack()`` each, until all
+  are consumed.
+* **KV put**, **KV get**: ``js.create_key_value(bucket=..., history=1)`` then
+  ``--keys`` puts and as many gets of those keys, one at a time.
+
+Durability is equal on both: ``--sync always`` (default; ttlbroker ``--fsync always``,
+nats ``sync_interval: always``: every ack after an fsync) or a duration for both
+(``--sync 2m``). The table gives messages per second on each and the ratio
+ttlbroker / nats-server (above 1: ttlbroker faster), and each server's CPU
+microseconds per message. Run from the repository root::
+
+    .venv/bin/python bench/nats_compat.py            # 20,000 messages: about a minute
+    .venv/bin/python bench/nats_compat.py --quick    # 2,000 messages
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import (
+    RESULTS_DIR,
+    CpuWatch,
+    Harness,
+    Progress,
+    Rate,
+    environment,
+    fmt_rate,
+    fmt_ratio,
+    format_table,
+    log,
+    log_environment,
+    measure,
+    print_cpu_share,
+    run_uvloop,
+    write_json,
+)
+
+WORKLOADS = {
+    "publish": "awaited publish",
+    "publish_async": "publish_async, 1,000 in flight",
+    "consume": "pull consume with acks",
+    "kv_put": "KV put",
+    "kv_get": "KV get",
+}
+
+
+async def run_workloads(url: str, pid: int, args: argparse.Namespace) -> dict[str, Rate]:
+    import nats
+
+    nc = await nats.connect(url, max_reconnect_attempts=0)
+    js = nc.jetstream(publish_async_max_pending=1000, timeout=30)
+    payload = os.urandom(args.size)
+    rates: dict[str, Rate] = {}
+
+    async def phase(key: str, total: int, work: Callable[[Progress], Awaitable[tuple[int, int]]]) -> None:
+        try:
+            rates[key] = await measure(WORKLOADS[key], work, total, server_pid=pid)
+        except Exception as exc:  # a workload the server cannot do: reported, the rest run
+            log(f"  {WORKLOADS[key]}: FAILED {exc!r}")
+            rates[key] = Rate(0, 0.0, 1, note=repr(exc)[:200])
+
+    try:
+        await js.add_stream(name="BENCH", subjects=["bench.>"])
+        for _ in range(100):  # warm-up
+            await js.publish("bench.warm", payload)
+
+        async def publish(progress: Progress) -> tuple[int, int]:
+            for i in range(args.serial):
+                await js.publish("bench.serial", payload)
+                if not i & 255:
+                    progress.update(i)
+            return args.serial, 0
+
+        async def publish_async(progress: Progress) -> tuple[int, int]:
+            for i in range(args.messages):
+                await js.publish_async("bench.async", payload)
+                if not i & 1023:
+                    progress.update(i)
+            await js.publish_async_completed()
+            return args.messages, 0
+
+        async def consume(progress: Progress) -> tuple[int, int]:
+            sub = await js.pull_subscribe("bench.async", durable="bench", stream="BENCH")
+            done = 0
+            while done < args.messages:
+                for msg in await sub.fetch(args.batch, timeout=10):
+                    await msg.ack()
+                    done += 1
+                progress.update(done)
+            return done, 0
+
+        await phase("publish", args.serial, publish)
+        await phase("publish_async", args.messages, publish_async)
+        await phase("consume", args.messages, consume)
+
+        kv = await js.create_key_value(bucket="bench", history=1)
+
+        async def kv_put(progress: Progress) -> tuple[int, int]:
+            for i in range(args.keys):
+                await kv.put(f"k{i}", payload)
+            return args.keys, 0
+
+        async def kv_get(progress: Progress) -> tuple[int, int]:
+            wrong = 0
+            for i in range(args.keys):
+                wrong += (await kv.get(f"k{i}")).value != payload
+            return args.keys, wrong
+
+        await phase("kv_put", args.keys, kv_put)
+        await phase("kv_get", args.keys, kv_get)
+    finally:
+        await nc.close()
+    return rates
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=20_000, help="publish_async and consume messages")
+    p.add_argument("--serial", type=int, default=5_000, help="awaited publishes")
+    p.add_argument("--keys", type=int, default=5_000, help="KV puts and gets")
+    p.add_argument("--size", type=int, default=128, help="payload bytes")
+    p.add_argument("--batch", type=int, default=100, help="fetch batch of the pull consumer")
+    p.add_argument("--sync", default="always", help="durability on both: always, or a duration such as 2m")
+    p.add_argument("--quick", action="store_true", help="2,000 messages, 500 serial, 500 keys")
+    p.add_argument("--json", default=str(RESULTS_DIR / "nats_compat.json"), help="write the results here as JSON")
+    args = p.parse_args()
+    if args.quick:
+        args.messages, args.serial, args.keys = 2_000, 500, 500
+    env = environment()
+    log_environment(env)
+    cpu = CpuWatch()
+    results: dict[str, dict[str, Rate]] = {}
+    with Harness("nats_compat") as h:
+        with h.nats(sync_interval=args.sync) as srv:
+            log(f"nats-server sync_interval={args.sync}")
+            results["nats"] = run_uvloop(run_workloads(srv.url, srv.proc.pid, args))
+        with h.ttlbroker(fsync=args.sync, nats=True) as srv:
+            log(f"ttlbroker --fsync {args.sync}, NATS listener {srv.nats_url}")
+            assert srv.nats_url is not None
+            results["ttlbroker"] = run_uvloop(run_workloads(srv.nats_url, srv.proc.pid, args))
+    others = cpu.stop()
+    rows = []
+    for key, label in WORKLOADS.items():
+        t, n = results["ttlbroker"].get(key), results["nats"].get(key)
+        tr = t.per_second if t and t.messages else None
+        nr = n.per_second if n and n.messages else None
+        tcpu = t.cpu_us_per_msg()[1] if t else None
+        ncpu = n.cpu_us_per_msg()[1] if n else None
+        rows.append([
+            label, fmt_rate(tr), fmt_rate(nr), fmt_ratio(tr, nr),
+            "" if tcpu is None else f"{tcpu:.1f}", "" if ncpu is None else f"{ncpu:.1f}",
+        ])
+    print(f"\nnats-py against both servers, --sync {args.sync}, {args.size}-byte payloads, load {os.getloadavg()[0]:.2f}\n")
+    print(format_table(
+        ["workload", "ttlbroker msgs/s", "nats-server msgs/s", "ratio", "ttlbroker CPU us/msg", "nats CPU us/msg"],
+        rows, right=(1, 2, 3, 4, 5),
+    ))
+    print_cpu_share(others)
+    data: dict[str, Any] = {
+        "environment": env, "args": vars(args), "other_cpu": others,
+        "results": {k: {w: r.as_dict() for w, r in v.items()} for k, v in results.items()},
+    }
+    log(f"wrote {write_json(args.json, data)}")
+
+
+if __name__ == "__main__":
+    main()
