@@ -46,9 +46,9 @@ __all__ = ["Republisher"]
 log = get_logger(__name__)
 
 _LOG_EVERY_SECONDS = 60.0
-#: Subjects whose destination a topic keeps, and topics kept (then forgotten at once).
-_DEST_CACHE_LIMIT = 10_000
-_TOPIC_CACHE_LIMIT = 1_000
+#: Destinations kept, for all topics (then forgotten at once, as the router's cache).
+_DEST_CACHE_LIMIT = 100_000
+_MISSING = object()
 
 Plan = tuple[bytes, bytes, bytes]  # protocol.copy_plan: destination, head, hops header
 
@@ -83,8 +83,9 @@ class Republisher:
         self.router = router
         self.subs = subs
         self._last_warning = {"invalid": -_LOG_EVERY_SECONDS, "hops": -_LOG_EVERY_SECONDS}
-        #: topic -> (its transform, subject -> destination, None (no match) or why it is invalid)
-        self._dests: dict[Topic, tuple[SubjectTransform, dict[bytes, str | BrokerError | None]]] = {}
+        #: (topic, subject) -> (the topic's transform, the destination, None (no
+        #: match) or why it is invalid)
+        self._dests: dict[tuple[Topic, bytes], tuple[SubjectTransform, str | BrokerError | None]] = {}
 
     def after_append(self, part: Partition, res: AppendResult, last_offsets: list[int], epoch: int) -> None:
         """Republish what an append stored, once it is durable. ``last_offsets`` come
@@ -109,8 +110,8 @@ class Republisher:
         plans: list[Plan | None] = []
         append = plans.append
         for key in record_keys(res.records, res.positions):
-            plan = batch.get(key, _Drop)
-            if plan is _Drop:
+            plan = batch.get(key, _MISSING)
+            if plan is _MISSING:
                 plan = batch[key] = self._plan(topic, transform, *key)
             if plan.__class__ is _Drop:
                 self._drop(plan)  # type: ignore[arg-type]
@@ -133,25 +134,19 @@ class Republisher:
     def _dest(self, topic: Topic, transform: SubjectTransform, subject: bytes) -> str | BrokerError | None:
         """Where a message on ``subject`` is republished: the destination, None (no
         match), or why the transformed subject is invalid."""
-        known = self._dests.get(topic)
-        if known is None or known[0] is not transform:
-            if len(self._dests) >= _TOPIC_CACHE_LIMIT:
-                self._dests = {}
-            known = self._dests[topic] = (transform, {})
-        dests = known[1]
-        dest = dests.get(subject, _Drop)
-        if dest is not _Drop:
-            return dest  # type: ignore[return-value]
-        dest = transform.apply(subject.decode())
+        known = self._dests.get((topic, subject))
+        if known is not None and known[0] is transform:  # a changed rule is a new transform
+            return known[1]
+        dest: str | BrokerError | None = transform.apply(subject.decode())
         if dest is not None:
             try:
-                validate_subject(dest)
+                validate_subject(dest)  # type: ignore[arg-type]
             except BrokerError as err:
                 dest = err
         if transform.deterministic:
-            if len(dests) >= _DEST_CACHE_LIMIT:
-                dests.clear()
-            dests[subject] = dest
+            if len(self._dests) >= _DEST_CACHE_LIMIT:
+                self._dests = {}
+            self._dests[topic, subject] = (transform, dest)
         return dest
 
     def _drop(self, drop: _Drop) -> None:

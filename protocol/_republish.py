@@ -79,7 +79,7 @@ def record_keys(records: bytes | bytearray, positions: list[int]) -> list[tuple[
     """The subject and header block (``b""`` for none) of each record: what decides
     whether and where it is republished, and with which hop count."""
     unpack = RECORD_FIXED.unpack_from
-    out = []
+    out: list[tuple[bytes, bytes]] = []
     append = out.append
     for pos in positions:
         sl, hl = unpack(records, pos)[6:8]
