@@ -136,6 +136,14 @@ class State:
         self.settings: weakref.WeakKeyDictionary[Consumer, PushSettings] = weakref.WeakKeyDictionary()
         self.pushes: weakref.WeakKeyDictionary[Consumer, Push] = weakref.WeakKeyDictionary()
         self.last_active: weakref.WeakKeyDictionary[Consumer, int] = weakref.WeakKeyDictionary()
+        #: Push consumers whose deliver subject has no subscriber (they wait for one).
+        self.unbound: set[Push] = set()
+        self.broker.subs.on_add.append(self._subscribed)
+
+    def _subscribed(self, sub: Any) -> None:
+        if self.unbound:
+            for push in list(self.unbound):
+                push.bind()
 
     def settings_of(self, c: Consumer) -> PushSettings:
         return self.settings.get(c, _DURABLE)
@@ -290,12 +298,15 @@ class PushWindow(NatsPull):
 
     def _deliver(self, parts: list[Any], count: int) -> bool:
         if count:
-            self.push.delivered(self.state.deliver(self.consumer, self.reply, parts))
+            reached = self.state.deliver(self.consumer, self.reply, parts)
+            self.push.delivered(reached)
+            if not reached:  # the subscriber went away: wait for another
+                self.push.unbind()
+                return False
         return True
 
     def respond(self, status: PullEnd, parts: list[Any], count: int) -> None:
-        self._deliver(parts, count)
-        if status in (PullEnd.BATCH_COMPLETE, PullEnd.MAX_BYTES):
+        if self._deliver(parts, count) and status in (PullEnd.BATCH_COMPLETE, PullEnd.MAX_BYTES):
             self.push.window_done()
 
     def refuse(self, err: BrokerError) -> None:
@@ -317,9 +328,24 @@ class Push:
         self.window: PushWindow | None = None
 
     def start(self) -> None:
-        self.open_window()
+        self.bind()
         if self.heartbeat_ns:
             self.state.ticks.arm(self, self.state.broker.clock.now_ns() + self.heartbeat_ns)
+
+    def bind(self) -> None:
+        """Deliver if the deliver subject has a subscriber (as on the server, a push
+        consumer without interest delivers nothing), else wait for one."""
+        if self.state.broker.subs.match(self.subject.encode()):
+            self.state.unbound.discard(self)
+            if self.window is None and not self.fc_reply:
+                self.open_window()
+        elif not self.consumer.deleted:
+            self.state.unbound.add(self)
+
+    def unbind(self) -> None:
+        self.stop()
+        self.fc_reply = ""
+        self.state.unbound.add(self)
 
     def open_window(self) -> None:
         c = self.consumer
@@ -362,6 +388,7 @@ class Push:
         self.state.ticks.arm(self, now_ns + self.heartbeat_ns)
 
     def stop(self) -> None:
+        self.state.unbound.discard(self)
         if self.window is not None:
             retire(self.window)
             self.window = None
@@ -516,10 +543,10 @@ def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple
     topic = _topic_for_consumers(st, stream)
     ours, settings = consumer_config_from_nats(cfg, durable=bool(durable))
     try:
-        config = ConsumerConfig.from_map(ours)
         cname = normalize_name(name, "consumer name")
-    except BrokerError as err:
+    except BrokerError as err:  # the name rule is ours (stricter than the server's): say so
         raise JSError(400, 10094, err.message) from None
+    config = ConsumerConfig.from_map(ours)
     action = req.get("action") or ""
     existing = topic.consumer_set.get(cname)
     epoch = 0

@@ -49,6 +49,9 @@ class SubscriptionIndex:
         self._cache: dict[bytes, tuple[Any, ...]] = {}
         #: subject -> its queue groups' matching members (only with queue groups).
         self._groups: dict[bytes, tuple[tuple[Any, ...], ...]] = {}
+        #: Called with each subscription added (a NATS push consumer starts delivering
+        #: once its deliver subject has a subscriber, ``_js_consumers.py``).
+        self.on_add: list[Any] = []
 
     def __len__(self) -> int:
         return len(self._all)
@@ -59,6 +62,8 @@ class SubscriptionIndex:
             self._queued += 1
         self._cache = {}
         self._groups = {}
+        for fn in self.on_add:
+            fn(sub)
 
     def remove(self, sub: Any) -> None:
         if sub in self._all:

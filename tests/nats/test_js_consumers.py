@@ -229,3 +229,147 @@ async def test_pull_request_statuses(mock_clock: Any, nats_url: str) -> None:
                                   "Nats-Pending-Messages": "2", "Nats-Pending-Bytes": "0"}
     assert r["bad"]["Status"] == "400" and r["bad"]["Description"].startswith("Bad Request - ")
     assert isinstance(r["no_consumer"], nats.errors.NoRespondersError)
+
+
+# -- the API's answers and errors -----------------------------------------------------------
+
+
+async def test_create_info_names_list_delete_and_errors(nats_url: str) -> None:
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        await orders(js, 1)
+        out: dict[str, Any] = {}
+
+        async def err(coro: Any) -> tuple[int | None, int | None, str | None]:
+            try:
+                await coro
+            except APIError as e:
+                return e.code, e.err_code, e.description
+            return None, None, None
+
+        create = f"$JS.API.CONSUMER.CREATE.{STREAM}"
+        await js.add_consumer(STREAM, durable_name="a", ack_policy="explicit")
+        again = await js.add_consumer(STREAM, durable_name="a", ack_policy="explicit")  # the same: a no-op
+        out["again"] = again.name
+        await js.add_consumer(STREAM, name="b", ack_policy="explicit", filter_subject="orders.eu.>")
+        out["names"] = await api_request(nc, f"$JS.API.CONSUMER.NAMES.{STREAM}", b"")
+        out["list"] = await api_request(nc, f"$JS.API.CONSUMER.LIST.{STREAM}", {"offset": 1})
+        out["not_found"] = await err(js.consumer_info(STREAM, "zz"))
+        out["no_stream"] = await err(js.consumer_info("NOPE", "a"))
+        out["exists"] = await api_request(nc, f"{create}.a", {
+            "stream_name": STREAM, "action": "create", "config": {"durable_name": "a", "ack_policy": "explicit", "max_deliver": 3}})
+        out["update_missing"] = await api_request(nc, f"{create}.c", {
+            "stream_name": STREAM, "action": "update", "config": {"durable_name": "c", "ack_policy": "explicit"}})
+        out["mismatch"] = await api_request(nc, f"{create}.x", {"stream_name": STREAM, "config": {"durable_name": "y"}})
+        out["legacy_no_durable"] = await api_request(nc, f"$JS.API.CONSUMER.DURABLE.CREATE.{STREAM}.d", {
+            "stream_name": STREAM, "config": {"ack_policy": "explicit"}})
+        out["stream_mismatch"] = await api_request(nc, f"{create}.x", {"stream_name": "OTHER", "config": {"name": "x"}})
+        out["filter_mismatch"] = await api_request(nc, f"{create}.f.orders.eu", {
+            "stream_name": STREAM, "config": {"name": "f", "filter_subject": "orders.us"}})
+        out["replay"] = await err(js.add_consumer(STREAM, durable_name="r", replay_policy="original"))
+        out["sample"] = await err(js.add_consumer(STREAM, durable_name="s", sample_freq="50%"))
+        out["push_durable"] = await err(js.add_consumer(STREAM, durable_name="p", deliver_subject="here"))
+        out["hb_pull"] = await err(js.add_consumer(STREAM, durable_name="h", idle_heartbeat=1.0))
+        out["backoff"] = await err(js.add_consumer(STREAM, durable_name="bo", backoff=[1, 2, 3], max_deliver=2))
+        out["overlap"] = await err(js.add_consumer(STREAM, durable_name="o", filter_subjects=["orders.>", "orders.eu"]))
+        out["bad_json"] = await api_request(nc, f"{create}.j", b"{nope")
+        out["deleted"] = await js.delete_consumer(STREAM, "a")
+        out["after_delete"] = await err(js.consumer_info(STREAM, "a"))
+        out["delete_missing"] = await err(js.delete_consumer(STREAM, "a"))
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    assert r["again"] == "a"
+    names = r["names"]
+    assert names["type"] == "io.nats.jetstream.api.v1.consumer_names_response"
+    assert (names["total"], names["offset"], names["limit"], names["consumers"]) == (2, 0, 1024, ["a", "b"])
+    lst = r["list"]
+    assert (lst["total"], lst["offset"], lst["limit"]) == (2, 1, 256)
+    assert [c["name"] for c in lst["consumers"]] == ["b"]
+    b = lst["consumers"][0]
+    assert b["config"]["filter_subject"] == "orders.eu.>" and "durable_name" not in b["config"]
+    assert b["num_pending"] == 0 and b["config"]["inactive_threshold"] == 5_000_000_000
+    assert r["not_found"] == (404, 10014, "consumer not found")
+    assert r["no_stream"] == (404, 10059, "stream not found")
+    assert r["exists"]["error"] == {"code": 400, "err_code": 10148, "description": "consumer already exists"}
+    assert r["update_missing"]["error"] == {"code": 400, "err_code": 10149, "description": "consumer does not exist"}
+    assert r["mismatch"]["error"] == {"code": 400, "err_code": 10017,
+                                      "description": "consumer name in subject does not match durable name in request"}
+    assert r["legacy_no_durable"]["error"] == {"code": 400, "err_code": 10018,
+                                               "description": "consumer expected to be durable but a durable name was not set"}
+    assert r["stream_mismatch"]["error"] == {"code": 400, "err_code": 10056,
+                                             "description": "stream name in subject does not match request"}
+    assert r["filter_mismatch"]["error"] == {
+        "code": 400, "err_code": 10131, "description": "Consumer create request did not match filtered subject from create subject"}
+    assert r["replay"] == (400, 10094, "consumer replay policy original is not supported by ttlbroker: "
+                                       "messages are delivered as fast as they are pulled")
+    assert r["sample"] == (400, 10094, "consumer sample_freq is not supported by ttlbroker")
+    assert r["push_durable"] == (400, 10094, "durable push consumers are not supported by ttlbroker: use a pull "
+                                             "consumer, or an ephemeral (ordered) push consumer")
+    assert r["hb_pull"] == (400, 10088, "consumer idle heartbeat requires a push based consumer")
+    assert r["backoff"] == (400, 10116, "max deliver is required to be > length of backoff values")
+    assert r["overlap"] == (400, 10138, "consumer subject filters cannot overlap")
+    assert r["bad_json"]["error"]["err_code"] == 10025 and r["bad_json"]["error"]["description"].startswith("invalid JSON: ")
+    assert r["deleted"] is True
+    assert r["after_delete"] == (404, 10014, "consumer not found")
+    assert r["delete_missing"] == (404, 10014, "consumer not found")
+
+
+async def test_durable_consumer_survives_a_restart(nats_config: Any) -> None:
+    async def before(url: str) -> list[int]:
+        nc, js = await connect(url)
+        await orders(js, 3)
+        psub = await js.pull_subscribe("orders.>", durable="keep", config=api.ConsumerConfig(ack_wait=0.5))
+        msgs = await psub.fetch(2, timeout=2)
+        await msgs[0].ack_sync()
+        await nc.close()
+        return [m.metadata.sequence.stream for m in msgs]
+
+    async def after(url: str) -> tuple[Any, list[tuple[int, int]]]:
+        nc, js = await connect(url)
+        info = await js.consumer_info(STREAM, "keep")
+        psub = await js.pull_subscribe_bind("keep", STREAM)
+        got: list[Any] = []
+        while len(got) < 2:  # seq 2 comes back once its ack wait has run out, seq 3 at once
+            got += await fetch_or_none(psub, 2, timeout=1)
+        await nc.close()
+        return info, sorted((m.metadata.sequence.stream, m.metadata.num_delivered) for m in got)
+
+    async with start_server(nats_config) as handle:
+        assert await in_asyncio(before, handle.nats_url) == [1, 2]
+    async with start_server(nats_config) as handle:
+        info, got = await in_asyncio(after, handle.nats_url)
+    assert (info.delivered.consumer_seq, info.delivered.stream_seq) == (2, 2)
+    assert (info.ack_floor.consumer_seq, info.ack_floor.stream_seq) == (1, 1)
+    assert (info.num_ack_pending, info.num_pending, info.config.ack_wait) == (1, 1, 0.5)
+    assert got == [(2, 2), (3, 1)]
+
+
+# -- push consumers ----------------------------------------------------------------------------
+
+
+async def test_ordered_push_consumer_with_flow_control(nats_url: str) -> None:
+    """``js.subscribe(ordered_consumer=True)``: every message in order, across more
+    than one flow-control window, then what is published later."""
+    n = 2500
+
+    async def scenario() -> tuple[list[int], Any, list[bytes]]:
+        nc, js = await connect(nats_url)
+        await orders(js, n, subject="orders.a")
+        sub = await js.subscribe("orders.>", ordered_consumer=True)
+        seqs = []
+        for _ in range(n):
+            m = await sub.next_msg(timeout=5)
+            seqs.append(m.metadata.sequence.stream)
+        info = await sub.consumer_info()
+        await js.publish("orders.b", b"later")
+        late = [(await sub.next_msg(timeout=5)).data]
+        await nc.close()
+        return seqs, info, late
+
+    seqs, info, late = await in_asyncio(scenario)
+    assert seqs == list(range(1, n + 1))
+    assert info.config.ack_policy == api.AckPolicy.NONE and info.config.flow_control is True
+    assert info.config.deliver_subject and info.num_pending == 0 and info.delivered.stream_seq == n
+    assert late == [b"later"]
