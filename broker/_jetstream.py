@@ -55,6 +55,9 @@ KV_STREAM = "kv"
 #: A KV bucket's NATS stream name is ``KV_<bucket>``.
 KV_PREFIX = "KV_"
 _PREFIXES = (API_PREFIX, ACK_PREFIX, FC_PREFIX)
+#: API requests that wait (catalog changes) at most in progress at once, all
+#: connections together; more are refused with the server's 429 "too many requests".
+MAX_WAITING_REQUESTS = 256
 
 
 class JetStream:
@@ -68,6 +71,7 @@ class JetStream:
         #: API requests served and refused since start (``$JS.API.INFO``'s ``api``).
         self.api_total = 0
         self.api_errors = 0
+        self.waiting = 0
 
     @property
     def namespace(self) -> str:
@@ -141,10 +145,25 @@ class JetStream:
             send_core(self.broker, reply, None, headers, body)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        """Run ``fn(*args)`` in the API's nursery (it must handle its own errors)."""
+        """Run ``fn(*args)`` in the API's nursery (it must handle its own errors).
+
+        Raises:
+            JSError: 429 10167 "too many requests" with ``MAX_WAITING_REQUESTS`` in
+                progress (memory stays bounded whatever clients send).
+        """
         if self.nursery is None:
             raise RuntimeError("JetStream.run() is not running")
-        self.nursery.start_soon(fn, *args)
+        if self.waiting >= MAX_WAITING_REQUESTS:
+            raise JSError(429, 10167, "too many requests")
+        self.waiting += 1
+
+        async def counted() -> None:
+            try:
+                await fn(*args)
+            finally:
+                self.waiting -= 1
+
+        self.nursery.start_soon(counted)
 
     def stream_name(self, topic: Topic) -> str:
         """The NATS stream name of a topic."""

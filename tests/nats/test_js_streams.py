@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats
+import pytest
+import trio
 import nats.js.errors as jse
 from helpers import in_asyncio
 from nats.js.api import RePublish, StreamConfig
@@ -334,3 +336,18 @@ def test_error_table_documented() -> None:
     cells = [[c.strip().strip("`") for c in line.strip().strip("|").split("|")] for line in m.group(1).splitlines()[2:]]
     rows = {r[0]: (int(r[1]), int(r[2]), None if r[3] == "(our message)" else r[3]) for r in cells}
     assert rows == {code.name: entry for code, entry in NATS_ERRORS.items()}
+
+
+async def test_waiting_requests_are_bounded(nats_server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catalog changes wait in the API's nursery; past MAX_WAITING_REQUESTS at once
+    the rest are refused (429 10167), so a flood cannot grow memory without bound."""
+    import broker._jetstream
+
+    monkeypatch.setattr(broker._jetstream, "MAX_WAITING_REQUESTS", 4)
+    js = nats_server.broker.jetstream
+    for i in range(6):
+        js.request(f"$JS.API.STREAM.CREATE.F{i}", None, None, json.dumps({"name": f"F{i}", "subjects": [f"f{i}"]}).encode())
+    assert (js.waiting, js.api_errors) == (4, 2)
+    while js.waiting:
+        await trio.sleep(0.01)
+    assert [js.stream_name(t) for t in js.topics()] == ["F0", "F1", "F2", "F3"]
