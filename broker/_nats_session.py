@@ -100,6 +100,10 @@ _ERR_OF_CODE = {
     ErrorCode.UNAUTHORIZED: AUTH_VIOLATION,
     ErrorCode.SHUTTING_DOWN: None,
 }
+#: Consecutive PUBs to topics go to the publish path as one batch of at most this
+#: many messages or bytes (a batch costs the publish path about what one message does).
+BATCH_MESSAGES = 1000
+BATCH_BYTES = 1024 * 1024
 #: A client on a TLS listener that does not start TLS after INFO.
 TLS_REQUIRED = "Secure Connection - TLS Required"
 _NO_RESPONDERS = encode_nats_headers([], 503)
@@ -128,6 +132,9 @@ class NatsSession(Session):
         self.no_responders = False
         self.echo = True
         self.pings_out = 0
+        #: Messages for the publish path not yet handed to it: (body, reply, topic).
+        self._batch: list[tuple[bytes, str | None, Any]] = []
+        self._batch_bytes = 0
 
     # -- output ----------------------------------------------------------------------
 
@@ -227,6 +234,7 @@ class NatsSession(Session):
                     try:
                         event = parser.next_event()
                     except NatsProtocolError as err:
+                        self._flush()
                         self._fail(err.text, "protocol_error")
                         return
                     if event is NATS_NEED_DATA:
@@ -239,10 +247,12 @@ class NatsSession(Session):
                     if self._closing:
                         return
                     if self.pending_bytes > self._limit or budget.total > budget.limit:
+                        self._flush()
                         await self._wait_room()
                         if self._closing:
                             return
             finally:
+                self._flush()
                 self._handling = False
             if self._now:
                 self._reader_sending = True
@@ -305,21 +315,23 @@ class NatsSession(Session):
         cls = event.__class__
         if cls is NatsPub:
             self._publish(event)
-        elif event is NatsPing:
-            self.send_now(PONG)
-            return
-        elif event is NatsPong:
-            self.pings_out = 0
-            return
-        elif cls is NatsSub:
-            if not self._subscribe(event):
+        else:
+            self._flush()  # the messages that came before are handled first
+            if event is NatsPing:
+                self.send_now(PONG)
                 return
-        elif cls is NatsUnsub:
-            self._unsubscribe(event)
-        elif cls is NatsConnect:
-            self._connect(event.options)
-            if self._closing:
+            if event is NatsPong:
+                self.pings_out = 0
                 return
+            if cls is NatsSub:
+                if not self._subscribe(event):
+                    return
+            elif cls is NatsUnsub:
+                self._unsubscribe(event)
+            elif cls is NatsConnect:
+                self._connect(event.options)
+                if self._closing:
+                    return
         if self.verbose:
             self.send_now(OK)
 
@@ -374,6 +386,7 @@ class NatsSession(Session):
             return
         js = broker.jetstream
         if js.handles(subject):
+            self._flush()
             js.request(subject, ev.reply, ev.headers, ev.payload)
             return
         subj = subject.encode()
@@ -381,6 +394,7 @@ class NatsSession(Session):
         if route is None:
             route = broker.router.resolve(subj)
         if route is NO_TOPIC:
+            self._flush()
             broker.counters.messages_in += 1
             broker.counters.bytes_in += len(ev.payload)
             if not send_core(broker, subject, ev.reply, ev.headers, ev.payload, origin=self) and ev.reply and self.no_responders:
@@ -398,25 +412,48 @@ class NatsSession(Session):
                 self.push_nats(encode_msg(subj, sub.sid_bytes, None, _NO_RESPONDERS, b""))
 
     def _store(self, ev: NatsPub, route: Any) -> None:
-        """A message a topic captures: through the broker's one publish path, with
-        the PubAck to its reply subject once it is durable."""
-        broker = self.broker
-        js = broker.jetstream
+        """A message a topic captures: queued for the broker's one publish path,
+        which takes consecutive ones as one batch (:meth:`_flush`)."""
         topic = getattr(route, "topic", None)  # None: the route is the subject's error
-        reply = ev.reply
         try:
             block = P.nats_to_record_headers(ev.headers) if ev.headers else b""
             body = P.encode_body(ev.subject, ev.payload, block)
         except P.BrokerError as err:
-            js.respond(reply, js.pub_error(err, topic))
+            self._flush()
+            js = self.broker.jetstream
+            js.respond(ev.reply, js.pub_error(err, topic))
             return
-        result = broker.sync_handlers[P.Publish](self, P.Publish.from_bodies([body], 0 if reply else P.PUBLISH_NO_ACK))
-        if not reply:
+        self._batch.append((body, ev.reply, topic))
+        self._batch_bytes += len(body)
+        if len(self._batch) >= BATCH_MESSAGES or self._batch_bytes >= BATCH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Store the queued messages as one publish, and send each one that has a
+        reply subject its PubAck once it is as durable as an ack is. Called before
+        anything else the client sent is handled, so the order holds."""
+        batch = self._batch
+        if not batch:
+            return
+        self._batch = []
+        self._batch_bytes = 0
+        broker = self.broker
+        acked = any(reply for _, reply, _ in batch)
+        cmd = P.Publish.from_bodies([body for body, _, _ in batch], 0 if acked else P.PUBLISH_NO_ACK)
+        result = broker.sync_handlers[P.Publish](self, cmd)
+        if not acked:
             return
         payload, epoch = result if result.__class__ is tuple else (result, 0)
-        ack = P.Acks.decode(payload)[0]
-        if ack.error is not None:
-            answer = js.pub_error(ack.error, topic)
-        else:
-            answer = js.pub_ack(topic, ack.offset, ack.status == ErrorCode.DUPLICATE_MESSAGE)
-        js.respond(reply, answer, epoch=epoch if broker.committer.acks_wait else 0)
+        if not broker.committer.acks_wait:
+            epoch = 0
+        acks = P.Acks.decode(payload)
+        js = broker.jetstream
+        for i, (_, reply, topic) in enumerate(batch):
+            if not reply:
+                continue
+            ack = acks[i]
+            if ack.error is not None:
+                answer = js.pub_error(ack.error, topic)
+            else:
+                answer = js.pub_ack(topic, ack.offset, ack.status == ErrorCode.DUPLICATE_MESSAGE)
+            js.respond(reply, answer, epoch=epoch)
