@@ -25,6 +25,12 @@ Workloads (ttlbroker: ``await kv.put/get/touch``; nats: ``await kv.put/get``):
 * **put, existing keys (random), pipelined / one by one**: overwrites; history 1,
   so every put also removes the key's previous revision.
 * ttlbroker only: **touch, each key once / random keys, pipelined**.
+* ttlbroker only, **references**: the plain operations KV is built on, on the same
+  server, in a topic like the bucket but without ``kv`` (one partition, history 1,
+  ``allow_msg_ttl``): ``publish(subject, value, ttl=TTL)`` of new then existing
+  (random) subjects, and ``get_last`` of random subjects, pipelined. A second table
+  gives each KV workload against its reference and the server CPU the KV part adds
+  per operation (issue 13: KV should cost a plain operation plus what is truly extra).
 
 **on_read_and_write against on_write** (ttlbroker): the same server holds a second
 bucket of N keys with ``refresh="on_read_and_write"``; its gets run alternately with
@@ -99,7 +105,13 @@ WORKLOADS = {
     "get_serial": "get, random keys, one by one",
     "touch_once": "touch, each key once, pipelined",
     "touch_random": "touch, random keys, pipelined",
+    "ref_put_new": "reference: publish with a TTL into a plain topic (history 1), new subjects, pipelined",
+    "ref_put_existing": "reference: the same, existing subjects (random), pipelined",
+    "ref_get": "reference: get_last on that topic, random subjects, pipelined",
 }
+#: ttlbroker only: what a KV operation costs beyond the plain operation it is built on.
+#: (KV workload, the plain workload it is built on).
+REFERENCE_WORKLOADS = (("put_new", "ref_put_new"), ("put_existing", "ref_put_existing"), ("get_random", "ref_get"))
 REFRESH_WORKLOADS = ("get_first_serial", "get_once", "get_random", "get_serial")
 
 
@@ -320,6 +332,17 @@ async def run_ttlbroker(server: Server, run: Run, plan: Plan) -> None:
         await phase("touch_once", ow.touch, plan.once, w, good_touch, " (a lease each)")
         await phase("touch_random", ow.touch, plan.random, w, good_touch)
 
+        # The plain operations a put and a get are built on, on the same server: a
+        # topic like the bucket (one partition, history 1, the same TTL) without kv.
+        await c.create_stream("plain")
+        await c.create_topic("plain", "t", partitions=1, subjects=["plain.>"], allow_msg_ttl=True,
+                             max_msgs_per_subject=1)
+        ref_put = lambda key: c.publish("plain." + key, VALUE, ttl=plan.ttl)
+        await phase("ref_put_new", ref_put, plan.names, w, lambda a: a is not None and a.offset > 0)
+        await phase("ref_put_existing", ref_put, plan.random2, w, lambda a: a is not None and a.offset > 0)
+        await phase("ref_get", lambda key: c.get_last("plain", "t", "plain." + key), plan.random, w,
+                    lambda m: m.payload == VALUE)
+
         st = await c.stats()
         run.notes.append(f"server stats: fsyncs={st.get('fsyncs')}, messages={st.get('messages')}, "
                          f"pending_expiries={st.get('pending_expiries')}")
@@ -409,7 +432,7 @@ def main_table(runs: dict[str, Run], sync: str) -> str:
             a = tb.rate(key) if tb else None
             b = nt.rate(key) if nt else None
             have = have or a is not None or b is not None
-            row += [fmt_rate(a), fmt_rate(b) if b is not None else ("n/a" if key.startswith("touch") else ""),
+            row += [fmt_rate(a), fmt_rate(b) if b is not None else ("n/a" if key.startswith(("touch", "ref")) else ""),
                     fmt_ratio(a, b)]
         if have:
             rows.append(row)
@@ -423,6 +446,26 @@ def main_table(runs: dict[str, Run], sync: str) -> str:
             row += [_f(a), _f(b), fmt_ratio(a, b)]
         rows.append(row)
     return format_table(headers, rows, right=tuple(range(1, len(headers))))
+
+
+def reference_table(runs: dict[str, Run]) -> str:
+    """ttlbroker: each KV operation against the plain operation it is built on."""
+    rows = []
+    for name, r in runs.items():
+        if r.kind != "ttlbroker":
+            continue
+        for kv_key, ref_key in REFERENCE_WORKLOADS:
+            a, b = r.rates.get(kv_key), r.rates.get(ref_key)
+            if a is None or b is None or not a.messages or not b.messages:
+                continue
+            sa, sb = a.cpu_us_per_msg()[1], b.cpu_us_per_msg()[1]
+            rows.append([name, WORKLOADS[kv_key], fmt_rate(a.per_second), fmt_rate(b.per_second),
+                         fmt_ratio(a.per_second, b.per_second), _f(sa, 1), _f(sb, 1),
+                         _f(sa - sb, 1) if sa is not None and sb is not None else ""])
+    if not rows:
+        return ""
+    return format_table(["server", "KV workload", "KV ops/s", "plain ops/s", "KV / plain", "KV server CPU µs/op",
+                         "plain server CPU µs/op", "KV extra µs/op"], rows, right=(2, 3, 4, 5, 6, 7))
 
 
 def refresh_table(runs: dict[str, Run], sync: str) -> str:
@@ -558,6 +601,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"[1] (server RSS after putting the {plan.n:,} keys - RSS before) / {plan.n:,}, after {plan.settle:g} s of"
           " quiet; nats: the bucket's TTL is the stream's max age.")
+    ref = reference_table(runs)
+    if ref:
+        print()
+        print("ttlbroker KV against the plain operations it is built on (same server; put: a publish with a TTL into a "
+              "topic with history 1; get: get_last):")
+        print()
+        print(ref)
     rt = refresh_table(runs, args.sync)
     if rt:
         print()
