@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from protocol import BrokerError
+from protocol import BrokerError, normalize_name
 from protocol._jetstream import ACK_PREFIX, API_PREFIX, FC_PREFIX, STREAM_NOT_FOUND, JSError, api_error, js_error
 from protocol._jetstream import pub_ack as _pub_ack
 from protocol._jetstream import pub_error as _pub_error
@@ -72,12 +72,9 @@ class JetStream:
         self.api_total = 0
         self.api_errors = 0
         self.waiting = 0
-
-    @property
-    def namespace(self) -> str:
-        """The ttlbroker stream that holds the NATS streams (``[nats] stream``)."""
-        nats = getattr(self.broker.config, "nats", None)
-        return getattr(nats, "stream", None) or "nats"
+        #: The ttlbroker stream that holds the NATS streams (``[nats] stream``, by the
+        #: name rule).
+        self.namespace = normalize_name(broker.config.nats.stream, "[nats] stream")
 
     # -- the session's entry points ----------------------------------------------------
 

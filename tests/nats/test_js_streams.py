@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import nats
+import nats.js.errors as jse
 import pytest
 import trio
-import nats.js.errors as jse
+from conftest import make_config, start_server
 from helpers import in_asyncio
 from nats.js.api import RePublish, StreamConfig
 
@@ -351,3 +353,13 @@ async def test_waiting_requests_are_bounded(nats_server: ServerHandle, monkeypat
     while js.waiting:
         await trio.sleep(0.01)
     assert [js.stream_name(t) for t in js.topics()] == ["F0", "F1", "F2", "F3"]
+
+
+async def test_namespace_is_configurable(data_dir: Path) -> None:
+    """``[nats] stream`` names the ttlbroker stream of the NATS streams (by the name rule)."""
+    async with start_server(make_config(data_dir, **{"nats.enabled": True, "nats.stream": "JS Streams"})) as handle:
+        assert handle.nats_url is not None
+        await _js(handle.nats_url, lambda nc, js: js.add_stream(name="X", subjects=["x.>"]))
+        async with connect(handle.address) as client:
+            t = await client.get_topic("js.streams", "x")
+    assert t.options["nats"]["name"] == "X"
