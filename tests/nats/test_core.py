@@ -557,3 +557,32 @@ async def test_nats_py_reconnects_after_a_broker_restart(data_dir: Path) -> None
             await wait_for(done)
 
     assert await beside(scenario_when_up, broker_side) == b"back"
+
+
+async def test_pipelined_publishes_keep_their_order_and_each_get_their_ack(nats_server: ServerHandle, nats_url: str) -> None:
+    async with connect(nats_server.address) as client:
+        await client.create_stream("shop")
+        await client.create_topic("shop", "orders", partitions=1, subjects=["orders.>"])
+    peer = await RawNats.open(nats_url)
+    await peer.connect(headers=True)
+    bad = b"NATS/1.0\r\nNats-TTL: 1s\r\n\r\n"  # the topic does not allow per-message TTLs
+    await peer.send(
+        b"SUB orders.> 1\r\nSUB chat 2\r\nSUB r.* 3\r\n"
+        b"PUB orders.a r.1 1\r\na\r\nPUB chat 1\r\nc\r\n"
+        + b"HPUB orders.b r.2 %d %d\r\n%sb\r\n" % (len(bad), len(bad) + 1, bad)
+        + b"PUB orders.c r.3 1\r\nc\r\nPUB orders.d 1\r\nd\r\nPING\r\n"
+    )
+    deliveries, acks = [], {}
+    while len(acks) < 3:
+        ev = await peer.next_event()
+        assert isinstance(ev, P.NatsMsg) or ev is PONG, ev
+        if isinstance(ev, P.NatsMsg) and ev.sid == "3":
+            acks[ev.subject] = json.loads(ev.payload)
+        elif isinstance(ev, P.NatsMsg):
+            deliveries.append(ev.subject)
+    assert deliveries == ["orders.a", "chat", "orders.c", "orders.d"]
+    assert (acks["r.1"]["seq"], acks["r.3"]["seq"]) == (1, 2)
+    assert acks["r.2"]["error"]["err_code"] == 10166 and acks["r.2"]["seq"] == 0  # per-message TTL is disabled
+    async with connect(nats_server.address) as client:
+        stored = await client.fetch("shop", "orders", partition=0, offset=1, count=10)
+    assert [m.subject for m in stored.messages] == ["orders.a", "orders.c", "orders.d"]
