@@ -32,7 +32,7 @@ _TtlDisabled = error_class(ErrorCode.MSG_TTL_DISABLED)
 #: it is worked out once per config object (an update of the topic makes a new one).
 _plain_kv: dict[int, tuple[Any, Admission, tuple[int, int] | None]] = {}
 
-__all__ = ["enforce_max_msgs", "publish"]
+__all__ = ["enforce_max_msgs", "publish", "publish_frames"]
 
 
 def _record_views(res: Any) -> list[memoryview]:
@@ -76,17 +76,32 @@ def _check_expects(part: Partition, expects: tuple[bytes | None, int | None, byt
             raise error_class(ErrorCode.WRONG_LAST_MSG_ID)(f"wrong last msg ID: {text}")
 
 
-def publish(broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False) -> Reply:
+def publish(
+    broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False, frames: list[tuple[int, int]] | None = None
+) -> Reply | tuple[list[bytes], int] | None:
     """A batch of messages (``trusted``: bodies the broker built itself, such as
-    republished copies, whose flags, sizes and headers need no checking)."""
+    republished copies, whose flags, sizes and headers need no checking).
+
+    ``frames``: ``cmd`` joins the bodies of several PUBLISH requests (see
+    :func:`publish_frames`), ``(count, position of its first body)`` each. The reply
+    is then ``(payloads, epoch)``, one acks payload per request, or None (nothing
+    done) when the requests must go one at a time instead."""
     data: bytes = cmd.data
     n = cmd.count
-    scan = scan_bodies(data, cmd.body_pos, n, broker.max_payload)
+    if frames is None:
+        scan = scan_bodies(data, cmd.body_pos, n, broker.max_payload)
+    else:
+        try:
+            scan = scan_bodies(data, cmd.body_pos, n, broker.max_payload)
+        except BrokerError:
+            return None  # a malformed request among them: each gets its own answer
     subjects = scan.subjects
     starts, ends = scan.starts, scan.ends
     special = scan.special
     ttl_only = scan.ttl_only
     headed = scan.headed
+    if frames is not None and (headed or not _framed(starts, frames)):
+        return None
     fields: dict[int, P.BodyFields] = {}
     hvs: dict[int, dict[bytes, bytes]] = {}
     failed: dict[int, BrokerError] = (
@@ -165,7 +180,14 @@ def publish(broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False)
         if cmd.no_ack:
             return b""
         topic = part.topic
-        return P.encode_uniform_acks(topic.stream.id, topic.id, part.number, res.first_offset, n), epoch
+        sid, tid, number, first = topic.stream.id, topic.id, part.number, res.first_offset
+        if frames is not None:
+            payloads = []
+            for count, _ in frames:
+                payloads.append(P.encode_uniform_acks(sid, tid, number, first, count))
+                first += count
+            return payloads, epoch
+        return P.encode_uniform_acks(sid, tid, number, first, n), epoch
 
     epoch = 0
     stream_ids = [0] * n
@@ -241,8 +263,51 @@ def publish(broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False)
     counters.publish_errors += len(failed)
     if cmd.no_ack:
         return b""
+    if frames is not None:
+        payloads = []
+        a = 0
+        for count, _ in frames:
+            b = a + count
+            errs = {i - a: e for i, e in errors.items() if a <= i < b} if errors else {}
+            payloads.append(P.Acks(
+                stream_ids[a:b], topic_ids[a:b], partitions[a:b], offsets[a:b], statuses[a:b], errs).encode())
+            a = b
+        return payloads, epoch
     payload = P.Acks(stream_ids, topic_ids, partitions, offsets, statuses, errors).encode()
     return (payload, epoch) if epoch else payload
+
+
+def publish_frames(broker: Broker, session: Any, cmds: list[P.Publish]) -> tuple[list[bytes], int] | None:
+    """Consecutive PUBLISH requests (acked, at least one message each) as one batch:
+    one pass over their bodies, one append per partition, one epoch for the group
+    commit. Returns one acks payload per request and the epoch to wait for (0: none),
+    or None, with nothing done, when they must go one at a time: when one of them is
+    malformed (it gets its own error), or when a message has headers (a header such
+    as ``Nats-Expected-Last-Subject-Sequence`` is checked one request at a time).
+
+    The acks are what the requests would get one after the other: messages keep
+    their order, and a request's errors name its own message indexes."""
+    frames: list[tuple[int, int]] = []
+    bodies: list[bytes] = []
+    pos = 0
+    for cmd in cmds:
+        body = cmd.data[cmd.body_pos :] if cmd.body_pos else cmd.data
+        frames.append((cmd.count, pos))
+        bodies.append(body)
+        pos += len(body)
+    joined = P.Publish(sum(c for c, _ in frames), b"".join(bodies), 0)
+    return publish(broker, session, joined, frames=frames)  # type: ignore[return-value]
+
+
+def _framed(starts: list[int], frames: list[tuple[int, int]]) -> bool:
+    """Each request's bodies begin where its bytes do (so no body of one request
+    was read out of another's bytes)."""
+    i = 0
+    for count, pos in frames:
+        if not count or starts[i] != pos:
+            return False
+        i += count
+    return True
 
 
 def _dedupe(

@@ -55,6 +55,7 @@ from protocol import (
     HandshakeOk,
     InvalidRequest,
     ProtocolConnection,
+    Publish,
     PushKind,
     RemoteProtocolError,
     Request,
@@ -64,6 +65,7 @@ from protocol import (
 
 from ._limits import ConnectionGuard
 from ._log import get_logger
+from ._publishing import publish_frames
 
 if TYPE_CHECKING:
     from ._broker import Broker
@@ -436,15 +438,28 @@ class Session:
                 return
             conn.receive_data(data)
             self._handling = True
+            publishes: list[Request] = []  # consecutive PUBLISH requests, handled as one
             try:
                 while True:
                     try:
                         event = conn.next_event()
                     except RemoteProtocolError as err:
+                        if publishes:
+                            await self._publish_run(publishes)
                         self._protocol_error(err)
                         return
                     if event is NEED_DATA:
                         break
+                    if event.__class__ is Request and self.ready:
+                        cmd = event.command  # type: ignore[union-attr]
+                        if cmd.__class__ is Publish and not cmd.flags and cmd.count:
+                            publishes.append(event)  # type: ignore[arg-type]
+                            continue
+                    if publishes:
+                        await self._publish_run(publishes)
+                        publishes = []
+                        if self._closing:
+                            return
                     if not self.ready:
                         await self._open(event)  # type: ignore[arg-type]
                     elif event.__class__ is Request:
@@ -452,6 +467,14 @@ class Session:
                     else:
                         assert isinstance(event, InvalidRequest)
                         self._refuse(event)
+                    if self._closing:
+                        return
+                    if self.pending_bytes > self._limit or budget.total > budget.limit:
+                        await self._wait_room()
+                        if self._closing:
+                            return
+                if publishes:
+                    await self._publish_run(publishes)
                     if self._closing:
                         return
                     if self.pending_bytes > self._limit or budget.total > budget.limit:
@@ -694,6 +717,45 @@ class Session:
             self.send_now(frame)
         else:
             self.send_now(self.conn.send_raw_response(corr, code, result))
+
+    async def _publish_run(self, events: list[Request]) -> None:
+        """Consecutive PUBLISH requests from what one read delivered: one batch for
+        the broker (one append, one group-commit epoch) and their acks queued as one
+        write (``_publishing.publish_frames``). One at a time when the broker says
+        they cannot be joined (a malformed one among them, or headers)."""
+        broker = self.broker
+        if len(events) == 1 or broker.shutting_down:
+            for event in events:
+                await self._handle(event)
+            return
+        corr = events[-1].correlation_id
+        self.corr = corr
+        try:
+            replies = publish_frames(broker, self, [e.command for e in events])  # type: ignore[misc]
+        except BrokerError as err:
+            broker.counters.request_errors += len(events)
+            for event in events:
+                self.send_now(self.conn.send_error(event.correlation_id, Command.PUBLISH, err))
+            return
+        except Exception as exc:  # a bug must cost these requests, not the server
+            broker.counters.request_errors += len(events)
+            log.error("handler_failed", exc_info=True, command="PUBLISH", session=self.id)
+            err = error_class(ErrorCode.INTERNAL_ERROR)(f"internal error in PUBLISH: {type(exc).__name__}: {exc}")
+            for event in events:
+                self.send_now(self.conn.send_error(event.correlation_id, Command.PUBLISH, err))
+            return
+        if replies is None:
+            for event in events:
+                await self._handle(event)
+            return
+        payloads, epoch = replies
+        respond = self.conn.send_raw_response
+        frames = b"".join([respond(e.correlation_id, Command.PUBLISH, p) for e, p in zip(events, payloads)])
+        committer = broker.committer
+        if epoch and committer.acks_wait and epoch > committer.synced:
+            self.send_durable(epoch, frames)
+        else:
+            self.send_now(frames)
 
     def _refuse(self, event: InvalidRequest) -> None:
         self.broker.counters.request_errors += 1

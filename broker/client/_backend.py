@@ -391,13 +391,21 @@ class _AsyncioQueue:
 
 
 class _AsyncioLink(asyncio.Protocol):
-    """The connection as an ``asyncio.Protocol``: no reader or writer task at all."""
+    """The connection as an ``asyncio.Protocol``: no reader or writer task at all.
+
+    The writes made in one turn of the event loop (a thousand concurrent
+    ``publish`` calls) are joined into one ``transport.write`` at the end of the
+    turn: one system call for all of them, where each write of its own would cost
+    one (and, over TLS, a record of its own, which the broker pays for about what a
+    small request costs it)."""
 
     def __init__(self, on_data: OnData, on_lost: OnLost) -> None:
         self._on_data = on_data
         self._on_lost = on_lost
         self._transport: asyncio.Transport | None = None
         self._paused: asyncio.Future[None] | None = None
+        self._out: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -408,6 +416,7 @@ class _AsyncioLink(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._out = []
         if self._paused is not None and not self._paused.done():
             self._paused.set_result(None)
         self._on_lost(exc)
@@ -422,32 +431,6 @@ class _AsyncioLink(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(data)
-
-    async def drain(self) -> None:
-        if self._paused is not None:
-            await self._paused
-
-    async def aclose(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-            self._transport = None
-        await asyncio.sleep(0)
-
-
-class _AsyncioTlsLink(_AsyncioLink):
-    """The link over TLS. Every ``transport.write`` becomes a TLS record of its own,
-    and the broker pays for each record about what a small request costs it; so the
-    writes made in one turn of the event loop (a thousand pipelined publishes) are
-    joined into one, as the trio link's writer task joins them."""
-
-    def __init__(self, on_data: OnData, on_lost: OnLost) -> None:
-        super().__init__(on_data, on_lost)
-        self._out: list[bytes] = []
-        self._loop = asyncio.get_running_loop()
-
-    def write(self, data: bytes) -> None:
-        if self._transport is not None and not self._transport.is_closing():
             if not self._out:
                 self._loop.call_soon(self._flush)
             self._out.append(data)
@@ -457,9 +440,17 @@ class _AsyncioTlsLink(_AsyncioLink):
         if out and self._transport is not None and not self._transport.is_closing():
             self._transport.write(out[0] if len(out) == 1 else b"".join(out))
 
+    async def drain(self) -> None:
+        self._flush()  # so that the transport's buffer says how much is queued
+        if self._paused is not None:
+            await self._paused
+
     async def aclose(self) -> None:
         self._flush()
-        await super().aclose()
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+        await asyncio.sleep(0)
 
 
 class AsyncioBackend:
@@ -509,36 +500,44 @@ class AsyncioBackend:
         else:
             try:
                 _, link = await loop.create_connection(
-                    lambda: _AsyncioTlsLink(on_data, on_lost), host, port, ssl=self._tls, server_hostname=host,
+                    lambda: _AsyncioLink(on_data, on_lost), host, port, ssl=self._tls, server_hostname=host,
                 )
             except (ssl.SSLEOFError, ConnectionResetError):  # asyncio says the latter, with no text
                 raise _tls_eof() from None
         return link
 
-    @contextlib.contextmanager
-    def timeout(self, seconds: float | None) -> Any:
+    def timeout(self, seconds: float | None) -> contextlib.AbstractContextManager[None]:
         if seconds is None:
-            yield
-            return
-        # asyncio.timeout is an async context manager; emulate it with a timer.
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        fired = False
+            return _NO_TIMEOUT
+        return _AsyncioTimeout(seconds)
 
-        def fire() -> None:
-            nonlocal fired
-            fired = True
-            if task is not None:
-                task.cancel()
 
-        handle = loop.call_later(seconds, fire)
-        try:
-            yield
-        except asyncio.CancelledError:
-            if fired:
-                if task is not None:
-                    task.uncancel()  # our cancel, consumed here (as asyncio.timeout does)
-                raise TimeoutError(f"no answer within {seconds} s") from None
-            raise
-        finally:
-            handle.cancel()
+_NO_TIMEOUT = contextlib.nullcontext()
+
+
+class _AsyncioTimeout:
+    """``asyncio.timeout`` is an async context manager; this is the same with a
+    timer, as a plain one (a class: it is on every request's path)."""
+
+    __slots__ = ("_seconds", "_task", "_handle", "_fired")
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._fired = False
+
+    def __enter__(self) -> None:
+        self._task = asyncio.current_task()
+        self._handle = asyncio.get_running_loop().call_later(self._seconds, self._fire)
+
+    def _fire(self) -> None:
+        self._fired = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        self._handle.cancel()
+        if typ is asyncio.CancelledError and self._fired:
+            if self._task is not None:
+                self._task.uncancel()  # our cancel, consumed here (as asyncio.timeout does)
+            raise TimeoutError(f"no answer within {self._seconds} s") from None
+        return False
