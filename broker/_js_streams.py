@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
+from protocol import RemovalReason as R
 from protocol._jetstream import (
     BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, rfc3339, stream_config,
@@ -263,14 +264,33 @@ def _purge(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any
     topic = js.topic(name)
     if topic.config.deny_purge:
         raise js_error(PURGE_FAILED, "stream purge not permitted")
-    if req.get("seq") or req.get("keep"):
-        raise js_error(PURGE_FAILED, "purge with 'seq' or 'keep' is not supported by ttlbroker (use 'filter')")
     flt = req.get("filter") or ""
-    if not isinstance(flt, str):
+    seq = req.get("seq") or 0
+    keep = req.get("keep") or 0
+    if not isinstance(flt, str) or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in (seq, keep)):
         raise js_error(BAD_REQUEST)
+    if seq or keep:
+        return _purge_some(js, topic, flt, seq, keep)
     reply = _removing.purge(js.broker, None, P.Purge(Identifier.of(topic.stream.id), Identifier.of(topic.id), flt))
     payload, epoch = reply if isinstance(reply, tuple) else (reply, 0)
     return {"success": True, "purged": P.PurgeResult.decode(payload).purged}, epoch
+
+
+def _purge_some(js: JetStream, topic: Topic, flt: str, seq: int, keep: int) -> tuple[dict[str, Any], int]:
+    """Purge with ``seq`` (the matching messages below it) and/or ``keep`` (all but
+    the newest ``keep`` matching ones), as the server's ``PurgeEx``: oldest first,
+    stopping once ``keep`` are left. Leaves ``Purge`` markers as any subject purge."""
+    part = topic.partitions[0]  # a NATS stream has one partition
+    if flt and flt != ">":
+        matching = sorted(o for _, subjects in _removing.matching_subjects(topic, flt) for s in subjects
+                          for o in part.subject_offsets(s))
+    else:
+        matching = part.live_offsets()
+    doomed = [o for o in matching if o < seq] if seq else matching
+    if keep:
+        doomed = doomed[: max(0, len(matching) - keep)]
+    removed = js.broker.retention.remove(part, doomed, R.PURGE) if doomed else []
+    return {"success": True, "purged": len(removed)}, js.broker.committer.note_write(part.log) if removed else 0
 
 
 def _filter_of(req: dict[str, Any]) -> str:

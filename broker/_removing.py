@@ -13,8 +13,9 @@ from protocol import ErrorCode, error_class, validate_filter
 if TYPE_CHECKING:
     from ._broker import Broker, Reply
     from ._catalog import Topic
+    from ._partition import Partition
 
-__all__ = ["delete_message", "purge"]
+__all__ = ["delete_message", "matching_subjects", "purge"]
 
 
 def _check_purge_allowed(topic: Topic, what: str) -> None:
@@ -33,6 +34,19 @@ def delete_message(broker: Broker, session: Any, cmd: P.DeleteMessage) -> Reply:
     return b"", broker.committer.note_write(part.log)
 
 
+def matching_subjects(topic: Topic, subject_filter: str) -> list[tuple[Partition, list[bytes]]]:
+    """The subjects with live messages that a filter matches, by partition."""
+    validate_filter(subject_filter)
+    if P.is_literal(subject_filter):
+        raw = subject_filter.encode()
+        return [(topic.partition_for(raw), [raw])]
+    ftokens = tuple(subject_filter.split("."))
+    return [
+        (p, [s for s, st in p.index.subjects.items() if st.count and P.subject_matches(ftokens, s.decode().split("."))])
+        for p in topic.partitions
+    ]
+
+
 def purge(broker: Broker, session: Any, cmd: P.Purge) -> Reply:
     topic = broker.catalog.topic(cmd.stream, cmd.topic)
     _check_purge_allowed(topic, "purges")
@@ -42,17 +56,7 @@ def purge(broker: Broker, session: Any, cmd: P.Purge) -> Reply:
         for part in topic.partitions:
             total += broker.retention.purge_all(part)
     else:
-        validate_filter(cmd.subject)
-        if P.is_literal(cmd.subject):
-            raw = cmd.subject.encode()
-            targets = [(topic.partition_for(raw), [raw])]
-        else:
-            ftokens = tuple(cmd.subject.split("."))
-            targets = [
-                (p, [s for s, st in p.index.subjects.items() if st.count and P.subject_matches(ftokens, s.decode().split("."))])
-                for p in topic.partitions
-            ]
-        for part, subjects in targets:
+        for part, subjects in matching_subjects(topic, cmd.subject):
             offsets = [o for s in subjects for o in part.subject_offsets(s)]
             if offsets:
                 total += len(broker.retention.remove(part, offsets, R.PURGE))

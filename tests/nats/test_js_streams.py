@@ -208,7 +208,10 @@ async def test_get_delete_purge(nats_url: str) -> None:
         raw = await nc.request("$JS.API.STREAM.PURGE.G", json.dumps({"filter": "g.0"}).encode(), timeout=5)
         out.append(json.loads(raw.data))
         out.append((await js.stream_info("G")).state.messages)
-        out.append(await _error(js.purge_stream("G", keep=1)))
+        raw = await nc.request("$JS.API.STREAM.PURGE.G", json.dumps({"filter": "g.2", "keep": 1}).encode(), timeout=5)
+        out.append(json.loads(raw.data)["purged"])
+        raw = await nc.request("$JS.API.STREAM.PURGE.G", json.dumps({"seq": 6}).encode(), timeout=5)
+        out.append((json.loads(raw.data)["purged"], (await js.stream_info("G")).state.first_seq))
         out.append(await js.purge_stream("G"))
         st = (await js.stream_info("G")).state
         out.append((st.messages, st.first_seq, st.last_seq))
@@ -229,11 +232,12 @@ async def test_get_delete_purge(nats_url: str) -> None:
     assert out[7] == (500, 10057, "no message found")
     assert out[8] == {"type": "io.nats.jetstream.api.v1.stream_purge_response", "success": True, "purged": 2}
     assert out[9] == 3
-    assert out[10] == (500, 10110, "purge with 'seq' or 'keep' is not supported by ttlbroker (use 'filter')")
-    assert out[11] is True
-    assert out[12] == (0, 7, 6)
-    assert out[13] == (500, 10057, "message delete not permitted")
-    assert out[14] == (500, 10110, "stream purge not permitted")
+    assert out[10] == 1  # of g.2's seq 3 and 6, the newest is kept
+    assert out[11] == (1, 6)  # below seq 6: seq 5 (g.1)
+    assert out[12] is True
+    assert out[13] == (0, 7, 6)
+    assert out[14] == (500, 10057, "message delete not permitted")
+    assert out[15] == (500, 10110, "stream purge not permitted")
 
 
 async def test_direct_get(nats_url: str) -> None:
