@@ -201,6 +201,12 @@ def checked_header_values(block: bytes, names: frozenset[bytes]) -> dict[bytes, 
     Raises:
         InvalidHeadersError: the block is malformed or breaks a rule.
     """
+    return _walk_headers(block, names, True)
+
+
+def _walk_headers(block: bytes, names: frozenset[bytes], check: bool) -> dict[bytes, bytes]:
+    """One pass over a header block: the first value of each header in ``names``,
+    leading spaces skipped; with ``check``, every name and value against the rules."""
     out: dict[bytes, bytes] = {}
     pos, end = 0, len(block)
     while pos < end:
@@ -213,18 +219,19 @@ def checked_header_values(block: bytes, names: frozenset[bytes]) -> dict[bytes, 
         if vend > end:
             raise _bad_header("header block is truncated")
         name = block[npos : npos + nlen]
-        value = block[vpos:vend]
-        if name.translate(None, _NAME_CHARS):
-            raise _bad_header(f"header name {name!r} may only contain visible ASCII characters other than ':'")
-        if b"\r" in value or b"\n" in value:
-            raise _bad_header(f"header {name.decode('ascii')!r} value must not contain CR or LF")
-        if not value.isascii():
-            try:
-                value.decode()
-            except UnicodeDecodeError:
-                raise _bad_header(f"header {name.decode('ascii')!r} value is not UTF-8") from None
+        if check:
+            value = block[vpos:vend]
+            if name.translate(None, _NAME_CHARS):
+                raise _bad_header(f"header name {name!r} may only contain visible ASCII characters other than ':'")
+            if b"\r" in value or b"\n" in value:
+                raise _bad_header(f"header {name.decode('ascii')!r} value must not contain CR or LF")
+            if not value.isascii():
+                try:
+                    value.decode()
+                except UnicodeDecodeError:
+                    raise _bad_header(f"header {name.decode('ascii')!r} value is not UTF-8") from None
         if name in names and name not in out:
-            out[name] = value.lstrip(b" ")
+            out[name] = block[vpos:vend].lstrip(b" ")
         pos = vend
     return out
 
@@ -243,25 +250,9 @@ def find_header(block: bytes | memoryview, name: bytes) -> bytes | None:
 
 def header_values(block: bytes | memoryview, names: frozenset[bytes]) -> dict[bytes, bytes]:
     """The first value of each header in ``names`` that the block has, in one pass
-    (leading spaces skipped, as :func:`find_header`)."""
-    if block.__class__ is not bytes:
-        block = bytes(block)
-    out: dict[bytes, bytes] = {}
-    pos, end = 0, len(block)
-    while pos < end:  # _iter_header_block's walk, slicing only the values wanted
-        nlen = block[pos]
-        npos = pos + 1
-        vpos = npos + nlen + 2
-        if nlen == 0 or vpos > end:
-            raise _bad_header("header block is truncated or has an empty name")
-        vend = vpos + (block[vpos - 2] | block[vpos - 1] << 8)
-        if vend > end:
-            raise _bad_header("header block is truncated")
-        key = block[npos : npos + nlen]
-        if key in names and key not in out:
-            out[key] = block[vpos:vend].lstrip(b" ")
-        pos = vend
-    return out
+    (leading spaces skipped, as :func:`find_header`); the block is not checked
+    against the header rules (it was, on its way in)."""
+    return _walk_headers(block if block.__class__ is bytes else bytes(block), names, False)
 
 
 # -- message bodies ----------------------------------------------------------------
