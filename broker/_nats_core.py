@@ -101,7 +101,7 @@ def send_core(
     reached = 0
     for sub in subs:
         if sub.__class__ is NatsSubscription:
-            if sub.session is not skip and sub.send(subj, rep, headers, payload):  # type: ignore[union-attr]
+            if sub.session is not skip and sub.send(subj, rep, headers, payload):
                 reached += 1
             continue
         if record is None:

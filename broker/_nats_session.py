@@ -443,7 +443,7 @@ class NatsSession(Session):
         result = broker.sync_handlers[P.Publish](self, cmd)
         if not acked:
             return
-        payload, epoch = result if result.__class__ is tuple else (result, 0)
+        payload, epoch = result if isinstance(result, tuple) else (result, 0)
         if not broker.committer.acks_wait:
             epoch = 0
         acks = P.Acks.decode(payload)

@@ -190,7 +190,7 @@ class NatsParser:
     def buffered(self) -> int:
         return len(self._buf) - self._pos
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         if self._pos:
             del self._buf[: self._pos]
             self._pos = 0

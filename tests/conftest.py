@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -42,6 +43,15 @@ def make_config(data_dir: Path | str, **changes: object) -> Config:
     base = {"server.port": 0, "http.port": -1, "nats.enabled": False, "nats.port": 0, "system.path": str(data_dir)}
     base.update(changes)
     return Config().replace(**base)
+
+
+@pytest.fixture
+def taken_port():  # type: ignore[no-untyped-def]
+    """A loopback port something else is listening on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
 
 
 @pytest.fixture

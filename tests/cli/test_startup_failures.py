@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,14 +25,6 @@ def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tupl
     assert p.stdout == "", p.stdout  # it never said "listening on"
     assert "Traceback" not in p.stderr, p.stderr
     return p.returncode, "\n".join(line for line in p.stderr.splitlines() if not line.startswith("ts="))
-
-
-@pytest.fixture
-def taken_port():  # type: ignore[no-untyped-def]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield s.getsockname()[1]
 
 
 def test_port_in_use(tmp_path: Path, taken_port: int) -> None:

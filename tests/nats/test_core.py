@@ -188,6 +188,14 @@ async def test_echo_false_skips_own_subscriptions(nats_url: str) -> None:
 # -- across protocols --------------------------------------------------------------------
 
 
+@pytest.fixture
+async def orders(nats_server: ServerHandle) -> None:
+    """A topic ``shop/orders`` (one partition) capturing ``orders.>``."""
+    async with connect(nats_server.address) as client:
+        await client.create_stream("shop")
+        await client.create_topic("shop", "orders", partitions=1, subjects=["orders.>"])
+
+
 async def test_core_messages_cross_from_nats_to_ttlbroker(nats_server: ServerHandle, nats_url: str) -> None:
     async with connect(nats_server.address) as client:
         sub = await client.subscribe("chat.>")
@@ -204,7 +212,7 @@ async def test_core_messages_cross_from_nats_to_ttlbroker(nats_server: ServerHan
     assert (second.subject, second.payload, second.headers) == ("chat.room2", b"plain", {})
 
 
-async def test_ttlbroker_publishes_reach_nats_subscribers(nats_server: ServerHandle, nats_url: str) -> None:
+async def test_ttlbroker_publishes_reach_nats_subscribers(nats_server: ServerHandle, nats_url: str, orders: None) -> None:
     subscribed, published = threading.Event(), threading.Event()
 
     async def scenario() -> list[tuple[str, bytes, dict[str, str] | None, str]]:
@@ -219,8 +227,6 @@ async def test_ttlbroker_publishes_reach_nats_subscribers(nats_server: ServerHan
 
     async def ttlbroker_side() -> None:
         async with connect(nats_server.address) as client:
-            await client.create_stream("shop")
-            await client.create_topic("shop", "orders", partitions=1, subjects=["orders.>"])
             await wait_for(subscribed)
             await client.publish("orders.1", b"stored", headers={"K": "v"})
             with pytest.raises(P.NoTopicForSubjectError):  # type: ignore[attr-defined]
@@ -231,10 +237,10 @@ async def test_ttlbroker_publishes_reach_nats_subscribers(nats_server: ServerHan
     assert got == [("orders.1", b"stored", {"K": "v"}, ""), ("chat.1", b"unstored", None, "")]
 
 
-async def test_nats_publishes_on_a_topic_subject_are_stored_with_a_puback(nats_server: ServerHandle, nats_url: str) -> None:
+async def test_nats_publishes_on_a_topic_subject_are_stored_with_a_puback(
+    nats_server: ServerHandle, nats_url: str, orders: None,
+) -> None:
     async with connect(nats_server.address) as client:
-        await client.create_stream("shop")
-        await client.create_topic("shop", "orders", partitions=1, subjects=["orders.>"])
 
         async def scenario() -> tuple[str, int, bool, bytes]:
             nc = await nats.connect(nats_url)
@@ -252,19 +258,6 @@ async def test_nats_publishes_on_a_topic_subject_are_stored_with_a_puback(nats_s
         result = await client.fetch("shop", "orders", partition=0, offset=1, count=10)
         assert [(m.subject, m.payload, m.headers) for m in result.messages] == [
             ("orders.a", b"one", {"H": "1"}), ("orders.b", b"two", {})]
-
-
-async def test_a_refused_store_gets_the_error_puback(nats_server: ServerHandle, nats_url: str) -> None:
-    async with connect(nats_server.address) as client:
-        await client.create_stream("shop")
-        await client.create_topic("shop", "orders", partitions=1, subjects=["orders.>"])
-    peer = await RawNats.open(nats_url)
-    await peer.connect(headers=True)
-    await peer.send(b"SUB r 1\r\nHPUB orders.x r 26 26\r\nNATS/1.0\r\nNats-TTL: 1s\r\n\r\n\r\n")
-    msg = await peer.next_event()
-    assert isinstance(msg, P.NatsMsg) and msg.subject == "r"
-    body = json.loads(msg.payload)
-    assert body["error"]["code"] == 400 and body["stream"] == "shop/orders", body
 
 
 # -- CONNECT, auth, verbose ---------------------------------------------------------------
@@ -559,10 +552,9 @@ async def test_nats_py_reconnects_after_a_broker_restart(data_dir: Path) -> None
     assert await beside(scenario_when_up, broker_side) == b"back"
 
 
-async def test_pipelined_publishes_keep_their_order_and_each_get_their_ack(nats_server: ServerHandle, nats_url: str) -> None:
-    async with connect(nats_server.address) as client:
-        await client.create_stream("shop")
-        await client.create_topic("shop", "orders", partitions=1, subjects=["orders.>"])
+async def test_pipelined_publishes_keep_their_order_and_each_get_their_ack(
+    nats_server: ServerHandle, nats_url: str, orders: None,
+) -> None:
     peer = await RawNats.open(nats_url)
     await peer.connect(headers=True)
     bad = b"NATS/1.0\r\nNats-TTL: 1s\r\n\r\n"  # the topic does not allow per-message TTLs

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,6 @@ from helpers import RawNats
 import protocol as P
 from broker import Config
 from broker.config import ConfigError, load_config
-
-
-@pytest.fixture
-def taken_port():  # type: ignore[no-untyped-def]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield s.getsockname()[1]
 
 
 async def test_serve_port_0_prints_a_free_nats_port(tmp_path: Path) -> None:
