@@ -143,6 +143,8 @@ class ConsumerPartition:
             match = self.consumer.match
             return sum(st.count for s, st in self.part.index.subjects.items() if st.count and match(s))
         wanted = self.wanted()
+        if wanted is None:
+            return log_.live_count_from(start)
         n = 0
         is_live = log_.is_live
         for o in range(start, end):
