@@ -91,12 +91,15 @@ log = get_logger(__name__)
 SERVER_ID = "TTLBROKER" + secrets.token_hex(12).upper()
 
 AUTH_VIOLATION = "Authorization Violation"
-#: What each GOODBYE of a session becomes for a NATS client (None: just close, as
-#: nats-server does when it shuts down).
-_ERR_OF_CODE = {
+MAX_CONNECTIONS = "maximum connections exceeded"
+#: What each GOODBYE or refused handshake of a session (a slow consumer cut off, a
+#: handshake timeout, an eviction at the connection limit, a wrong token, a
+#: shutdown) becomes for a NATS client (None: just close, as nats-server does when
+#: it shuts down).
+_ERR_OF_CODE: dict[int, str | None] = {
     ErrorCode.SLOW_CONSUMER: "Slow Consumer",
     ErrorCode.HANDSHAKE_TIMEOUT: "Authentication Timeout",
-    ErrorCode.TOO_MANY_CONNECTIONS: "maximum connections exceeded",
+    ErrorCode.TOO_MANY_CONNECTIONS: MAX_CONNECTIONS,
     ErrorCode.UNAUTHORIZED: AUTH_VIOLATION,
     ErrorCode.SHUTTING_DOWN: None,
 }
@@ -107,10 +110,23 @@ BATCH_BYTES = 1024 * 1024
 #: A client on a TLS listener that does not start TLS after INFO.
 TLS_REQUIRED = "Secure Connection - TLS Required"
 _NO_RESPONDERS = encode_nats_headers([], 503)
-
-
 #: What a NATS client the broker cannot take is told (then closed).
-TOO_MANY_CONNECTIONS = encode_err("maximum connections exceeded")
+TOO_MANY_CONNECTIONS = encode_err(MAX_CONNECTIONS)
+
+
+class _NatsFrames:
+    """The frames ``Session``'s shared code writes (a refused handshake, a GOODBYE),
+    as a NATS client reads them: ``-ERR`` lines (nothing at a shutdown)."""
+
+    @staticmethod
+    def send_error(correlation_id: int, code: int, err: P.BrokerError) -> bytes:
+        return encode_err(_ERR_OF_CODE.get(err.code) or err.message)
+
+    @staticmethod
+    def send_push(kind: P.PushKind, payload: bytes, code: int = 0, correlation_id: int = 0) -> bytes:
+        assert kind is P.PushKind.GOODBYE, kind  # deliveries to NATS clients are MSG/HMSG
+        text = _ERR_OF_CODE.get(code, payload.decode())
+        return b"" if text is None else encode_err(text)
 
 
 class NatsSession(Session):
@@ -123,6 +139,7 @@ class NatsSession(Session):
         tls: TlsAcceptor | None = None,
     ) -> None:
         super().__init__(broker, stream, session_id, peer, guard)
+        self.conn = _NatsFrames()  # type: ignore[assignment]
         self.parser = NatsParser(server=True, max_payload=broker.max_payload)
         self.subs: dict[str, NatsSubscription] = {}  # type: ignore[assignment]
         self.tls = tls
@@ -146,12 +163,6 @@ class NatsSession(Session):
         self.send_now(data)
         return True
 
-    def _goodbye(self, code: ErrorCode, reason: str) -> None:
-        self._handling = False
-        text = _ERR_OF_CODE.get(code, reason)
-        if text is not None:
-            self.send_now(encode_err(text))
-
     def _fail(self, text: str, reason: str) -> None:
         """``-ERR 'text'``, then close."""
         self.broker.counters.request_errors += 1
@@ -162,7 +173,7 @@ class NatsSession(Session):
 
     def _info(self) -> dict[str, Any]:
         config = self.broker.config
-        host, port = self.stream_address()
+        host, port = self._address()
         info: dict[str, Any] = {
             "server_id": SERVER_ID, "server_name": config.server.name, "version": VERSION, "proto": 1,
             "go": "python", "host": host, "port": port, "headers": True, "max_payload": self.broker.max_payload,
@@ -177,7 +188,8 @@ class NatsSession(Session):
                 info["tls_verify"] = True
         return info
 
-    def stream_address(self) -> tuple[str, int]:
+    def _address(self) -> tuple[str, int]:
+        """The listener's address this client reached (INFO's host and port)."""
         socket = getattr(self.stream, "socket", None)
         if socket is None:
             return "", 0
@@ -291,23 +303,9 @@ class NatsSession(Session):
         return True
 
     async def _refuse_auth(self) -> None:
-        """``-ERR 'Authorization Violation'`` after the throttle's delay, then close;
-        counted and logged rate-limited as a failed handshake is."""
-        counters = self.broker.counters
-        counters.request_errors += 1
-        counters.auth_failures += 1
-        self._end_as("unauthorized")
-        now = trio.current_time()
-        delay = self.throttle.failure(self.peer_host, now)
-        suppressed = self.guard.log_limit.allow(self.peer_host, now)
-        if suppressed is not None:
-            log.warning("handshake_failed", session=self.id, peer=self.peer, code="UNAUTHORIZED", error=AUTH_VIOLATION,
-                        protocol="nats", delay_seconds=round(delay, 3), suppressed=suppressed)
-        if self._read_scope is not None:
-            self._read_scope.deadline = math.inf
-        await trio.sleep(delay)
-        self.send_now(encode_err(AUTH_VIOLATION))
-        self._drain_seconds = GOODBYE_SECONDS
+        """``-ERR 'Authorization Violation'`` and the close, counted, delayed and
+        logged as a refused handshake of the main port is."""
+        await self._refuse_handshake(0, P.error_class(ErrorCode.UNAUTHORIZED)("the auth token is missing or wrong"))
 
     # -- operations ------------------------------------------------------------------
 
