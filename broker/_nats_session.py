@@ -393,8 +393,7 @@ class NatsSession(Session):
             route = broker.router.resolve(subj)
         if route is NO_TOPIC:
             self._flush()
-            broker.counters.messages_in += 1
-            broker.counters.bytes_in += len(ev.payload)
+            broker.counters.messages_unrouted += 1  # as an unrouted publish of ours
             if not send_core(broker, subject, ev.reply, ev.headers, ev.payload, origin=self) and ev.reply and self.no_responders:
                 self._no_responders(ev.reply)
             return
