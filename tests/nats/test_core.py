@@ -404,7 +404,7 @@ async def test_max_payload(data_dir: Path) -> None:
 
 
 async def test_server_pings_and_stale_connections(data_dir: Path) -> None:
-    config = make_config(data_dir, **{"nats.enabled": True, "nats.ping_interval": 0.05, "nats.max_pings_out": 2})
+    config = make_config(data_dir, **{"nats.enabled": True, "nats.ping_interval": 0.2, "nats.max_pings_out": 2})
     async with start_server(config) as handle:
         url = handle.nats_url or ""
         answering = await RawNats.open(url)
