@@ -1,12 +1,14 @@
 """Expiry: the deadline structure and the one task that removes what falls due.
 
 **The deadline structure** (:class:`DeadlineQueue`) holds every pending per-message
-TTL. It is a ``sortedcontainers.SortedDict`` of *buckets* keyed by the time they
-fire: a deadline ``d`` (wall-clock ns) goes to the bucket firing at ``ceil(d / 100 ms)
-* 100 ms``. That is never before any deadline in it and at most 100 ms after
-(decision 10.15: never early, within 100 ms; the NATS server ticks at 250 ms). A
-bucket maps each partition to an ``array('Q')`` of offsets, so a pending TTL costs
-8 bytes plus its share of the bucket, however many there are.
+TTL. An entry fires on the first 10 ms tick at or after its deadline (:data:`TICK_NS`;
+decision 10.15: never early, within 100 ms; the NATS server ticks at 250 ms). Entries
+are kept in a ``sortedcontainers.SortedDict`` of 100 ms *buckets*; a bucket maps each
+partition to an ``array('Q')`` of ``offset << 4 | tick`` (which of the bucket's ten
+ticks), so a pending TTL costs 8 bytes plus its share of the bucket, however many
+there are and however the deadlines spread, and the structure holds no object per
+entry. When a bucket's first tick comes it is *opened*: split by tick into
+``_near`` (one pass over its entries), which thus holds about one bucket.
 
 Taking an entry out (delete, purge, rollup, max age removing the message first) is
 O(1). The partition's per-offset PENDING flag is cleared and the count drops; the
@@ -17,19 +19,23 @@ finding an entry in a sorted structure.
 **Max age** needs no per-message entry. Timestamps never decrease within a
 partition, so its oldest live message (ignoring ``never`` ones) always has the
 earliest max-age deadline. Each partition keeps at most one armed check, in
-``_age`` (also a ``SortedDict`` of buckets), and a pass re-arms it for the next
+``_age`` (a ``SortedDict`` of ticks), and a pass re-arms it for the next
 oldest.
 
 **Consumer timers** (redelivery after an ack wait or a nak delay, SEMANTICS 12.4)
-live in the same structure, one entry per outstanding message in 10 ms buckets
-(:data:`TIMER_NS`), owned by a consumer's partition state, which the pass calls back
+live in the same structure, one entry per outstanding message on the same 10 ms
+ticks (:data:`TIMER_NS`), owned by a consumer's partition state, which the pass calls back
 (``timers_due``). An owner re-arms lazily: ``in_progress`` only records the new
 deadline, and the entry, when it fires, re-arms itself once if the deadline moved.
 
-**The task** (:class:`ExpiryEngine.run`) sleeps until the earliest bucket of either
+**The task** (:class:`ExpiryEngine.run`) sleeps until the earliest tick of either
 structure. It is woken and re-armed when something earlier arrives, so a flood of
-long TTLs never delays a short one. When it wakes it expires everything due, in one
-pass per partition (markers included).
+long TTLs never delays a short one. When it wakes it expires everything due, in
+slices: chunks of :data:`CHUNK` offsets of one partition (in offset order, markers
+included, one append of markers per chunk), and after :data:`SLICE_NS` of work it
+lets the event loop run before it goes on (a million entries due at once never hold
+up connections). It also measures the loop's stalls and the garbage collector's
+pauses (``_stalls.py``).
 """
 
 from __future__ import annotations
@@ -219,13 +225,13 @@ class ExpiryEngine:
     def __init__(self, clock: Clock, expire: Callable[[Partition, list[int], bool, int], int | None]) -> None:
         self.clock = clock
         self.queue = DeadlineQueue()
-        self._age: SortedDict = SortedDict()  # bucket -> set of partitions
+        self._age: SortedDict = SortedDict()  # tick -> set of partitions
         self._age_armed: dict[Partition, int] = {}
         self._expire = expire
         self._wake = trio.Event()
-        self._armed: int | None = None  # the bucket the task sleeps until
+        self._armed: int | None = None  # the tick the task sleeps until
         self.passes = 0
-        #: How late the task woke for a bucket (ns): the worst, and a histogram
+        #: How late the task woke for a tick (ns): the worst, and a histogram
         #: (``lag_counts[i]``: wakes with a lag of at most ``LAG_BUCKETS_NS[i]`` and
         #: more than the bound before it; the last slot is over every bound).
         self.lag_ns_max = 0
@@ -254,8 +260,8 @@ class ExpiryEngine:
         self._maybe_wake(self.queue.add(deadline_ns, partition, offset))
 
     def schedule_timers(self, owner: object, ids: Iterable[int], deadline_ns: int) -> int:
-        """Timers for ``owner.timers_due(ids, now_ns)``: one entry per id, in
-        :data:`TIMER_NS` buckets. Returns when they fire (an owner re-arms lazily:
+        """Timers for ``owner.timers_due(ids, now_ns)``: one entry per id, on
+        :data:`TIMER_NS` ticks. Returns when they fire (an owner re-arms lazily:
         when an entry fires it checks the deadline it holds now)."""
         b = fire_time(deadline_ns, TIMER_NS)
         ids = list(ids)
