@@ -37,13 +37,14 @@ engine's deadline structure, owned by :class:`Ticks`: nothing polls.
 
 from __future__ import annotations
 
-import json
 import secrets
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from protocol import AckKind, BrokerError, PullEnd, normalize_name
-from protocol._jetstream import FC_PREFIX, INVALID_JSON, STREAM_MISMATCH, JSError, api_error, api_response, js_error, rfc3339
+from protocol._jetstream import (
+    FC_PREFIX, INVALID_JSON, STREAM_MISMATCH, JSError, api_error, api_response, js_error, parse_request, rfc3339,
+)
 from protocol._js_consumers import (
     ACK_NEXT,
     NextRequest,
@@ -479,18 +480,6 @@ def _find(st: State, tokens: list[str]) -> Consumer:
     return c
 
 
-def _json(payload: bytes) -> dict[str, Any]:
-    if not payload.strip():
-        return {}
-    try:
-        req = json.loads(payload)
-    except ValueError as exc:
-        raise js_error(INVALID_JSON, f"invalid JSON: {exc}") from None
-    if not isinstance(req, dict):
-        raise js_error(INVALID_JSON, "invalid JSON: the request must be an object")
-    return req
-
-
 def _topic_for_consumers(st: State, stream: str) -> Topic:
     topic = st.js.topic(stream)
     if len(topic.partitions) != 1:
@@ -499,7 +488,7 @@ def _topic_for_consumers(st: State, stream: str) -> Topic:
 
 
 def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple[dict[str, Any], int]:
-    req = _json(payload)
+    req = parse_request(payload)
     if not tokens or not tokens[0]:
         raise JSError(400, 10003, "bad request")
     stream = tokens[0]
@@ -614,7 +603,7 @@ def _api_delete(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str,
 def _page(st: State, tokens: list[str], payload: bytes, limit: int) -> tuple[list[Consumer], int, int]:
     if len(tokens) != 1:
         raise JSError(400, 10003, "bad request")
-    req = _json(payload)
+    req = parse_request(payload)
     offset = req.get("offset") or 0
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise js_error(INVALID_JSON, "invalid JSON: offset must be a non-negative integer")

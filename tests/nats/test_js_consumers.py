@@ -373,3 +373,40 @@ async def test_ordered_push_consumer_with_flow_control(nats_url: str) -> None:
     assert info.config.ack_policy == api.AckPolicy.NONE and info.config.flow_control is True
     assert info.config.deliver_subject and info.num_pending == 0 and info.delivered.stream_seq == n
     assert late == [b"later"]
+
+
+# -- KV watchers (ordered push consumers on a bucket's stream) ------------------------------------
+
+
+async def test_kv_keys_history_and_watch_see_puts_deletes_and_ttl_markers(mock_clock: Any, nats_url: str) -> None:
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        try:
+            kv = await js.create_key_value(bucket="cfg", history=5, limit_marker_ttl=5)
+            await kv.put("a", b"1")
+            await kv.put("b", b"1")
+            await kv.put("a", b"2")
+            await kv.delete("b")
+            out: dict[str, Any] = {"keys": await kv.keys()}
+            out["history"] = [(e.key, e.value, e.revision, e.operation) for e in await kv.history("a")]
+            w = await kv.watchall()
+            initial = []
+            while (e := await w.updates(timeout=5)) is not None:
+                initial.append((e.key, e.value, e.revision, e.operation, e.delta))
+            out["initial"] = initial
+            await kv.put("c", b"3")
+            await kv.create("d", b"4", msg_ttl=1)  # raised to the marker TTL, 5 s (SEMANTICS 10.8)
+            live = [await w.updates(timeout=5) for _ in range(2)]
+            jump(5.5)  # d's TTL runs out: its marker reaches the watcher
+            live.append(await w.updates(timeout=5))
+            out["live"] = [(e.key, e.value, e.revision, e.operation) for e in live]
+            await w.stop()
+            return out
+        finally:
+            await nc.close()
+
+    r = await in_asyncio(scenario)
+    assert r["keys"] == ["a"]
+    assert r["history"] == [("a", b"1", 1, None), ("a", b"2", 3, None)]
+    assert r["initial"] == [("a", b"2", 3, None, 1), ("b", b"", 4, "DEL", 0)]
+    assert r["live"] == [("c", b"3", 5, None), ("d", b"4", 6, None), ("d", b"", 7, "PURGE")]
