@@ -22,8 +22,10 @@ flight, from one connection. Message ``i``:
 Then one ``await client.export(seal=True)`` (active segments sealed first, so all
 N messages are exported) is timed from the client: msgs/s = rows / wall seconds, and
 MB/s = input bytes (the segment ``.log`` files: the topic's ``size``) / wall
-seconds. The broker's CPU time during the export, the Parquet bytes written, and
-the per-segment seconds the broker reports are shown too. The export is checked
+seconds. The CPU time of the broker and of its export worker process (``python -m
+spark_export.worker``) during the export, MB per CPU second of both (the export's
+cost, whatever else the machine runs), the Parquet bytes written, and the
+per-segment seconds the broker reports are shown too. The export is checked
 with pyarrow: N rows, the purged ones flagged removed.
 
 **2. Spark compact on local[*]**, on that export, with a cutoff far in the future
@@ -172,6 +174,7 @@ class ExportRun:
     segment_bytes: int = 0  # the topic's .log bytes (what the export reads)
     export_seconds: float = 0.0
     export_broker_cpu: float = 0.0
+    export_worker_cpu: float = 0.0
     rss_before: int = 0  # the broker's RSS when the export started
     rss_peak: int = 0  # and its peak during the export
     segments: int = 0
@@ -191,8 +194,16 @@ class ExportRun:
     def mb_per_s(self) -> float:
         return self.segment_bytes / 1e6 / self.export_seconds if self.export_seconds else 0.0
 
+    @property
+    def mb_per_cpu_s(self) -> float:
+        """Segment MB per CPU second of the broker and its export worker: what the
+        export costs, whatever else the machine runs."""
+        cpu = self.export_broker_cpu + self.export_worker_cpu
+        return self.segment_bytes / 1e6 / cpu if cpu else 0.0
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "msgs_per_s": round(self.msgs_per_s, 1), "mb_per_s": round(self.mb_per_s, 2)}
+        return {**asdict(self), "msgs_per_s": round(self.msgs_per_s, 1), "mb_per_s": round(self.mb_per_s, 2),
+                "mb_per_cpu_s": round(self.mb_per_cpu_s, 2)}
 
 
 @dataclass
@@ -310,12 +321,23 @@ class ExportTiming:
     broker_cpu: float
     rss_before: int  # the broker's RSS, bytes
     rss_peak: int  # the highest RSS seen while the export ran (sampled every 0.2 s)
+    worker_cpu: float = 0.0  # the export worker processes' CPU seconds
+
+
+def children_cpu(pid: int) -> float:
+    """User + system CPU seconds of the finished children ``pid`` waited for (the
+    broker's export workers): ``cutime`` and ``cstime`` of ``/proc/PID/stat``."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # fields[0] is field 3
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
 async def run_export(server: Server, c: Any, export_dir: str, label: str) -> tuple[dict[str, Any], ExportTiming]:
     """``export(seal=True)`` on ``c``, with a progress line every few seconds;
-    returns the result, and its wall seconds, the broker's CPU seconds and RSS."""
+    returns the result, and its wall seconds, the broker's CPU seconds and RSS, and
+    the export worker's CPU seconds."""
     u0 = server.usage()
+    w0 = children_cpu(server.proc.pid)
     peak = u0.rss
     t0 = time.perf_counter()
     next_log = t0 + 3.0
@@ -332,7 +354,7 @@ async def run_export(server: Server, c: Any, export_dir: str, label: str) -> tup
     result = task.result()
     seconds = time.perf_counter() - t0
     u1 = server.usage()
-    return result, ExportTiming(seconds, u1.cpu - u0.cpu, u0.rss, max(peak, u1.rss))
+    return result, ExportTiming(seconds, u1.cpu - u0.cpu, u0.rss, max(peak, u1.rss), children_cpu(server.proc.pid) - w0)
 
 
 async def fill_and_export(server: Server, n: int, args: argparse.Namespace, export_dir: str) -> ExportRun:
@@ -346,7 +368,7 @@ async def fill_and_export(server: Server, n: int, args: argparse.Namespace, expo
         await asyncio.sleep(args.settle)
         log(f"  export(seal=True) of {n:,} messages, {run.segment_bytes / 1e6:,.1f} MB of segments")
         result, timing = await run_export(server, c, export_dir, "export")
-    run.export_seconds, run.export_broker_cpu = timing.seconds, timing.broker_cpu
+    run.export_seconds, run.export_broker_cpu, run.export_worker_cpu = timing.seconds, timing.broker_cpu, timing.worker_cpu
     run.rss_before, run.rss_peak = timing.rss_before, timing.rss_peak
     entries = result["exported"]
     run.segments = len(entries)
@@ -356,7 +378,7 @@ async def fill_and_export(server: Server, n: int, args: argparse.Namespace, expo
     run.segment_rows = [e["rows"] for e in entries]
     log(f"  exported {run.rows:,} rows from {run.segments} segment(s) in {run.export_seconds:.2f} s = "
         f"{run.msgs_per_s:,.0f} msgs/s, {run.mb_per_s:.1f} MB/s of segments; Parquet {run.parquet_bytes / 1e6:.1f} MB; "
-        f"broker CPU {run.export_broker_cpu:.1f} s, RSS {run.rss_before / 2**20:,.0f} -> {run.rss_peak / 2**20:,.0f} MiB")
+        f"broker CPU {run.export_broker_cpu:.1f} s, worker CPU {run.export_worker_cpu:.1f} s, RSS {run.rss_before / 2**20:,.0f} -> {run.rss_peak / 2**20:,.0f} MiB")
     return run
 
 
@@ -537,7 +559,7 @@ async def latency_run(server: Server, c: Any, label: str, rate: float, seconds: 
         result, timing = side.result()
         out.window = (started_at, finished_at)
         out.export = {"seconds": round(timing.seconds, 2), "broker_cpu_s": round(timing.broker_cpu, 2),
-                      "rss_before": timing.rss_before, "rss_peak": timing.rss_peak,
+                      "worker_cpu_s": round(timing.worker_cpu, 2), "rss_before": timing.rss_before, "rss_peak": timing.rss_peak,
                       "segments": len(result["exported"]), "rows": sum(e["rows"] for e in result["exported"])}
     st = out.stats()
     log(f"  {label}: {st['samples']:,} publishes over {st['seconds']:.1f} s: p50 {st.get('p50_ms', 0):.2f} ms, "
@@ -595,12 +617,13 @@ def report(runs: list[ExportRun], latency: dict[str, Any] | None, args: argparse
                        if r.segment_seconds else "")
             rows.append([f"{r.messages:,}", str(r.segments), _f(r.segment_bytes / 1e6), _f(r.parquet_bytes / 1e6),
                          _f(r.export_seconds, 2), _f(r.msgs_per_s, 0), _f(r.mb_per_s), _f(us_row, 2), per_seg,
-                         _f(r.export_broker_cpu), f"{r.rss_before / 2**20:,.0f} / {r.rss_peak / 2**20:,.0f}"])
-        parts.append("Segments to Parquet (`export(seal=True)`, the broker's worker thread, timed from the client):\n\n"
+                         _f(r.export_broker_cpu), _f(r.export_worker_cpu), _f(r.mb_per_cpu_s),
+                         f"{r.rss_before / 2**20:,.0f} / {r.rss_peak / 2**20:,.0f}"])
+        parts.append("Segments to Parquet (`export(seal=True)`, the broker's export worker process, timed from the client):\n\n"
                      + format_table(["messages", "segments", "segment MB", "Parquet MB", "export s", "msgs/s",
                                      "MB/s (segments)", "µs/row [1]", "s per segment min/median/max",
-                                     "broker CPU s", "broker RSS MiB before / peak"], rows,
-                                    right=(0, 1, 2, 3, 4, 5, 6, 7, 9, 10)))
+                                     "broker CPU s", "worker CPU s", "MB per CPU s [5]", "broker RSS MiB before / peak"], rows,
+                                    right=(0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12)))
     spark_runs = [r for r in runs if r.cli or r.inproc]
     if spark_runs:
         rows = []
@@ -633,7 +656,7 @@ def report(runs: list[ExportRun], latency: dict[str, Any] | None, args: argparse
             f"Publish latency, one message at a time at {latency['rate']:,.0f}/s, send to ack "
             f"(backlog {latency['backlog_messages']:,} messages, {latency['backlog_segment_bytes'] / 1e6:,.0f} MB; "
             f"the export took {ex.get('seconds', 0):.1f} s for {ex.get('rows', 0):,} rows, "
-            f"broker CPU {ex.get('broker_cpu_s', 0):.1f} s, RSS {ex.get('rss_before', 0) / 2**20:,.0f} -> "
+            f"broker CPU {ex.get('broker_cpu_s', 0):.1f} s, worker CPU {ex.get('worker_cpu_s', 0):.1f} s, RSS {ex.get('rss_before', 0) / 2**20:,.0f} -> "
             f"{ex.get('rss_peak', 0) / 2**20:,.0f} MiB):\n\n"
             + format_table(["publish latency", "no export", "export running", "ratio"], rows, right=(1, 2, 3)))
     notes = [
@@ -645,8 +668,10 @@ def report(runs: list[ExportRun], latency: dict[str, Any] | None, args: argparse
          " first run on a warm JVM."),
         ("[4] how late the most delayed send was against the steady schedule (one publish in flight: a client that"
          " cannot keep the rate falls further behind while the export runs)."),
+        ("[5] segment MB / (broker + export worker CPU seconds): the export's cost, which the load of other"
+         " processes on the machine does not change (the wall-clock MB/s does)."),
     ]
-    shown = {"[1]": bool(runs), "[2]": bool(spark_runs), "[3]": bool(spark_runs), "[4]": bool(latency)}
+    shown = {"[1]": bool(runs), "[2]": bool(spark_runs), "[3]": bool(spark_runs), "[4]": bool(latency), "[5]": bool(runs)}
     text_notes = "\n".join(n for n in notes if shown[n[:3]])
     problems = []
     for r in runs:

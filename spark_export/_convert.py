@@ -30,11 +30,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from protocol import MARKER_MASK, TTL_NEVER, ErrorCode, MarkerReason, RemovalReason, error_class
-from storage import read_deletion_tags
+from storage import CORRUPT, Damage, read_deletion_tags
 
 from ._schema import SCHEMA
 
-__all__ = ["SegmentJob", "segment_batches", "write_segment", "relative_path", "BATCH_ROWS"]
+__all__ = ["SegmentJob", "segment_batches", "write_segment", "new_damage", "relative_path", "BATCH_ROWS"]
 
 _LIVE = 1
 #: A record's fixed part, ``protocol.RECORD_FIXED``: record header, then body header.
@@ -46,13 +46,45 @@ _FIXED_SIZE = _FIXED.itemsize  # 38
 _FIXED_BYTES = np.arange(_FIXED_SIZE, dtype=np.int64)
 _US = 1_000_000  # microseconds per second
 _NO_DEADLINE = np.iinfo(np.int64).max
+
+
+def _arrow(values: np.ndarray, type_: pa.DataType, nulls: np.ndarray | None = None) -> pa.Array:
+    """A numpy array (bool, or integers of ``type_``'s width) as an Arrow array over
+    the same memory. ``pa.array`` would do, but its first call imports pandas to ask
+    whether ``values`` is a pandas object: a quarter of a second of each worker's
+    start."""
+    data = np.packbits(values, bitorder="little") if values.dtype == bool else np.ascontiguousarray(values)
+    validity = None if nulls is None else pa.py_buffer(np.packbits(~nulls, bitorder="little"))
+    return pa.Array.from_buffers(type_, len(values), [validity, pa.py_buffer(data)])
+
+
+def _numpy(values: pa.Array) -> np.ndarray:
+    """A null-free Arrow array of bools or uint64 as numpy (``to_numpy`` imports
+    pandas too, see :func:`_arrow`)."""
+    data = values.buffers()[1]
+    if values.type == pa.bool_():
+        bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little", count=values.offset + len(values))
+        return bits[values.offset :].astype(bool)
+    assert values.type == pa.uint64()
+    return np.frombuffer(data, np.uint64, len(values), values.offset * 8).astype(np.int64)
+
+
+def _strings(texts: list[str | None]) -> pa.Array:
+    """A few strings (None: null) as an Arrow array (see :func:`_arrow`)."""
+    raw = [t.encode() if t is not None else b"" for t in texts]
+    offsets = np.zeros(len(raw) + 1, np.int32)
+    np.cumsum([len(r) for r in raw], out=offsets[1:])
+    validity = np.packbits(np.array([t is not None for t in texts], bool), bitorder="little")
+    return pa.Array.from_buffers(pa.string(), len(raw), [pa.py_buffer(validity), pa.py_buffer(offsets), pa.py_buffer(b"".join(raw))])
+
+
 _MARKER_TEXT = {int(r): r.header_value for r in MarkerReason if r}
 #: ``marker_reason`` by the flags' marker bits.
-_MARKERS = pa.array([_MARKER_TEXT.get(bits) for bits in range(MARKER_MASK + 1)], pa.string())
+_MARKERS = _strings([_MARKER_TEXT.get(bits) for bits in range(MARKER_MASK + 1)])
 _TAG_TEXT = {int(r): r.label for r in RemovalReason}
 _TAGS = 16  # a deletion tag is 4 bits
 #: ``removed_reason`` by code: 0 live (null), 1 ``purge``, 2 ``unknown``, 3 + t tag t.
-_REASONS = pa.array([None, "purge", "unknown"] + [_TAG_TEXT.get(t, "unknown") for t in range(_TAGS)], pa.string())
+_REASONS = _strings([None, "purge", "unknown"] + [_TAG_TEXT.get(t, "unknown") for t in range(_TAGS)])
 _PURGE, _UNKNOWN, _TAGGED = 1, 2, 3
 
 
@@ -146,7 +178,7 @@ class _Segment:
             tiles = pa.Array.from_buffers(self.tiles_type, 2 * n - 1, [None, pa.py_buffer(bounds), self.arrow])
             wanted = np.zeros(2 * n - 1, bool)
             wanted[0::2] = True
-            return tiles.filter(wanted).cast(pa.binary())
+            return tiles.filter(_arrow(wanted, pa.bool_())).cast(pa.binary())
         return pa.array([self.raw[s:e] for s, e in zip(starts.tolist(), ends.tolist())], pa.binary())
 
     def checked(self, pos: np.ndarray, intact: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -192,10 +224,12 @@ def _first_of_each_name(recs: np.ndarray, names: pa.Array) -> np.ndarray:
     record of each header, in file order)."""
     i = np.arange(len(recs))
     order = pc.sort_indices(
-        pa.table({"r": recs, "n": names, "i": i}), [("r", "ascending"), ("n", "ascending"), ("i", "ascending")]
-    ).to_numpy()
-    by_name = names.take(order)
-    again = (recs[order][1:] == recs[order][:-1]) & pc.equal(by_name[1:], by_name[:-1]).to_numpy(zero_copy_only=False)
+        pa.table({"r": _arrow(recs, pa.int64()), "n": names, "i": _arrow(i, pa.int64())}),
+        [("r", "ascending"), ("n", "ascending"), ("i", "ascending")],
+    )
+    order = _numpy(order)
+    by_name = names.take(_arrow(order, pa.int64()))
+    again = (recs[order][1:] == recs[order][:-1]) & _numpy(pc.equal(by_name[1:], by_name[:-1]))
     keep = np.ones(len(recs), bool)
     keep[order[1:][again]] = False
     return keep
@@ -228,8 +262,8 @@ def _headers(seg: _Segment, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
         rec, at, end = rec[more], value_end[more], end[more]
     offsets = np.zeros(len(starts) + 1, np.int32)
     if not recs:
-        empty = pa.array([], pa.string())
-        return pa.MapArray.from_arrays(offsets, empty, empty)
+        empty = _strings([])
+        return pa.MapArray.from_arrays(_arrow(offsets, pa.int32()), empty, empty)
     name_at = np.concatenate(names_at)
     order = np.argsort(name_at, kind="stable")  # file order: by record, then within its block
     rec_all, name_at, value_at = np.concatenate(recs)[order], name_at[order], np.concatenate(values_at)[order]
@@ -239,9 +273,9 @@ def _headers(seg: _Segment, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
     values = _text(seg.slices(value_at, value_at + seg.u16(value_at - 2)), "values")
     if np.any(rec_all[1:] == rec_all[:-1]):  # a block with several headers: drop repeated names
         keep = _first_of_each_name(rec_all, names)
-        rec_all, names, values = rec_all[keep], names.filter(keep), values.filter(keep)
+        rec_all, names, values = rec_all[keep], names.filter(_arrow(keep, pa.bool_())), values.filter(_arrow(keep, pa.bool_()))
     np.cumsum(np.bincount(rec_all, minlength=len(starts)), out=offsets[1:])
-    return pa.MapArray.from_arrays(offsets, names, values)
+    return pa.MapArray.from_arrays(_arrow(offsets, pa.int32()), names, values)
 
 
 def _deletion_tags(job: SegmentJob) -> np.ndarray:
@@ -253,9 +287,9 @@ def _deletion_tags(job: SegmentJob) -> np.ndarray:
     return tags
 
 
-def segment_batches(job: SegmentJob, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """The segment as record batches of at most ``batch_rows`` rows, each with how
-    many corrupt records (left out) it skipped."""
+def segment_batches(job: SegmentJob, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+    """The segment as record batches of at most ``batch_rows`` rows, each with the
+    indexes in the segment of the corrupt records it left out."""
     with open(job.log_path, "rb") as f:
         seg = _Segment(f.read())
     # One CRC-32 of the file at C speed instead of one call per record, when it can vouch for them.
@@ -288,35 +322,52 @@ def segment_batches(job: SegmentJob, batch_rows: int = BATCH_ROWS) -> Iterator[t
         tag = tags[rels]
         reason = np.where(live, 0, np.where(tag != 0, _TAGGED + tag, np.where(offset <= job.purged_through, _PURGE, _UNKNOWN)))
         columns = {
-            "offset": pa.array(offset),
-            "timestamp": pa.array(ts_us, SCHEMA.field("timestamp").type),
-            "timestamp_ns": pa.array(ts_ns),
+            "offset": _arrow(offset, pa.int64()),
+            "timestamp": _arrow(ts_us, SCHEMA.field("timestamp").type),
+            "timestamp_ns": _arrow(ts_ns, pa.int64()),
             "subject": _text(seg.slices(subject_at, headers_at), None),
             "headers": _headers(seg, headers_at, fixed["hl"].astype(np.int64)),
             "payload": seg.slices(payload_at, payload_at + fixed["pl"]),
-            "ttl_seconds": pa.array(ttl, mask=~own_ttl),
-            "ttl_never": pa.array(never),
-            "expires_at": pa.array(expires, SCHEMA.field("expires_at").type, mask=expires == _NO_DEADLINE),
-            "is_marker": pa.array(marker != 0),
-            "marker_reason": _MARKERS.take(marker),
-            "removed": pa.array(~live),
-            "removed_reason": _REASONS.take(reason),
+            "ttl_seconds": _arrow(ttl, pa.int64(), nulls=~own_ttl),
+            "ttl_never": _arrow(never, pa.bool_()),
+            "expires_at": _arrow(expires, SCHEMA.field("expires_at").type, nulls=expires == _NO_DEADLINE),
+            "is_marker": _arrow(marker != 0, pa.bool_()),
+            "marker_reason": _MARKERS.take(_arrow(marker.astype(np.int64), pa.int64())),
+            "removed": _arrow(~live, pa.bool_()),
+            "removed_reason": _REASONS.take(_arrow(reason.astype(np.int64), pa.int64())),
         }
-        yield pa.RecordBatch.from_arrays([columns[name] for name in SCHEMA.names], schema=SCHEMA), len(good) - len(rels)
+        yield pa.RecordBatch.from_arrays([columns[name] for name in SCHEMA.names], schema=SCHEMA), start + np.flatnonzero(~good)
 
 
-def write_segment(job: SegmentJob, path: str) -> tuple[int, int]:
+def write_segment(job: SegmentJob, path: str) -> tuple[int, list[int]]:
     """Convert the segment into the Parquet file ``path``, batch by batch, and make it
-    durable (file synced). Returns ``(rows, corrupt records left out)``."""
-    rows = corrupt = 0
+    durable (file synced). Returns the rows written and the indexes in the segment
+    of the corrupt records left out."""
+    rows = 0
+    corrupt: list[int] = []
     with pq.ParquetWriter(path, SCHEMA, compression="zstd") as writer:
         for batch, skipped in segment_batches(job):
             writer.write_batch(batch)
             rows += batch.num_rows
-            corrupt += skipped
+            corrupt += skipped.tolist()
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
     return rows, corrupt
+
+
+def new_damage(job: SegmentJob, corrupt: list[int]) -> Damage | None:
+    """The damage to report for the corrupt records ``corrupt`` the export left out
+    of ``job``'s segment: the ones the broker did not know were corrupt (its state
+    for them at the snapshot was not ``CORRUPT``: it reported those already)."""
+    new = [rel for rel in corrupt if rel >= len(job.states) or job.states[rel] != CORRUPT]
+    if not new:
+        return None
+    positions = np.frombuffer(job.positions, "<u4")
+    return Damage(
+        "segment", job.log_path, int(positions[new[0]]),
+        f"{len(new)} record(s) fail their checksum or their lengths do not add up",
+        "left out of the export (corrupt_records in the manifest)", (job.base + new[0], job.base + new[-1]),
+    )

@@ -16,7 +16,7 @@ from typing import Any
 
 from storage import Report, fsync_dir, ignore_damage
 
-from ._convert import SegmentJob, relative_path, write_segment
+from ._convert import SegmentJob, new_damage, relative_path, write_segment
 from ._manifest import Manifest, makedirs_durably
 
 __all__ = ["export_segments", "CRASH_ENV"]
@@ -38,7 +38,8 @@ def export_segments(
 ) -> list[dict[str, Any]]:
     """Export every job not already in ``root``'s manifest; returns one entry per
     segment exported now (``key``, ``path``, ``rows``, ``bytes``, ``corrupt_records``,
-    ``seconds``...). Damage found in the manifest goes to ``report``; ``started``
+    ``seconds``...). Damage found in the manifest, and corrupt records the broker did
+    not know of, go to ``report``; ``started``
     gets the keys of the jobs the manifest already lists and how many segments are
     left to export; ``progress`` each entry as its segment is in the manifest, with
     how many are done of how many.
@@ -61,6 +62,9 @@ def export_segments(
         tmp = final + ".tmp"
         _crash_point("before_write")
         rows, corrupt = write_segment(job, tmp)
+        damage = new_damage(job, corrupt)
+        if damage is not None:
+            report(damage)
         _crash_point("after_write")
         os.replace(tmp, final)
         fsync_dir(folder)
@@ -74,7 +78,7 @@ def export_segments(
             "last_offset": job.last_offset,
             "rows": rows,
             "bytes": os.path.getsize(final),
-            "corrupt_records": corrupt,
+            "corrupt_records": len(corrupt),
             "exported_at": time.time(),
         }
         topic = None

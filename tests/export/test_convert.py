@@ -149,5 +149,31 @@ def test_the_columnar_decode_reads_every_record_as_protocol_does(msgs, damaged, 
             return
         batches = list(segment_batches(job, batch_rows))
         assert [r for b, _ in batches for r in b.to_pylist()] == expected
-        assert sum(c for _, c in batches) == corrupt
+        assert sum(len(c) for _, c in batches) == corrupt
         assert all(b.schema == SCHEMA for b, _ in batches)
+
+
+def test_the_worker_converts_without_importing_pandas(tmp_path: Path) -> None:
+    """pyarrow's ``pa.array`` and ``to_numpy`` import pandas on first use (a quarter
+    of a second of every export worker's start): the conversion never calls them."""
+    import subprocess
+    import sys
+
+    from spark_export._wire import job_messages
+
+    repeated = P.encode_headers([("K", "1"), ("K", "2"), ("L", "3")])
+    seg = build_segment(str(tmp_path), [(b"a.b", repeated, b"x", 60, 1, 0), (b"a.c", b"", b"y", 0, 0, 0)], [], [(0, 3)], True)
+    job = SegmentJob(1, 1, 0, "s", "t", 1, seg.count, seg.log_path, seg.del_path, seg.positions.tobytes(), bytes(seg.state), 0, 0,
+                     log_crc=seg.sealed_crc)
+    code = (
+        "import sys\n"
+        "from spark_export._convert import segment_batches\n"
+        "from spark_export._wire import read_jobs\n"
+        "_, (job,) = read_jobs(sys.stdin.buffer)\n"
+        "batches = list(segment_batches(job))\n"
+        "pandas = 'pandas' in sys.modules\n"
+        "rows = [r for b, _ in batches for r in b.to_pylist()]\n"
+        "print(len(rows), rows[0]['headers'], rows[0]['removed_reason'], pandas)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], input=b"".join(job_messages("unused", [job])), capture_output=True, check=True)
+    assert out.stdout.decode().split("\n")[0] == "2 [('K', '1'), ('L', '3')] delete False"

@@ -375,3 +375,27 @@ async def test_stats_show_the_progress_of_the_pass_under_way(tmp_path: Path) -> 
         assert (stats["export_pass_segments"], stats["export_pass_done"]) == (3, 1)
         stats = await watcher.stats()
         assert (stats["export_pass_segments"], stats["export_pass_done"], stats["segments_exported"]) == (0, 0, 3)
+
+
+async def test_a_record_damaged_on_disk_is_left_out_counted_and_reported(tmp_path: Path) -> None:
+    """A byte of a sealed segment changed after it was sealed (its summary's CRC-32 no
+    longer matches the file): the worker checks each record, leaves the damaged one
+    out, counts it in ``corrupt_records`` and reports it as damage to the broker."""
+    export = tmp_path / "export"
+    (tmp_path / "data").mkdir()
+    cfg = make_config(tmp_path / "data", **{"export.dir": str(export), "system.partition.fsync": "never"})
+    async with start_server(cfg) as server, connect(server.address) as c:
+        await c.create_stream("s")
+        await c.create_topic("s", "t", subjects=["a.>"], segment_size=4096)
+        for _ in range(2):  # the second batch goes to a new segment: the first one is sealed
+            await c.publish_batch([(f"a.{i}", str(i).encode() * 400) for i in range(10)])
+        seg = server.broker.catalog.topics()[0].partitions[0].log.segments[0]
+        assert seg.sealed_crc is not None and seg.count == 10
+        with open(seg.log_path, "r+b") as f:  # the payload of the record at offset 4
+            f.seek(seg.positions[3] + 60)
+            f.write(b"!")
+        res = await c.export()
+        (entry,) = res["exported"]
+        assert (entry["rows"], entry["corrupt_records"]) == (9, 1)
+        assert sorted(int(r["payload"][:1]) for r in read_export(export)) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+        assert (await c.stats())["damage_detected"] == 1
