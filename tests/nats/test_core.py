@@ -578,3 +578,39 @@ async def test_pipelined_publishes_keep_their_order_and_each_get_their_ack(
     async with connect(nats_server.address) as client:
         stored = await client.fetch("shop", "orders", partition=0, offset=1, count=10)
     assert [m.subject for m in stored.messages] == ["orders.a", "orders.c", "orders.d"]
+
+
+async def test_random_bytes_from_many_connections_cost_only_those(nats_url: str) -> None:
+    import random
+
+    rng = random.Random(14)
+    pieces = [b"PUB a 3\r\nabc\r\n", b"SUB a 1\r\n", b"PING\r\n", b"HPUB a 12 12\r\nNATS/1.0\r\n\r\n\r\n", b"CONNECT {}\r\n",
+              b"UNSUB 1 2\r\n", b"\r\n", b"\x00\xff", b"PUB", b" 99999999999999\r\n", b"-ERR\r\n", b"MSG a 1 1\r\nx\r\n"]
+
+    inputs = [b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 12))) + bytes(rng.randrange(256) for _ in range(8))
+              for _ in range(40)]
+
+    async def vandal(data: bytes) -> None:
+        peer = await RawNats.open(nats_url)
+        await peer.next_event()  # INFO
+        try:
+            await peer.send(data)
+            events = await peer.until_closed(timeout=10)
+        except trio.BrokenResourceError:  # reset: the server closed while we wrote
+            return
+        assert events and events[-1] in [err("Unknown Protocol Operation"), err("maximum control line exceeded"),
+                                          err("Maximum Payload Violation")], (data, events)
+
+    async with trio.open_nursery() as nursery:
+        for data in inputs:
+            nursery.start_soon(vandal, data)
+
+    async def still_serving() -> bytes:
+        nc = await nats.connect(nats_url)
+        sub = await nc.subscribe("ok")
+        await nc.publish("ok", b"fine")
+        data = (await sub.next_msg(5)).data
+        await nc.close()
+        return data
+
+    assert await in_asyncio(still_serving) == b"fine"
