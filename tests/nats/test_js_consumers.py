@@ -410,3 +410,63 @@ async def test_kv_keys_history_and_watch_see_puts_deletes_and_ttl_markers(mock_c
     assert r["history"] == [("a", b"1", 1, None), ("a", b"2", 3, None)]
     assert r["initial"] == [("a", b"2", 3, None, 1), ("b", b"", 4, "DEL", 0)]
     assert r["live"] == [("c", b"3", 5, None), ("d", b"4", 6, None), ("d", b"", 7, "PURGE")]
+
+
+async def test_pull_idle_heartbeats_and_ephemeral_consumers_going_when_unused(mock_clock: Any, nats_url: str) -> None:
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        try:
+            await orders(js, 1)
+            out: dict[str, Any] = {}
+            # a waiting pull with idle_heartbeat gets "100 Idle Heartbeat" while it waits
+            await js.add_consumer(STREAM, durable_name="hb", ack_policy="explicit")
+            inbox = nc.new_inbox()
+            sub = await nc.subscribe(inbox)
+            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.hb", b"", reply=inbox)
+            await (await sub.next_msg(timeout=2)).ack_sync()
+            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.hb",
+                             json.dumps({"batch": 1, "expires": 10 * 10**9, "idle_heartbeat": 10**9}).encode(), reply=inbox)
+            await nc.flush()
+            jump(1.05)
+            out["heartbeat"] = (await sub.next_msg(timeout=2)).headers
+            await js.publish("orders.x", b"now")
+            out["then"] = (await sub.next_msg(timeout=2)).data
+            # an ephemeral pull consumer goes inactive_threshold after it was last used
+            eph = await js.add_consumer(STREAM, name="eph", ack_policy="explicit", inactive_threshold=10)
+            out["eph"] = (eph.name, eph.config.durable_name, eph.config.inactive_threshold)
+            jump(6)
+            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.eph", b"", reply=inbox)  # used: the clock restarts
+            out["eph_msg"] = (await sub.next_msg(timeout=2)).subject
+            jump(6)
+            out["eph_used"] = (await js.consumer_info(STREAM, "eph")).name
+            jump(5)
+            try:
+                await js.consumer_info(STREAM, "eph")
+            except NotFoundError as e:
+                out["eph_gone"] = e.err_code
+            # an ordered push consumer stays while subscribed, goes once unsubscribed
+            osub = await js.subscribe("orders.>", ordered_consumer=True)
+            name = (await osub.consumer_info()).name
+            jump(6)
+            out["push_bound"] = (await js.consumer_info(STREAM, name)).push_bound
+            await osub.unsubscribe()
+            await nc.flush()
+            jump(6)
+            try:
+                await js.consumer_info(STREAM, name)
+            except NotFoundError as e:
+                out["push_gone"] = e.err_code
+            return out
+        finally:
+            await nc.close()
+
+    r = await in_asyncio(scenario)
+    assert r["heartbeat"] == {"Status": "100", "Description": "Idle Heartbeat",
+                              "Nats-Last-Consumer": "1", "Nats-Last-Stream": "1"}
+    assert r["then"] == b"now"
+    assert r["eph"] == ("eph", None, 10.0)
+    assert r["eph_msg"] == "orders.0"
+    assert r["eph_used"] == "eph"
+    assert r["eph_gone"] == 10014
+    assert r["push_bound"] is True
+    assert r["push_gone"] == 10014
