@@ -18,10 +18,6 @@ Spark job is asked for.
 from ._convert import SegmentJob as SegmentJob
 from ._exporter import CRASH_ENV as CRASH_ENV
 from ._exporter import export_segments as export_segments
-from ._spawn import WORKER_COMMAND as WORKER_COMMAND
-from ._spawn import WorkerCrashed as WorkerCrashed
-from ._spawn import WorkerFailed as WorkerFailed
-from ._spawn import export_in_worker as export_in_worker
 from ._manifest import MANIFEST_NAME as MANIFEST_NAME
 from ._manifest import Manifest as Manifest
 from ._manifest import ManifestUnreadable as ManifestUnreadable
@@ -29,4 +25,15 @@ from ._schema import SCHEMA as SCHEMA
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import VERSION_KEY as VERSION_KEY
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+#: Imported when first used (PEP 562): they need trio, which the worker does not.
+_SPAWN = ("WORKER_COMMAND", "WorkerCrashed", "WorkerFailed", "export_in_worker")
+
+__all__ = [name for name in dir() if not name.startswith("_")] + list(_SPAWN)
+
+
+def __getattr__(name: str) -> object:
+    if name in _SPAWN:
+        from . import _spawn
+
+        return getattr(_spawn, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
