@@ -23,6 +23,7 @@ to and from ttlbroker's header block (``_records.py``), and
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +132,7 @@ NATS_NEED_DATA = _Singleton("NATS_NEED_DATA")
 Event = NatsConnect | NatsPub | NatsSub | NatsUnsub | NatsInfo | NatsMsg | NatsErr | _Singleton
 
 _WS = b" \t"
+_SPACE = re.compile("[ \t\n\r\f]")
 _ENDS = b" \t\r\n"
 
 
@@ -155,20 +157,15 @@ def valid_nats_subject(subject: str, wildcards: bool = False) -> bool:
     """nats-server's ``IsValidLiteralSubject`` (``wildcards`` False) or
     ``IsValidSubject``: non-empty tokens, no whitespace, and wildcards only as
     whole tokens, ``>`` last (only when ``wildcards``)."""
-    if not subject:
+    if not subject or _SPACE.search(subject):
         return False
     tokens = subject.split(".")
     last = len(tokens) - 1
     for i, token in enumerate(tokens):
         if not token:
             return False
-        if token in ("*", ">"):
-            if not wildcards or (token == ">" and i != last):
-                return False
-            continue
-        for ch in token:
-            if ch in " \t\r\n\f\v":
-                return False
+        if (token == "*" or token == ">") and (not wildcards or (token == ">" and i != last)):
+            return False
     return True
 
 

@@ -132,7 +132,9 @@ class BrokerProcess:
     def __init__(self, data_dir: Path | str, *extra: str, config_file: Path | None = None, env: dict[str, str] | None = None) -> None:
         import subprocess
 
-        args = [sys.executable, "-m", "broker", "serve", "--port", "0", "--data", str(data_dir), *extra]
+        # A free NATS port even when ``extra`` gives a fixed --port (which would leave
+        # the NATS listener on 4222); ``extra`` may set --nats-port or --no-nats.
+        args = [sys.executable, "-m", "broker", "serve", "--port", "0", "--nats-port", "0", "--data", str(data_dir), *extra]
         if config_file is not None:
             args += ["--config", str(config_file)]
         self.proc = subprocess.Popen(
