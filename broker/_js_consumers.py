@@ -139,12 +139,17 @@ class State:
         self.last_active: weakref.WeakKeyDictionary[Consumer, int] = weakref.WeakKeyDictionary()
         #: Push consumers whose deliver subject has no subscriber (they wait for one).
         self.unbound: set[Push] = set()
+        #: Flow-control requests awaiting their answer, by reply subject.
+        self.flow: dict[str, Push] = {}
         self.broker.subs.on_add.append(self._subscribed)
 
     def _subscribed(self, sub: Any) -> None:
         if self.unbound:
             for push in list(self.unbound):
-                push.bind()
+                if push.consumer.deleted:
+                    self.unbound.discard(push)
+                else:
+                    push.bind()
 
     def settings_of(self, c: Consumer) -> PushSettings:
         return self.settings.get(c, _DURABLE)
@@ -345,7 +350,6 @@ class Push:
 
     def unbind(self) -> None:
         self.stop()
-        self.fc_reply = ""
         self.state.unbound.add(self)
 
     def open_window(self) -> None:
@@ -370,17 +374,23 @@ class Push:
         self.fc_count += 1
         c = self.consumer
         self.fc_reply = f"{FC_PREFIX}{self.state.js.stream_name(c.topic)}.{c.name}.{self.fc_count}"
+        self.state.flow[self.fc_reply] = self
         if self.state.send(self.subject, self.fc_reply, status_message(100, "FlowControl Request")):
             self.state.touch(c)
 
     def flow_reply(self, subject: str) -> None:
         if subject == self.fc_reply:
-            self.fc_reply = ""
+            self._clear_flow()
             self.open_window()
+
+    def _clear_flow(self) -> None:
+        self.state.flow.pop(self.fc_reply, None)
+        self.fc_reply = ""
 
     def tick(self, now_ns: int) -> None:
         c = self.consumer
-        if c.deleted:
+        if c.deleted:  # deleted by our own protocol's API
+            self.stop()
             return
         if not self.busy:
             if self.state.send(self.subject, None, idle_heartbeat(c.dseq, _last_stream_seq(c), self.fc_reply)):
@@ -390,6 +400,7 @@ class Push:
 
     def stop(self) -> None:
         self.state.unbound.discard(self)
+        self._clear_flow()
         if self.window is not None:
             retire(self.window)
             self.window = None
@@ -639,10 +650,9 @@ def ack(js: JetStream, subject: str, reply: str | None, payload: bytes) -> None:
     """A ``$JS.ACK...`` acknowledgement or a ``$JS.FC...`` flow-control answer."""
     st = _state(js)
     if subject.startswith(FC_PREFIX):
-        for push in list(st.pushes.values()):
-            if push.fc_reply == subject:
-                push.flow_reply(subject)
-                break
+        push = st.flow.get(subject)
+        if push is not None:
+            push.flow_reply(subject)
         return
     a = parse_ack_subject(subject)
     if a is None:
