@@ -137,7 +137,7 @@ class Retention:
             part.topic.dedup.load(msg_ids, window)
         if part.topic.config.allow_msg_ttl:
             by_deadline: dict[int, list[int]] = {}
-            merged = set()
+            merged: set[int] = set()
             for (ts, ttl), group in with_ttl.items():
                 deadline = ts + ttl * NS
                 offsets = by_deadline.get(deadline)
