@@ -2,10 +2,11 @@
 
 ``serve(config, task_status=...)`` first binds the broker's port, the NATS port
 (``[nats]``, ``_nats_session.py``) and the monitoring port (``[http]``), so that an
-address in use fails at once rather than after a long recovery, and serves the monitoring endpoints from then on (``_monitoring.py``;
-``/healthz`` answers 503). It then opens the data directory and recovers it (in a
-worker thread), starts the group committer and the background tasks, accepts
-connections on the port it bound, and reports :class:`ServerHandle` through
+address in use fails at once rather than after a long recovery, and serves the
+monitoring endpoints from then on (``_monitoring.py``; ``/healthz`` answers 503).
+It then opens the data directory and recovers it (in a worker thread), starts the
+group committer and the background tasks, accepts connections on the ports it
+bound, and reports :class:`ServerHandle` through
 ``task_status.started`` (trio's ``serve_listeners`` idiom); ``/healthz`` answers 200
 from then on. It returns only when cancelled; cancelling it is a graceful shutdown:
 
@@ -186,9 +187,7 @@ async def _run(
             await nursery.start(broker.committer.run)
             for task in broker.background_tasks():
                 nursery.start_soon(task)
-            jetstream = getattr(broker, "jetstream", None)
-            if jetstream is not None:
-                nursery.start_soon(jetstream.run)
+            nursery.start_soon(broker.jetstream.run)  # the JetStream API's waiting work (_jetstream.py)
             nursery.start_soon(
                 watch_connections, broker.sessions, guard.budget, limits.max_pending_bytes_per_connection,
                 limits.slow_consumer_seconds,
