@@ -6,7 +6,12 @@ each message only if it is the member of its group picked for that message, at
 random, as nats-server does). Matching a published subject against every
 subscription would cost O(subscriptions) per message, so the answer is cached per
 subject (cleared when subscriptions change or the cache grows past
-``CACHE_LIMIT``). With no subscription at all, publishing skips this entirely.
+``CACHE_LIMIT``), and a miss looks only at the subscriptions that can match: they
+are filed by their first two tokens when both are literal (every NATS client's
+reply inbox ``_INBOX.<id>.*`` has its own bucket, so the acks and replies of many
+clients, each to a subject of its own, do not each scan them all), by their first
+token when only it is, and apart when it is a wildcard. With no subscription at
+all, publishing skips this entirely.
 
 The SUBSCRIBE and UNSUBSCRIBE handlers are here too, and ``deliver``, which pushes
 published (and republished or marker) records to the matching subscriptions.
@@ -44,6 +49,12 @@ class Subscription:
 class SubscriptionIndex:
     def __init__(self) -> None:
         self._all: set[Any] = set()
+        #: The subscriptions by their first two tokens, by their first token alone
+        #: (the second is a wildcard, or there is none), and those whose first token
+        #: is a wildcard: each subscription is in one of the three.
+        self._by_two: dict[tuple[str, str], set[Any]] = {}
+        self._by_one: dict[str, set[Any]] = {}
+        self._wild: set[Any] = set()
         #: Members of NATS queue groups (also in ``_all``).
         self._queued = 0
         self._cache: dict[bytes, tuple[Any, ...]] = {}
@@ -56,8 +67,20 @@ class SubscriptionIndex:
     def __len__(self) -> int:
         return len(self._all)
 
+    def _place(self, tokens: tuple[str, ...]) -> tuple[dict[Any, set[Any]] | None, Any]:
+        """Where a subscription with these filter tokens is filed: (table, key), or
+        (None, None) for the wildcard-first ones."""
+        first = tokens[0]
+        if first == "*" or first == ">":
+            return None, None
+        if len(tokens) > 1 and tokens[1] != "*" and tokens[1] != ">":
+            return self._by_two, (first, tokens[1])
+        return self._by_one, first
+
     def add(self, sub: Any) -> None:
         self._all.add(sub)
+        table, key = self._place(sub.tokens)
+        (self._wild if table is None else table.setdefault(key, set())).add(sub)
         if getattr(sub, "queue", None):
             self._queued += 1
         self._cache = {}
@@ -68,6 +91,14 @@ class SubscriptionIndex:
     def remove(self, sub: Any) -> None:
         if sub in self._all:
             self._all.discard(sub)
+            table, key = self._place(sub.tokens)
+            if table is None:
+                self._wild.discard(sub)
+            else:
+                bucket = table[key]
+                bucket.discard(sub)
+                if not bucket:
+                    del table[key]
             if getattr(sub, "queue", None):
                 self._queued -= 1
         self._cache = {}
@@ -83,7 +114,13 @@ class SubscriptionIndex:
                 self._cache = {}
                 self._groups = {}
             tokens = subject.decode(errors="replace").split(".")
-            found = [s for s in self._all if subject_matches(s.tokens, tokens)]
+            found = [s for s in self._wild if subject_matches(s.tokens, tokens)]
+            one = self._by_one.get(tokens[0])
+            if one:
+                found += [s for s in one if subject_matches(s.tokens, tokens)]
+            two = self._by_two.get((tokens[0], tokens[1])) if len(tokens) > 1 else None
+            if two:
+                found += [s for s in two if subject_matches(s.tokens, tokens)]
             if self._queued:
                 groups: dict[str, list[Any]] = {}
                 for s in found:
