@@ -41,6 +41,8 @@ import secrets
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from protocol import AckKind, BrokerError, PullEnd, normalize_name
 from protocol._jetstream import (
     FC_PREFIX, INVALID_JSON, STREAM_MISMATCH, JSError, api_error, api_response, js_error, parse_request, rfc3339,
@@ -71,7 +73,7 @@ if TYPE_CHECKING:
     from ._consumers import Consumer
     from ._jetstream import JetStream
 
-__all__ = ["consumer_api", "ack", "NatsPull", "PushWindow", "Push"]
+__all__ = ["consumer_api", "ack", "run", "NatsPull", "PushWindow", "Push"]
 
 log = get_logger(__name__)
 
@@ -82,6 +84,8 @@ EPHEMERAL_INACTIVE_NS = 5 * NS
 #: A push consumer's flow-control window.
 WINDOW_MSGS = 1024
 WINDOW_BYTES = 1 << 20
+#: Entries of the ack-subject lookup cache before it is cleared.
+ACK_CACHE_LIMIT = 10_000
 #: Page sizes of CONSUMER.NAMES and CONSUMER.LIST (the server's).
 NAMES_LIMIT = 1024
 LIST_LIMIT = 256
@@ -141,6 +145,14 @@ class State:
         self.unbound: set[Push] = set()
         #: Flow-control requests awaiting their answer, by reply subject.
         self.flow: dict[str, Push] = {}
+        #: ``(stream, consumer)`` of ack subjects -> the consumer (checked: not deleted).
+        self.by_ack: dict[tuple[str, str], Consumer] = {}
+        #: Acks received and not yet settled, and the ack requests they answer: settled
+        #: together in the next turn of the event loop (:func:`run`), so a batch of acks
+        #: is one journal event, or before any request that reads consumer state.
+        self.acks: dict[Consumer, list[tuple[int, int, int, int]]] = {}
+        self.ack_replies: list[str] = []
+        self.ack_wake = trio.Event()
         self.broker.subs.on_add.append(self._subscribed)
 
     def _subscribed(self, sub: Any) -> None:
@@ -150,6 +162,39 @@ class State:
                     self.unbound.discard(push)
                 else:
                     push.bind()
+
+    def queue_ack(self, c: Consumer, entry: tuple[int, int, int, int], reply: str | None) -> None:
+        self.acks.setdefault(c, []).append(entry)
+        if reply:
+            self.ack_replies.append(reply)
+        if not self.ack_wake.is_set():
+            self.ack_wake.set()
+
+    def flush_acks(self) -> None:
+        """Settle the queued acks (one journal event per consumer); the ack requests
+        are answered once that is durable."""
+        if not self.acks:
+            return
+        acks, self.acks = self.acks, {}
+        replies, self.ack_replies = self.ack_replies, []
+        epoch = 0
+        for c, entries in acks.items():
+            if not c.deleted:
+                epoch = max(epoch, self.engine.settle(c, entries))
+        for reply in replies:
+            self.js.respond(reply, b"", epoch=epoch)
+
+    def consumer_of_ack(self, stream: str, consumer: str) -> Consumer | None:
+        key = (stream, consumer)
+        c = self.by_ack.get(key)
+        if c is None or c.deleted:
+            c = _lookup(self, [stream, consumer])
+            if c is None:
+                return None
+            if len(self.by_ack) >= ACK_CACHE_LIMIT:
+                self.by_ack = {}
+            self.by_ack[key] = c
+        return c
 
     def settings_of(self, c: Consumer) -> PushSettings:
         return self.settings.get(c, _DURABLE)
@@ -446,6 +491,7 @@ def _delete(st: State, c: Consumer) -> int:
 def consumer_api(js: JetStream, op: str, tokens: list[str], reply: str | None, headers: bytes | None, payload: bytes) -> None:
     """``$JS.API.CONSUMER.<op>.<tokens...>`` (dispatched by ``JetStream.request``)."""
     st = _state(js)
+    st.flush_acks()  # a request sees every ack sent before it
     if op == "MSG.NEXT":
         c = _lookup(st, tokens)
         if c is None:
@@ -657,7 +703,7 @@ def ack(js: JetStream, subject: str, reply: str | None, payload: bytes) -> None:
     a = parse_ack_subject(subject)
     if a is None:
         return
-    c = _lookup(st, [a.stream, a.consumer])
+    c = st.consumer_of_ack(a.stream, a.consumer)
     if c is None:
         return
     try:
@@ -665,10 +711,21 @@ def ack(js: JetStream, subject: str, reply: str | None, payload: bytes) -> None:
     except ValueError:
         return
     if kind == ACK_NEXT:
-        epoch = st.engine.settle(c, [(AckKind.ACK, 0, a.stream_seq, 0)])
+        st.queue_ack(c, (AckKind.ACK, 0, a.stream_seq, 0), None)
+        st.flush_acks()
         if reply:
-            st.broker.committer.after(epoch, lambda: _next(st, c, reply, str(value).encode()))
+            _next(st, c, reply, str(value).encode())
         return
-    delay_ms = -(-value // MS) if value else 0
-    epoch = st.engine.settle(c, [(kind, 0, a.stream_seq, delay_ms)])
-    js.respond(reply, b"", epoch=epoch)
+    st.queue_ack(c, (kind, 0, a.stream_seq, -(-value // MS) if value else 0), reply)
+
+
+async def run(js: JetStream) -> None:
+    """Settles the acks a turn of the event loop brought (``JetStream.run`` runs it)."""
+    st = _state(js)
+    while True:
+        await st.ack_wake.wait()
+        st.ack_wake = trio.Event()
+        try:
+            st.flush_acks()
+        except Exception:
+            log.error("js_ack_flush_failed", exc_info=True)
