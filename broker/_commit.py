@@ -72,7 +72,7 @@ class Committer:
         return self.epoch
 
     def watch(self, session: object) -> None:
-        """Have ``session.kick()`` called after the next sync completes."""
+        """Have ``session.on_sync()`` called after the next sync completes."""
         self._watchers.add(session)
 
     def after(self, epoch: int, action: Callable[[], None]) -> None:
@@ -138,7 +138,7 @@ class Committer:
         progress.set()
         watchers, self._watchers = self._watchers, set()
         for w in watchers:
-            w.kick()  # type: ignore[attr-defined]
+            w.on_sync()  # type: ignore[attr-defined]
         for hook in self.on_synced:
             try:
                 hook(target)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hmac
 import math
+import os
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +120,8 @@ class Session:
         limits = broker.config.limits
         self.broker = broker
         self.stream = stream
+        #: The socket's descriptor, for writes that need not wait (-1 over TLS).
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         self.id = session_id
         self.peer = peer
         self.peer_host = peer.rsplit(":", 1)[0]
@@ -181,11 +184,21 @@ class Session:
             self.kick()
 
     def send_durable(self, epoch: int, frame: bytes) -> None:
+        """Queue ``frame`` to go once ``epoch`` is durable: the group commit calls
+        :meth:`on_sync` then (nothing wakes the writer before)."""
         n = len(frame)
         self._durable.append((epoch, frame))
         self.pending_bytes += n
         self.budget.add(n)
-        self.kick()
+        self.broker.committer.watch(self)
+
+    def on_sync(self) -> None:
+        """The group commit made acks durable: send them now, and wake the writer
+        only for what the socket did not take."""
+        if not self._send_nowait():
+            self.kick()  # the writer sends the rest (and watches for the next sync)
+        elif self._durable:
+            self.broker.committer.watch(self)  # written after the sync began
 
     def accepts_pushes(self) -> bool:
         """False when a push would be dropped (this connection or the broker is full)."""
@@ -486,14 +499,12 @@ class Session:
             if not self.ready and conn._decoder.buffered > MAX_HANDSHAKE_FRAME:
                 self._refuse_large_first_frame()
                 return
-            if self._now:
+            if self._now and not self._send_nowait():
                 self._reader_sending = True
                 try:
                     await self._send_ready()  # answer without waking the writer task
                 finally:
                     self._reader_sending = False
-            if self._durable:
-                self.kick()  # the writer waits for their sync
 
     async def _wait_room(self) -> None:
         """Backpressure: wait until this connection is within its limit and the
@@ -571,18 +582,47 @@ class Session:
                     self._broken = True  # part of a frame may be out: send nothing more
                     raise
                 self._write_started = None
-                n = len(data)
-                self._sent_bytes += n
-                self.pending_bytes -= n
-                self.budget.sent(n)
-                if self.pending_bytes <= self._limit:
-                    self.over_limit_since = None
-                    self._drained.set()
-                elif not (self._now or self._durable):
-                    self._drained.set()
+                self._sent(len(data))
         finally:
             self._sending = False
             self._write_started = None
+
+    def _send_nowait(self) -> bool:
+        """Send what may go now with non-blocking writes on the socket itself, when no
+        write is under way; True when nothing that may go is left. One system call
+        and no task switch for the common case, a client that reads its answers (what
+        the socket does not take goes back to the front of the queue, for
+        :meth:`_send_ready`). Over TLS there is no socket to write to: False."""
+        if self._fd < 0 or self._sending or self._broken:
+            return False
+        while True:
+            data = self._take_chunk()
+            if data is None:
+                return True
+            try:
+                n = os.write(self._fd, data)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                self._lost()
+                return True
+            self._sent(n)
+            if n < len(data):
+                rest = data[n:]
+                self._now.appendleft(rest)
+                self._now_bytes += len(rest)
+                return False
+
+    def _sent(self, n: int) -> None:
+        """``n`` queued bytes went out."""
+        self._sent_bytes += n
+        self.pending_bytes -= n
+        self.budget.sent(n)
+        if self.pending_bytes <= self._limit:
+            self.over_limit_since = None
+            self._drained.set()
+        elif not (self._now or self._durable):
+            self._drained.set()
 
     # -- opening -------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -460,6 +461,7 @@ class AsyncioBackend:
         self._tls = tls
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self._deadlines: _Deadlines | None = None
 
     async def start(self) -> None:
         self._closed = False
@@ -509,33 +511,69 @@ class AsyncioBackend:
     def timeout(self, seconds: float | None) -> contextlib.AbstractContextManager[None]:
         if seconds is None:
             return _NO_TIMEOUT
-        return _AsyncioTimeout(seconds)
+        if self._deadlines is None:
+            self._deadlines = _Deadlines(asyncio.get_running_loop())
+        return _AsyncioTimeout(self._deadlines, seconds)
 
 
 _NO_TIMEOUT = contextlib.nullcontext()
 
 
+class _Deadlines:
+    """The timers of one client's timeouts, shared: a timeout ends at the end of a
+    step of ``seconds / 100`` (at most 0.1 s), and the timeouts that end at the same
+    moment share one timer. A request then costs a set insertion and removal, not
+    a timer of its own, whatever the number of requests in flight."""
+
+    __slots__ = ("_loop", "_due")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._due: dict[float, set[_AsyncioTimeout]] = {}
+
+    def add(self, seconds: float, timeout: _AsyncioTimeout) -> float:
+        step = min(0.1, seconds / 100) or 1e-3
+        at = math.ceil((self._loop.time() + seconds) / step) * step
+        waiting = self._due.get(at)
+        if waiting is None:
+            waiting = self._due[at] = set()
+            self._loop.call_at(at, self._fire, at)
+        waiting.add(timeout)
+        return at
+
+    def discard(self, at: float, timeout: _AsyncioTimeout) -> None:
+        waiting = self._due.get(at)
+        if waiting is not None:
+            waiting.discard(timeout)
+
+    def _fire(self, at: float) -> None:
+        for timeout in self._due.pop(at, ()):
+            timeout.fire()
+
+
 class _AsyncioTimeout:
-    """``asyncio.timeout`` is an async context manager; this is the same with a
-    timer, as a plain one (a class: it is on every request's path)."""
+    """``asyncio.timeout`` is an async context manager; this is the same as a plain
+    one: the task is cancelled at the deadline, and the cancellation turned into
+    TimeoutError on the way out (up to 1 % late: see :class:`_Deadlines`)."""
 
-    __slots__ = ("_seconds", "_task", "_handle", "_fired")
+    __slots__ = ("_deadlines", "_seconds", "_task", "_at", "_fired")
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, deadlines: _Deadlines, seconds: float) -> None:
+        self._deadlines = deadlines
         self._seconds = seconds
         self._fired = False
 
     def __enter__(self) -> None:
         self._task = asyncio.current_task()
-        self._handle = asyncio.get_running_loop().call_later(self._seconds, self._fire)
+        self._at = self._deadlines.add(self._seconds, self)
 
-    def _fire(self) -> None:
+    def fire(self) -> None:
         self._fired = True
         if self._task is not None:
             self._task.cancel()
 
     def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
-        self._handle.cancel()
+        self._deadlines.discard(self._at, self)
         if typ is asyncio.CancelledError and self._fired:
             if self._task is not None:
                 self._task.uncancel()  # our cancel, consumed here (as asyncio.timeout does)

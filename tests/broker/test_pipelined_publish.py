@@ -1,0 +1,162 @@
+"""Pipelined PUBLISH requests that arrive in one read are stored as one batch
+(``Session._publish_run``, ``_publishing.publish_frames``): each request still gets
+its own answer, under its correlation id, as if the requests had come one at a
+time, and under fsync ``always`` no ack leaves before the fsync that covers it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from helpers import RawPeer
+
+import protocol as P
+from broker import _session
+from broker._commit import Committer
+from broker._publishing import publish_frames
+from broker.client import Client
+from broker.server import ServerHandle
+
+
+def publish_frame(corr: int, *bodies: bytes, count: int | None = None) -> bytes:
+    n = len(bodies) if count is None else count
+    return P.encode_frame(P.Command.PUBLISH, 0, corr, 0, b"\x00" + n.to_bytes(4, "little") + b"".join(bodies))
+
+
+async def answers(raw: RawPeer, count: int) -> dict[int, object]:
+    """The next ``count`` answers, by correlation id."""
+    got: dict[int, object] = {}
+    while len(got) < count:
+        ev = await raw.next_event()
+        assert isinstance(ev, (P.Response, P.ErrorResponse)), ev
+        assert ev.correlation_id not in got
+        got[ev.correlation_id] = ev
+    return got
+
+
+async def test_pipelined_frames_in_one_read_get_their_own_answers(
+    server: ServerHandle, client: Client, topic: tuple[str, str], monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    await client.create_topic("shop", "one", partitions=1, subjects=["one.>"])
+    joined: list[int] = []  # how many requests each batch the broker took as one held
+
+    def spy(broker: Any, session: Any, cmds: list[P.Publish]) -> Any:
+        reply = publish_frames(broker, session, cmds)
+        joined.append(0 if reply is None else len(cmds))
+        return reply
+
+    monkeypatch.setattr(_session, "publish_frames", spy)
+    raw = await RawPeer.open(server.address)
+    await raw.handshake()
+    body = P.encode_body
+
+    def ping(corr: int) -> bytes:  # a request of another kind ends a run of PUBLISH
+        return P.encode_frame(P.Command.PING, 0, corr, 0)
+
+    frames = [
+        # Joined: an unrouted message among them gets its error in its own request's acks.
+        publish_frame(1, body("one.a", b"m1")),
+        publish_frame(2, body("one.b", b"m2"), body("one.c", b"m3")),
+        publish_frame(4, body("nowhere.x", b"m5"), body("one.d", b"m6")),
+        publish_frame(7, body("one.f", b"m7")),
+        ping(97),
+        # One at a time: 3 is truncated and gets its own error; 10 is stored.
+        publish_frame(3, body("one.a", b"m4")[:-1]),
+        publish_frame(10, body("one.g", b"m10")),
+        ping(98),
+        # One at a time: they read right only together (5 says 2 messages and holds
+        # 1, 6 says 1 and holds 2), and each alone is malformed.
+        publish_frame(5, body("one.e", b"bad" * 8), count=2),
+        publish_frame(6, body("one.e", b"bad"), body("one.e", b"bad"), count=1),
+        ping(99),
+        # One at a time (headers): 8's compare-and-set names the offset 7 gave one.f.
+        publish_frame(11, body("one.h", b"m11")),
+        publish_frame(8, body("one.f", b"m8", P.encode_headers({"Nats-Expected-Last-Subject-Sequence": "5"}))),
+        publish_frame(9, body("one.g", b"m9")),
+    ]
+    await raw.send(b"".join(frames))  # one write: the broker reads them together
+    got = await answers(raw, len(frames))
+    assert joined == [4, 0, 0, 0]
+
+    def offsets(corr: int) -> list[int]:
+        ev = got[corr]
+        assert isinstance(ev, P.Response), ev
+        acks = ev.result
+        assert isinstance(acks, P.Acks)
+        assert not acks.errors
+        return list(acks.offsets)
+
+    assert offsets(1) == [1]
+    assert offsets(2) == [2, 3]
+    four = got[4].result  # type: ignore[union-attr]
+    assert list(four.offsets) == [0, 4]
+    assert list(four.statuses) == [P.ErrorCode.NO_TOPIC_FOR_SUBJECT, 0]
+    assert four.errors == {0: "no topic captures subject 'nowhere.x'"}
+    assert offsets(7) == [5]
+    for corr in (3, 5, 6):
+        ev = got[corr]
+        assert isinstance(ev, P.ErrorResponse), ev
+        assert ev.error.code == P.ErrorCode.MALFORMED_PAYLOAD
+    assert "truncated" in got[3].error.message  # type: ignore[union-attr]
+    assert "bytes follow the last of the 1 messages" in got[6].error.message  # type: ignore[union-attr]
+    assert offsets(10) == [6]
+    assert offsets(11) == [7]
+    assert offsets(8) == [8]
+    assert offsets(9) == [9]
+    stored = (await client.fetch("shop", "one", 0, 1, 100)).messages
+    assert [m.payload for m in stored] == [b"m1", b"m2", b"m3", b"m6", b"m7", b"m10", b"m11", b"m8", b"m9"]
+    await raw.aclose()
+
+
+async def test_frames_into_several_partitions_keep_their_order(
+    server: ServerHandle, client: Client, topic: tuple[str, str]
+) -> None:
+    raw = await RawPeer.open(server.address)
+    await raw.handshake()
+    subjects = [f"orders.{k}" for k in range(12)]
+    frames = [publish_frame(10 + i, P.encode_body(s, str(i).encode())) for i, s in enumerate(subjects)]
+    await raw.send(b"".join(frames))
+    got = await answers(raw, len(frames))
+    for i, s in enumerate(subjects):
+        ev = got[10 + i]
+        assert isinstance(ev, P.Response), ev
+        (ack,) = list(ev.result)  # type: ignore[call-overload]
+        assert ack.error is None
+        (m,) = (await client.fetch(*topic, ack.partition, ack.offset, 1)).messages
+        assert (m.subject, m.payload) == (s, str(i).encode())
+    await raw.aclose()
+
+
+async def test_acks_of_pipelined_frames_wait_for_their_fsync(
+    server: ServerHandle, client: Client, topic: tuple[str, str], monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """fsync ``always`` (the default): while the group commit is held, the broker
+    stores the batch but sends none of its acks; they all leave after the one sync."""
+    broker = server.broker
+    assert broker.committer.acks_wait
+    gate = trio.Event()
+    sync_now = Committer.sync_now
+
+    async def held(self: Committer) -> None:
+        await gate.wait()
+        await sync_now(self)
+
+    monkeypatch.setattr(Committer, "sync_now", held)
+    raw = await RawPeer.open(server.address)
+    await raw.handshake()
+    count = 50
+    before = broker.counters.messages_in
+    await raw.send(b"".join(publish_frame(100 + i, P.encode_body("orders.x", b"%d" % i)) for i in range(count)))
+    with trio.fail_after(5):
+        while broker.counters.messages_in < before + count:
+            await trio.sleep(0.01)
+    fsyncs = broker.counters.fsyncs
+    with trio.move_on_after(0.2):
+        early = await raw.stream.receive_some(65536)
+        raise AssertionError(f"an ack left before its fsync: {early!r}")
+    gate.set()
+    got = await answers(raw, count)
+    assert broker.counters.fsyncs == fsyncs + 1  # one sync for the whole batch
+    offsets = [got[100 + i].result[0].offset for i in range(count)]  # type: ignore[union-attr]
+    assert offsets == list(range(offsets[0], offsets[0] + count))
+    await raw.aclose()
