@@ -17,11 +17,11 @@ import protocol as P
 T = TypeVar("T")
 
 
-async def in_asyncio(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run ``await fn(*args)`` on an asyncio event loop in a worker thread (for
-    nats-py, an asyncio client) while the test's trio loop runs the broker; its
+async def in_asyncio(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    """Run ``await fn(*args, **kwargs)`` on an asyncio event loop in a worker thread
+    (for nats-py, an asyncio client) while the test's trio loop runs the broker; its
     result or exception comes back here."""
-    return await trio.to_thread.run_sync(lambda: asyncio.run(fn(*args)))  # type: ignore[arg-type]
+    return await trio.to_thread.run_sync(lambda: asyncio.run(fn(*args, **kwargs)))  # type: ignore[arg-type]
 
 
 def feed_bytewise(conn: P.ProtocolConnection, data: bytes) -> list[object]:

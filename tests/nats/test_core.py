@@ -60,6 +60,17 @@ async def beside(fn: Callable[[], Awaitable[Any]], trio_side: Callable[[], Await
     return result[0]
 
 
+async def round_trip(url: str, payload: bytes, **options: Any) -> bytes:
+    """nats-py (on asyncio): connect with ``options``, subscribe, publish
+    ``payload``, return what the subscription got."""
+    nc = await nats.connect(url, **options)
+    sub = await nc.subscribe("round.trip")
+    await nc.publish("round.trip", payload)
+    data = (await sub.next_msg(5)).data
+    await nc.close()
+    return data
+
+
 # -- core messaging --------------------------------------------------------------------
 
 
@@ -300,20 +311,12 @@ async def test_auth_token(token_config: Config) -> None:
         url = handle.nats_url
         assert url is not None
 
-        async def good() -> bytes:
-            nc = await nats.connect(url, token="s3cret")
-            sub = await nc.subscribe("t")
-            await nc.publish("t", b"in")
-            data = (await sub.next_msg(5)).data
-            await nc.close()
-            return data
-
         async def bad() -> str:
             with pytest.raises(Exception) as info:
                 await nats.connect(url, token="wrong", allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=5)
             return str(info.value)
 
-        assert await in_asyncio(good) == b"in"
+        assert await in_asyncio(round_trip, url, b"in", token="s3cret") == b"in"
         assert "authorization violation" in (await in_asyncio(bad)).lower()
 
         peer = await RawNats.open(url)
@@ -492,16 +495,8 @@ async def test_tls_with_the_main_listeners_certificates(data_dir: Path, tls_file
     async with start_server(config) as handle:
         url = handle.nats_url or ""
 
-        async def scenario() -> bytes:
-            context = ssl.create_default_context(cafile=str(ca))
-            nc = await nats.connect(url, tls=context)
-            sub = await nc.subscribe("secret")
-            await nc.publish("secret", b"sealed")
-            data = (await sub.next_msg(5)).data
-            await nc.close()
-            return data
-
-        assert await in_asyncio(scenario) == b"sealed"
+        context = ssl.create_default_context(cafile=str(ca))
+        assert await in_asyncio(round_trip, url, b"sealed", tls=context) == b"sealed"
         plain = await RawNats.open(url)
         info = await plain.connect()  # and goes on in plain text
         assert info["tls_required"] is True and info["tls_available"] is True
@@ -605,12 +600,4 @@ async def test_random_bytes_from_many_connections_cost_only_those(nats_url: str)
         for data in inputs:
             nursery.start_soon(vandal, data)
 
-    async def still_serving() -> bytes:
-        nc = await nats.connect(nats_url)
-        sub = await nc.subscribe("ok")
-        await nc.publish("ok", b"fine")
-        data = (await sub.next_msg(5)).data
-        await nc.close()
-        return data
-
-    assert await in_asyncio(still_serving) == b"fine"
+    assert await in_asyncio(round_trip, nats_url, b"fine") == b"fine"  # the others carry on
