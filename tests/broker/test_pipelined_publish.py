@@ -5,17 +5,22 @@ time, and under fsync ``always`` no ack leaves before the fsync that covers it."
 
 from __future__ import annotations
 
+import errno
+import threading
 from typing import Any
 
+import pytest
 import trio
 from helpers import RawPeer
 
 import protocol as P
-from broker import _session
+from broker import _commit, _session
 from broker._commit import Committer
+from broker._stats import Counters
 from broker._publishing import publish_frames
 from broker.client import Client
 from broker.server import ServerHandle
+from storage import FsyncPolicy
 
 
 def publish_frame(corr: int, *bodies: bytes, count: int | None = None) -> bytes:
@@ -160,3 +165,47 @@ async def test_acks_of_pipelined_frames_wait_for_their_fsync(
     offsets = [got[100 + i].result[0].offset for i in range(count)]  # type: ignore[union-attr]
     assert offsets == list(range(offsets[0], offsets[0] + count))
     await raw.aclose()
+
+
+async def test_a_slow_disk_is_synced_from_the_sync_thread(
+    server: ServerHandle, client: Client, topic: tuple[str, str], monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A sync slower than ``INLINE_SYNC_SECONDS`` (here: every one) runs in the sync
+    thread, not on the event loop; the acks still wait for it."""
+    counters = server.broker.counters
+    threads: list[str] = []
+    real = _commit.sync_fds
+
+    def recorded(fds: list[int]) -> None:
+        threads.append(threading.current_thread().name)
+        real(fds)
+
+    monkeypatch.setattr(_commit, "sync_fds", recorded)
+    monkeypatch.setattr(_commit, "INLINE_SYNC_SECONDS", 0.0)
+    for i in range(5):
+        before = counters.fsyncs
+        ack = await client.publish("orders.x", b"%d" % i)
+        assert ack is not None and ack.error is None
+        assert counters.fsyncs > before  # the ack came after a sync
+    assert len(threads) >= 5 and set(threads) == {"ttlbroker-fsync"}
+
+
+async def test_a_failed_fsync_in_the_sync_thread_reaches_the_committer(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The error of a sync in the thread is raised where the sync was awaited (the
+    committer then stops the broker; no ack is sent for what it covered)."""
+    counters = Counters()
+    committer = Committer(FsyncPolicy("always"), counters)
+    committer.last_sync_seconds = 1.0
+
+    class Source:
+        def take_dirty_fds(self) -> list[int]:
+            return [-1]
+
+    def failing(fds: list[int]) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(_commit, "sync_fds", failing)
+    committer.note_write(Source())
+    with pytest.raises(OSError, match="Input/output error"):
+        await committer.sync_now()
+    assert committer.synced == 0 and counters.fsyncs == 0
