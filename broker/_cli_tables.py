@@ -99,6 +99,14 @@ def _bucket_options(kv: Mapping[str, Any] | None) -> str:
     return f"ttl {duration(ttl) if ttl else 'none'}, refresh {kv.get('refresh')}, visibility {kv.get('visibility')}"
 
 
+def _nats_options(nats: Mapping[str, Any]) -> str:
+    """A NATS stream's settings with no topic equivalent (``protocol._jetstream``)."""
+    extras = [k.replace("_", " ") for k in ("deny_delete", "allow_direct") if nats.get(k)]
+    if nats.get("discard", "old") != "old":
+        extras.append(f"discard {nats['discard']}")
+    return str(nats.get("name", "-")) + (f" ({', '.join(extras)})" if extras else "")
+
+
 #: Topic options in the order shown: key -> (label, format).
 _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "subjects": ("subjects", listing),
@@ -111,6 +119,7 @@ _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "deny_purge": ("deny purge", flag),
     "republish": ("republish", _republish),
     "kv": ("KV bucket", _bucket_options),
+    "nats": ("NATS stream", _nats_options),
 }
 
 
@@ -139,7 +148,7 @@ def show_topic(out: Out, t: Any) -> None:
     for key, (label, fmt) in _TOPIC_OPTIONS.items():
         if key in options:
             value = options.pop(key)
-            if key != "kv" or value:
+            if key not in ("kv", "nats") or value:
                 config.append((label, fmt(value)))
     config += [(k.replace("_", " "), value_text(v)) for k, v in options.items()]
     out.fields(f"Topic {x.get('stream', t.stream_id)}/{t.name} (id {t.id})", config)

@@ -14,7 +14,7 @@ import nats.js.errors as jse
 import pytest
 import trio
 from conftest import make_config, start_server
-from helpers import in_asyncio
+from helpers import in_asyncio, run_cli
 from nats.js.api import RePublish, StreamConfig
 
 from broker import ServerHandle
@@ -97,6 +97,8 @@ async def test_create_info_names_list_delete(nats_url: str, nats_server: ServerH
     async with connect(nats_server.address) as client:
         t = await client.get_topic("nats", "orders")
     assert t.options["nats"]["name"] == "ORDERS" and t.message_expiry == 3600 and t.messages_count == 3
+    shown = await trio.to_thread.run_sync(lambda: run_cli(nats_server.address, "topic", "info", "nats", "orders").stdout)
+    assert "  NATS stream           ORDERS (allow direct)\n" in shown
 
 
 async def test_refusals(nats_url: str) -> None:
