@@ -132,9 +132,11 @@ class BrokerProcess:
     def __init__(self, data_dir: Path | str, *extra: str, config_file: Path | None = None, env: dict[str, str] | None = None) -> None:
         import subprocess
 
-        # A free NATS port even when ``extra`` gives a fixed --port (which would leave
-        # the NATS listener on 4222); ``extra`` may set --nats-port or --no-nats.
-        args = [sys.executable, "-m", "broker", "serve", "--port", "0", "--nats-port", "0", "--data", str(data_dir), *extra]
+        # Free monitoring and NATS ports even when ``extra`` gives a fixed --port
+        # (which would leave them on 8091 and 4222, maybe in use on a shared
+        # machine); ``extra`` may set --http-port, --nats-port or --no-nats.
+        args = [sys.executable, "-m", "broker", "serve", "--port", "0", "--http-port", "-1", "--nats-port", "0",
+                "--data", str(data_dir), *extra]
         if config_file is not None:
             args += ["--config", str(config_file)]
         self.proc = subprocess.Popen(
