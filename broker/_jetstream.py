@@ -131,13 +131,15 @@ class JetStream:
 
     def respond(self, reply: str | None, body: bytes, headers: bytes | None = None, epoch: int = 0) -> None:
         """Send ``body`` to ``reply`` as a core message; with ``epoch``, once the group
-        commit has made it durable (as our own acks wait)."""
+        commit has made it durable when the fsync policy makes acks wait (as our own
+        acks do; under an interval or ``never`` it goes at once)."""
         if not reply:
             return
         from ._nats_core import send_core
 
-        if epoch and not self.broker.committer.is_durable(epoch):
-            self.broker.committer.after(epoch, lambda: send_core(self.broker, reply, None, headers, body))
+        committer = self.broker.committer
+        if epoch and committer.acks_wait and not committer.is_durable(epoch):
+            committer.after(epoch, lambda: send_core(self.broker, reply, None, headers, body))
         else:
             send_core(self.broker, reply, None, headers, body)
 

@@ -369,3 +369,19 @@ async def test_namespace_is_configurable(data_dir: Path) -> None:
         async with connect(handle.address) as client:
             t = await client.get_topic("js.streams", "x")
     assert t.options["nats"]["name"] == "X"
+
+
+async def test_answers_do_not_wait_for_an_interval_fsync(data_dir: Path) -> None:
+    """Under an fsync interval, a delete's and a purge's answers go at once (as our
+    acks do); only ``always`` makes them wait for the group commit."""
+    config = make_config(data_dir, **{"nats.enabled": True, "system.partition.fsync": "2m"})
+    async with start_server(config) as handle:
+        assert handle.nats_url is not None
+
+        async def fn(nc: Any, js: Any) -> list[Any]:
+            await js.add_stream(name="I", subjects=["i.>"])
+            for _ in range(3):
+                await js.publish("i.a", b"x")
+            return [await js.delete_msg("I", 1), (await js.purge_stream("I"))]
+
+        assert await _js(handle.nats_url, fn) == [True, True]
