@@ -294,7 +294,9 @@ class NatsParser:
             raise NatsProtocolError(UNKNOWN_OP, f"{op.decode()} has {len(args)} arguments")
         if headed:
             hsize, total = _size(args[-2]), _size(args[-1])
-            if hsize > total or hsize < len(_HEADER_LINE) + 4:
+            # 0: no header block (nats.js sends HPUB with 0 for a message without
+            # headers; nats-server accepts it), else at least "NATS/1.0\r\n\r\n".
+            if hsize > total or 0 < hsize < len(_HEADER_LINE) + 4:
                 raise NatsProtocolError(UNKNOWN_OP, f"{op.decode()}: header size {hsize} of total {total}")
         else:
             hsize, total = 0, _size(args[-1])

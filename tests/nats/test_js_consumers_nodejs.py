@@ -1,0 +1,29 @@
+"""A second language for consumers: nats.js under Node (tests/nats/js, installed by
+``test_js_nodejs.node_nats``) pulls from a durable consumer with acks and watches a
+bucket's stream with an ordered push consumer, as its KV watch does, on ttlbroker's
+NATS listener."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_js_nodejs import _node, node_nats  # noqa: F401 (the fixture that installs nats.js)
+
+
+async def test_nodejs_pull_consumer_and_kv_watch(node_nats: Path, nats_url: str) -> None:  # noqa: F811
+    out = await _node(node_nats / "consumer_kv.mjs", nats_url)
+    assert out["fetched"] == [["nj.0", "m0", 1, 1, 3], ["nj.1", "m1", 2, 1, 2], ["nj.2", "m2", 3, 1, 1]]
+    assert out["info"] == {"delivered": [3, 3], "ack_floor": [3, 3], "num_pending": 1, "num_ack_pending": 0}
+    assert out["watched"] == [["$KV.nodekv.a", "PUT", "1", 2, 0], ["$KV.nodekv.b", "PUT", "2", 3, 0],
+                              ["$KV.nodekv.a", "DEL", "", 4, 0]]
+
+
+def test_hpub_with_no_header_block_is_a_message_without_headers() -> None:
+    """nats.js publishes a message without headers as ``HPUB subject reply 0 size``
+    (nats-server accepts a header size of 0): the parser takes it, without headers."""
+    from protocol._nats import NatsParser, NatsPub
+
+    p = NatsParser()
+    p.receive_data(b"HPUB nj.a _INBOX.x 0 2\r\nhi\r\n")
+    ev = p.next_event()
+    assert isinstance(ev, NatsPub) and (ev.subject, ev.reply, ev.headers, ev.payload) == ("nj.a", "_INBOX.x", b"", b"hi")
