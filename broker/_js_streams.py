@@ -32,7 +32,7 @@ from protocol._nats import decode_nats_headers, encode_nats_headers, nats_messag
 from . import _admin, _removing
 from ._jetstream import KV_STREAM
 from ._log import get_logger
-from ._topic_config import TopicConfig, resolve
+from ._topic_config import TopicConfig, check_option_types, resolve
 
 if TYPE_CHECKING:
     from ._catalog import Topic
@@ -184,6 +184,7 @@ def _topic_request(js: JetStream, name: str, req: dict[str, Any]) -> tuple[str, 
         raise js_error(STREAM_MISMATCH)
     req["name"] = name
     options, max_age = stream_config_to_topic(req)
+    check_option_types(options, updating=False)  # the nested values (republish, metadata) too
     where, topic_name = js.place(name)
     if where == KV_STREAM:
         # A bucket: max_age is the default key TTL, so that the refresh policy applies.

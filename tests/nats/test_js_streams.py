@@ -385,3 +385,16 @@ async def test_answers_do_not_wait_for_an_interval_fsync(data_dir: Path) -> None
             return [await js.delete_msg("I", 1), (await js.purge_stream("I"))]
 
         assert await _js(handle.nats_url, fn) == [True, True]
+
+
+async def test_bad_nested_values(nats_url: str) -> None:
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        out = []
+        for body in ({"name": "B", "republish": {"src": 5, "dest": "x.>"}}, {"name": "B", "subjects": ["a..b"]}):
+            raw = await nc.request("$JS.API.STREAM.CREATE.B", json.dumps(body).encode(), timeout=5)
+            out.append(json.loads(raw.data)["error"])
+        return out
+
+    out = await _js(nats_url, fn)
+    assert out[0] == {"code": 500, "err_code": 10052, "description": "option 'republish': 'src' must be str, not int"}
+    assert out[1] == {"code": 500, "err_code": 10052, "description": "subject filter 'a..b' has an empty token"}
