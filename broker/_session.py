@@ -734,17 +734,10 @@ class Session:
                     self._in_handler = False
                 if self._closing:
                     return  # cut off meanwhile: its GOODBYE is the last frame
-        except BrokerError as err:
-            broker.counters.request_errors += 1
-            self.send_now(self.conn.send_error(corr, code, err))
-            return
         except trio.Cancelled:
             raise
-        except Exception as exc:  # a bug must cost one request, not the server
-            broker.counters.request_errors += 1
-            log.error("handler_failed", exc_info=True, command=Command(code).name, session=self.id)
-            err = error_class(ErrorCode.INTERNAL_ERROR)(f"internal error in {Command(code).name}: {type(exc).__name__}: {exc}")
-            self.send_now(self.conn.send_error(corr, code, err))
+        except Exception as exc:
+            self._failed([corr], code, exc)
             return
         if result is None or (code == Command.PUBLISH and cmd.no_ack):  # type: ignore[attr-defined]
             return  # no response (a no-ack publish or ack), or one sent later (a pull)
@@ -768,21 +761,11 @@ class Session:
             for event in events:
                 await self._handle(event)
             return
-        corr = events[-1].correlation_id
-        self.corr = corr
+        self.corr = events[-1].correlation_id
         try:
             replies = publish_frames(broker, self, [e.command for e in events])  # type: ignore[misc]
-        except BrokerError as err:
-            broker.counters.request_errors += len(events)
-            for event in events:
-                self.send_now(self.conn.send_error(event.correlation_id, Command.PUBLISH, err))
-            return
-        except Exception as exc:  # a bug must cost these requests, not the server
-            broker.counters.request_errors += len(events)
-            log.error("handler_failed", exc_info=True, command="PUBLISH", session=self.id)
-            err = error_class(ErrorCode.INTERNAL_ERROR)(f"internal error in PUBLISH: {type(exc).__name__}: {exc}")
-            for event in events:
-                self.send_now(self.conn.send_error(event.correlation_id, Command.PUBLISH, err))
+        except Exception as exc:
+            self._failed([e.correlation_id for e in events], Command.PUBLISH, exc)
             return
         if replies is None:
             for event in events:
@@ -796,6 +779,20 @@ class Session:
             self.send_durable(epoch, frames)
         else:
             self.send_now(frames)
+
+    def _failed(self, corrs: list[int], code: int, exc: Exception) -> None:
+        """A handler raised: a BrokerError is the answer to each request; anything
+        else is a bug, logged, that costs these requests (INTERNAL_ERROR), not the
+        server."""
+        broker = self.broker
+        broker.counters.request_errors += len(corrs)
+        if isinstance(exc, BrokerError):
+            err = exc
+        else:
+            log.error("handler_failed", exc_info=True, command=Command(code).name, session=self.id)
+            err = error_class(ErrorCode.INTERNAL_ERROR)(f"internal error in {Command(code).name}: {type(exc).__name__}: {exc}")
+        for corr in corrs:
+            self.send_now(self.conn.send_error(corr, code, err))
 
     def _refuse(self, event: InvalidRequest) -> None:
         self.broker.counters.request_errors += 1
