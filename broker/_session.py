@@ -368,6 +368,7 @@ class Session:
             self.budget.sent(leftover)
             self._now.clear()
             self._durable.clear()
+            self._fd = -1  # its number may be another file's once the stream is closed
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
             reason = self._reason or "closed"
