@@ -13,6 +13,7 @@ import nats
 import nats.js.errors as jse
 import pytest
 import trio
+import trio.testing
 from conftest import make_config, start_server
 from helpers import in_asyncio, run_cli
 from nats.js.api import RePublish, StreamConfig
@@ -428,3 +429,31 @@ async def test_garbage_requests_are_answered_never_crash(nats_server: ServerHand
             await trio.sleep(0.01)
     assert len(answers) == 401
     assert not [a for a in answers if b"internal error" in a]
+
+
+async def test_nats_ttl_expires_in_virtual_time(nats_url: str, mock_clock: trio.testing.MockClock) -> None:
+    """A Nats-TTL publish expires on the broker's (virtual) clock and leaves the
+    MaxAge marker nats-server would, read back through nats-py."""
+
+    async def publish(nc: Any, js: Any) -> Any:
+        await js.add_stream(name="T", subjects=["t.>"], allow_msg_ttl=True, subject_delete_marker_ttl=5)
+        return await js.publish("t.a", b"short-lived", msg_ttl=30)
+
+    async def read(nc: Any, js: Any) -> list[Any]:
+        out: list[Any] = [await _error(js.get_msg("T", 1))]
+        marker = await js.get_msg("T", subject="t.a")
+        out.append((marker.seq, marker.data, marker.headers))
+        out.append((await js.stream_info("T")).state.messages)
+        return out
+
+    ack = await _js(nats_url, publish)
+    assert (ack.stream, ack.seq) == ("T", 1)
+    mock_clock.jump(29)
+    await trio.testing.wait_all_tasks_blocked()
+    assert (await _js(nats_url, lambda nc, js: js.get_msg("T", 1))).data == b"short-lived"
+    mock_clock.jump(2)
+    await trio.testing.wait_all_tasks_blocked()
+    out = await _js(nats_url, read)
+    assert out[0] == (404, 10037, "no message found")
+    assert out[1] == (2, None, {"Nats-Marker-Reason": "MaxAge", "Nats-TTL": "5s", "Nats-Rollup": "sub"})
+    assert out[2] == 1
