@@ -462,8 +462,6 @@ class Session:
                             await self._publish_run(publishes)
                         self._protocol_error(err)
                         return
-                    if event is NEED_DATA:
-                        break
                     if event.__class__ is Request and self.ready:
                         cmd = event.command  # type: ignore[union-attr]
                         if cmd.__class__ is Publish and not cmd.flags and cmd.count:
@@ -472,8 +470,10 @@ class Session:
                     if publishes:
                         await self._publish_run(publishes)
                         publishes = []
-                        if self._closing:
+                        if await self._ending():
                             return
+                    if event is NEED_DATA:
+                        break
                     if not self.ready:
                         await self._open(event)  # type: ignore[arg-type]
                     elif event.__class__ is Request:
@@ -481,20 +481,8 @@ class Session:
                     else:
                         assert isinstance(event, InvalidRequest)
                         self._refuse(event)
-                    if self._closing:
+                    if await self._ending():
                         return
-                    if self.pending_bytes > self._limit or budget.total > budget.limit:
-                        await self._wait_room()
-                        if self._closing:
-                            return
-                if publishes:
-                    await self._publish_run(publishes)
-                    if self._closing:
-                        return
-                    if self.pending_bytes > self._limit or budget.total > budget.limit:
-                        await self._wait_room()
-                        if self._closing:
-                            return
             finally:
                 self._handling = False
             if not self.ready and conn._decoder.buffered > MAX_HANDSHAKE_FRAME:
@@ -506,6 +494,13 @@ class Session:
                     await self._send_ready()  # answer without waking the writer task
                 finally:
                     self._reader_sending = False
+
+    async def _ending(self) -> bool:
+        """After a request: wait while the connection or the broker is over its
+        output limit; True when the connection is ending."""
+        if not self._closing and (self.pending_bytes > self._limit or self.budget.total > self.budget.limit):
+            await self._wait_room()
+        return self._closing
 
     async def _wait_room(self) -> None:
         """Backpressure: wait until this connection is within its limit and the
