@@ -41,7 +41,7 @@ from protocol import BrokerError, ErrorCode, error_class
 from ._log import get_logger
 
 if TYPE_CHECKING:
-    from storage import Damage, Report, Segment
+    from storage import Report, Segment
 
     from ._partition import Partition
     from ._stats import Counters

@@ -53,6 +53,7 @@ def _arrow(values: np.ndarray, type_: pa.DataType, nulls: np.ndarray | None = No
     the same memory. ``pa.array`` would do, but its first call imports pandas to ask
     whether ``values`` is a pandas object: a quarter of a second of each worker's
     start."""
+    assert values.dtype == bool or values.dtype.itemsize * 8 == type_.bit_width, (values.dtype, type_)
     data = np.packbits(values, bitorder="little") if values.dtype == bool else np.ascontiguousarray(values)
     validity = None if nulls is None else pa.py_buffer(np.packbits(~nulls, bitorder="little"))
     return pa.Array.from_buffers(type_, len(values), [validity, pa.py_buffer(data)])
@@ -207,14 +208,14 @@ def _bad_headers(msg: str) -> Exception:
     return error_class(ErrorCode.INVALID_HEADERS)(msg)
 
 
-def _text(values: pa.Array, what: str | None) -> pa.Array:
-    """Binary to UTF-8 strings. ``what`` (header names or values) must be valid
-    UTF-8, as ``protocol.decode_headers`` requires; a subject (``what`` None) gets
-    U+FFFD for invalid bytes, as ``bytes.decode(errors="replace")``."""
+def _text(values: pa.Array, strict: bool) -> pa.Array:
+    """Binary to UTF-8 strings. ``strict`` (header names and values): invalid UTF-8
+    is an error, as in ``protocol.decode_headers``; otherwise (subjects) invalid bytes
+    become U+FFFD, as with ``bytes.decode(errors="replace")``."""
     try:
         return values.cast(pa.string())
     except pa.ArrowInvalid:
-        if what is not None:
+        if strict:
             raise _bad_headers("header name or value is not valid text") from None
         return pa.array([v.decode(errors="replace") for v in values.to_pylist()], pa.string())
 
@@ -246,7 +247,7 @@ def _headers(seg: _Segment, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
     u8 = seg.u8
     rec = np.flatnonzero(lens)
     at, end = starts[rec], starts[rec] + lens[rec]
-    recs, names_at, values_at = [], [], []
+    recs, names_at, values_at, values_end = [], [], [], []
     while len(rec):
         nlen = u8[at].astype(np.int64)
         value_at = at + 1 + nlen + 2
@@ -258,6 +259,7 @@ def _headers(seg: _Segment, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
         recs.append(rec)
         names_at.append(at + 1)
         values_at.append(value_at)
+        values_end.append(value_end)
         more = value_end < end
         rec, at, end = rec[more], value_end[more], end[more]
     offsets = np.zeros(len(starts) + 1, np.int32)
@@ -266,11 +268,12 @@ def _headers(seg: _Segment, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
         return pa.MapArray.from_arrays(_arrow(offsets, pa.int32()), empty, empty)
     name_at = np.concatenate(names_at)
     order = np.argsort(name_at, kind="stable")  # file order: by record, then within its block
-    rec_all, name_at, value_at = np.concatenate(recs)[order], name_at[order], np.concatenate(values_at)[order]
-    names = _text(seg.slices(name_at, value_at - 2), "names")
+    rec_all, name_at = np.concatenate(recs)[order], name_at[order]
+    value_at, value_end = np.concatenate(values_at)[order], np.concatenate(values_end)[order]
+    names = _text(seg.slices(name_at, value_at - 2), strict=True)
     if not pc.all(pc.string_is_ascii(names)).as_py():
         raise _bad_headers("header name or value is not valid text")
-    values = _text(seg.slices(value_at, value_at + seg.u16(value_at - 2)), "values")
+    values = _text(seg.slices(value_at, value_end), strict=True)
     if np.any(rec_all[1:] == rec_all[:-1]):  # a block with several headers: drop repeated names
         keep = _first_of_each_name(rec_all, names)
         rec_all, names, values = rec_all[keep], names.filter(_arrow(keep, pa.bool_())), values.filter(_arrow(keep, pa.bool_()))
@@ -325,7 +328,7 @@ def segment_batches(job: SegmentJob, batch_rows: int = BATCH_ROWS) -> Iterator[t
             "offset": _arrow(offset, pa.int64()),
             "timestamp": _arrow(ts_us, SCHEMA.field("timestamp").type),
             "timestamp_ns": _arrow(ts_ns, pa.int64()),
-            "subject": _text(seg.slices(subject_at, headers_at), None),
+            "subject": _text(seg.slices(subject_at, headers_at), strict=False),
             "headers": _headers(seg, headers_at, fixed["hl"].astype(np.int64)),
             "payload": seg.slices(payload_at, payload_at + fixed["pl"]),
             "ttl_seconds": _arrow(ttl, pa.int64(), nulls=~own_ttl),

@@ -51,10 +51,12 @@ class WorkerCrashed(WorkerFailed):
     or output that is not its protocol): the pass may be run again at once."""
 
 
-async def _send(stream: trio.abc.SendStream, messages: list[bytes]) -> None:
+async def _send(stream: trio.abc.SendStream, root: str, jobs: list[SegmentJob]) -> None:
+    """The jobs, packed one at a time as the pipe takes them: the loop never packs a
+    whole backlog's positions at once."""
     try:
         async with stream:
-            for message in messages:
+            for message in job_messages(root, jobs):
                 await stream.send_all(message)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass  # the worker is gone: its exit status says why
@@ -116,7 +118,7 @@ async def export_in_worker(
         run = partial(trio.run_process, list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE, check=False)
         proc = await nursery.start(run)
-        nursery.start_soon(_send, proc.stdin, job_messages(root, jobs))
+        nursery.start_soon(_send, proc.stdin, root, jobs)
         nursery.start_soon(_keep_tail, proc.stderr, tail)
         async for line in _lines(proc.stdout):
             try:

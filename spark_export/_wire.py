@@ -5,6 +5,7 @@ objects, a header ``{"root": export dir}`` then the fields of one
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import msgpack
@@ -14,9 +15,11 @@ from ._convert import SegmentJob
 __all__ = ["job_messages", "read_jobs"]
 
 
-def job_messages(root: str, jobs: list[SegmentJob]) -> list[bytes]:
+def job_messages(root: str, jobs: Iterable[SegmentJob]) -> Iterator[bytes]:
     """The header, then one object per job."""
-    return [msgpack.packb({"root": root})] + [msgpack.packb(dataclasses.asdict(j)) for j in jobs]
+    yield msgpack.packb({"root": root})
+    for job in jobs:
+        yield msgpack.packb(dataclasses.asdict(job))
 
 
 def read_jobs(stream: Any) -> tuple[str, list[SegmentJob]]:

@@ -399,3 +399,20 @@ async def test_a_record_damaged_on_disk_is_left_out_counted_and_reported(tmp_pat
         assert (entry["rows"], entry["corrupt_records"]) == (9, 1)
         assert sorted(int(r["payload"][:1]) for r in read_export(export)) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
         assert (await c.stats())["damage_detected"] == 1
+
+
+async def test_a_pass_whose_worker_crashed_is_run_again_at_once(tmp_path: Path) -> None:
+    import sys
+
+    (tmp_path / "data").mkdir()
+    cfg = make_config(tmp_path / "data", **{"export.dir": str(tmp_path / "export"), "system.partition.fsync": "never"})
+    async with start_server(cfg) as server, connect(server.address) as c:
+        mark = tmp_path / "crashed_once"
+        server.broker.exporter.worker_command = (sys.executable, str(Path(__file__).with_name("crash_once_worker.py")), str(mark))
+        await c.create_stream("s")
+        await c.create_topic("s", "t", subjects=["a.>"])
+        await c.publish_batch([(f"a.{i}", b"x") for i in range(5)])
+        res = await c.export(seal=True)
+        assert mark.exists() and [e["rows"] for e in res["exported"]] == [5]
+        stats = await c.stats()
+        assert (stats["export_failures"], stats["segments_exported"]) == (1, 1)
