@@ -470,3 +470,40 @@ async def test_pull_idle_heartbeats_and_ephemeral_consumers_going_when_unused(mo
     assert r["eph_gone"] == 10014
     assert r["push_bound"] is True
     assert r["push_gone"] == 10014
+
+
+async def test_ack_next_and_no_wait_with_expires(mock_clock: Any, nats_url: str) -> None:
+    """``+NXT`` acks and sends the next message to the ack's reply subject; a no_wait
+    request with expires waits for a message, then ends at once with ``404``."""
+
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        try:
+            await orders(js, 2)
+            await js.add_consumer(STREAM, durable_name="nx", ack_policy="explicit")
+            nxt = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.nx"
+            inbox = nc.new_inbox()
+            sub = await nc.subscribe(inbox)
+            await nc.publish(nxt, b"", reply=inbox)
+            first = await sub.next_msg(timeout=2)
+            await nc.publish(first.reply, b"+NXT", reply=inbox)
+            second = await sub.next_msg(timeout=2)
+            await nc.publish(second.reply, b"+ACK")
+            await nc.flush()
+            info = await js.consumer_info(STREAM, "nx")
+            out: dict[str, Any] = {"seqs": [first.metadata.sequence.stream, second.metadata.sequence.stream],
+                                   "floor": info.ack_floor.stream_seq}
+            await nc.publish(nxt, json.dumps({"batch": 2, "no_wait": True, "expires": 5 * 10**9}).encode(), reply=inbox)
+            await nc.flush()
+            await js.publish("orders.late", b"late")
+            got = [await sub.next_msg(timeout=2) for _ in range(2)]
+            out["waited"] = [(m.subject, m.headers) for m in got]
+            return out
+        finally:
+            await nc.close()
+
+    r = await in_asyncio(scenario)
+    assert r["seqs"] == [1, 2]
+    assert r["floor"] == 2
+    assert r["waited"][0] == ("orders.late", None)
+    assert r["waited"][1][1] == {"Status": "404", "Description": "No Messages"}
