@@ -63,6 +63,11 @@ class ConsumerConfig:
     mode: str = "shared"
     member_timeout: float = 30.0
     description: str = ""
+    #: The NATS API's settings that have no engine equivalent (deliver subject, flow
+    #: control, heartbeats, headers only, ephemeral and its inactive threshold:
+    #: ``_js_consumers.py``), kept here so that they survive a restart; None for a
+    #: consumer made by our own protocol.
+    nats: tuple[tuple[str, Any], ...] | None = None
 
     @classmethod
     def from_map(cls, raw: dict[str, Any]) -> ConsumerConfig:
@@ -159,6 +164,13 @@ class ConsumerConfig:
         if not isinstance(desc, str) or len(desc.encode()) > 4096:
             raise _invalid("description must be a string of at most 4096 bytes")
         v["description"] = desc
+        nats = raw.get("nats")
+        if nats is not None:
+            if not isinstance(nats, dict) or not all(
+                isinstance(k, str) and isinstance(x, (str, int, bool)) for k, x in nats.items()
+            ):
+                raise _invalid("nats must be a map of NATS consumer settings")
+            v["nats"] = tuple(sorted(nats.items()))
         if ap == "none" and (v["backoff"] or md != -1):
             raise _invalid("ack_policy none delivers each message once: backoff and max_deliver do not apply")
         return cls(**v)
@@ -182,6 +194,8 @@ class ConsumerConfig:
             out["opt_start_offset"] = s if isinstance(s, int) else {str(p): o for p, o in s}
         if self.opt_start_time is not None:
             out["opt_start_time"] = self.opt_start_time
+        if self.nats is not None:
+            out["nats"] = dict(self.nats)
         return out
 
     def check_update(self, new: ConsumerConfig) -> None:

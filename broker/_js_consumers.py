@@ -37,6 +37,7 @@ engine's deadline structure, owned by :class:`Ticks`: nothing polls.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -91,6 +92,7 @@ NAMES_LIMIT = 1024
 LIST_LIMIT = 256
 #: What a durable or natively created consumer has of the NATS settings.
 _DURABLE = PushSettings(durable=True)
+_SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(PushSettings))
 _NO_RESPONDERS = status_message(503, "")
 
 
@@ -138,7 +140,6 @@ class State:
         self.engine = js.broker.consumers
         self.owner = _Owner()
         self.ticks = Ticks(self)
-        self.settings: weakref.WeakKeyDictionary[Consumer, PushSettings] = weakref.WeakKeyDictionary()
         self.pushes: weakref.WeakKeyDictionary[Consumer, Push] = weakref.WeakKeyDictionary()
         self.last_active: weakref.WeakKeyDictionary[Consumer, int] = weakref.WeakKeyDictionary()
         #: Push consumers whose deliver subject has no subscriber (they wait for one).
@@ -154,6 +155,27 @@ class State:
         self.ack_replies: list[str] = []
         self.ack_wake = trio.Event()
         self.broker.subs.on_add.append(self._subscribed)
+        self.resume()
+
+    def resume(self) -> None:
+        """At start-up: the NATS settings are in the consumers' configs (journaled), so
+        ephemeral consumers restart their inactivity clock and push consumers wait
+        for a subscriber again."""
+        for topic in self.broker.catalog.topics():
+            for c in list(topic.consumer_set.values()):
+                if c.config.nats is not None:
+                    self.start(c, self.settings_of(c))
+
+    def start(self, c: Consumer, settings: PushSettings) -> None:
+        """Start what a NATS consumer's settings ask for: an ephemeral one's
+        inactivity clock, a push consumer's delivery."""
+        if not settings.durable:
+            self.touch(c)
+            threshold = settings.inactive_threshold_ns or EPHEMERAL_INACTIVE_NS
+            self.ticks.arm(Inactivity(self, c, threshold), self.broker.clock.now_ns() + threshold)
+        if settings.deliver_subject and c not in self.pushes:
+            push = self.pushes[c] = Push(self, c, settings)
+            push.start()
 
     def _subscribed(self, sub: Any) -> None:
         if self.unbound:
@@ -196,8 +218,12 @@ class State:
             self.by_ack[key] = c
         return c
 
-    def settings_of(self, c: Consumer) -> PushSettings:
-        return self.settings.get(c, _DURABLE)
+    @staticmethod
+    def settings_of(c: Consumer) -> PushSettings:
+        nats = c.config.nats
+        if not nats:
+            return _DURABLE
+        return PushSettings(**{k: v for k, v in nats if k in _SETTINGS_FIELDS})
 
     def send(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes | memoryview = b"") -> int:
         return send_core(self.broker, subject, reply, headers, payload)
@@ -588,6 +614,8 @@ def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple
             raise JSError(400, 10131, "Consumer create request did not match filtered subject from create subject")
     topic = _topic_for_consumers(st, stream)
     ours, settings = consumer_config_from_nats(cfg, durable=bool(durable))
+    if settings != _DURABLE:
+        ours["nats"] = dataclasses.asdict(settings)
     try:
         cname = normalize_name(name, "consumer name")
     except BrokerError as err:  # the name rule is ours (stricter than the server's): say so
@@ -597,28 +625,19 @@ def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple
     existing = topic.consumer_set.get(cname)
     epoch = 0
     if existing is not None:
-        same = existing.config == config and st.settings_of(existing) == settings
-        if not same:
+        if existing.config != config:
             if action == "create":
                 raise JSError(400, 10148, "consumer already exists")
-            if st.settings_of(existing).deliver_subject != settings.deliver_subject or st.settings_of(existing).durable != settings.durable:
-                raise JSError(400, 10105 if settings.deliver_subject else 10148, "consumer already exists")
+            old = st.settings_of(existing)
+            if (old.deliver_subject, old.durable) != (settings.deliver_subject, settings.durable):
+                raise JSError(400, 10148, "consumer already exists")
             epoch = change_consumer(st.broker, existing, config)
-            st.settings[existing] = settings
         c = existing
     else:
         if action == "update":
             raise JSError(400, 10149, "consumer does not exist")
         c, epoch = new_consumer(st.broker, topic, cname, config)
-        if not settings.durable or settings != _DURABLE:
-            st.settings[c] = settings
-        if not settings.durable:
-            st.touch(c)
-            st.ticks.arm(Inactivity(st, c, settings.inactive_threshold_ns or EPHEMERAL_INACTIVE_NS),
-                         st.broker.clock.now_ns() + (settings.inactive_threshold_ns or EPHEMERAL_INACTIVE_NS))
-        if settings.deliver_subject:
-            push = st.pushes[c] = Push(st, c, settings)
-            push.start()
+        st.start(c, settings)
     return _info(st, c), epoch
 
 

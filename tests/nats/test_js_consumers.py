@@ -507,3 +507,33 @@ async def test_ack_next_and_no_wait_with_expires(mock_clock: Any, nats_url: str)
     assert r["floor"] == 2
     assert r["waited"][0] == ("orders.late", None)
     assert r["waited"][1][1] == {"Status": "404", "Description": "No Messages"}
+
+
+async def test_ephemeral_consumer_keeps_its_settings_across_a_restart_and_goes_when_unused(mock_clock: Any, nats_config: Any) -> None:
+    async def before(url: str) -> None:
+        nc, js = await connect(url)
+        await orders(js, 1)
+        await js.add_consumer(STREAM, name="eph", ack_policy="explicit", inactive_threshold=10)
+        await js.add_consumer(STREAM, durable_name="dur", ack_policy="explicit")
+        await nc.close()
+
+    async def after(url: str) -> dict[str, Any]:
+        nc, js = await connect(url)
+        try:
+            eph = await js.consumer_info(STREAM, "eph")
+            out: dict[str, Any] = {"eph": (eph.config.durable_name, eph.config.inactive_threshold)}
+            jump(11)
+            try:
+                await js.consumer_info(STREAM, "eph")
+            except NotFoundError as e:
+                out["gone"] = e.err_code
+            out["dur"] = (await js.consumer_info(STREAM, "dur")).config.durable_name
+            return out
+        finally:
+            await nc.close()
+
+    async with start_server(nats_config) as handle:
+        await in_asyncio(before, handle.nats_url)
+    async with start_server(nats_config) as handle:
+        r = await in_asyncio(after, handle.nats_url)
+    assert r == {"eph": (None, 10.0), "gone": 10014, "dur": "dur"}
