@@ -171,7 +171,7 @@ class Committer:
             try:
                 if self.last_sync_seconds < INLINE_SYNC_SECONDS:
                     # A fast disk: blocking the loop for a fraction of a millisecond
-                    # costs less than the worker-thread round trip (~0.1 ms), and the
+                    # costs less than the round trip through the sync thread, and the
                     # requests that arrive meanwhile join the next group anyway.
                     sync_fds(fds)
                 else:
