@@ -119,7 +119,9 @@ class Exporter:
         exported yet)."""
         return self.enabled and (bool(self.paused) or self.key(part, seg) not in self.exported)
 
-    def _jobs(self, partitions: list[Partition]) -> list[Any]:
+    def snapshot(self, partitions: list[Partition]) -> list[Any]:
+        """The jobs (``spark_export.SegmentJob``) of the sealed segments of
+        ``partitions`` not exported yet, as they are now."""
         from spark_export import SegmentJob
 
         jobs = []
@@ -167,7 +169,7 @@ class Exporter:
                 for part in partitions:
                     if part.log.seal_active():
                         sealed += 1
-            jobs = self._jobs(partitions)
+            jobs = self.snapshot(partitions)
             started = time.perf_counter()
             done: list[dict[str, Any]] = []
             self.pass_segments, self.pass_done = len(jobs), 0
