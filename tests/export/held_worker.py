@@ -1,6 +1,8 @@
-"""``python held_worker.py FIFO``: the export worker (``spark_export.worker``), held
-after its first segment until something is written to FIFO (progress tests)."""
+"""``python held_worker.py FIFO [PIDFILE]``: the export worker (``spark_export.worker``),
+held after its first segment until something is written to FIFO (progress and
+shutdown tests); it writes its process id to PIDFILE first."""
 
+import os
 import sys
 
 from spark_export import worker
@@ -19,4 +21,7 @@ def held(root, jobs, report, started, progress):  # type: ignore[no-untyped-def]
 
 
 worker.export_segments = held
+if len(sys.argv) > 2:
+    with open(sys.argv[2], "w") as f:
+        f.write(str(os.getpid()))
 sys.exit(worker.main())

@@ -416,3 +416,38 @@ async def test_a_pass_whose_worker_crashed_is_run_again_at_once(tmp_path: Path) 
         assert mark.exists() and [e["rows"] for e in res["exported"]] == [5]
         stats = await c.stats()
         assert (stats["export_failures"], stats["segments_exported"]) == (1, 1)
+
+
+async def test_stopping_the_broker_stops_its_export_worker(tmp_path: Path) -> None:
+    """A broker shut down in the middle of a pass terminates its worker and waits for
+    it: no worker outlives the broker (and writes the manifest beside the next one's)."""
+    import os
+    import sys
+
+    held, pidfile = tmp_path / "held", tmp_path / "worker.pid"
+    os.mkfifo(held)  # never written: the worker stays held after its first segment
+    cfg = make_config(tmp_path / "data", **{"export.dir": str(tmp_path / "export"), "system.partition.fsync": "never"})
+    (tmp_path / "data").mkdir()
+
+    async def export(c) -> None:  # type: ignore[no-untyped-def]
+        with pytest.raises(Exception):  # the broker goes away under it
+            await c.export(seal=True)
+
+    async with start_server(cfg, Clock()) as server, connect(server.address) as c, connect(server.address) as watcher:
+        server.broker.exporter.worker_command = (
+            sys.executable, str(Path(__file__).with_name("held_worker.py")), str(held), str(pidfile)
+        )
+        await c.create_stream("s")
+        await c.create_topic("s", "t", partitions=2, subjects=["a.>"])
+        await c.publish_batch([(f"a.{i}", b"x") for i in range(20)])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(export, c)
+            with trio.fail_after(30):
+                while (await watcher.stats())["export_pass_done"] == 0:
+                    await trio.sleep(0.01)
+            pid = int(pidfile.read_text())
+            os.kill(pid, 0)  # the worker is there, held
+            nursery.cancel_scope.cancel()
+    with pytest.raises(ProcessLookupError):  # terminated and reaped when the broker stopped
+        os.kill(pid, 0)
+    assert (tmp_path / "export" / MANIFEST_NAME).exists() and not list((tmp_path / "export").rglob("*.tmp"))
