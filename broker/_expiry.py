@@ -75,6 +75,8 @@ _TICK_MASK = (1 << _TICK_BITS) - 1
 SLICE_NS = 2_000_000
 #: Entries handed to one removal call (one append of markers per call).
 CHUNK = 64
+#: A pass takes due entries into its work this many at a time (whole ticks).
+COLLECT = 16 * CHUNK
 #: Upper bounds (ns, inclusive) of the expiry lag histogram's buckets: how long after
 #: its bucket's time a pass ran. Lag comes from a busy event loop (a long handler,
 #: a garbage collection), so the buckets span 1 ms to 10 s.
@@ -163,9 +165,12 @@ class DeadlineQueue:
         return b if a is None or b < a else a
 
     def open_due(self, now_ns: int) -> None:
-        """Open every bucket whose first tick is due at ``now_ns``."""
+        """Open buckets, earliest first, until ``_near`` holds the earliest tick due
+        at ``now_ns`` (or no bucket's first tick is due): its ticks come before every
+        tick of the buckets not opened yet."""
         buckets, near = self._buckets, self._near
-        while buckets and buckets.peekitem(0)[0] - BUCKET_NS + TICK_NS <= now_ns:
+        while (not near or near.peekitem(0)[0] > now_ns) and buckets \
+                and buckets.peekitem(0)[0] - BUCKET_NS + TICK_NS <= now_ns:
             end, slot = buckets.popitem(0)
             self._opened = max(self._opened, end)
             for owner, arr in slot.items():
@@ -184,16 +189,21 @@ class DeadlineQueue:
                         else:
                             listed.extend(offsets)
 
-    def pop_due(self, now_ns: int) -> Iterator[tuple[object, list[int]]]:
-        """Remove and yield every ``(owner, offsets)`` due at ``now_ns``."""
-        self.open_due(now_ns)
+    def pop_due(self, now_ns: int, limit: int | None = None) -> Iterator[tuple[object, list[int]]]:
+        """Remove and yield the ``(owner, offsets)`` due at ``now_ns``, tick by tick,
+        earliest first: all of them, or whole ticks until at least ``limit`` entries
+        (buckets are opened as the ticks are reached, so a backlog of many buckets
+        is split a bucket at a time)."""
         near = self._near
-        while near:
-            fire, slot = near.peekitem(0)
-            if fire > now_ns:
+        n = 0
+        while limit is None or n < limit:
+            self.open_due(now_ns)
+            if not near or near.peekitem(0)[0] > now_ns:
                 return
-            near.popitem(0)
-            yield from slot.items()
+            _, slot = near.popitem(0)
+            for owner, offsets in slot.items():
+                n += len(offsets)
+                yield owner, offsets
 
     def drop_partition(self, partition: object) -> None:
         """Forget every entry of an owner (a partition whose topic is gone, or a
@@ -246,6 +256,7 @@ class ExpiryEngine:
         #: partition, and timer ids by owner, not yet handled.
         self._work: dict[Partition, list] = {}
         self._timer_work: dict[object, list[int]] = {}
+        self._queued = 0  # entries in _work and _timer_work
         #: A slice's budget (:data:`SLICE_NS`; None: a pass in one go), and slices run.
         self.slice_ns: int | None = SLICE_NS
         self.slices = 0
@@ -295,7 +306,9 @@ class ExpiryEngine:
         return self._age_armed.get(partition)
 
     def forget(self, partition: Partition) -> None:
-        self._work.pop(partition, None)
+        entry = self._work.pop(partition, None)
+        if entry is not None:
+            self._queued -= len(entry[0])
         self.queue.drop_partition(partition)
         self.schedule_age(partition, None)
 
@@ -310,25 +323,33 @@ class ExpiryEngine:
 
     def expire_due(self, now_ns: int, budget_ns: int | None = None) -> bool:
         """Take what is due at ``now_ns`` into the pass under way and work on it: all
-        of it, or with ``budget_ns`` chunks (:data:`CHUNK` entries of one partition)
-        until a slice has run that long. Returns whether work is left (the task then
-        lets the event loop run and calls again).
+        of it at once, or with ``budget_ns`` whole ticks, earliest first, about
+        :data:`COLLECT` entries at a time, in chunks (:data:`CHUNK` entries of one
+        partition) until a slice has run that long. Returns whether work is left
+        (the task then lets the event loop run and calls again).
 
-        A partition's TTL entries are removed in offset order and its max-age check
-        goes with its first chunk, so a subject emptied in several chunks gets its
-        marker from the last one, for its newest message, as in one call."""
+        A partition's TTL entries taken together are removed in offset order and its
+        max-age check goes with its first chunk, so a subject emptied in several
+        chunks gets its marker from the last one, for its newest message, as in one
+        call. A backlog of many ticks (after a restart) goes tick by tick, as the
+        ticks would have gone on time."""
         work, timers = self._work, self._timer_work
         grown: set[Partition] = set()
-        for owner, offsets in self.queue.pop_due(now_ns):
-            if hasattr(owner, "timers_due"):
-                timers.setdefault(owner, []).extend(offsets)
-                continue
-            entry = work.get(owner)  # type: ignore[call-overload]
-            if entry is None:
-                work[owner] = [offsets, False]  # type: ignore[index]
-            else:
-                entry[0].extend(offsets)
-            grown.add(owner)  # type: ignore[arg-type]
+        # Take what is due a few chunks at a time (whole ticks, earliest first), so a
+        # backlog (a restart after a long stop) is never opened and sorted at once.
+        limit = None if budget_ns is None else COLLECT - self._queued
+        if limit is None or limit > 0:
+            for owner, offsets in self.queue.pop_due(now_ns, limit):
+                self._queued += len(offsets)
+                if hasattr(owner, "timers_due"):
+                    timers.setdefault(owner, []).extend(offsets)
+                    continue
+                entry = work.get(owner)  # type: ignore[call-overload]
+                if entry is None:
+                    work[owner] = [offsets, False]  # type: ignore[index]
+                else:
+                    entry[0].extend(offsets)
+                grown.add(owner)  # type: ignore[arg-type]
         while self._age:
             b, parts = self._age.peekitem(0)
             if b > now_ns:
@@ -358,6 +379,7 @@ class ExpiryEngine:
             if not offsets:
                 del work[part]
             entry[1] = False
+            self._queued -= len(chunk)
             next_age = self._expire(part, chunk, age_due, now_ns)
             if age_due or next_age is not None:
                 self.schedule_age(part, next_age)
@@ -369,6 +391,7 @@ class ExpiryEngine:
             del ids[-CHUNK:]
             if not ids:
                 del timers[owner]
+            self._queued -= len(chunk)
             self.timers -= len(chunk)
             owner.timers_due(chunk, now_ns)  # type: ignore[attr-defined]
             if budget_ns is not None and perf_counter_ns() - start >= budget_ns:

@@ -10,7 +10,7 @@ import random
 import trio
 from ttl_helpers import NS, advance, all_messages, broker_and_client
 
-from broker._expiry import BUCKET_NS, CHUNK, TICK_NS, DeadlineQueue
+from broker._expiry import BUCKET_NS, CHUNK, COLLECT, TICK_NS, DeadlineQueue
 
 
 class Owner:
@@ -131,3 +131,42 @@ async def test_a_subject_emptied_over_several_slices_gets_one_marker_after_its_n
         assert removed == [[max(acks.offsets)]]
         stats = await c.stats()
         assert (stats["expired_ttl"], stats["markers"]) == (3 * CHUNK + 5, 1)
+
+
+async def test_a_backlog_of_many_buckets_is_taken_a_few_ticks_at_a_time(mock_clock, data_dir) -> None:
+    n = 5000
+    async with broker_and_client(data_dir) as (h, c):
+        await c.create_stream("s")
+        await c.create_topic("s", "t", subjects=["a.>"], allow_msg_ttl=True, subject_delete_marker_ttl=3600,
+                             max_msgs_per_subject=1)
+        for start in range(0, n, 1000):  # TTLs of 1 to 50 s: deadlines in 50 buckets
+            batch = [(f"a.{i}", b"x", None, 1 + i % 50) for i in range(start, start + 1000)]
+            (await c.publish_batch(batch)).raise_for_errors()
+        engine = h.broker.retention.engine  # type: ignore[attr-defined]
+        counters = h.broker.counters  # type: ignore[attr-defined]
+        engine.slice_ns = 0
+        published = {m.subject: (m.timestamp, m.ttl) for m in await all_messages(c, "s", "t")}
+        seen: list[int] = []
+        done = trio.Event()
+
+        async def watch() -> None:
+            while counters.expired_ttl < n:
+                seen.append(counters.expired_ttl)
+                assert engine._queued <= 2 * COLLECT  # never the whole backlog at once
+                await trio.lowlevel.checkpoint()
+            done.set()
+
+        passes = engine.passes
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            await advance(60)  # everything overdue at once, as after a long stop
+            await done.wait()
+        assert len({v for v in seen if 0 < v < n}) >= n // CHUNK // 2
+        assert engine.passes - passes >= n // COLLECT  # a few ticks at a time
+        stats = await c.stats()
+        assert (stats["expired_ttl"], stats["markers"], stats["pending_expiries"]) == (n, n, n)
+        markers = await all_messages(c, "s", "t")
+        assert len(markers) == n
+        for m in markers:
+            ts, ttl = published[m.subject]
+            assert m.timestamp >= ts + ttl * NS
