@@ -18,7 +18,12 @@ stdout: one JSON object per line, in this order::
 or, instead of the rest, ``{"unreadable": message}`` (no valid manifest copy: nothing
 exported) or ``{"error": "Type: message"}`` (the pass failed; the traceback goes to
 stderr). Exit code 0 after ``end`` and ``unreadable``, 1 after ``error``; anything
-else is a crash. On Linux the worker is killed when the broker dies.
+else is a crash.
+
+A worker whose broker died stops at its next event (its stdout has no reader any
+more: the write fails), so after at most the segment under way, which it finishes
+and records like any other. (Not ``PR_SET_PDEATHSIG``: trio starts processes from a
+worker thread, and that signal comes when the thread ends, not the broker.)
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import sys
 import traceback
 from typing import Any, TextIO
@@ -40,18 +44,6 @@ __all__ = ["NICE", "main"]
 
 #: Added to the worker's niceness: the broker's event loop is served first.
 NICE = 10
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Linux: be sent SIGTERM when the broker exits, so that no worker outlives it and
-    writes the manifest beside the next broker's worker. (A broker that died before
-    this line has closed the worker's stdout: its first event, written before any
-    segment, fails.)"""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def run(root: str, jobs: list[SegmentJob], out: TextIO) -> int:
@@ -79,7 +71,6 @@ def run(root: str, jobs: list[SegmentJob], out: TextIO) -> int:
 
 
 def main() -> int:
-    _die_with_parent()
     os.nice(NICE)
     # Events go to the original stdout; anything else that prints goes to stderr.
     out = os.fdopen(os.dup(1), "w")
