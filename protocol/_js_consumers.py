@@ -433,11 +433,11 @@ def js_delivery(
     _, dseq, delivered, pending = _PULL_ENTRY.unpack(head)
     offset, ts = RECORD_FIXED.unpack_from(record, 0)[2:4]
     subject, headers, payload = nats_message_of_record(record)
+    reply = ack_subject(stream, consumer, delivered, offset, dseq, ts, pending)
     if headers_only:
         size = f"Nats-Msg-Size: {len(payload)}\r\n\r\n".encode()
-        headers = (headers[:-2] if headers else b"NATS/1.0\r\n") + size
-        payload = b""
-    return subject, ack_subject(stream, consumer, delivered, offset, dseq, ts, pending), headers, payload
+        return subject, reply, (headers[:-2] if headers else b"NATS/1.0\r\n") + size, b""
+    return subject, reply, headers, payload
 
 
 def status_message(code: int, description: str, pending_msgs: int | None = None, pending_bytes: int | None = None) -> bytes:
