@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from functools import partial
 from typing import Any
 
@@ -120,28 +121,29 @@ async def export_in_worker(
         proc = await nursery.start(run)
         nursery.start_soon(_send, proc.stdin, root, jobs)
         nursery.start_soon(_keep_tail, proc.stderr, tail)
-        async for line in _lines(proc.stdout):
-            try:
-                event = json.loads(line) if line is not None else None
-            except ValueError:
-                event = None
-            if not isinstance(event, dict) or ending:
-                ending = {"garbled": line[:200] if line is not None else "a line too long"}
-                nursery.cancel_scope.cancel()  # terminates the worker
-                break
-            if "damage" in event:
-                fields = event["damage"]
-                offsets = fields.pop("offsets", None)
-                report(Damage(**fields, offsets=tuple(offsets) if offsets else None))
-            elif "started" in event:
-                if started is not None:
-                    started(event["started"]["exported"], event["started"]["todo"])
-            elif "done" in event:
-                done.append(event["done"])
-                if progress is not None:
-                    progress(event["done"], event["n"], event["of"])
-            else:
-                ending = event
+        async with aclosing(_lines(proc.stdout)) as lines:
+            async for line in lines:
+                try:
+                    event = json.loads(line) if line is not None else None
+                except ValueError:
+                    event = None
+                if not isinstance(event, dict) or ending:
+                    ending = {"garbled": line[:200] if line is not None else "a line too long"}
+                    nursery.cancel_scope.cancel()  # terminates the worker
+                    break
+                if "damage" in event:
+                    fields = event["damage"]
+                    offsets = fields.pop("offsets", None)
+                    report(Damage(**fields, offsets=tuple(offsets) if offsets else None))
+                elif "started" in event:
+                    if started is not None:
+                        started(event["started"]["exported"], event["started"]["todo"])
+                elif "done" in event:
+                    done.append(event["done"])
+                    if progress is not None:
+                        progress(event["done"], event["n"], event["of"])
+                else:
+                    ending = event
     stderr = tail.decode(errors="replace")
     if "unreadable" in ending:
         raise ManifestUnreadable(ending["unreadable"])

@@ -451,3 +451,22 @@ async def test_stopping_the_broker_stops_its_export_worker(tmp_path: Path) -> No
     with pytest.raises(ProcessLookupError):  # terminated and reaped when the broker stopped
         os.kill(pid, 0)
     assert (tmp_path / "export" / MANIFEST_NAME).exists() and not list((tmp_path / "export").rglob("*.tmp"))
+
+
+async def test_a_worker_that_does_not_speak_the_protocol_fails_the_pass(tmp_path: Path) -> None:
+    import sys
+
+    (tmp_path / "data").mkdir()
+    cfg = make_config(tmp_path / "data", **{"export.dir": str(tmp_path / "export"), "system.partition.fsync": "never"})
+    async with start_server(cfg) as server, connect(server.address) as c:
+        server.broker.exporter.worker_command = (sys.executable, "-c", "print('hello')")
+        await c.create_stream("s")
+        await c.create_topic("s", "t", subjects=["a.>"])
+        await c.publish("a.1", b"x")
+        with pytest.raises(P.ExportFailedError) as info:  # type: ignore[attr-defined]
+            await c.export(seal=True)
+        assert info.value.message == (
+            f"export to {tmp_path / 'export'} failed: the export worker wrote what is not an event: b'hello'"
+        )
+        stats = await c.stats()  # crashed, run again, crashed again
+        assert (stats["export_failures"], stats["segments_exported"], stats["export_pass_segments"]) == (2, 0, 0)
