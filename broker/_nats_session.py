@@ -89,6 +89,12 @@ log = get_logger(__name__)
 
 #: This process's server id in INFO (nats-server's is a 56-character key).
 SERVER_ID = "TTLBROKER" + secrets.token_hex(12).upper()
+#: The nats-server version whose client protocol and JetStream API this listener
+#: follows, sent as INFO's ``version``: NATS clients gate features on it (nats.js
+#: refuses KV below 2.6.2; per-message TTL came with 2.11). Features of later servers
+#: that ttlbroker does not have (counters, atomic batches, schedules) are refused.
+#: ttlbroker's own version goes in ``ttlbroker_version``.
+NATS_VERSION = "2.11.0"
 
 AUTH_VIOLATION = "Authorization Violation"
 MAX_CONNECTIONS = "maximum connections exceeded"
@@ -175,7 +181,8 @@ class NatsSession(Session):
         config = self.broker.config
         host, port = self._address()
         info: dict[str, Any] = {
-            "server_id": SERVER_ID, "server_name": config.server.name, "version": VERSION, "proto": 1,
+            "server_id": SERVER_ID, "server_name": config.server.name, "version": NATS_VERSION,
+            "ttlbroker_version": VERSION, "proto": 1,
             "go": "python", "host": host, "port": port, "headers": True, "max_payload": self.broker.max_payload,
             "client_id": self.id, "jetstream": True,
         }

@@ -27,6 +27,7 @@ from helpers import RawNats, in_asyncio
 
 import protocol as P
 from broker import Config, ServerHandle
+from broker._info import VERSION
 from broker.client import connect
 
 PING, PONG, OK = P.NatsPing, P.NatsPong, P.NatsOk
@@ -280,7 +281,8 @@ async def test_info_describes_the_listener(nats_server: ServerHandle, nats_url: 
     assert isinstance(info, P.NatsInfo)
     i = info.info
     assert (i["proto"], i["headers"], i["max_payload"], i["port"]) == (1, True, 1024 * 1024, nats_server.nats_port)
-    assert "auth_required" not in i and "tls_required" not in i and i["server_id"] and i["version"]
+    assert "auth_required" not in i and "tls_required" not in i and i["server_id"] and i["version"] == "2.11.0"
+    assert i["ttlbroker_version"] == VERSION
 
 
 async def test_verbose_answers_ok(nats_url: str) -> None:
