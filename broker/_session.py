@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import hmac
 import math
-import os
+import socket
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -120,8 +120,9 @@ class Session:
         limits = broker.config.limits
         self.broker = broker
         self.stream = stream
-        #: The socket's descriptor, for writes that need not wait (-1 over TLS).
-        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
+        #: The stream's socket, for writes that need not wait (None over TLS): a
+        #: second object on the same descriptor, made and detached by :meth:`_run`.
+        self._sock: socket.socket | None = None
         self.id = session_id
         self.peer = peer
         self.peer_host = peer.rsplit(":", 1)[0]
@@ -345,6 +346,9 @@ class Session:
                 self._ended.set()
 
     async def _run(self) -> None:
+        if isinstance(self.stream, trio.SocketStream):
+            self._sock = socket.socket(fileno=self.stream.socket.fileno())
+            self._sock.setblocking(False)
         try:
             async with trio.open_nursery() as nursery:
                 self._task_scope = nursery.cancel_scope
@@ -368,7 +372,9 @@ class Session:
             self.budget.sent(leftover)
             self._now.clear()
             self._durable.clear()
-            self._fd = -1  # its number may be another file's once the stream is closed
+            if self._sock is not None:
+                self._sock.detach()  # the stream owns the descriptor and closes it
+                self._sock = None
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
             reason = self._reason or "closed"
@@ -589,14 +595,15 @@ class Session:
         and no task switch for the common case, a client that reads its answers (what
         the socket does not take goes back to the front of the queue, for
         :meth:`_send_ready`). Over TLS there is no socket to write to: False."""
-        if self._fd < 0 or self._sending or self._broken:
+        sock = self._sock
+        if sock is None or self._sending or self._broken:
             return False
         while True:
             data = self._take_chunk()
             if data is None:
                 return True
             try:
-                n = os.write(self._fd, data)
+                n = sock.send(data)
             except BlockingIOError:
                 n = 0
             except OSError:

@@ -572,10 +572,9 @@ class _AsyncioTimeout:
         if self._task is not None:
             self._task.cancel()
 
-    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         self._deadlines.discard(self._at, self)
         if typ is asyncio.CancelledError and self._fired:
             if self._task is not None:
                 self._task.uncancel()  # our cancel, consumed here (as asyncio.timeout does)
             raise TimeoutError(f"no answer within {self._seconds} s") from None
-        return False

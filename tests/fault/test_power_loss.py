@@ -1217,12 +1217,14 @@ async def test_a_power_loss_during_a_segment_roll_reports_no_damage(tmp_path: Pa
             await peer.handshake()
             big, small = f"big|{'b' * 1500}".encode(), b"small|rolls the segment"
             ledger.sent[big] = ledger.sent[small] = "shop/scratch"
-            frames = b"".join(
+            first, second = (
                 peer.conn.send_request(corr, P.Publish.from_bodies([encode_msg("scratch.a", pl)]))
                 for corr, pl in ((7, big), (8, small))
             )
-            await peer.send(frames)  # one write: both in one read of the broker's
-            for _ in range(2):
+            # One write: both in one read of the broker's, a PING between them so that
+            # they are two appends (consecutive PUBLISH requests would be one batch).
+            await peer.send(first + peer.conn.send_request(9, P.Ping()) + second)
+            for _ in range(3):
                 assert isinstance(await peer.next_event(), P.Response)
             await peer.aclose()
     assert states, f"no roll seen: {[o for o in fs.ops if o.rel.startswith(pdir)][-12:]}"
