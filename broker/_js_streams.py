@@ -7,9 +7,11 @@ Every request maps onto what our own protocol's handlers do (``_admin.py``,
 topic creation, purge, delete or KV reads. JSON shapes and error numbers are the
 NATS server's (``protocol/_jetstream.py``); what ttlbroker lacks is refused there.
 
-A KV bucket's stream (``KV_<b>``) is the topic ``kv/<b>``: its ``max_age`` is the
-bucket's default key TTL (the ``kv`` option's ``ttl``, so FLIP-25's refresh policy,
-set on our side, applies to it), and a get by last subject (``STREAM.MSG.GET`` or
+A KV bucket's stream (``KV_<b>``) is the topic ``kv/<b>``: with ``allow_msg_ttl``
+(nats-py and nats.go send it) its ``max_age`` is the bucket's default key TTL (the
+``kv`` option's ``ttl``, so FLIP-25's refresh policy, set on our side, applies to
+it); without (nats.js 2.x) the bucket has no key TTLs and ``max_age`` stays the
+topic's max age, as nats-server treats such a stream. A get by last subject (``STREAM.MSG.GET`` or
 ``DIRECT.GET``) goes through the bucket's read rules (visibility, refresh on read),
 as our own client's ``kv.get`` does.
 """
@@ -129,7 +131,8 @@ def account_info(js: JetStream) -> dict[str, Any]:
 
 def _max_age(topic: Topic) -> int:
     kv = topic.config.kv
-    return kv["ttl"] if kv is not None and topic.stream.name == KV_STREAM else topic.config.message_expiry
+    key_ttl = kv["ttl"] if kv is not None and topic.stream.name == KV_STREAM else 0
+    return key_ttl or topic.config.message_expiry
 
 
 def stream_info(js: JetStream, topic: Topic, subjects_filter: str | None = None) -> dict[str, Any]:
@@ -186,10 +189,12 @@ def _topic_request(js: JetStream, name: str, req: dict[str, Any]) -> tuple[str, 
     options, max_age = stream_config_to_topic(req)
     check_option_types(options, updating=False)  # the nested values (republish, metadata) too
     where, topic_name = js.place(name)
-    if where == KV_STREAM:
+    if where == KV_STREAM and options["allow_msg_ttl"]:
         # A bucket: max_age is the default key TTL, so that the refresh policy applies.
         options["kv"] = {"ttl": max_age}
         max_age = 0
+    elif where == KV_STREAM:
+        options["kv"] = {"ttl": 0}  # a bucket without key TTLs: max_age is the topic's
     return where, topic_name, options, max_age, pedantic
 
 

@@ -384,15 +384,20 @@ class NatsSession(Session):
     def _publish(self, ev: NatsPub) -> None:
         broker = self.broker
         subject = ev.subject
-        if not valid_nats_subject(subject):
-            if self.pedantic:
-                broker.counters.request_errors += 1
-                self.send_now(encode_err("Invalid Publish Subject"))
+        valid = valid_nats_subject(subject)
+        if not valid and self.pedantic:
+            broker.counters.request_errors += 1
+            self.send_now(encode_err("Invalid Publish Subject"))
             return
         js = broker.jetstream
         if js.handles(subject):
+            # Before the subject check: an API subject may end in a consumer's filter,
+            # wildcards and all ($JS.API.CONSUMER.CREATE.S.C.$KV.b.>, as nats.js's KV
+            # watch sends it), which nats-server's API subscription takes.
             self._flush()
             js.request(subject, ev.reply, ev.headers, ev.payload)
+            return
+        if not valid:
             return
         subj = subject.encode()
         route = broker.router.cache.get(subj) if len(subj) <= 255 else NO_TOPIC

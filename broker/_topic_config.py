@@ -285,8 +285,10 @@ def _check_kv(cfg: TopicConfig) -> dict[str, Any]:
         raise _Config(f"kv visibility must be one of {', '.join(KV_VISIBILITY)}, not {visibility!r}")
     # Markers are optional, as in NATS KV (limit_marker_ttl): without them an expired
     # key goes without a trace.
-    if not (cfg.allow_msg_ttl and cfg.allow_rollup):
-        raise _Config("a KV bucket needs allow_msg_ttl and allow_rollup")
+    if not cfg.allow_rollup:
+        raise _Config("a KV bucket needs allow_rollup")
+    if ttl and not cfg.allow_msg_ttl:
+        raise _Config("a KV bucket with a key ttl needs allow_msg_ttl")
     if cfg.partitions_count != 1:
         raise _Config("a KV bucket has exactly one partition")
     return {"ttl": ttl, "refresh": refresh, "visibility": visibility}

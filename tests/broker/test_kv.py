@@ -62,6 +62,26 @@ async def test_bad_keys_and_buckets_are_clear_errors(mock_clock, data_dir) -> No
             await kv.get("missing")
 
 
+async def test_a_bucket_need_not_allow_per_message_ttls_unless_it_has_a_key_ttl(mock_clock, data_dir) -> None:
+    """nats.js 2.x makes its buckets without ``allow_msg_ttl``: such a bucket works,
+    without key TTLs (a put with one is refused as on any such topic); a key TTL
+    needs per-message TTLs."""
+    async with broker_and_client(data_dir) as (_, c):
+        await c.create_stream("kv")
+        with pytest.raises(P.BrokerError) as exc:
+            await c.create_topic("kv", "timed", subjects=["$KV.timed.>"], allow_rollup=True, kv={"ttl": 60})
+        assert (exc.value.code, exc.value.message) == (
+            P.ErrorCode.INVALID_TOPIC_CONFIG, "a KV bucket with a key ttl needs allow_msg_ttl")
+        await c.create_topic("kv", "plain", subjects=["$KV.plain.>"], allow_rollup=True, kv={})
+        kv = await c.kv("plain")
+        r = await kv.put("a", b"1")
+        e = await kv.get("a")
+        assert (e.value, e.revision, e.ttl_remaining) == (b"1", r, None)
+        with pytest.raises(P.BrokerError) as exc:
+            await kv.put("a", b"2", ttl=5)
+        assert (exc.value.code, exc.value.message) == (P.ErrorCode.MSG_TTL_DISABLED, "per-message TTL is disabled")
+
+
 async def test_ttl_on_write_restarts_on_put_only(mock_clock, data_dir) -> None:
     async with broker_and_client(data_dir) as (_, c):
         kv = await c.kv_create("b", ttl=10)
