@@ -121,8 +121,11 @@ class Session:
         self.broker = broker
         self.stream = stream
         #: The stream's socket, for writes that need not wait (None over TLS): a
-        #: second object on the same descriptor, made and detached by :meth:`_run`.
+        #: second object on the same descriptor, made and detached by :meth:`_run`,
+        #: used only while ``self.stream`` is still ``_sock_stream`` (a NATS client
+        #: may start TLS on it later).
         self._sock: socket.socket | None = None
+        self._sock_stream: trio.abc.Stream | None = None
         self.id = session_id
         self.peer = peer
         self.peer_host = peer.rsplit(":", 1)[0]
@@ -349,6 +352,7 @@ class Session:
         if isinstance(self.stream, trio.SocketStream):
             self._sock = socket.socket(fileno=self.stream.socket.fileno())
             self._sock.setblocking(False)
+            self._sock_stream = self.stream
         try:
             async with trio.open_nursery() as nursery:
                 self._task_scope = nursery.cancel_scope
@@ -596,7 +600,7 @@ class Session:
         the socket does not take goes back to the front of the queue, for
         :meth:`_send_ready`). Over TLS there is no socket to write to: False."""
         sock = self._sock
-        if sock is None or self._sending or self._broken:
+        if sock is None or self._sending or self._broken or self.stream is not self._sock_stream:
             return False
         while True:
             data = self._take_chunk()
