@@ -6,12 +6,17 @@ time, and under fsync ``always`` no ack leaves before the fsync that covers it."
 from __future__ import annotations
 
 import errno
+import ssl
 import threading
+from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 import trio
-from helpers import RawPeer
+import trustme
+from conftest import make_config, start_server
+from helpers import RawPeer, in_asyncio
 
 import protocol as P
 from broker import _commit, _session
@@ -209,3 +214,30 @@ async def test_a_failed_fsync_in_the_sync_thread_reaches_the_committer(monkeypat
     with pytest.raises(OSError, match="Input/output error"):
         await committer.sync_now()
     assert committer.synced == 0 and counters.fsyncs == 0
+
+
+async def test_durable_acks_of_a_nats_client_that_started_tls_go_out_encrypted(data_dir: Path, tmp_path: Path) -> None:
+    """A NATS client starts TLS after INFO, on the connection's plain stream: the
+    PubAcks the group commit releases must go through TLS (never written straight
+    to the socket underneath)."""
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    leaf.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    config = make_config(data_dir, **{
+        "nats.enabled": True, "server.tls_cert": str(tmp_path / "cert.pem"), "server.tls_key": str(tmp_path / "key.pem"),
+    })
+
+    async def publish_over_tls(url: str) -> list[int]:
+        nc = await nats.connect(url, tls=ssl.create_default_context(cafile=str(tmp_path / "ca.pem")))
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="TLSED", subjects=["tlsed.>"])
+            return [(await js.publish("tlsed.a", b"%d" % i)).seq for i in range(3)]
+        finally:
+            await nc.close()
+
+    async with start_server(config) as handle:
+        assert handle.broker.committer.acks_wait
+        assert await in_asyncio(publish_over_tls, handle.nats_url or "") == [1, 2, 3]
