@@ -349,11 +349,11 @@ class Session:
                 self._ended.set()
 
     async def _run(self) -> None:
-        if isinstance(self.stream, trio.SocketStream):
-            self._sock = socket.socket(fileno=self.stream.socket.fileno())
-            self._sock.setblocking(False)
-            self._sock_stream = self.stream
         try:
+            if isinstance(self.stream, trio.SocketStream):
+                self._sock = socket.socket(fileno=self.stream.socket.fileno())
+                self._sock.setblocking(False)
+                self._sock_stream = self.stream
             async with trio.open_nursery() as nursery:
                 self._task_scope = nursery.cancel_scope
                 nursery.start_soon(self._writer)
