@@ -132,16 +132,16 @@ class JetStream:
     def respond(self, reply: str | None, body: bytes, headers: bytes | None = None, epoch: int = 0) -> None:
         """Send ``body`` to ``reply`` as a core message; with ``epoch``, once the group
         commit has made it durable when the fsync policy makes acks wait (as our own
-        acks do; under an interval or ``never`` it goes at once)."""
+        acks do; under an interval or ``never`` it goes at once). The sync that makes
+        it durable writes it to the subscriber's socket itself (``send_core``)."""
         if not reply:
             return
         from ._nats_core import send_core
 
         committer = self.broker.committer
-        if epoch and committer.acks_wait and not committer.is_durable(epoch):
-            committer.after(epoch, lambda: send_core(self.broker, reply, None, headers, body))
-        else:
-            send_core(self.broker, reply, None, headers, body)
+        if epoch and not (committer.acks_wait and epoch > committer.synced):
+            epoch = 0
+        send_core(self.broker, reply, None, headers, body, epoch=epoch)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` in the API's nursery (it must handle its own errors).

@@ -53,12 +53,15 @@ class NatsSubscription:
         self.delivered = 0
         self.dropped = 0
 
-    def send(self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview) -> bool:
-        """Queue one MSG/HMSG; False when it was dropped (the connection is full)."""
+    def send(
+        self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int = 0,
+    ) -> bool:
+        """Queue one MSG/HMSG (with ``epoch``: to go once it is durable); False when
+        it was dropped (the connection is full)."""
         session = self.session
         if headers is not None and not session.headers:
             headers = None  # a client without header support gets the payload alone
-        if not session.push_nats(encode_msg(subject, self.sid_bytes, reply, headers, payload)):
+        if not session.push_nats(encode_msg(subject, self.sid_bytes, reply, headers, payload), epoch):
             self.dropped += 1
             session.broker.counters.deliveries_dropped += 1
             return False
@@ -83,14 +86,17 @@ class NatsSubscription:
 
 def send_core(
     broker: Broker, subject: str, reply: str | None, headers: bytes | None, payload: bytes | memoryview,
-    origin: Any = None, shown: bytes | None = None,
+    origin: Any = None, shown: bytes | None = None, epoch: int = 0,
 ) -> int:
     """Deliver one core (not stored) message to every matching core subscription of
     both protocols (one member of each queue group); returns how many took it.
     ``headers`` is a whole NATS header block or None. ``origin``: the publishing
     NATS session, whose own subscriptions are skipped when its CONNECT said
     ``echo: false``. ``shown``: the subject the message carries when it is not the
-    one it is sent to (a JetStream delivery to an inbox shows the stored subject)."""
+    one it is sent to (a JetStream delivery to an inbox shows the stored subject).
+    ``epoch``: a group-commit epoch not yet durable; each subscriber's connection
+    holds the message until the sync that makes it durable, which writes it
+    (``Session.send_durable``: no task switch between the fsync and the answer)."""
     subs = broker.subs.match(subject.encode())
     if not subs:
         return 0
@@ -101,14 +107,22 @@ def send_core(
     reached = 0
     for sub in subs:
         if sub.__class__ is NatsSubscription:
-            if sub.session is not skip and sub.send(subj, rep, headers, payload):
+            if sub.session is not skip and sub.send(subj, rep, headers, payload, epoch):
                 reached += 1
             continue
         if record is None:
             record = _record(broker, subj, headers, payload)
         if not record:
             continue  # a subject or headers ttlbroker cannot carry: NATS subscribers only
-        if sub.session.push(P.PushKind.DELIVERY, P.encode_delivery(sub.sid, 1, (_NO_PLACE, record))):
+        delivery = P.encode_delivery(sub.sid, 1, (_NO_PLACE, record))
+        session = sub.session
+        if not epoch:
+            pushed = session.push(P.PushKind.DELIVERY, delivery)
+        else:
+            pushed = session.accepts_pushes() and session.budget.has_room(len(delivery) + 16)
+            if pushed:
+                session.send_durable(epoch, session.conn.send_push(P.PushKind.DELIVERY, delivery))
+        if pushed:
             sub.delivered += 1
             broker.counters.messages_out += 1
             broker.counters.bytes_out += len(payload)

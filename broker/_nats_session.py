@@ -161,12 +161,17 @@ class NatsSession(Session):
 
     # -- output ----------------------------------------------------------------------
 
-    def push_nats(self, data: bytes) -> bool:
+    def push_nats(self, data: bytes, epoch: int = 0) -> bool:
         """Queue a MSG/HMSG; False (nothing queued) when the connection is backed up
-        or the output budget has no room (deliveries are at most once)."""
+        or the output budget has no room (deliveries are at most once). With
+        ``epoch``: it goes once the group commit has made that epoch durable (a
+        PubAck), written by the sync itself (``Session.send_durable``)."""
         if self._closing or self.pending_bytes > self._limit or not self.budget.has_room(len(data)):
             return False
-        self.send_now(data)
+        if epoch:
+            self.send_durable(epoch, data)
+        else:
+            self.send_now(data)
         return True
 
     def _fail(self, text: str, reason: str) -> None:
@@ -273,10 +278,10 @@ class NatsSession(Session):
             finally:
                 self._flush()
                 self._handling = False
-            if self._now:
+            if self._now and not self._send_nowait():
                 self._reader_sending = True
                 try:
-                    await self._send_ready()
+                    await self._send_ready()  # what the socket did not take at once
                 finally:
                     self._reader_sending = False
 

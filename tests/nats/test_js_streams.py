@@ -372,6 +372,38 @@ async def test_namespace_is_configurable(data_dir: Path) -> None:
     assert t.options["nats"]["name"] == "X"
 
 
+async def test_pub_acks_wait_for_the_fsync_that_covers_them(
+    nats_url: str, nats_server: ServerHandle, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under fsync ``always`` every PubAck (an awaited publish, each of a window of
+    ``publish_async``, a KV put) reaches the client only after the sync that covers
+    its message has completed, also when the sync runs in the sync thread."""
+    from broker import _commit
+
+    monkeypatch.setattr(_commit, "INLINE_SYNC_SECONDS", 0.0)
+    counters = nats_server.broker.counters
+
+    async def fn(nc: Any, js: Any) -> list[bool]:
+        await js.add_stream(name="D", subjects=["d.>"])
+        kv = await js.create_key_value(bucket="dk", history=1)
+        after_sync: list[bool] = []
+        for i in range(5):
+            before = counters.fsyncs
+            await js.publish("d.a", b"%d" % i)
+            after_sync.append(counters.fsyncs > before)
+            before = counters.fsyncs
+            await kv.put(f"k{i}", b"v")
+            after_sync.append(counters.fsyncs > before)
+        before = counters.fsyncs
+        futures = [await js.publish_async("d.b", b"%d" % i) for i in range(200)]
+        for f in futures:
+            f.add_done_callback(lambda _: after_sync.append(counters.fsyncs > before))
+        await js.publish_async_completed()
+        return after_sync
+
+    assert await _js(nats_url, fn) == [True] * 210
+
+
 async def test_answers_do_not_wait_for_an_interval_fsync(data_dir: Path) -> None:
     """Under an fsync interval, a delete's and a purge's answers go at once (as our
     acks do); only ``always`` makes them wait for the group commit."""
@@ -409,7 +441,7 @@ async def test_garbage_requests_are_answered_never_crash(nats_server: ServerHand
     import broker._nats_core
 
     answers: list[bytes] = []
-    monkeypatch.setattr(broker._nats_core, "send_core", lambda b, subject, reply, headers, body: answers.append(body) or 1)
+    monkeypatch.setattr(broker._nats_core, "send_core", lambda b, subject, reply, headers, body, **kw: answers.append(body) or 1)
     js = nats_server.broker.jetstream
     js.request("$JS.API.STREAM.CREATE.G", "r", None, json.dumps({"name": "G", "subjects": ["g.>"], "allow_direct": True}).encode())
     while js.waiting:
