@@ -102,10 +102,12 @@ class Partition:
         ids: deque[tuple[int, bytes, int, int]] = deque()
         for live in self.log.scan(headers=bool(window_ns)):
             flags = live.flags.translate(_INDEX_FLAGS)
-            k = 0
-            for first, n in live.runs:
-                index.extend(first, live.subjects[k : k + n], flags[k : k + n])
-                k += n
+            if live.stats is not None:  # every record of the segment is live
+                index.extend_ids(live.base, live.names, live.sids, flags, live.stats)
+            else:
+                for first, n in live.runs:
+                    a = first - live.base
+                    index.extend_ids(first, live.names, live.sids[a : a + n], flags[a : a + n])
             for (ts, ttl), offsets in live.ttls.items():
                 if ttl != TTL_NEVER:
                     group = with_ttl.get((ts, ttl))

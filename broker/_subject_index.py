@@ -107,7 +107,7 @@ class SubjectIndex:
             self._extend_bulk(first_offset, subjects, flags)
             return
         table = self.subjects
-        ids = []
+        ids: list[int] = []
         append = ids.append
         off = first_offset
         for s in subjects:
@@ -154,6 +154,48 @@ class SubjectIndex:
             ids[s] = st.sid
         self.seq.extend(array("I", map(ids.__getitem__, subjects)))
         self.flags += flags if flags is not None else bytes(len(subjects))
+
+    def extend_ids(
+        self, first_offset: int, names: list[bytes], ids: array, flags: bytes,
+        stats: list[tuple[int, int, int]] | None = None,
+    ) -> None:
+        """:meth:`extend` for messages given as numbers ``ids[k]`` into ``names`` (a
+        segment's subject table, the startup rebuild). ``stats``: per name ``(count,
+        first offset, last offset)`` over exactly these messages, when known; then
+        the Python work is one step per name, else one per distinct name and the
+        per-message work is C loops.
+        """
+        if first_offset != self.base + len(self.seq):
+            self._pad(first_offset)
+        if stats is None:
+            end = first_offset + len(ids)
+            counts = Counter(ids)
+            last = dict(zip(ids, range(first_offset, end)))
+            first = dict(zip(reversed(ids), range(end - 1, first_offset - 1, -1)))
+            stats_of = [(k, n, first[k], last[k]) for k, n in counts.items()]
+        else:
+            stats_of = [(k, n, f, la) for k, (n, f, la) in enumerate(stats) if n]
+        table = self.subjects
+        all_names = self.names
+        to_global = array("I", bytes(4 * len(names)))
+        for k, n, f, la in stats_of:
+            s = names[k]
+            st = table.get(s)
+            if st is None:
+                st = table[s] = SubjectState(len(all_names), f)
+                all_names.append(s)
+                self.version += 1
+                st.count = 0
+            elif not st.count:
+                st.first = f
+            st.count += n
+            st.last = la
+            to_global[k] = st.sid
+        if all(to_global[k] == k for k, _, _, _ in stats_of):
+            self.seq.extend(ids)  # the segment numbers its subjects as the index does
+        else:
+            self.seq.extend(array("I", map(to_global.__getitem__, ids)))
+        self.flags += flags
 
     def _pad(self, offset: int) -> None:
         missing = offset - (self.base + len(self.seq))

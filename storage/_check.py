@@ -122,7 +122,7 @@ def _check_partition(
         summary.partitions += 1
         summary.segments += len(log.segments)
         for live in log.scan():  # verifies every live record (one CRC-32 of a segment unchanged since sealed)
-            summary.records += len(live.subjects)
+            summary.records += sum(n for _, n in live.runs)
         for first, last in _runs(sorted(corrupt)):
             seg = next(s for s in reversed(log.segments) if s.base <= first)
             found(Damage(

@@ -15,6 +15,7 @@ import re
 import struct
 import time
 import zlib
+from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
@@ -25,6 +26,7 @@ from ._damage import Damage, Report, ignore_damage
 from ._durability import fsync_dir, sync_fds
 from ._errors import CorruptedRecord
 from ._files import keep_aside, makedirs
+from ._columns import FIELDS, FIELDS_AT, Columns
 from ._segment import CORRUPT, LIVE, Opening, RecoveryReport, Segment
 from ._state import STATE_NAME, StateFile
 
@@ -65,20 +67,32 @@ class ReadResult(NamedTuple):
 
 class LiveRecords(NamedTuple):
     """The live records of one segment, as the startup scan reads them: ``runs`` of
-    consecutive offsets ``(first, count)``, and for each record in order its
-    ``subjects`` and record ``flags`` byte; ``ttls`` groups the offsets of records
-    with a TTL field (``never`` included) by ``(timestamp, ttl)``; ``headers`` holds
-    ``(offset, timestamp, header block)`` of the records with headers, when asked."""
+    consecutive live offsets ``(first, count)``; for every record slot of the segment
+    (from ``base``, live or not) its subject ``sids[k]`` (a number into ``names``)
+    and record ``flags`` byte; ``stats``, when every slot is live, per subject
+    ``(records, first offset, last offset)``; ``ttls`` groups the offsets of live
+    records with a TTL field (``never`` included) by ``(timestamp, ttl)``;
+    ``headers`` holds ``(offset, timestamp, header block)`` of the live records with
+    headers, when asked."""
 
+    base: int
     runs: list[tuple[int, int]]
-    subjects: list[bytes]
-    flags: bytearray
+    names: list[bytes]
+    sids: array
+    flags: bytes
+    stats: list[tuple[int, int, int]] | None
     ttls: dict[tuple[int, int], list[int]]
     headers: list[tuple[int, int, bytes]]
 
     @property
     def offsets(self) -> list[int]:
         return [o for first, n in self.runs for o in range(first, first + n)]
+
+    @property
+    def subjects(self) -> list[bytes]:
+        """The live records' subjects, in order."""
+        names = self.names
+        return [names[self.sids[o - self.base]] for o in self.offsets]
 
 
 class PartitionLog:
@@ -115,6 +129,8 @@ class PartitionLog:
         self._readonly = False
         #: ``partition.state`` holds a write the next group commit must sync.
         self._state_unsynced = False
+        #: Where damage found after opening (the startup scan) goes.
+        self._report: Report = ignore_damage
 
     @property
     def purged_through(self) -> int:
@@ -157,6 +173,7 @@ class PartitionLog:
             raise FileNotFoundError(path)
         log = cls(path, segment_size, on_corrupt, reserve)
         log._readonly = readonly
+        log._report = report
         sf = log._state = StateFile.open(os.path.join(path, STATE_NAME), readonly)
         bases = sorted(
             int(name[:-4]) for name in os.listdir(path) if name.endswith(".log") and name[:-4].isdigit()
@@ -384,6 +401,13 @@ class PartitionLog:
         self._roll()
         return True
 
+    def flush_active(self) -> None:
+        """fdatasync the active segment's log, without sealing it: from a worker
+        thread just before :meth:`seal_active`, whose own sync (on the caller's
+        thread) then has only what was appended since to write. Changes no state:
+        the group commit still syncs what it owes."""
+        sync_fds([self.segments[-1].fileno()])
+
     def _roll(self) -> Segment:
         old = self.segments[-1]
         new = Segment.create(self.path, old.next_offset)
@@ -590,19 +614,29 @@ class PartitionLog:
         record by record (and, all live records passing, given a summary so the next
         start does not have to). A record that fails is marked corrupt and reported,
         not returned. ``headers``: also return the header blocks.
+
+        The fields come from a sealed segment's ``.columns`` file when it is intact
+        and describes the log just verified (its summary's size and CRC-32); else
+        from the records (and such a segment then gets the file).
         """
         for seg in list(self.segments):
             if not seg.live_count:
                 continue
             buf = seg.read_all()
             expected = seg.sealed_crc if seg.sealed else seg.crc
-            if expected is None or zlib.crc32(buf) != expected:
+            whole = expected is not None and zlib.crc32(buf) == expected
+            summarized = False
+            if not whole:
                 # Changed since it was sealed: the records that fail are reported one
                 # by one (bytes of deleted records do not matter).
                 failed = self._verify_records(seg, buf)
                 if seg.sealed and not failed and not self._readonly and not seg.uncertain and CORRUPT not in seg.state:
                     seg.write_summary(zlib.crc32(buf))
-            yield _live_records(seg, buf, headers)
+                    summarized = True
+            cols = seg.read_columns(Opening(self._report, readonly=self._readonly)) if seg.sealed and whole else None
+            if cols is None:
+                cols = seg.columns_from_log(buf, write=seg.sealed and (whole or summarized) and not self._readonly)
+            yield _live_records(seg, buf, cols, headers)
 
     def _verify_records(self, seg: Segment, buf: bytes) -> int:
         """Check every live record of ``seg`` (in ``buf``, its log); mark and report
@@ -630,45 +664,43 @@ class PartitionLog:
 
 _LIVE_RUN = re.compile(rb"\x01+")
 _OFFSET = struct.Struct("<Q")
-_FIELDS = struct.Struct("<QIBBI")  # timestamp, ttl, flags, subject length, headers length
-_FIELDS_AT = 16
 
 
-def _live_records(seg: Segment, buf: bytes, want_headers: bool) -> LiveRecords:
-    """The fields of ``seg``'s live records from its (verified) log ``buf``."""
-    positions = seg.positions
+def _live_records(seg: Segment, buf: bytes, cols: Columns, want_headers: bool) -> LiveRecords:
+    """The live records of ``seg`` (log ``buf``, verified) from its columns."""
+    state = seg.state
     base = seg.base
-    runs: list[tuple[int, int]] = []
-    subjects: list[bytes] = []
-    flags = bytearray()
+    runs = [(base + m.start(), m.end() - m.start()) for m in _LIVE_RUN.finditer(state)]
+    stats = None
+    if seg.column_stats is not None and seg.live_count == len(state):
+        stats = [(n, base + f, base + last) for n, f, last in seg.column_stats]
     ttls: dict[tuple[int, int], list[int]] = {}
+    timestamp_of = seg.timestamp_of
+    for rel, n, ttl in cols.ttl_runs:
+        end = rel + n
+        if state.count(b"\x01", rel, end) == n:
+            offsets = list(range(base + rel, base + end))
+        else:
+            offsets = [base + r for r in range(rel, end) if state[r] == LIVE]
+            if not offsets:
+                continue
+        key = (timestamp_of(rel), ttl)
+        group = ttls.get(key)
+        if group is None:
+            ttls[key] = offsets
+        else:
+            group.extend(offsets)  # a batch whose TTLs alternate
     headers: list[tuple[int, int, bytes]] = []
-    add_subject = subjects.append
-    add_flags = flags.append
-    unpack = _FIELDS.unpack_from
-    last_key = (-1, 0)  # the records of a batch share the timestamp and mostly the TTL
-    add_ttl = None
-    for m in _LIVE_RUN.finditer(seg.state):
-        a, b = m.span()
-        runs.append((base + a, b - a))
-        offset = base + a
-        for p in positions[a:b]:
-            ts, ttl, fl, sl, hl = unpack(buf, p + _FIELDS_AT)
-            s = p + RECORD_FIXED.size
-            add_subject(buf[s : s + sl])
-            add_flags(fl)
-            if ttl:
-                if ts != last_key[0] or ttl != last_key[1]:
-                    last_key = (ts, ttl)
-                    group = ttls.get(last_key)
-                    if group is None:
-                        group = ttls[last_key] = []
-                    add_ttl = group.append
-                add_ttl(offset)  # type: ignore[misc]
-            if hl and want_headers:
-                headers.append((offset, ts, buf[s + sl : s + sl + hl]))
-            offset += 1
-    return LiveRecords(runs, subjects, flags, ttls, headers)
+    if want_headers:
+        unpack = FIELDS.unpack_from
+        positions = seg.positions
+        for rel in cols.header_rels:
+            if state[rel] == LIVE:
+                p = positions[rel]
+                ts, _, _, sl, hl = unpack(buf, p + FIELDS_AT)
+                s = p + RECORD_FIXED.size + sl
+                headers.append((base + rel, ts, buf[s : s + hl]))
+    return LiveRecords(base, runs, cols.names, cols.sids, cols.flags, stats, ttls, headers)
 
 
 def _read_old_purge(path: str, report: Report) -> int:

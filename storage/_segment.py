@@ -27,6 +27,15 @@ Files, named by the segment's first offset zero-padded to 20 digits (Iggy's nami
     checksum, or one that does not agree with the indexes or the file: the records
     are verified one by one as before (and the summary written again when they all
     pass); damage is reported (``kind=segment_summary``).
+``.columns``
+    Written after the summary, from the log, in a thread (so sealing does not wait
+    for it): every record's subject, flags, TTL and whether it has headers, as
+    arrays (``_columns.py``). Trusted only when its checksum holds and its record
+    count, log size and log CRC-32 are the summary's (whose CRC-32 the startup scan
+    has just found the log to have): the startup rebuild then reads it instead of
+    the records. Missing (a crash before it was written, older segments): the
+    records are read and the file written; damaged or disagreeing: reported
+    (``kind=segment_columns``), then the same.
 ``.del`` and ``.del2``
     Deletions, the same entries in both files: ``(u32 word, u32 CRC-32 of the word)``
     where the word holds the relative offset (low 28 bits) and a tag (top 4 bits).
@@ -57,6 +66,7 @@ import os
 import re
 import struct
 import sys
+import threading
 import zlib
 from array import array
 from bisect import bisect_right
@@ -65,6 +75,7 @@ from dataclasses import dataclass, field
 
 from protocol import RECORD_FIXED, check_record
 
+from ._columns import Columns, decode_columns, extract_columns, write_columns
 from ._damage import Damage, Report, ignore_damage
 from ._durability import fsync_dir
 from ._errors import CorruptedRecord, StorageFailure
@@ -255,6 +266,7 @@ class Segment:
         self.del_path = stem + ".del"
         self.mirror_path = stem + ".del2"
         self.summary_path = stem + ".summary"
+        self.columns_path = stem + ".columns"
         self.positions = array("I")
         self.state = bytearray()
         self.time_rel = array("I")
@@ -277,6 +289,11 @@ class Segment:
         #: Sealed: the log's CRC-32 as its summary recorded it at seal (None: no valid
         #: summary; the startup scan verifies every record).
         self.sealed_crc: int | None = None
+        #: The thread writing the ``.columns`` file after a seal (joined on close).
+        self._columns_job: threading.Thread | None = None
+        #: Per subject ``(records, first, last)`` over all records, from a trusted
+        #: ``.columns`` file (:meth:`read_columns`), else None.
+        self.column_stats: list[tuple[int, int, int]] | None = None
 
     # -- opening -------------------------------------------------------------------
 
@@ -673,6 +690,10 @@ class Segment:
             self.del_dirty = False
         return fds
 
+    def fileno(self) -> int:
+        """The log's descriptor (-1 once closed)."""
+        return self._fd
+
     @property
     def corrupt_count(self) -> int:
         """Record slots found damaged (or put aside): never proof of garbage."""
@@ -690,7 +711,50 @@ class Segment:
         self._write_indexes()
         if self.crc is not None and not self.uncertain and CORRUPT not in self.state:
             self.write_summary(self.crc)
+            self._columns_job = threading.Thread(
+                target=self._write_columns_after_seal, args=(self.size, self.crc), name="segment-columns", daemon=True
+            )
+            self._columns_job.start()
         self.sealed = True
+
+    def _write_columns_after_seal(self, size: int, crc: int) -> None:
+        """Read the sealed log back and write its ``.columns`` file (a worker thread:
+        a pass over every record costs a few hundred milliseconds for a full segment,
+        which the event loop must not wait for). The log must still have the CRC-32
+        the summary recorded; any failure leaves the file to the next start."""
+        try:
+            buf = os.pread(self._fd, size, 0) if size else b""
+            if zlib.crc32(buf) == crc and len(buf) == size:
+                write_columns(self.columns_path, extract_columns(buf, self.positions), size, crc)
+        except OSError:
+            pass
+
+    def read_columns(self, opening: Opening) -> Columns | None:
+        """The ``.columns`` file, if it is intact and describes this segment as its
+        summary does (:attr:`sealed_crc`, which the caller has found the log to have);
+        else None (damage reported; a missing file is not damage)."""
+        job, self._columns_job = self._columns_job, None
+        if job is not None:
+            job.join()  # sealed while opening (recovery): its file is being written
+        raw = _read_bytes(self.columns_path)
+        if raw is None or self.sealed_crc is None:
+            return None
+        got = decode_columns(raw, len(self.positions), self.size, self.sealed_crc)
+        if isinstance(got, str):
+            opening.report(Damage("segment_columns", self.columns_path, None, got,
+                                  opening.act("the startup rebuild read the segment's records; the file is written again")))
+            return None
+        cols, self.column_stats = got
+        return cols
+
+    def columns_from_log(self, buf: bytes, write: bool) -> Columns:
+        """The columns of the verified log image ``buf``; ``write``: keep them in the
+        ``.columns`` file (the log having its summary's CRC-32)."""
+        cols = extract_columns(buf, self.positions)
+        self.column_stats = None
+        if write and self.sealed_crc is not None:
+            write_columns(self.columns_path, cols, self.size, self.sealed_crc)
+        return cols
 
     def _write_indexes(self) -> None:
         # The indexes can be rebuilt from the log, so a lost directory entry after a
@@ -805,6 +869,9 @@ class Segment:
     # -- closing -------------------------------------------------------------------
 
     def close(self) -> None:
+        job, self._columns_job = self._columns_job, None
+        if job is not None:
+            job.join()
         for attr in ("_fd", "_del_fd", "_mirror_fd"):
             fd = getattr(self, attr)
             if fd >= 0:
@@ -818,7 +885,10 @@ class Segment:
         """Close and unlink every file of the segment; returns the bytes freed."""
         self.close()
         freed = 0
-        for path in (self.log_path, self.index_path, self.time_path, self.summary_path, self.del_path, self.mirror_path):
+        for path in (
+            self.log_path, self.index_path, self.time_path, self.summary_path, self.columns_path, self.del_path,
+            self.mirror_path,
+        ):
             try:
                 freed += os.stat(path).st_size
                 os.unlink(path)

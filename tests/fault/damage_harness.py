@@ -35,8 +35,8 @@ from protocol import BrokerError
 from storage import CorruptedRecord, Damage, PartitionLog
 
 KINDS = (
-    "active_log", "sealed_log", "offset_index", "time_index", "segment_summary", "deletions", "deletions_mirror",
-    "partition_state",
+    "active_log", "sealed_log", "offset_index", "time_index", "segment_summary", "segment_columns", "deletions",
+    "deletions_mirror", "partition_state",
 )
 DAMAGES = ("flip", "truncate", "zero_page")
 _SUBJECT_LEN_AT = 5  # in a message body: ttl (4), flags (1), subject length (1), ...
@@ -107,6 +107,8 @@ def _files_of(path: Path, kind: str, log: PartitionLog) -> list[str]:
         return [s.time_path for s in segs[:-1]]
     if kind == "segment_summary":
         return [s.summary_path for s in segs[:-1] if os.path.exists(s.summary_path)]
+    if kind == "segment_columns":
+        return [s.columns_path for s in segs[:-1] if os.path.exists(s.columns_path)]
     if kind == "deletions":
         return [s.del_path for s in segs if os.path.exists(s.del_path)]
     if kind == "deletions_mirror":
@@ -157,13 +159,13 @@ def run_trial(tmp: Path, kind: str, how: str, seed: int) -> Trial:
     path = tmp / f"{kind}-{how}-{seed}"
     bodies, times, deleted, log = build(path, rng, reserve)
     acked_next = log.next_offset
-    files = _files_of(path, kind, log)
     where = {}  # offset -> (log file, first byte, end byte) of each record
     for seg in log.segments:
         for rel in range(seg.count):
             end = seg.positions[rel + 1] if rel + 1 < seg.count else seg.size
             where[seg.base + rel] = (seg.log_path, seg.positions[rel], end)
-    log.close(clean=clean)
+    log.close(clean=clean)  # waits for the sealed segments' columns files
+    files = _files_of(path, kind, log)
     if not files:
         trial.outcome = "not_applicable"
         return trial

@@ -1,6 +1,7 @@
 """The startup scan's fast path: a sealed segment whose ``.summary`` holds the log's
 size and CRC-32 from seal time is verified with one CRC-32 of the file instead of one
-per record, and yields exactly what the record-by-record scan yields. A summary that is
+per record, its records' fields come from its ``.columns`` file instead of the
+records, and it yields exactly what the record-by-record scan yields. A summary that is
 damaged, or that the segment no longer matches, falls back to the record-by-record
 scan, reported; the records' state never depends on which path was taken."""
 
@@ -18,9 +19,12 @@ from hypothesis import strategies as st
 
 import protocol as P
 import storage._partition_log as partition_log
+import storage._segment as segment_module
 from storage import CORRUPT, Damage, PartitionLog
 
 _CHECK_RECORD = partition_log.check_record
+_EXTRACT = segment_module.extract_columns
+extracted: list[int] = []
 SEGMENT = 512  # a handful of records per segment: many sealed segments
 SUBJECTS = [b"a", b"b.1", b"c.x.y"]
 TTLS = [0, 0, 5, 60, P.TTL_NEVER]
@@ -54,11 +58,36 @@ op = st.one_of(
 
 
 def scanned(log: PartitionLog) -> list[tuple[object, ...]]:
-    return [tuple(live) for live in log.scan(headers=True)]
+    """What the scan says of each segment's live records (the subject numbering and
+    whether per-subject stats come along may differ by path; the stats, when given,
+    must be those of the live records)."""
+    out = []
+    for live in log.scan(headers=True):
+        offs = live.offsets
+        subjects = live.subjects
+        if live.stats is not None:
+            want: dict[bytes, list[int]] = {}
+            for o, s in zip(offs, subjects):
+                st = want.setdefault(s, [0, o, o])
+                st[0] += 1
+                st[2] = o
+            assert {live.names[k]: list(v) for k, v in enumerate(live.stats)} == want
+        out.append((live.runs, subjects, [live.flags[o - live.base] for o in offs], live.ttls, live.headers))
+    return out
 
 
 def offsets(scan: list[tuple[object, ...]]) -> list[int]:
-    return [o for live in scan for o in partition_log.LiveRecords(*live).offsets]  # type: ignore[arg-type]
+    return [o for live in scan for first, n in live[0] for o in range(first, first + n)]  # type: ignore[attr-defined]
+
+
+def read_from_records(log: PartitionLog) -> list[int]:
+    """The positions whose fields a scan reads from the records when every sealed
+    segment has its columns file: the active segment's."""
+    return [p for s in log.segments if not s.sealed and s.live_count for p in s.positions]
+
+
+def columns(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.glob("*.columns"))}
 
 
 def state_of(log: PartitionLog) -> list[tuple[int, bytes, int]]:
@@ -66,14 +95,21 @@ def state_of(log: PartitionLog) -> list[tuple[int, bytes, int]]:
 
 
 def open_counting(path: Path, monkeypatch: pytest.MonkeyPatch, found: list[Damage]) -> tuple[PartitionLog, list[int]]:
-    """Open the partition, counting the records verified one by one."""
+    """Open the partition, counting the records verified one by one (and, in
+    ``extracted``, the records whose fields were read from the log)."""
     checked: list[int] = []
 
     def counting(buf: bytes, pos: int, end: int) -> int:
         checked.append(pos)
         return _CHECK_RECORD(buf, pos, end)
 
+    def extracting(buf, positions):  # type: ignore[no-untyped-def]
+        extracted.extend(positions)
+        return _EXTRACT(buf, positions)
+
+    extracted.clear()
     monkeypatch.setattr(partition_log, "check_record", counting)
+    monkeypatch.setattr(segment_module, "extract_columns", extracting)
     log, _ = PartitionLog.open(str(path), SEGMENT, report=found.append)
     return log, checked
 
@@ -103,14 +139,24 @@ def test_the_fast_path_gives_exactly_what_the_full_scan_gives(tmp_path_factory, 
             scanned(log)  # what a broker start does (and writes the summaries it lacks)
     log.close()
     shutil.copytree(fast, slow)
-    for p in slow.glob("*.summary"):
+    shutil.copytree(fast, root / "no_columns")
+    for p in [*slow.glob("*.summary"), *slow.glob("*.columns"), *(root / "no_columns").glob("*.columns")]:
         p.unlink()
 
     found: list[Damage] = []
     a, checked_fast = open_counting(fast, monkeypatch, found)
+    got = scanned(a)
+    # Every sealed segment with live records has its columns: only the active one's
+    # records are read field by field.
+    assert extracted == read_from_records(a)
+    c, _ = open_counting(root / "no_columns", monkeypatch, found)
+    assert scanned(c) == got
+    c.close()
+    # The full scan wrote the missing columns files, byte for byte the ones sealing wrote.
+    assert columns(root / "no_columns") == {k: v for k, v in columns(fast).items() if k in columns(root / "no_columns")}
     b, checked_slow = open_counting(slow, monkeypatch, found)
     try:
-        assert scanned(a) == scanned(b)
+        assert got == scanned(b)
         assert state_of(a) == state_of(b)
         assert (a.live_count, a.next_offset, a.first_offset) == (b.live_count, b.next_offset, b.first_offset)
         for start in range(1, a.next_offset + 2):  # what a consumer's num_pending starts from
@@ -259,3 +305,47 @@ def test_a_missing_summary_is_no_damage_and_is_written(tmp_path: Path, monkeypat
     assert scanned(log) == want and found == [] and checked
     log.close()
     assert summaries(path) == written
+
+
+def with_log_crc(raw: bytearray, crc: int) -> bytearray:
+    """The columns file for another log CRC-32, with a valid checksum of its own."""
+    body = raw[:-4]
+    struct.pack_into("<I", body, 36, crc)
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+@pytest.mark.parametrize(
+    ("change", "detail"),
+    [
+        (lambda raw: flip_byte(raw, len(raw) // 2), "checksum mismatch or cut short"),
+        (lambda raw: raw[:-1], "checksum mismatch or cut short"),
+        (lambda raw: with_log_crc(raw, 7), "CRC-32 0x00000007"),
+    ],
+    ids=["bit_flip", "truncated", "other_log"],
+)
+def test_damaged_columns_fall_back_to_the_records_reported_and_are_rewritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change, detail  # type: ignore[no-untyped-def]
+) -> None:
+    path = tmp_path / "p"
+    log = sealed_log(path)
+    victim = log.segments[1]
+    log.close()
+    want = reference(path, tmp_path)
+    good = Path(victim.columns_path).read_bytes()
+    rewrite(victim.columns_path, change)
+
+    found: list[Damage] = []
+    log, checked = open_counting(path, monkeypatch, found)
+    got = scanned(log)
+    assert [(d.kind, d.path) for d in found] == [("segment_columns", victim.columns_path)]
+    assert detail in found[0].detail
+    assert got == want and checked == []  # the log is intact: one CRC-32, its fields read from the records
+    assert extracted == list(victim.positions) + read_from_records(log)
+    assert Path(victim.columns_path).read_bytes() == good
+    log.close()
+
+    found.clear()
+    log, checked = open_counting(path, monkeypatch, found)
+    assert scanned(log) == want and found == [] and checked == []
+    assert extracted == read_from_records(log)  # the victim's from its file again
+    log.close()
