@@ -167,6 +167,14 @@ class Exporter:
             sealed = 0
             if seal:
                 for part in partitions:
+                    if not part.log.active.count:
+                        continue
+                    # The seal's fdatasync of up to a segment of records (tens of ms)
+                    # runs in a thread; on the loop the seal syncs only what was
+                    # appended meanwhile, one partition per turn.
+                    await trio.to_thread.run_sync(part.log.flush_active)
+                    if part.log.active.fileno() < 0:
+                        continue  # its topic was deleted meanwhile
                     if part.log.seal_active():
                         sealed += 1
             jobs = self.snapshot(partitions)

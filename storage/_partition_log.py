@@ -405,8 +405,10 @@ class PartitionLog:
         """fdatasync the active segment's log, without sealing it: from a worker
         thread just before :meth:`seal_active`, whose own sync (on the caller's
         thread) then has only what was appended since to write. Changes no state:
-        the group commit still syncs what it owes."""
-        sync_fds([self.segments[-1].fileno()])
+        the group commit still syncs what it owes. Nothing once closed."""
+        fd = self.segments[-1].fileno()
+        if fd >= 0:
+            sync_fds([fd])
 
     def _roll(self) -> Segment:
         old = self.segments[-1]

@@ -377,6 +377,53 @@ async def test_stats_show_the_progress_of_the_pass_under_way(tmp_path: Path) -> 
         assert (stats["export_pass_segments"], stats["export_pass_done"], stats["segments_exported"]) == (0, 0, 3)
 
 
+async def test_seal_syncs_each_segment_off_the_loop_and_skips_a_topic_deleted_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``export(seal=True)`` syncs each active segment's records in a worker thread
+    before sealing it (the loop goes on serving: here it deletes a topic meanwhile),
+    and a partition whose topic was deleted during that sync is not sealed."""
+    import threading
+
+    from storage import PartitionLog
+
+    syncing, go_on = threading.Event(), threading.Event()
+    synced_in: list[bool] = []
+    held: list[PartitionLog] = []
+    flush = PartitionLog.flush_active
+
+    def flush_held(log: PartitionLog) -> None:
+        synced_in.append(threading.current_thread() is not threading.main_thread())
+        if log in held:
+            syncing.set()
+            go_on.wait(30)
+        flush(log)
+
+    cfg = make_config(tmp_path / "data", **{"export.dir": str(tmp_path / "export")})
+    (tmp_path / "data").mkdir()
+    async with start_server(cfg, Clock()) as server, connect(server.address) as c, connect(server.address) as admin:
+        await c.create_stream("s")
+        await c.create_topic("s", "t", subjects=["t.>"])
+        await c.create_topic("s", "u", subjects=["u.>"])
+        await c.publish_batch([("t.1", b"x"), ("u.1", b"y")])
+        held.extend(p.log for p in server.broker.all_partitions() if p.topic.name == "u")
+        monkeypatch.setattr(PartitionLog, "flush_active", flush_held)
+        res: dict[str, object] = {}
+
+        async def export() -> None:
+            res.update(await c.export(seal=True))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(export)
+            with trio.fail_after(30):
+                await trio.to_thread.run_sync(syncing.wait, 30)
+                await admin.delete_topic("s", "u")  # served while u's segment is being synced
+            go_on.set()
+    assert synced_in == [True, True]
+    assert res["sealed"] == 1
+    assert [e["path"] for e in res["exported"]] == ["stream=s/topic=t/partition=0/1-1.parquet"]  # type: ignore[attr-defined]
+
+
 async def test_a_record_damaged_on_disk_is_left_out_counted_and_reported(tmp_path: Path) -> None:
     """A byte of a sealed segment changed after it was sealed (its summary's CRC-32 no
     longer matches the file): the worker checks each record, leaves the damaged one
