@@ -534,6 +534,13 @@ class PartitionLog:
         a clean stop, with the exact next offset, so the next start skips nothing and
         treats any torn byte as damage."""
         if clean and self._state.fd >= 0 and not self._readonly:
+            if self.segments:
+                try:
+                    # Before the clean flag: the next start reads it instead of the
+                    # active segment's records (if the log is still what it describes).
+                    self.segments[-1].write_snapshot()
+                except OSError:
+                    pass  # the next start reads the records
             st = self._state.state
             st.clean = True
             st.acked_next = st.reserved_next = self.next_offset
@@ -635,7 +642,10 @@ class PartitionLog:
                 if seg.sealed and not failed and not self._readonly and not seg.uncertain and CORRUPT not in seg.state:
                     seg.write_summary(zlib.crc32(buf))
                     summarized = True
-            cols = seg.read_columns(Opening(self._report, readonly=self._readonly)) if seg.sealed and whole else None
+            if seg.sealed:
+                cols = seg.read_columns(Opening(self._report, readonly=self._readonly)) if whole else None
+            else:
+                cols, seg.snapshot_columns = (seg.snapshot_columns if whole else None), None
             if cols is None:
                 cols = seg.columns_from_log(buf, write=seg.sealed and (whole or summarized) and not self._readonly)
             yield _live_records(seg, buf, cols, headers)

@@ -36,6 +36,17 @@ Files, named by the segment's first offset zero-padded to 20 digits (Iggy's nami
     the records. Missing (a crash before it was written, older segments): the
     records are read and the file written; damaged or disagreeing: reported
     (``kind=segment_columns``), then the same.
+``.snapshot``
+    Written for the active segment when the partition is closed cleanly: ``"TBAS" |
+    u16 version | u16 0 | u32 records | u32 time index entries | u64 log size | u32
+    log CRC-32 | u32 columns bytes``, the record positions (``u32`` each), the time
+    index (``u32`` relative offsets, then ``u64`` timestamps), the ``.columns``
+    content, and a CRC-32 of everything before it. The next start uses it instead of
+    reading the active segment record by record only if its checksum holds and the
+    log has exactly its size and CRC-32 (the positions, time index and columns are a
+    function of the log's bytes); one that fails its checksum is reported
+    (``kind=segment_snapshot``); one that no longer matches the log (appends since,
+    a torn write) is simply not used. Removed when the segment is sealed.
 ``.del`` and ``.del2``
     Deletions, the same entries in both files: ``(u32 word, u32 CRC-32 of the word)``
     where the word holds the relative offset (low 28 bits) and a tag (top 4 bits).
@@ -75,7 +86,7 @@ from dataclasses import dataclass, field
 
 from protocol import RECORD_FIXED, check_record
 
-from ._columns import Columns, decode_columns, extract_columns, write_columns
+from ._columns import Columns, decode_columns, encode_columns, extract_columns, write_columns
 from ._damage import Damage, Report, ignore_damage
 from ._durability import fsync_dir
 from ._errors import CorruptedRecord, StorageFailure
@@ -106,6 +117,9 @@ _TIMES_MAGIC = b"TBTX"
 _SUMMARY = struct.Struct("<4sHHIIQI")  # magic, version, 0, records, time entries, log size, log CRC-32
 _SUMMARY_MAGIC = b"TBSS"
 _SUMMARY_VERSION = 1
+_SNAPSHOT = struct.Struct("<4sHHIIQII")  # magic, version, 0, records, time entries, log size, log CRC-32, columns bytes
+_SNAPSHOT_MAGIC = b"TBAS"
+_SNAPSHOT_VERSION = 1
 _OLD_FORMAT = "no checksum trailer (written by an older version, or cut short)"
 #: A ``.del`` word no real entry has (relative offset beyond any segment, tag 15): the
 #: segment's deletions could not all be read, so its remaining records are put aside.
@@ -163,6 +177,14 @@ def _u32_array(raw: bytes) -> array:
     if not _LITTLE:
         a.byteswap()
     return a
+
+
+def _u64_bytes(a: array) -> bytes:
+    if _LITTLE:
+        return a.tobytes()
+    b = array("Q", a)
+    b.byteswap()
+    return b.tobytes()
 
 
 def _u32_bytes(a: array) -> bytes:
@@ -267,6 +289,7 @@ class Segment:
         self.mirror_path = stem + ".del2"
         self.summary_path = stem + ".summary"
         self.columns_path = stem + ".columns"
+        self.snapshot_path = stem + ".snapshot"
         self.positions = array("I")
         self.state = bytearray()
         self.time_rel = array("I")
@@ -294,6 +317,8 @@ class Segment:
         #: Per subject ``(records, first, last)`` over all records, from a trusted
         #: ``.columns`` file (:meth:`read_columns`), else None.
         self.column_stats: list[tuple[int, int, int]] | None = None
+        #: The active segment's columns, from its ``.snapshot`` (taken by the scan).
+        self.snapshot_columns: Columns | None = None
 
     # -- opening -------------------------------------------------------------------
 
@@ -318,6 +343,9 @@ class Segment:
         seg._fd = open_file(seg.log_path, opening.write_flags)
         size = os.fstat(seg._fd).st_size
         buf = os.pread(seg._fd, size, 0) if size else b""
+        if seg._load_snapshot(buf, opening):
+            seg._apply_deletions(opening)
+            return seg, report
         positions, corrupt, time_rel, time_ts, valid_end = scan_records(buf, base)
         report.tail_bytes = size - valid_end
         seg._load(positions, time_rel, time_ts, valid_end)
@@ -328,6 +356,67 @@ class Segment:
         seg._apply_deletions(opening)
         seg._report_corrupt(corrupt, buf, opening, report)
         return seg, report
+
+    def _load_snapshot(self, buf: bytes, opening: Opening) -> bool:
+        """Take the positions, time index and columns from the ``.snapshot`` file if
+        it describes exactly the log image ``buf`` (see the module docstring)."""
+        raw = _read_bytes(self.snapshot_path)
+        if raw is None:
+            return False
+        problem = None
+        if len(raw) < _SNAPSHOT.size + 4 or zlib.crc32(memoryview(raw)[:-4]) != _U32.unpack_from(raw, len(raw) - 4)[0]:
+            problem = "checksum mismatch or cut short"
+        else:
+            magic, version, _, count, times, size, crc, cols_len = _SNAPSHOT.unpack_from(raw)
+            if magic != _SNAPSHOT_MAGIC or version != _SNAPSHOT_VERSION:
+                problem = "not a segment snapshot of this version"
+            elif size != len(buf) or crc != zlib.crc32(buf):
+                return False  # the log changed since (appends, a torn write): stale, not damage
+            elif len(raw) != _SNAPSHOT.size + 4 * count + 12 * times + cols_len + 4:
+                problem = "its length does not match its header"
+            else:
+                p = _SNAPSHOT.size
+                positions = _u32_array(raw[p : p + 4 * count])
+                p += 4 * count
+                time_rel = _u32_array(raw[p : p + 4 * times])
+                p += 4 * times
+                time_ts = array("Q")
+                time_ts.frombytes(raw[p : p + 8 * times])
+                if not _LITTLE:
+                    time_ts.byteswap()
+                p += 8 * times
+                got = decode_columns(raw[p : p + cols_len], count, size, crc)
+                if isinstance(got, str):
+                    problem = f"its columns: {got}"
+                elif positions and (positions[0] != 0 or positions[-1] >= size) or (
+                    time_rel and (time_rel[0] != 0 or time_rel[-1] >= count)
+                ):
+                    problem = "its positions or time index do not fit the log"
+                else:
+                    self._load(positions, time_rel, time_ts, size)
+                    self._file_size = size
+                    self.crc = crc
+                    self.snapshot_columns, self.column_stats = got
+                    return True
+        opening.report(Damage("segment_snapshot", self.snapshot_path, None, problem,
+                              opening.act("the active segment's records are verified one by one")))
+        return False
+
+    def write_snapshot(self) -> None:
+        """Write the ``.snapshot`` file of this (active) segment, if every record of it
+        is known good (a clean close; rebuildable, no directory fsync)."""
+        if self.sealed or self.crc is None or self.uncertain or CORRUPT in self.state or self._fd < 0:
+            return
+        if os.fstat(self._fd).st_size != self.size:
+            return  # bytes beyond the last record (a failed write): the next start looks at them
+        buf = self.read_all()
+        cols = encode_columns(extract_columns(buf, self.positions), self.size, self.crc)
+        times = len(self.time_rel)
+        body = b"".join((
+            _SNAPSHOT.pack(_SNAPSHOT_MAGIC, _SNAPSHOT_VERSION, 0, len(self.positions), times, self.size, self.crc, len(cols)),
+            _u32_bytes(self.positions), _u32_bytes(self.time_rel), _u64_bytes(self.time_ts), cols,
+        ))
+        atomic_write(self.snapshot_path, body + _U32.pack(zlib.crc32(body)), sync_dir=False)
 
     def cut_tail(self, report: RecoveryReport, opening: Opening) -> None:
         """Cut the tail found by :meth:`open_active`, beyond every acknowledged
@@ -709,6 +798,9 @@ class Segment:
         if self.dirty:
             os.fdatasync(self._fd)
         self._write_indexes()
+        self.snapshot_columns = None
+        if os.path.exists(self.snapshot_path):
+            os.unlink(self.snapshot_path)  # it described the segment while active
         if self.crc is not None and not self.uncertain and CORRUPT not in self.state:
             self.write_summary(self.crc)
             self._columns_job = threading.Thread(
@@ -886,8 +978,8 @@ class Segment:
         self.close()
         freed = 0
         for path in (
-            self.log_path, self.index_path, self.time_path, self.summary_path, self.columns_path, self.del_path,
-            self.mirror_path,
+            self.log_path, self.index_path, self.time_path, self.summary_path, self.columns_path, self.snapshot_path,
+            self.del_path, self.mirror_path,
         ):
             try:
                 freed += os.stat(path).st_size

@@ -35,7 +35,8 @@ from protocol import BrokerError
 from storage import CorruptedRecord, Damage, PartitionLog
 
 KINDS = (
-    "active_log", "sealed_log", "offset_index", "time_index", "segment_summary", "segment_columns", "deletions",
+    "active_log", "sealed_log", "offset_index", "time_index", "segment_summary", "segment_columns", "active_snapshot",
+    "deletions",
     "deletions_mirror", "partition_state",
 )
 DAMAGES = ("flip", "truncate", "zero_page")
@@ -109,6 +110,8 @@ def _files_of(path: Path, kind: str, log: PartitionLog) -> list[str]:
         return [s.summary_path for s in segs[:-1] if os.path.exists(s.summary_path)]
     if kind == "segment_columns":
         return [s.columns_path for s in segs[:-1] if os.path.exists(s.columns_path)]
+    if kind == "active_snapshot":
+        return [s.snapshot_path for s in segs[-1:] if os.path.exists(s.snapshot_path)]
     if kind == "deletions":
         return [s.del_path for s in segs if os.path.exists(s.del_path)]
     if kind == "deletions_mirror":

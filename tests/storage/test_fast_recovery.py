@@ -24,7 +24,10 @@ from storage import CORRUPT, Damage, PartitionLog
 
 _CHECK_RECORD = partition_log.check_record
 _EXTRACT = segment_module.extract_columns
+_SCAN = segment_module.scan_records
 extracted: list[int] = []
+#: Bases of the segments read record by record on open (the active one, without its snapshot).
+rescanned: list[int] = []
 SEGMENT = 512  # a handful of records per segment: many sealed segments
 SUBJECTS = [b"a", b"b.1", b"c.x.y"]
 TTLS = [0, 0, 5, 60, P.TTL_NEVER]
@@ -80,12 +83,6 @@ def offsets(scan: list[tuple[object, ...]]) -> list[int]:
     return [o for live in scan for first, n in live[0] for o in range(first, first + n)]  # type: ignore[attr-defined]
 
 
-def read_from_records(log: PartitionLog) -> list[int]:
-    """The positions whose fields a scan reads from the records when every sealed
-    segment has its columns file: the active segment's."""
-    return [p for s in log.segments if not s.sealed and s.live_count for p in s.positions]
-
-
 def columns(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.glob("*.columns"))}
 
@@ -107,9 +104,15 @@ def open_counting(path: Path, monkeypatch: pytest.MonkeyPatch, found: list[Damag
         extracted.extend(positions)
         return _EXTRACT(buf, positions)
 
+    def scanning(buf, base):  # type: ignore[no-untyped-def]
+        rescanned.append(base)
+        return _SCAN(buf, base)
+
     extracted.clear()
+    rescanned.clear()
     monkeypatch.setattr(partition_log, "check_record", counting)
     monkeypatch.setattr(segment_module, "extract_columns", extracting)
+    monkeypatch.setattr(segment_module, "scan_records", scanning)
     log, _ = PartitionLog.open(str(path), SEGMENT, report=found.append)
     return log, checked
 
@@ -140,15 +143,16 @@ def test_the_fast_path_gives_exactly_what_the_full_scan_gives(tmp_path_factory, 
     log.close()
     shutil.copytree(fast, slow)
     shutil.copytree(fast, root / "no_columns")
-    for p in [*slow.glob("*.summary"), *slow.glob("*.columns"), *(root / "no_columns").glob("*.columns")]:
+    for p in [*slow.glob("*.summary"), *slow.glob("*.columns"), *slow.glob("*.snapshot"),
+              *(root / "no_columns").glob("*.columns"), *(root / "no_columns").glob("*.snapshot")]:
         p.unlink()
 
     found: list[Damage] = []
     a, checked_fast = open_counting(fast, monkeypatch, found)
     got = scanned(a)
-    # Every sealed segment with live records has its columns: only the active one's
-    # records are read field by field.
-    assert extracted == read_from_records(a)
+    # Every sealed segment has its columns, and the active one (closed cleanly) its
+    # snapshot: no record is read field by field, none verified one by one.
+    assert extracted == [] and rescanned == []
     c, _ = open_counting(root / "no_columns", monkeypatch, found)
     assert scanned(c) == got
     c.close()
@@ -185,10 +189,11 @@ def sealed_log(path: Path) -> PartitionLog:
 
 
 def reference(path: Path, tmp: Path) -> list[tuple[object, ...]]:
-    """What the full scan of a copy without summaries gives."""
+    """What the full scan of a copy without summaries, columns or snapshot gives."""
     copy = tmp / "reference"
+    shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(path, copy)
-    for p in copy.glob("*.summary"):
+    for p in [*copy.glob("*.summary"), *copy.glob("*.columns"), *copy.glob("*.snapshot")]:
         p.unlink()
     log, _ = PartitionLog.open(str(copy), SEGMENT)
     try:
@@ -340,12 +345,65 @@ def test_damaged_columns_fall_back_to_the_records_reported_and_are_rewritten(
     assert [(d.kind, d.path) for d in found] == [("segment_columns", victim.columns_path)]
     assert detail in found[0].detail
     assert got == want and checked == []  # the log is intact: one CRC-32, its fields read from the records
-    assert extracted == list(victim.positions) + read_from_records(log)
+    assert extracted == list(victim.positions)
     assert Path(victim.columns_path).read_bytes() == good
     log.close()
 
     found.clear()
     log, checked = open_counting(path, monkeypatch, found)
     assert scanned(log) == want and found == [] and checked == []
-    assert extracted == read_from_records(log)  # the victim's from its file again
+    assert extracted == []  # the victim's from its file again
+    log.close()
+
+
+def test_a_clean_close_leaves_a_snapshot_of_the_active_segment_that_the_next_start_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "p"
+    log = sealed_log(path)
+    active = log.segments[-1]
+    assert active.live_count
+    log.close()
+    want = reference(path, tmp_path)
+    found: list[Damage] = []
+    log, checked = open_counting(path, monkeypatch, found)
+    assert scanned(log) == want
+    assert found == [] and checked == [] and extracted == [] and rescanned == []
+    log.close()
+    # Appends after a start and a crash: the snapshot no longer describes the log.
+    log, _ = PartitionLog.open(str(path), 1 << 20)  # no roll: the same active segment
+    append(log, [(1, 2, 0, 2)] * 3, 5_000)
+    log.take_dirty_fds()
+    log.close(clean=False)
+    want = reference(path, tmp_path)
+    log, checked = open_counting(path, monkeypatch, found)
+    assert scanned(log) == want and found == []
+    assert rescanned == [active.base]  # read record by record, as without a snapshot
+    log.close()
+    # Sealing removes it.
+    log, _ = PartitionLog.open(str(path), SEGMENT)
+    assert os.path.exists(log.segments[-1].snapshot_path)
+    log.seal_active()
+    assert not os.path.exists(log.segments[-2].snapshot_path)
+    log.close()
+
+
+@pytest.mark.parametrize("change", [lambda raw: flip_byte(raw, len(raw) // 2), lambda raw: raw[:-3]],
+                         ids=["bit_flip", "truncated"])
+def test_a_damaged_snapshot_is_reported_and_the_active_segment_read_record_by_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change  # type: ignore[no-untyped-def]
+) -> None:
+    path = tmp_path / "p"
+    log = sealed_log(path)
+    active = log.segments[-1]
+    log.close()
+    want = reference(path, tmp_path)
+    rewrite(active.snapshot_path, change)
+    found: list[Damage] = []
+    log, checked = open_counting(path, monkeypatch, found)
+    assert [(d.kind, d.path, d.detail) for d in found] == [
+        ("segment_snapshot", active.snapshot_path, "checksum mismatch or cut short")
+    ]
+    assert scanned(log) == want
+    assert rescanned == [active.base] and extracted == list(active.positions)
     log.close()
