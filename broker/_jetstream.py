@@ -41,6 +41,7 @@ from protocol._jetstream import pub_ack as _pub_ack
 from protocol._jetstream import pub_error as _pub_error
 
 from ._log import get_logger
+from ._session import Session
 
 if TYPE_CHECKING:
     from ._broker import Broker
@@ -75,6 +76,9 @@ class JetStream:
         #: The ttlbroker stream that holds the NATS streams (``[nats] stream``, by the
         #: name rule).
         self.namespace = normalize_name(broker.config.nats.stream, "[nats] stream")
+        #: NATS connections with answers a sync made durable, released by :meth:`_synced`.
+        self._released: list[Session] = []
+        broker.committer.on_synced.append(self._synced)  # after the consumer engine's hook
 
     # -- the session's entry points ----------------------------------------------------
 
@@ -142,6 +146,32 @@ class JetStream:
         if epoch and not (committer.acks_wait and epoch > committer.synced):
             epoch = 0
         send_core(self.broker, reply, None, headers, body, epoch=epoch)
+
+    def release(self, session: Session) -> None:
+        """A NATS connection's answers waiting for the group commit (PubAcks) became
+        durable: they go once the deliveries the same sync released are queued."""
+        self._released.append(session)
+
+    def _synced(self, epoch: int) -> None:
+        """After each sync, once the consumer engine has been told what it made
+        visible: the released connections write their answers at once, or, when
+        consumers have deliveries to make, after the engine's task has queued them
+        (as nats-server, which delivers a message before its PubAck reaches the
+        publisher: a KV watcher sees a put before the next one is made)."""
+        sessions, self._released = self._released, []
+        if not sessions:
+            return
+        if self.broker.consumers._dirty and self.nursery is not None:
+            self.nursery.start_soon(self._release_later, sessions)
+            return
+        for session in sessions:
+            Session.on_sync(session)
+
+    @staticmethod
+    async def _release_later(sessions: list[Session]) -> None:
+        await trio.lowlevel.checkpoint()  # the consumer engine's task, woken by this sync, runs first
+        for session in sessions:
+            Session.on_sync(session)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` in the API's nursery (it must handle its own errors).

@@ -66,7 +66,7 @@ from ._consumer_config import ConsumerConfig
 from ._consumer_handlers import change_consumer, new_consumer, remove_consumer
 from ._consumers import MS
 from ._log import get_logger
-from ._nats_core import send_core
+from ._nats_core import send_core, send_core_many
 from ._pulls import PullRequest, collect, end, retire
 
 if TYPE_CHECKING:
@@ -236,12 +236,10 @@ class State:
         reached a subscriber."""
         stream = self.js.stream_name(c.topic)
         headers_only = self.settings_of(c).headers_only
-        reached = 0
-        for i in range(0, len(parts), 2):
-            subj, reply, headers, payload = js_delivery(parts[i], parts[i + 1], stream, c.name, headers_only)
-            if send_core(self.broker, subject, reply, headers, payload, shown=subj):
-                reached += 1
-        return reached
+        name = c.name
+        return send_core_many(self.broker, subject, [
+            js_delivery(parts[i], parts[i + 1], stream, name, headers_only) for i in range(0, len(parts), 2)
+        ])
 
 
 _states: weakref.WeakKeyDictionary[Any, State] = weakref.WeakKeyDictionary()

@@ -31,7 +31,7 @@ from protocol._nats import encode_msg, nats_message_of_record
 if TYPE_CHECKING:
     from ._broker import Broker
 
-__all__ = ["NatsSubscription", "send_core"]
+__all__ = ["NatsSubscription", "send_core", "send_core_many"]
 
 _NO_PLACE = P.delivery_entry(0, 0, 0)
 
@@ -74,6 +74,32 @@ class NatsSubscription:
             if self.remaining <= 0:
                 session.remove_subscription(self)
         return True
+
+    def send_many(self, messages: list[tuple[bytes, str, bytes | None, bytes | memoryview]]) -> int:
+        """Queue ``(subject, reply, headers, payload)`` messages as one write (a pull
+        batch); returns how many were queued (0: dropped, the connection is full)."""
+        session = self.session
+        if self.remaining is not None:
+            messages = messages[: max(self.remaining, 0)]
+        n = len(messages)
+        if not n:
+            return 0
+        sid = self.sid_bytes
+        keep = session.headers  # a client without header support gets the payloads alone
+        frames = b"".join([encode_msg(s, sid, r.encode(), h if keep else None, p) for s, r, h, p in messages])
+        counters = session.broker.counters
+        if not session.push_nats(frames):
+            self.dropped += n
+            counters.deliveries_dropped += n
+            return 0
+        self.delivered += n
+        counters.messages_out += n
+        counters.bytes_out += sum([len(m[3]) for m in messages])
+        if self.remaining is not None:
+            self.remaining -= n
+            if self.remaining <= 0:
+                session.remove_subscription(self)
+        return n
 
     def deliver_records(self, records: list[bytes | memoryview]) -> None:
         """Stored (or unrouted) records from ``_subscriptions.deliver``, in order."""
@@ -131,6 +157,16 @@ def send_core(
             sub.dropped += 1
             broker.counters.deliveries_dropped += 1
     return reached
+
+
+def send_core_many(broker: Broker, subject: str, messages: list[tuple[bytes, str, bytes | None, bytes | memoryview]]) -> int:
+    """:func:`send_core` for the messages of one pull batch, all to ``subject`` (an
+    inbox), each ``(subject shown, reply, headers, payload)``: one subscription
+    lookup and one write per NATS subscriber. Returns how many reached a subscriber."""
+    subs = broker.subs.match(subject.encode())
+    if any(sub.__class__ is not NatsSubscription for sub in subs):  # a ttlbroker subscriber: one by one
+        return sum([send_core(broker, subject, r, h, p, shown=s) > 0 for s, r, h, p in messages])
+    return max([sub.send_many(messages) for sub in subs], default=0)
 
 
 def _record(broker: Broker, subject: bytes, headers: bytes | None, payload: bytes | memoryview) -> bytes:

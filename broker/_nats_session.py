@@ -174,6 +174,11 @@ class NatsSession(Session):
             self.send_now(data)
         return True
 
+    def on_sync(self) -> None:
+        """The group commit made answers of this connection durable: they go out
+        after the consumer deliveries the same sync released (``JetStream.release``)."""
+        self.broker.jetstream.release(self)
+
     def _fail(self, text: str, reason: str) -> None:
         """``-ERR 'text'``, then close."""
         self.broker.counters.request_errors += 1
@@ -389,16 +394,18 @@ class NatsSession(Session):
     def _publish(self, ev: NatsPub) -> None:
         broker = self.broker
         subject = ev.subject
-        valid = valid_nats_subject(subject)
+        js = broker.jetstream
+        handled = js.handles(subject)
+        # A subject JetStream handles is not checked (but under ``pedantic``): an API
+        # subject may end in a consumer's filter, wildcards and all
+        # ($JS.API.CONSUMER.CREATE.S.C.$KV.b.>, as nats.js's KV watch sends it), which
+        # nats-server's API subscription takes.
+        valid = (handled and not self.pedantic) or valid_nats_subject(subject)
         if not valid and self.pedantic:
             broker.counters.request_errors += 1
             self.send_now(encode_err("Invalid Publish Subject"))
             return
-        js = broker.jetstream
-        if js.handles(subject):
-            # Before the subject check: an API subject may end in a consumer's filter,
-            # wildcards and all ($JS.API.CONSUMER.CREATE.S.C.$KV.b.>, as nats.js's KV
-            # watch sends it), which nats-server's API subscription takes.
+        if handled:
             self._flush()
             js.request(subject, ev.reply, ev.headers, ev.payload)
             return

@@ -22,6 +22,7 @@ rounded.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -166,10 +167,14 @@ def api_error(kind: str, err: BrokerError | JSError) -> bytes:
 
 def pub_ack(stream: str, seq: int, duplicate: bool = False) -> bytes:
     """A PubAck: ``{"stream": .., "seq": ..}`` plus ``"duplicate": true`` for a
-    de-duplicated publish (the server's ``omitempty``)."""
-    if duplicate:
-        return _dumps({"stream": stream, "seq": seq, "duplicate": True})
-    return _dumps({"stream": stream, "seq": seq})
+    de-duplicated publish (the server's ``omitempty``), from the stream's cached
+    prefix."""
+    return _pub_ack_prefix(stream) + (b'%d,"duplicate":true}' % seq if duplicate else b"%d}" % seq)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pub_ack_prefix(stream: str) -> bytes:
+    return b'{"stream":' + _dumps(stream) + b',"seq":'
 
 
 def pub_error(err: BrokerError | JSError, stream: str | None = None) -> bytes:

@@ -132,6 +132,8 @@ NATS_NEED_DATA = _Singleton("NATS_NEED_DATA")
 Event = NatsConnect | NatsPub | NatsSub | NatsUnsub | NatsInfo | NatsMsg | NatsErr | _Singleton
 
 _WS = b" \t"
+#: A PUB line as clients write it (``\s`` is what ``bytes.split()`` splits on).
+_PLAIN_PUB = re.compile(rb"PUB (\S+) (?:(\S+) )?(\d{1,12})\r\n")
 _SPACE = re.compile("[ \t\n\r\f]")
 _ENDS = b" \t\r\n"
 
@@ -199,6 +201,10 @@ class NatsParser:
             return self._payload(buf)
         if self._pos == len(buf):
             return NATS_NEED_DATA
+        if self.server and buf.startswith(b"PUB ", self._pos):
+            pub = self._plain_pub(buf)
+            if pub is not None:
+                return pub
         self._check_op()
         nl = buf.find(b"\n", self._pos, self._pos + self.max_control_line + 2)
         if nl < 0:
@@ -211,6 +217,31 @@ class NatsParser:
         line = bytes(buf[self._pos : end])
         self._pos = nl + 1
         return self._control(line)
+
+    def _plain_pub(self, buf: bytearray) -> NatsPub | None:
+        """The common case, a whole ``PUB subject [reply] size`` with single spaces and
+        its payload already buffered, taken in one step; None for anything else (an
+        incomplete, malformed or unusual one), which the general path then reads,
+        errors and all."""
+        pos = self._pos
+        m = _PLAIN_PUB.match(buf, pos)
+        if m is None:
+            return None
+        start = m.end()
+        total = int(m[3])
+        end = start + total
+        if (
+            start - pos - 2 > self.max_control_line or total > self.max_payload
+            or len(buf) < end + 2 or buf[end : end + 2] != b"\r\n"
+        ):
+            return None
+        try:
+            subject = m[1].decode()
+            reply = m[2].decode() if m[2] is not None else None
+        except UnicodeDecodeError:
+            return None
+        self._pos = end + 2
+        return NatsPub(subject, reply, None, bytes(buf[start:end]))
 
     def _check_op(self) -> None:
         """Garbage is refused as soon as its first bytes cannot start an operation

@@ -5,7 +5,7 @@ the byte stream gives the same events, and bad bytes give the protocol's error
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import protocol as P
@@ -82,6 +82,56 @@ def test_server_messages_round_trip(subject: str, sid: str, reply: str | None, p
 def test_operation_names_in_any_case_and_arguments_split_by_tabs() -> None:
     data = b"pub\ta.b  r\t 2\r\nhi\r\nSuB a.* q 7\nping\r\n"
     assert events_of(data) == [P.NatsPub("a.b", "r", None, b"hi"), P.NatsSub("a.*", "q", "7"), P.NatsPing]
+
+
+class _GeneralOnly(P.NatsParser):
+    """The parser without its one-step path for plain PUBs."""
+
+    def _plain_pub(self, buf: bytearray) -> None:
+        return None
+
+
+def _outcome(parser: P.NatsParser, data: bytes) -> tuple[list[object], str | None]:
+    parser.receive_data(data)
+    events: list[object] = []
+    try:
+        while (ev := parser.next_event()) is not P.NATS_NEED_DATA:
+            events.append(ev)
+    except P.NatsProtocolError as err:
+        return events, err.text
+    return events, None
+
+
+@st.composite
+def pub_like(draw: st.DrawFn) -> bytes:
+    """A PUB that is usually plain and sometimes not: other whitespace, empty or odd
+    tokens, a size that is wrong or too long, a bare LF, a missing CRLF."""
+
+    def sep() -> bytes:
+        return draw(st.sampled_from([b" ", b" ", b" ", b"  ", b"\t", b" \x0b", b"\x0c ", b"\r"]))
+
+    def word() -> bytes:
+        return b"".join(draw(st.lists(st.sampled_from([b"a", b"a", b"a.b", b"\xff", b"\x0b", b"\t", b"\r", b"\n", b"3"]), max_size=3)))
+
+    payload = draw(st.just(b"") | st.binary(max_size=25))
+    n = len(payload)
+    size = draw(st.sampled_from([b"%d" % n, b"%d" % n, b"%d" % n, b"%d" % (n + 1), b"0" * 13, b"x"]))
+    words = b"".join(sep() + word() for _ in range(draw(st.integers(1, 3))))  # subject, reply, one too many
+    head = draw(st.sampled_from([b"PUB", b"PUB", b"pub"])) + words + sep() + size
+    return head + draw(st.sampled_from([b"\r\n", b"\r\n", b"\n"])) + payload + draw(st.sampled_from([b"\r\n", b"\r\n", b"", b"x\r\n"]))
+
+
+@settings(max_examples=300)
+@given(st.lists(pub_like(), min_size=1, max_size=4))
+@example([b"PUB a\tb 3\r\nabc\r\n"])
+@example([b"PUB a 0000000000000\r\n\r\n"])
+@example([b"PUB a 3\r\nab", b"c\r\n"])
+def test_plain_pubs_parse_as_the_general_path_does(lines: list[bytes]) -> None:
+    """The one-step path for ``PUB subject [reply] size`` gives exactly the events
+    and the error of the general path, whatever the spacing, sizes and bytes."""
+    data = b"".join(lines)
+    assert _outcome(P.NatsParser(max_control_line=40, max_payload=20), data) == _outcome(
+        _GeneralOnly(max_control_line=40, max_payload=20), data)
 
 
 @given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=5))
