@@ -62,7 +62,8 @@ aside (reads of them fail) rather than risk serving a deleted message.
 In memory a segment holds the index (4 bytes per record), one state byte per record
 (live, deleted, corrupt) and the time index (12 bytes per batch).
 
-Recovery (``open_active``) reads the active segment and verifies every record. A bad
+Recovery (``open_active``) reads the active segment and verifies every record (unless
+its ``.snapshot`` describes the log byte for byte, see above). A bad
 record followed by valid records is corruption: it is marked corrupt and reported,
 and recovery resynchronises on the next record that passes its checksum, however far
 on, so nothing intact after damage is dropped. What follows the last valid record is
