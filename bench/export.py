@@ -215,6 +215,7 @@ class LatencyRun:
     errors: int = 0
     window: tuple[float, float] | None = None  # the export's [start, end], perf_counter
     export: dict[str, Any] = field(default_factory=dict)
+    loop: dict[str, Any] = field(default_factory=dict)  # the broker's loop stall and GC stats around the run
 
     def in_window(self) -> list[tuple[float, float, float]]:
         if self.window is None:
@@ -529,6 +530,7 @@ async def latency_run(server: Server, c: Any, label: str, rate: float, seconds: 
         finally:
             finished_at = time.perf_counter()
 
+    s0 = await c.stats()
     u0 = server.usage()
     t0 = time.perf_counter()
     k = 0
@@ -555,6 +557,10 @@ async def latency_run(server: Server, c: Any, label: str, rate: float, seconds: 
             progress.update(k)
     out.seconds = time.perf_counter() - t0
     out.broker_cpu = server.usage().cpu - u0.cpu
+    s1 = await c.stats()
+    out.loop = {"stall_max_ms": s1.get("loop_stall_max_ms"), "stall_max_before_ms": s0.get("loop_stall_max_ms"),
+                "gc_collections": s1.get("gc_collections", 0) - s0.get("gc_collections", 0),
+                "gc_pause_ms": round(s1.get("gc_pause_total_ms", 0) - s0.get("gc_pause_total_ms", 0), 1)}
     if side is not None:
         result, timing = side.result()
         out.window = (started_at, finished_at)
@@ -588,8 +594,8 @@ async def latency_phase(server: Server, args: argparse.Namespace, export_dir: st
                                  during=lambda: run_export(server, admin, export_dir, "export (latency run)"))
     return {"backlog_messages": args.latency_backlog, "backlog_segment_bytes": backlog.segment_bytes,
             "fill_seconds": round(backlog.fill_seconds, 2), "rate": args.latency_rate,
-            "quiet": {**quiet.stats(), "broker_cpu_s": round(quiet.broker_cpu, 2), "errors": quiet.errors},
-            "export": {**busy.stats(), "broker_cpu_s": round(busy.broker_cpu, 2), "errors": busy.errors,
+            "quiet": {**quiet.stats(), "broker_cpu_s": round(quiet.broker_cpu, 2), "errors": quiet.errors, "loop": quiet.loop},
+            "export": {**busy.stats(), "broker_cpu_s": round(busy.broker_cpu, 2), "errors": busy.errors, "loop": busy.loop,
                        "run_seconds": round(busy.seconds, 2), "export": busy.export}}
 
 
@@ -651,6 +657,12 @@ def report(runs: list[ExportRun], latency: dict[str, Any] | None, args: argparse
         rows.append(["over (s) / achieved rate (msgs/s)", f"{q['seconds']:.1f} / {q['rate']:,.0f}",
                      f"{e['seconds']:.1f} / {e['rate']:,.0f}", ""])
         rows.append(["most behind schedule (ms) [4]", _f(q.get("behind_max_ms"), 1), _f(e.get("behind_max_ms"), 1), ""])
+        ql, el = q.get("loop", {}), e.get("loop", {})
+        rows.append(["broker loop stall max, before -> after (ms) [6]",
+                     f"{_f(ql.get('stall_max_before_ms'), 1)} -> {_f(ql.get('stall_max_ms'), 1)}",
+                     f"{_f(el.get('stall_max_before_ms'), 1)} -> {_f(el.get('stall_max_ms'), 1)}", ""])
+        rows.append(["broker GC collections / pause total (ms)", f"{ql.get('gc_collections', 0):,} / {_f(ql.get('gc_pause_ms'), 1)}",
+                     f"{el.get('gc_collections', 0):,} / {_f(el.get('gc_pause_ms'), 1)}", ""])
         ex = e.get("export", {})
         parts.append(
             f"Publish latency, one message at a time at {latency['rate']:,.0f}/s, send to ack "
@@ -670,8 +682,12 @@ def report(runs: list[ExportRun], latency: dict[str, Any] | None, args: argparse
          " cannot keep the rate falls further behind while the export runs)."),
         ("[5] segment MB / (broker + export worker CPU seconds): the export's cost, which the load of other"
          " processes on the machine does not change (the wall-clock MB/s does)."),
+        ("[6] the broker's `loop_stall_max_ms` (`stats`, its longest batch of task steps between two waits for I/O"
+         " since it started) at the start and the end of the run: a rise is the run's longest stall; no rise, the"
+         " run's longest is at most the value before."),
     ]
-    shown = {"[1]": bool(runs), "[2]": bool(spark_runs), "[3]": bool(spark_runs), "[4]": bool(latency), "[5]": bool(runs)}
+    shown = {"[1]": bool(runs), "[2]": bool(spark_runs), "[3]": bool(spark_runs), "[4]": bool(latency), "[5]": bool(runs),
+             "[6]": bool(latency)}
     text_notes = "\n".join(n for n in notes if shown[n[:3]])
     problems = []
     for r in runs:
