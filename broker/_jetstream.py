@@ -41,6 +41,7 @@ from protocol._jetstream import pub_ack as _pub_ack
 from protocol._jetstream import pub_error as _pub_error
 
 from ._log import get_logger
+from ._nats_core import send_core
 from ._session import Session
 
 if TYPE_CHECKING:
@@ -93,18 +94,12 @@ class JetStream:
             if subject.startswith(API_PREFIX):
                 tokens = subject[len(API_PREFIX) :].split(".")
                 if tokens[0] == "CONSUMER":
-                    from . import _js_consumers
-
                     op_len = 2 if tokens[1:2] in (["DURABLE"], ["MSG"]) else 1
                     op = ".".join(tokens[1 : 1 + op_len])
                     _js_consumers.consumer_api(self, op, tokens[1 + op_len :], reply, headers, payload)
                 else:
-                    from . import _js_streams
-
                     _js_streams.api(self, tokens, reply, headers, payload)
             else:
-                from . import _js_consumers
-
                 _js_consumers.ack(self, subject, reply, payload)
         except Exception as exc:  # a bug must not end the connection, nor pass silently
             log.error("jetstream_request_failed", subject=subject, error=repr(exc))
@@ -122,8 +117,6 @@ class JetStream:
     async def run(self) -> None:
         """Runs for the broker's lifetime: the nursery of the API's waiting work, and
         the consumers' background work."""
-        from . import _js_consumers
-
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             consumers_run = getattr(_js_consumers, "run", None)  # what the consumers need running, if anything
@@ -140,8 +133,6 @@ class JetStream:
         it durable writes it to the subscriber's socket itself (``send_core``)."""
         if not reply:
             return
-        from ._nats_core import send_core
-
         committer = self.broker.committer
         if epoch and not (committer.acks_wait and epoch > committer.synced):
             epoch = 0
@@ -239,3 +230,6 @@ class JetStream:
             elif s.name == KV_STREAM:
                 out.extend(t for t in s.topics.values() if t.config.kv is not None)
         return sorted(out, key=self.stream_name)
+
+
+from . import _js_consumers, _js_streams  # noqa: E402  (they import this module)

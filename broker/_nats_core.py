@@ -75,7 +75,7 @@ class NatsSubscription:
                 session.remove_subscription(self)
         return True
 
-    def send_many(self, messages: list[tuple[bytes, str, bytes | None, bytes | memoryview]]) -> int:
+    def send_many(self, messages: list[tuple[bytes, bytes, bytes | None, bytes | memoryview]]) -> int:
         """Queue ``(subject, reply, headers, payload)`` messages as one write (a pull
         batch); returns how many were queued (0: dropped, the connection is full)."""
         session = self.session
@@ -86,7 +86,7 @@ class NatsSubscription:
             return 0
         sid = self.sid_bytes
         keep = session.headers  # a client without header support gets the payloads alone
-        frames = b"".join([encode_msg(s, sid, r.encode(), h if keep else None, p) for s, r, h, p in messages])
+        frames = b"".join([encode_msg(s, sid, r, h if keep else None, p) for s, r, h, p in messages])
         counters = session.broker.counters
         if not session.push_nats(frames):
             self.dropped += n
@@ -159,13 +159,13 @@ def send_core(
     return reached
 
 
-def send_core_many(broker: Broker, subject: str, messages: list[tuple[bytes, str, bytes | None, bytes | memoryview]]) -> int:
+def send_core_many(broker: Broker, subject: str, messages: list[tuple[bytes, bytes, bytes | None, bytes | memoryview]]) -> int:
     """:func:`send_core` for the messages of one pull batch, all to ``subject`` (an
     inbox), each ``(subject shown, reply, headers, payload)``: one subscription
     lookup and one write per NATS subscriber. Returns how many reached a subscriber."""
     subs = broker.subs.match(subject.encode())
     if any(sub.__class__ is not NatsSubscription for sub in subs):  # a ttlbroker subscriber: one by one
-        return sum([send_core(broker, subject, r, h, p, shown=s) > 0 for s, r, h, p in messages])
+        return sum([send_core(broker, subject, r.decode(), h, p, shown=s) > 0 for s, r, h, p in messages])
     return max([sub.send_many(messages) for sub in subs], default=0)
 
 

@@ -19,6 +19,7 @@ configuration in the server's JSON, the pull request (``CONSUMER.MSG.NEXT``), th
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from datetime import datetime
@@ -347,7 +348,17 @@ def parse_next_request(payload: bytes) -> NextRequest:
 
 
 def ack_subject(stream: str, consumer: str, delivered: int, stream_seq: int, consumer_seq: int, ts: int, pending: int) -> str:
-    return f"$JS.ACK.{stream}.{consumer}.{delivered}.{stream_seq}.{consumer_seq}.{ts}.{pending}"
+    return _ack_reply(stream, consumer, delivered, stream_seq, consumer_seq, ts, pending).decode()
+
+
+def _ack_reply(stream: str, consumer: str, delivered: int, stream_seq: int, consumer_seq: int, ts: int, pending: int) -> bytes:
+    """:func:`ack_subject` as bytes, from the consumer's cached prefix."""
+    return _ack_prefix(stream, consumer) + b"%d.%d.%d.%d.%d" % (delivered, stream_seq, consumer_seq, ts, pending)
+
+
+@functools.lru_cache(maxsize=1024)
+def _ack_prefix(stream: str, consumer: str) -> bytes:
+    return f"$JS.ACK.{stream}.{consumer}.".encode()
 
 
 class AckReply(NamedTuple):
@@ -370,10 +381,10 @@ def parse_ack_subject(subject: str) -> AckReply | None:
         return None
     if t[0] != "$JS" or t[1] != "ACK":
         return None
-    nums = t[i + 2 : i + 5]
-    if not all(n.isdigit() for n in nums):
+    d, s, c = t[i + 2], t[i + 3], t[i + 4]
+    if not (d.isdigit() and s.isdigit() and c.isdigit()):
         return None
-    return AckReply(t[i], t[i + 1], int(nums[0]), int(nums[1]), int(nums[2]))
+    return AckReply(t[i], t[i + 1], int(d), int(s), int(c))
 
 
 def parse_ack_body(payload: bytes) -> tuple[int, int]:
@@ -425,7 +436,7 @@ def parse_ack_body(payload: bytes) -> tuple[int, int]:
 
 def js_delivery(
     head: bytes | memoryview, record: bytes | memoryview, stream: str, consumer: str, headers_only: bool = False,
-) -> tuple[bytes, str, bytes | None, bytes | memoryview]:
+) -> tuple[bytes, bytes, bytes | None, bytes | memoryview]:
     """One message of a pull batch (its entry head and record, ``_pulls.collect``) as
     the server delivers it: ``(subject, $JS.ACK reply, NATS header block or None,
     payload)``. ``headers_only``: no payload, and a ``Nats-Msg-Size`` header with its
@@ -433,7 +444,7 @@ def js_delivery(
     _, dseq, delivered, pending = _PULL_ENTRY.unpack(head)
     offset, ts = RECORD_FIXED.unpack_from(record, 0)[2:4]
     subject, headers, payload = nats_message_of_record(record)
-    reply = ack_subject(stream, consumer, delivered, offset, dseq, ts, pending)
+    reply = _ack_reply(stream, consumer, delivered, offset, dseq, ts, pending)
     if headers_only:
         size = f"Nats-Msg-Size: {len(payload)}\r\n\r\n".encode()
         return subject, reply, (headers[:-2] if headers else b"NATS/1.0\r\n") + size, b""

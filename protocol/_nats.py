@@ -132,8 +132,9 @@ NATS_NEED_DATA = _Singleton("NATS_NEED_DATA")
 Event = NatsConnect | NatsPub | NatsSub | NatsUnsub | NatsInfo | NatsMsg | NatsErr | _Singleton
 
 _WS = b" \t"
-#: A PUB line as clients write it (``\s`` is what ``bytes.split()`` splits on).
-_PLAIN_PUB = re.compile(rb"PUB (\S+) (?:(\S+) )?(\d{1,12})\r\n")
+#: A PUB line as clients write it, spaces between the arguments (nats-py leaves two
+#: where a reply subject is not given; ``\s`` is what ``bytes.split()`` splits on).
+_PLAIN_PUB = re.compile(rb"PUB +(\S+) +(?:(\S+) +)?(\d{1,12})\r\n")
 _SPACE = re.compile("[ \t\n\r\f]")
 _ENDS = b" \t\r\n"
 
@@ -219,7 +220,7 @@ class NatsParser:
         return self._control(line)
 
     def _plain_pub(self, buf: bytearray) -> NatsPub | None:
-        """The common case, a whole ``PUB subject [reply] size`` with single spaces and
+        """The common case, a whole ``PUB subject [reply] size`` separated by spaces, with
         its payload already buffered, taken in one step; None for anything else (an
         incomplete, malformed or unusual one), which the general path then reads,
         errors and all."""

@@ -438,10 +438,10 @@ async def test_garbage_requests_are_answered_never_crash(nats_server: ServerHand
     an internal error (a bug), and the broker carries on."""
     import random
 
-    import broker._nats_core
+    import broker._jetstream
 
     answers: list[bytes] = []
-    monkeypatch.setattr(broker._nats_core, "send_core", lambda b, subject, reply, headers, body, **kw: answers.append(body) or 1)
+    monkeypatch.setattr(broker._jetstream, "send_core", lambda b, subject, reply, headers, body, **kw: answers.append(body) or 1)
     js = nats_server.broker.jetstream
     js.request("$JS.API.STREAM.CREATE.G", "r", None, json.dumps({"name": "G", "subjects": ["g.>"], "allow_direct": True}).encode())
     while js.waiting:
