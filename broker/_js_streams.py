@@ -18,7 +18,6 @@ as our own client's ``kv.get`` does.
 
 from __future__ import annotations
 
-import base64
 from typing import TYPE_CHECKING, Any
 
 import protocol as P
@@ -26,8 +25,8 @@ from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subje
 from protocol import RemovalReason as R
 from protocol._jetstream import (
     BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, STREAM_MISMATCH,
-    STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, rfc3339, stream_config,
-    parse_request, stream_config_to_topic,
+    STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
+    stream_config, parse_request, stream_config_to_topic,
 )
 from protocol._nats import decode_nats_headers, encode_nats_headers, nats_message_of_record
 
@@ -81,7 +80,7 @@ def api(js: JetStream, tokens: list[str], reply: str | None, headers: bytes | No
             js.spawn(_run_async, js, handler, kind, name, req, reply)
             return
         body, epoch = handler(js, name, req)
-        js.respond(reply, api_response(kind, body), epoch=epoch)
+        js.respond(reply, body if body.__class__ is bytes else api_response(kind, body), epoch=epoch)
     except (BrokerError, JSError) as err:
         _fail(js, reply, kind, err)
 
@@ -397,16 +396,11 @@ def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int
     return _Found.of_record(seq, part.log.get(seq)), 0
 
 
-def _msg_get(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
+def _msg_get(js: JetStream, name: str, req: dict[str, Any]) -> tuple[bytes, int]:
+    """The answer is built as bytes (``msg_get_response``): a KV get is this request."""
     topic = js.topic(name)
     found, epoch = _load(js, topic, req)
-    msg: dict[str, Any] = {"subject": found.subject, "seq": found.seq}
-    if found.headers:
-        msg["hdrs"] = base64.b64encode(found.headers).decode()
-    if found.payload:
-        msg["data"] = base64.b64encode(found.payload).decode()
-    msg["time"] = rfc3339(found.timestamp)
-    return {"message": msg}, epoch
+    return msg_get_response(found.subject, found.seq, found.headers, found.payload, rfc3339(found.timestamp)), epoch
 
 
 def _msg_delete(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:

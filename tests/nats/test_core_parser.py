@@ -1,6 +1,7 @@
 """protocol/_nats.py, the sans-IO NATS parser and writer: round trips, any split of
 the byte stream gives the same events, and bad bytes give the protocol's error
-(with nats-server's -ERR text), never another exception."""
+(with nats-server's -ERR text), never another exception; the JetStream answers
+built from bytes (protocol/_jetstream.py) are what their JSON encoding gives."""
 
 from __future__ import annotations
 
@@ -254,3 +255,27 @@ def test_a_stored_record_as_a_nats_message() -> None:
 def test_subject_validity_as_nats_server_sees_it(subject: str, literal: bool, wildcard: bool) -> None:
     assert P.valid_nats_subject(subject) is literal
     assert P.valid_nats_subject(subject, wildcards=True) is wildcard
+
+
+@given(st.text(max_size=30), st.integers(1, 2**63), st.none() | st.binary(max_size=40), st.binary(max_size=40), st.text(max_size=30))
+def test_templated_jetstream_answers_are_the_json_encoders(subject: str, seq: int, headers: bytes | None, payload: bytes,
+                                                          time: str) -> None:
+    """The PubAck and STREAM.MSG.GET answers built from bytes are byte for byte what
+    encoding their dictionaries gives."""
+    import base64
+    import json
+
+    from protocol._jetstream import api_response, msg_get_response, pub_ack
+
+    def dumps(obj: object) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    assert pub_ack(subject, seq) == dumps({"stream": subject, "seq": seq})
+    assert pub_ack(subject, seq, True) == dumps({"stream": subject, "seq": seq, "duplicate": True})
+    msg: dict[str, object] = {"subject": subject, "seq": seq}
+    if headers:
+        msg["hdrs"] = base64.b64encode(headers).decode()
+    if payload:
+        msg["data"] = base64.b64encode(payload).decode()
+    msg["time"] = time
+    assert msg_get_response(subject, seq, headers, payload, time) == api_response("stream_msg_get", {"message": msg})
