@@ -77,6 +77,8 @@ class JetStream:
         #: The ttlbroker stream that holds the NATS streams (``[nats] stream``, by the
         #: name rule).
         self.namespace = normalize_name(broker.config.nats.stream, "[nats] stream")
+        #: The NATS side of the consumers (``_js_consumers.State``, made at first use).
+        self.consumer_state: Any = None
         #: NATS connections with answers a sync made durable, released by :meth:`_synced`.
         self._released: list[Session] = []
         broker.committer.on_synced.append(self._synced)  # after the consumer engine's hook

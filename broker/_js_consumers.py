@@ -242,13 +242,10 @@ class State:
         ])
 
 
-_states: weakref.WeakKeyDictionary[Any, State] = weakref.WeakKeyDictionary()
-
-
 def _state(js: JetStream) -> State:
-    st = _states.get(js)
+    st = js.consumer_state
     if st is None:
-        st = _states[js] = State(js)
+        st = js.consumer_state = State(js)
     return st
 
 
