@@ -387,6 +387,9 @@ def parse_ack_subject(subject: str) -> AckReply | None:
     return AckReply(t[i], t[i + 1], int(d), int(s), int(c))
 
 
+_PLAIN_ACK = (int(AckKind.ACK), 0)
+
+
 def parse_ack_body(payload: bytes) -> tuple[int, int]:
     """``(kind, value)``: an :class:`AckKind` and the NAK delay in ns, or
     ``(ACK_NEXT, batch)``. An empty body is ``+ACK`` (as on the server).
@@ -394,9 +397,11 @@ def parse_ack_body(payload: bytes) -> tuple[int, int]:
     Raises:
         ValueError: not an acknowledgement.
     """
+    if not payload or payload == b"+ACK":
+        return _PLAIN_ACK  # what nats-py and nats.js send for ack()
     body = bytes(payload).strip()
     if not body or body == b"+ACK":
-        return int(AckKind.ACK), 0
+        return _PLAIN_ACK
     head, _, rest = body.partition(b" ")
     if head == b"+ACK":
         return int(AckKind.ACK), 0
