@@ -36,7 +36,7 @@ from protocol import RECORD_FIXED
 
 from ._files import atomic_write
 
-__all__ = ["Columns", "extract_columns", "encode_columns", "decode_columns"]
+__all__ = ["Columns", "extract_columns", "encode_columns", "decode_columns", "write_columns", "le_bytes", "from_le", "FIELDS", "FIELDS_AT"]
 
 _HEAD = struct.Struct("<4sHHIIIIIQI")
 _MAGIC = b"TBSC"
@@ -120,8 +120,8 @@ def encode_columns(cols: Columns, log_size: int, log_crc: int) -> bytes:
                       len(cols.header_rels), log_size, log_crc)
     runs = array("I", [v for run in cols.ttl_runs for v in run])
     stats = array("I", [v for st in cols.stats() for v in st])
-    body = b"".join((head, bytes(len(s) for s in names), blob, _le(cols.sids), cols.flags, _le(runs),
-                     _le(cols.header_rels), _le(stats)))
+    body = b"".join((head, bytes(len(s) for s in names), blob, le_bytes(cols.sids), cols.flags, le_bytes(runs),
+                     le_bytes(cols.header_rels), le_bytes(stats)))
     return body + _U32.pack(zlib.crc32(body))
 
 
@@ -156,15 +156,15 @@ def decode_columns(
     for ln in lengths:
         names.append(raw[p : p + ln])
         p += ln
-    sids = _from_le(raw[p : p + 4 * count])
+    sids = from_le(raw[p : p + 4 * count])
     p += 4 * count
     flags = raw[p : p + count]
     p += count
-    runs = _from_le(raw[p : p + 12 * n_runs])
+    runs = from_le(raw[p : p + 12 * n_runs])
     p += 12 * n_runs
-    header_rels = _from_le(raw[p : p + 4 * n_hdr])
+    header_rels = from_le(raw[p : p + 4 * n_hdr])
     p += 4 * n_hdr
-    stats = _from_le(raw[p : p + 12 * n_names])
+    stats = from_le(raw[p : p + 12 * n_names])
     ttl_runs = list(zip(runs[0::3], runs[1::3], runs[2::3]))
     if (sids and max(sids) >= n_names) or any(r + c > count or not c for r, c, _ in ttl_runs) or (
         header_rels and header_rels[-1] >= count
@@ -173,7 +173,8 @@ def decode_columns(
     return Columns(names, sids, flags, ttl_runs, header_rels), list(zip(stats[0::3], stats[1::3], stats[2::3]))
 
 
-def _le(a: array) -> bytes:
+def le_bytes(a: array) -> bytes:
+    """An array's items as little-endian bytes."""
     if _LITTLE:
         return a.tobytes()
     b = array(a.typecode, a)
@@ -181,8 +182,9 @@ def _le(a: array) -> bytes:
     return b.tobytes()
 
 
-def _from_le(raw: bytes) -> array:
-    a = array("I")
+def from_le(raw: bytes, typecode: str = "I") -> array:
+    """An array of little-endian items."""
+    a = array(typecode)
     a.frombytes(raw)
     if not _LITTLE:
         a.byteswap()

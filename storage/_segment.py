@@ -77,7 +77,6 @@ from __future__ import annotations
 import os
 import re
 import struct
-import sys
 import threading
 import zlib
 from array import array
@@ -87,7 +86,7 @@ from dataclasses import dataclass, field
 
 from protocol import RECORD_FIXED, check_record
 
-from ._columns import Columns, decode_columns, encode_columns, extract_columns, write_columns
+from ._columns import Columns, decode_columns, encode_columns, extract_columns, from_le, le_bytes, write_columns
 from ._damage import Damage, Report, ignore_damage
 from ._durability import fsync_dir
 from ._errors import CorruptedRecord, StorageFailure
@@ -111,7 +110,6 @@ _TIME_ENTRY = struct.Struct("<IQ")
 _U32 = struct.Struct("<I")
 _Q = struct.Struct("<Q")
 _OFFSET_AT = 8  # the offset field's position inside a record
-_LITTLE = sys.byteorder == "little"
 _TRAILER = struct.Struct("<4sII")  # magic, entry count, CRC-32 of the entries
 _INDEX_MAGIC = b"TBIX"
 _TIMES_MAGIC = b"TBTX"
@@ -170,30 +168,6 @@ class RecoveryReport:
     tail_bytes: int = 0
     corrupt_offsets: list[int] = field(default_factory=list)
     index_rebuilt: bool = False
-
-
-def _u32_array(raw: bytes) -> array:
-    a = array("I")
-    a.frombytes(raw)
-    if not _LITTLE:
-        a.byteswap()
-    return a
-
-
-def _u64_bytes(a: array) -> bytes:
-    if _LITTLE:
-        return a.tobytes()
-    b = array("Q", a)
-    b.byteswap()
-    return b.tobytes()
-
-
-def _u32_bytes(a: array) -> bytes:
-    if _LITTLE:
-        return a.tobytes()
-    b = array("I", a)
-    b.byteswap()
-    return b.tobytes()
 
 
 def scan_records(buf: bytes, base: int) -> tuple[array, list[int], list[int], list[int], int]:
@@ -377,14 +351,11 @@ class Segment:
                 problem = "its length does not match its header"
             else:
                 p = _SNAPSHOT.size
-                positions = _u32_array(raw[p : p + 4 * count])
+                positions = from_le(raw[p : p + 4 * count])
                 p += 4 * count
-                time_rel = _u32_array(raw[p : p + 4 * times])
+                time_rel = from_le(raw[p : p + 4 * times])
                 p += 4 * times
-                time_ts = array("Q")
-                time_ts.frombytes(raw[p : p + 8 * times])
-                if not _LITTLE:
-                    time_ts.byteswap()
+                time_ts = from_le(raw[p : p + 8 * times], "Q")
                 p += 8 * times
                 got = decode_columns(raw[p : p + cols_len], count, size, crc)
                 if isinstance(got, str):
@@ -415,7 +386,7 @@ class Segment:
         times = len(self.time_rel)
         body = b"".join((
             _SNAPSHOT.pack(_SNAPSHOT_MAGIC, _SNAPSHOT_VERSION, 0, len(self.positions), times, self.size, self.crc, len(cols)),
-            _u32_bytes(self.positions), _u32_bytes(self.time_rel), _u64_bytes(self.time_ts), cols,
+            le_bytes(self.positions), le_bytes(self.time_rel), le_bytes(self.time_ts), cols,
         ))
         atomic_write(self.snapshot_path, body + _U32.pack(zlib.crc32(body)), sync_dir=False)
 
@@ -490,7 +461,7 @@ class Segment:
         seg._file_size = size
         index, index_problem = _read_index(seg.index_path, _INDEX_MAGIC, 4)
         times, times_problem = _read_index(seg.time_path, _TIMES_MAGIC, _TIME_ENTRY.size)
-        positions = _u32_array(index) if index is not None else None
+        positions = from_le(index) if index is not None else None
         indexed = len(positions) if positions is not None else -1
         if positions is not None and not (indexed <= max_count and (not positions or positions[-1] <= size)):
             index_problem = "its positions do not fit the log file"
@@ -852,7 +823,7 @@ class Segment:
     def _write_indexes(self) -> None:
         # The indexes can be rebuilt from the log, so a lost directory entry after a
         # power loss costs a rebuild, not data: no directory fsync on this path.
-        positions = _u32_bytes(self.positions)
+        positions = le_bytes(self.positions)
         atomic_write(self.index_path, positions + _trailer(_INDEX_MAGIC, len(self.positions), positions), sync_dir=False)
         times = b"".join(_TIME_ENTRY.pack(r, t) for r, t in zip(self.time_rel, self.time_ts))
         atomic_write(self.time_path, times + _trailer(_TIMES_MAGIC, len(self.time_rel), times), sync_dir=False)

@@ -202,6 +202,20 @@ def reference(path: Path, tmp: Path) -> list[tuple[object, ...]]:
         log.close()
 
 
+def damage_a_sealed_segments_file(tmp_path: Path, which: str, change):  # type: ignore[no-untyped-def]
+    """Seal segments, then ``change`` the second one's file ``which`` (a Segment path
+    attribute). Returns the partition path, that segment, the full scan's result
+    and the file's good bytes."""
+    path = tmp_path / "p"
+    log = sealed_log(path)
+    victim = log.segments[1]
+    log.close()
+    want = reference(path, tmp_path)
+    good = Path(getattr(victim, which)).read_bytes()
+    rewrite(getattr(victim, which), change)
+    return path, victim, want, good
+
+
 def rewrite(path: str, change) -> None:  # type: ignore[no-untyped-def]
     with open(path, "rb") as f:
         raw = bytearray(f.read())
@@ -233,14 +247,7 @@ def with_count(raw: bytearray, count: int) -> bytearray:
 def test_a_damaged_summary_falls_back_to_the_full_scan_reported_and_is_rewritten(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change, detail  # type: ignore[no-untyped-def]
 ) -> None:
-    path = tmp_path / "p"
-    log = sealed_log(path)
-    victim = log.segments[1]
-    log.close()
-    want = reference(path, tmp_path)
-    good = Path(victim.summary_path).read_bytes()
-    rewrite(victim.summary_path, change)
-
+    path, victim, want, good = damage_a_sealed_segments_file(tmp_path, "summary_path", change)
     found: list[Damage] = []
     log, checked = open_counting(path, monkeypatch, found)
     assert [(d.kind, d.path) for d in found] == [("segment_summary", victim.summary_path)]
@@ -331,14 +338,7 @@ def with_log_crc(raw: bytearray, crc: int) -> bytearray:
 def test_damaged_columns_fall_back_to_the_records_reported_and_are_rewritten(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change, detail  # type: ignore[no-untyped-def]
 ) -> None:
-    path = tmp_path / "p"
-    log = sealed_log(path)
-    victim = log.segments[1]
-    log.close()
-    want = reference(path, tmp_path)
-    good = Path(victim.columns_path).read_bytes()
-    rewrite(victim.columns_path, change)
-
+    path, victim, want, good = damage_a_sealed_segments_file(tmp_path, "columns_path", change)
     found: list[Damage] = []
     log, checked = open_counting(path, monkeypatch, found)
     got = scanned(log)
