@@ -225,7 +225,7 @@ class JetStream:
     def topics(self) -> list[Topic]:
         """Every topic the API shows as a NATS stream: the namespace's topics and the
         KV buckets, by NATS name."""
-        out = []
+        out: list[Topic] = []
         for s in self.broker.catalog.streams.values():
             if s.name == self.namespace:
                 out.extend(s.topics.values())

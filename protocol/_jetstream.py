@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from ._errors import BrokerError, ErrorCode
