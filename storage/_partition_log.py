@@ -534,13 +534,15 @@ class PartitionLog:
         a clean stop, with the exact next offset, so the next start skips nothing and
         treats any torn byte as damage."""
         if clean and self._state.fd >= 0 and not self._readonly:
-            if self.segments:
-                try:
-                    # Before the clean flag: the next start reads it instead of the
-                    # active segment's records (if the log is still what it describes).
+            try:
+                # Before the clean flag: the next start reads these instead of the
+                # records (if the logs are still what they describe).
+                for seg in self.segments[:-1]:
+                    seg.write_owed_columns()
+                if self.segments:
                     self.segments[-1].write_snapshot()
-                except OSError:
-                    pass  # the next start reads the records
+            except OSError:
+                pass  # the next start reads the records
             st = self._state.state
             st.clean = True
             st.acked_next = st.reserved_next = self.next_offset

@@ -167,7 +167,7 @@ def run_trial(tmp: Path, kind: str, how: str, seed: int) -> Trial:
         for rel in range(seg.count):
             end = seg.positions[rel + 1] if rel + 1 < seg.count else seg.size
             where[seg.base + rel] = (seg.log_path, seg.positions[rel], end)
-    log.close(clean=clean)  # waits for the sealed segments' columns files
+    log.close(clean=clean)  # a clean close writes the columns and the snapshot
     files = _files_of(path, kind, log)
     if not files:
         trial.outcome = "not_applicable"
