@@ -407,3 +407,33 @@ def test_a_damaged_snapshot_is_reported_and_the_active_segment_read_record_by_re
     assert scanned(log) == want
     assert rescanned == [active.base] and extracted == list(active.positions)
     log.close()
+
+
+def test_columns_are_written_by_a_clean_close_or_else_by_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "p"
+    log, _ = PartitionLog.open(str(path), SEGMENT)
+    for k in range(8):
+        append(log, [(k % 3, k % 5, 0, k % 4)] * 20, 1_000 + k)
+    sealed = log.segments[:-1]
+    assert len(sealed) > 3 and all(os.path.exists(s.summary_path) for s in sealed)
+    assert not any(os.path.exists(s.columns_path) for s in sealed)  # sealing does not read the records back
+    log.take_dirty_fds()
+    log.close(clean=False)
+    assert not any(os.path.exists(s.columns_path) for s in sealed)
+    want = reference(path, tmp_path)
+    found: list[Damage] = []
+    log, checked = open_counting(path, monkeypatch, found)
+    assert scanned(log) == want and found == [] and checked == []
+    assert extracted == [p for s in log.segments if s.live_count for p in s.positions]  # all of them, this once
+    assert all(os.path.exists(s.columns_path) for s in sealed)
+    append(log, [(1, 0, 0, 0)] * 40, 9_000)
+    newly = [s for s in log.segments[:-1] if s.base >= sealed[-1].next_offset]
+    assert newly and not any(os.path.exists(s.columns_path) for s in newly)
+    log.close()
+    assert all(os.path.exists(s.columns_path) for s in newly)
+    log, _ = open_counting(path, monkeypatch, found)
+    scanned(log)
+    assert extracted == [] and found == []
+    log.close()
