@@ -228,21 +228,19 @@ class NatsParser:
         m = _PLAIN_PUB.match(buf, pos)
         if m is None:
             return None
+        subj, rep, size = m.groups()
         start = m.end()
-        total = int(m[3])
+        total = int(size)
         end = start + total
-        if (
-            start - pos - 2 > self.max_control_line or total > self.max_payload
-            or len(buf) < end + 2 or buf[end : end + 2] != b"\r\n"
-        ):
-            return None
+        if start - pos - 2 > self.max_control_line or total > self.max_payload or not buf.startswith(b"\r\n", end):
+            return None  # (startswith is also False while the payload is not all here)
         try:
-            subject = m[1].decode()
-            reply = m[2].decode() if m[2] is not None else None
+            subject = subj.decode()
+            reply = rep.decode() if rep is not None else None
         except UnicodeDecodeError:
             return None
         self._pos = end + 2
-        return NatsPub(subject, reply, None, bytes(buf[start:end]))
+        return NatsPub(subject, reply, None, bytes(buf[start:end]) if total else b"")
 
     def _check_op(self) -> None:
         """Garbage is refused as soon as its first bytes cannot start an operation
