@@ -230,6 +230,11 @@ def ack(broker: Broker, session: Any, cmd: P.AckMessages) -> Reply | None:
         rebalance(broker.consumers, c)
     if not cmd.sync:
         return None
+    if not epoch:
+        # Nothing changed: the entries (if any) were settled by an earlier ack sent
+        # without sync, perhaps not durable yet. The answer waits until everything
+        # written so far is, as an ack sync promises.
+        epoch = broker.committer.durable_at()
     return (b"", epoch) if epoch else b""
 
 

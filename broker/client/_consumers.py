@@ -173,7 +173,7 @@ class _Acker:
     """One consumer's ack queue: entries queued by the messages' settle methods and
     sent in one ACK frame (no response) per turn of the event loop."""
 
-    __slots__ = ("client", "stream", "topic", "name", "entries", "scheduled")
+    __slots__ = ("client", "stream", "topic", "name", "entries", "scheduled", "unsynced")
 
     def __init__(self, client: Client, stream: Identifier, topic: Identifier, name: str) -> None:
         self.client = client
@@ -182,6 +182,9 @@ class _Acker:
         self.name = name
         self.entries: list[tuple[int, int, int, int]] = []
         self.scheduled = False
+        #: Entries went out without ACK_SYNC since the last sync (applied by the
+        #: broker, maybe not yet durable).
+        self.unsynced = False
 
     def add(self, entry: tuple[int, int, int, int]) -> None:
         entries = self.entries
@@ -210,16 +213,19 @@ class _Acker:
         if conn is None or conn.lost is not None:
             return
         conn.link.write(conn.proto.send_request(0, P.AckMessages(self.stream, self.topic, self.name, tuple(entries))))
+        self.unsynced = True
 
     async def sync(self, entry: tuple[int, int, int, int] | None) -> None:
         """Send what is queued (and ``entry``) with ACK_SYNC and wait until the broker
-        has made it durable."""
+        has made it durable, with every ack sent before it on this connection (an
+        ACK_SYNC with no entries makes those durable)."""
         entries, self.entries = self.entries, []
         if entry is not None:
             entries.append(entry)
-        if not entries:
+        if not entries and not self.unsynced:
             return
         await self.client._request(P.AckMessages(self.stream, self.topic, self.name, tuple(entries), ACK_SYNC))
+        self.unsynced = False
 
 
 def _delay_ms(delay: Any) -> int:
@@ -631,9 +637,11 @@ class ConsumersMixin:
         delivered again after their ack wait)."""
         for acker in self._ackers.values():
             acker.entries.clear()
+            acker.unsynced = False
 
     async def _flush_acks_before_close(self: Any) -> None:
-        """Make queued acks durable before the client closes (best effort)."""
+        """Make queued acks, and those sent without a response, durable before the
+        client closes (best effort)."""
         from ._client import ConnectionClosedError
 
         for stream in list(self._streams):
@@ -644,7 +652,7 @@ class ConsumersMixin:
         if self._conn is None:
             return
         for acker in list(self._ackers.values()):
-            if acker.entries:
+            if acker.entries or acker.unsynced:
                 try:
                     with self._backend.timeout(self._timeout):
                         await acker.sync(None)

@@ -221,6 +221,88 @@ async def test_acks_queued_at_close_are_sent(mock_clock: Any, data_dir: Path) ->
             assert info.num_ack_pending == 0 and info.raw["ack_floor"]["stream_seq"] == 3
 
 
+@contextlib.contextmanager
+def held_commit(monkeypatch: Any) -> Any:
+    """The group commit waits for the yielded event before each sync."""
+    from broker._commit import Committer
+
+    gate = trio.Event()
+    sync_now = Committer.sync_now
+
+    async def held(self: Committer) -> None:
+        await gate.wait()
+        await sync_now(self)
+
+    monkeypatch.setattr(Committer, "sync_now", held)
+    yield gate
+
+
+async def test_an_ack_sync_of_settled_messages_waits_for_the_earlier_acks_to_be_durable(
+    data_dir: Path, monkeypatch: Any
+) -> None:
+    """fsync ``always``: acks sent without sync are applied at once; an ack sync of
+    the same message afterwards (as ``ttlbroker consumer next`` sends for its last
+    message) changes nothing, and is still answered only once they are durable."""
+    async with start_server(make_config(data_dir), Clock()) as handle:
+        async with connect(handle.address, timeout=None) as c:
+            await setup(c)
+            await c.create_consumer(S, T, "work")
+            await publish(c, 2)
+            msgs = await c.pull(S, T, "work", 2, no_wait=True)
+            with held_commit(monkeypatch) as gate:
+                for m in msgs:
+                    await m.ack()
+                await trio.testing.wait_all_tasks_blocked()  # the turn's acks are sent
+                assert (await c.consumer_info(S, T, "work")).num_ack_pending == 0  # applied, not durable
+                done = trio.Event()
+                async with trio.open_nursery() as nursery:
+
+                    async def ack_sync() -> None:
+                        await msgs[-1].ack(sync=True)
+                        done.set()
+
+                    nursery.start_soon(ack_sync)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert not done.is_set()  # answered before the acks were durable
+                    gate.set()
+                assert done.is_set()
+
+
+async def test_closing_makes_acks_sent_without_sync_durable(data_dir: Path, monkeypatch: Any) -> None:
+    """Acks a turn of the loop already sent (no response) are made durable by the
+    close (an ACK_SYNC with no entries), not only those still queued."""
+    async with start_server(make_config(data_dir), Clock()) as handle:
+        acked, closed = trio.Event(), trio.Event()
+        gates: list[trio.Event] = []
+
+        async def user() -> None:
+            async with connect(handle.address, timeout=None) as c:
+                await setup(c)
+                await c.create_consumer(S, T, "work")
+                await publish(c, 3)
+                msgs = await c.pull(S, T, "work", 3, no_wait=True)
+                with held_commit(monkeypatch) as gate:
+                    gates.append(gate)
+                    for m in msgs:
+                        await m.ack()
+                    await trio.testing.wait_all_tasks_blocked()  # the turn's acks are sent
+                    assert (await c.consumer_info(S, T, "work")).num_ack_pending == 0  # applied, not durable
+                    acked.set()
+                # leaving the block closes the client
+            closed.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(user)
+            await acked.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            assert not closed.is_set()  # the close waits for the acks' sync
+            gates[0].set()
+            await closed.wait()
+        async with connect(handle.address, timeout=None) as c2:
+            info = await c2.consumer_info(S, T, "work")
+            assert info.num_ack_pending == 0 and info.raw["ack_floor"]["stream_seq"] == 3
+
+
 # -- consume ------------------------------------------------------------------------
 
 
