@@ -98,10 +98,12 @@ class FsyncPolicy:
 def sync_fds(fds: Iterable[int]) -> None:
     """fdatasync each descriptor (run in a worker thread).
 
-    A descriptor closed meanwhile (its segment was deleted) is skipped: there is
-    nothing left to make durable.
+    A descriptor closed meanwhile (its segment was deleted; a closed file reports
+    -1) is skipped: there is nothing left to make durable.
     """
     for fd in fds:
+        if fd < 0:
+            continue
         try:
             os.fdatasync(fd)
         except OSError as exc:

@@ -7,9 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import make_config, start_server
 
 import protocol as P
-from broker.client import Client
+from broker.client import Client, connect
 from broker.server import ServerHandle
 
 
@@ -138,3 +139,20 @@ async def test_catalog_survives_restart(config) -> None:  # type: ignore[no-unty
         t = await c.get_topic(5, "t")
         assert t.partitions_count == 2 and t.options["max_msgs_per_subject"] == 3 and t.options["deny_purge"]
         assert (await c.create_stream("b")).id == 6
+
+
+async def test_a_topic_deleted_with_unsynced_writes_does_not_break_shutdown(data_dir: Path) -> None:
+    """fsync ``never``: a deleted topic's logs are closed while the committer still
+    lists them as written; the shutdown's final sync skips their closed descriptors
+    (a closed file reports -1) instead of failing."""
+    cfg = make_config(data_dir, **{"system.partition.fsync": "never"})
+    async with start_server(cfg) as handle:
+        async with connect(handle.address) as c:
+            await c.create_stream("s")
+            await c.create_topic("s", "t", subjects=["t.>"])
+            await c.publish("t.a", b"x")
+            await c.delete_topic("s", "t")
+        assert handle.broker.committer._dirty  # the deleted topic's log is still listed
+    async with start_server(cfg) as handle:  # and the broker starts again, without it
+        async with connect(handle.address) as c:
+            assert [t.name for t in (await c.get_stream("s")).topics] == []
