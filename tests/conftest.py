@@ -217,12 +217,7 @@ def java() -> None:
     """Skips the test, with the reason, when Spark has no usable Java; fails instead
     under CI (``CI`` set), which has Java and must run the Spark tests. Every test
     that starts Spark (in this process or another) depends on it."""
-    reason = java_missing()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI must run the Spark tests)", pytrace=False)
-    pytest.skip(reason)
+    require(java_missing(), "the Spark tests")
 
 
 @pytest.fixture(scope="session")
@@ -235,3 +230,14 @@ def spark(java: None):  # type: ignore[no-untyped-def]
         yield session
     finally:
         session.stop()
+
+
+def require(missing: str | None, what: str) -> None:
+    """A test needs a tool of the machine (Java, Node): nothing when ``missing`` is
+    None; else it fails under CI (``CI`` set), which has the tool and must run
+    ``what``, and is skipped with the reason elsewhere."""
+    if missing is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{missing} (CI must run {what})", pytrace=False)
+    pytest.skip(missing)

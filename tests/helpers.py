@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Self, TypeVar
 
 import trio
 from conftest import env_with_project
@@ -56,15 +57,20 @@ def handshake_bytes(corr: int = 1, version: int = P.PROTOCOL_VERSION, token: str
 class RawPeer:
     """A trio TCP connection that sends raw bytes and decodes what comes back."""
 
+    #: What the decoder returns when it needs more bytes.
+    NEED_DATA: object = P.NEED_DATA
+    #: Whether a reset connection reads as the end of the stream (else it raises).
+    RESET_IS_EOF = False
+
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
-        self.conn = P.ProtocolConnection(P.Role.CLIENT)
+        self.conn: Any = P.ProtocolConnection(P.Role.CLIENT)
         self.conn.state = P.State.READY  # we decode whatever comes, handshake or not
         self.eof = False
 
     @classmethod
-    async def open(cls, address: str) -> RawPeer:
-        host, port = address.rsplit(":", 1)
+    async def open(cls, address: str) -> Self:
+        host, port = address.removeprefix("nats://").rsplit(":", 1)
         return cls(await trio.open_tcp_stream(host, int(port)))
 
     async def send(self, data: bytes) -> None:
@@ -75,9 +81,14 @@ class RawPeer:
         with trio.fail_after(timeout):
             while True:
                 ev = self.conn.next_event()
-                if ev is not P.NEED_DATA:
+                if ev is not self.NEED_DATA:
                     return ev
-                data = await self.stream.receive_some(65536)
+                try:
+                    data = await self.stream.receive_some(65536)
+                except trio.BrokenResourceError:
+                    if not self.RESET_IS_EOF:
+                        raise
+                    data = b""
                 if not data:
                     self.eof = True
                     return None
@@ -120,36 +131,16 @@ def json_lines(p: subprocess.CompletedProcess[str]) -> list[Any]:
     return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
 
 
-class RawNats:
+class RawNats(RawPeer):
     """A trio TCP connection to a NATS listener that sends raw bytes and parses
     what the server sends (``protocol.NatsParser`` on the client side)."""
 
+    NEED_DATA = P.NATS_NEED_DATA
+    RESET_IS_EOF = True
+
     def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.parser = P.NatsParser(server=False, max_payload=1 << 30)
-
-    @classmethod
-    async def open(cls, url: str) -> RawNats:
-        host, port = url.removeprefix("nats://").rsplit(":", 1)
-        return cls(await trio.open_tcp_stream(host, int(port)))
-
-    async def send(self, data: bytes) -> None:
-        await self.stream.send_all(data)
-
-    async def next_event(self, timeout: float = 5) -> object:
-        """The next event from the server, or None at end of stream."""
-        with trio.fail_after(timeout):
-            while True:
-                ev = self.parser.next_event()
-                if ev is not P.NATS_NEED_DATA:
-                    return ev
-                try:
-                    data = await self.stream.receive_some(65536)
-                except trio.BrokenResourceError:
-                    data = b""
-                if not data:
-                    return None
-                self.parser.receive_data(data)
+        super().__init__(stream)
+        self.conn = P.NatsParser(server=False, max_payload=1 << 30)
 
     async def connect(self, **options: Any) -> dict[str, Any]:
         """Read INFO, send CONNECT with ``options``; returns the INFO."""
@@ -164,4 +155,21 @@ class RawNats:
         while (ev := await self.next_event(timeout)) is not None:
             seen.append(ev)
         return seen
+
+
+@contextlib.contextmanager
+def held_commit(monkeypatch: Any) -> Iterator[trio.Event]:
+    """The group commit waits for the yielded event before each sync (acks that wait
+    for durability are held until it is set)."""
+    from broker._commit import Committer
+
+    gate = trio.Event()
+    sync_now = Committer.sync_now
+
+    async def held(self: Committer) -> None:
+        await gate.wait()
+        await sync_now(self)
+
+    monkeypatch.setattr(Committer, "sync_now", held)
+    yield gate
 

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trustme
 from conftest import make_config, start_server
-from helpers import RawPeer, in_asyncio
+from helpers import RawPeer, held_commit, in_asyncio
 
 import protocol as P
 from broker import _commit, _session
@@ -144,32 +144,25 @@ async def test_acks_of_pipelined_frames_wait_for_their_fsync(
     stores the batch but sends none of its acks; they all leave after the one sync."""
     broker = server.broker
     assert broker.committer.acks_wait
-    gate = trio.Event()
-    sync_now = Committer.sync_now
-
-    async def held(self: Committer) -> None:
-        await gate.wait()
-        await sync_now(self)
-
-    monkeypatch.setattr(Committer, "sync_now", held)
-    raw = await RawPeer.open(server.address)
-    await raw.handshake()
-    count = 50
-    before = broker.counters.messages_in
-    await raw.send(b"".join(publish_frame(100 + i, P.encode_body("orders.x", b"%d" % i)) for i in range(count)))
-    with trio.fail_after(5):
-        while broker.counters.messages_in < before + count:
-            await trio.sleep(0.01)
-    fsyncs = broker.counters.fsyncs
-    with trio.move_on_after(0.2):
-        early = await raw.stream.receive_some(65536)
-        raise AssertionError(f"an ack left before its fsync: {early!r}")
-    gate.set()
-    got = await answers(raw, count)
-    assert broker.counters.fsyncs == fsyncs + 1  # one sync for the whole batch
-    offsets = [got[100 + i].result[0].offset for i in range(count)]  # type: ignore[union-attr]
-    assert offsets == list(range(offsets[0], offsets[0] + count))
-    await raw.aclose()
+    with held_commit(monkeypatch) as gate:
+        raw = await RawPeer.open(server.address)
+        await raw.handshake()
+        count = 50
+        before = broker.counters.messages_in
+        await raw.send(b"".join(publish_frame(100 + i, P.encode_body("orders.x", b"%d" % i)) for i in range(count)))
+        with trio.fail_after(5):
+            while broker.counters.messages_in < before + count:
+                await trio.sleep(0.01)
+        fsyncs = broker.counters.fsyncs
+        with trio.move_on_after(0.2):
+            early = await raw.stream.receive_some(65536)
+            raise AssertionError(f"an ack left before its fsync: {early!r}")
+        gate.set()
+        got = await answers(raw, count)
+        assert broker.counters.fsyncs == fsyncs + 1  # one sync for the whole batch
+        offsets = [got[100 + i].result[0].offset for i in range(count)]  # type: ignore[union-attr]
+        assert offsets == list(range(offsets[0], offsets[0] + count))
+        await raw.aclose()
 
 
 async def test_a_slow_disk_is_synced_from_the_sync_thread(

@@ -18,6 +18,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import BrokerProcess, make_config, start_server
+from helpers import held_commit
 
 import protocol as P
 from broker import Clock
@@ -219,22 +220,6 @@ async def test_acks_queued_at_close_are_sent(mock_clock: Any, data_dir: Path) ->
         async with connect(handle.address, timeout=None) as c:
             info = await c.consumer_info(S, T, "work")
             assert info.num_ack_pending == 0 and info.raw["ack_floor"]["stream_seq"] == 3
-
-
-@contextlib.contextmanager
-def held_commit(monkeypatch: Any) -> Any:
-    """The group commit waits for the yielded event before each sync."""
-    from broker._commit import Committer
-
-    gate = trio.Event()
-    sync_now = Committer.sync_now
-
-    async def held(self: Committer) -> None:
-        await gate.wait()
-        await sync_now(self)
-
-    monkeypatch.setattr(Committer, "sync_now", held)
-    yield gate
 
 
 async def test_an_ack_sync_of_settled_messages_waits_for_the_earlier_acks_to_be_durable(

@@ -7,13 +7,13 @@ fail instead."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import trio
+from conftest import require
 
 JS_DIR = Path(__file__).resolve().parent / "js"
 
@@ -28,11 +28,7 @@ def _node_missing() -> str | None:
 @pytest.fixture(scope="session")
 def node_nats() -> Path:
     """tests/nats/js with its node_modules installed (``npm ci`` from the lock file)."""
-    reason = _node_missing()
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI must run the nats.js tests)", pytrace=False)
-        pytest.skip(reason)
+    require(_node_missing(), "the nats.js tests")
     if not (JS_DIR / "node_modules" / "nats" / "package.json").exists():
         p = subprocess.run(
             ["npm", "ci", "--no-audit", "--no-fund"], cwd=JS_DIR, capture_output=True, text=True, timeout=300
