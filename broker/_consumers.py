@@ -403,6 +403,11 @@ class ConsumerEngine:
             self.expiry.queue.drop_partition(cp)
         self._dirty.pop(c, None)
 
+    @property
+    def filling(self) -> bool:
+        """Some consumer has waiting pulls to fill in the engine's next pass."""
+        return bool(self._dirty)
+
     def kick(self, c: Consumer) -> None:
         """Something changed: fill the consumer's waiting pulls in the next pass."""
         if c.waiting and c not in self._dirty:

@@ -154,7 +154,7 @@ class JetStream:
         sessions, self._released = self._released, []
         if not sessions:
             return
-        if self.broker.consumers._dirty and self.nursery is not None:
+        if self.broker.consumers.filling and self.nursery is not None:
             self.nursery.start_soon(self._release_later, sessions)
             return
         for session in sessions:
