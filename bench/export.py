@@ -155,8 +155,9 @@ def ensure_spark_export() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
-def broker_config(segment_size: str) -> str:
-    return f'[export]\ninterval = 3600\n\n[system.segment]\nsize_bytes = "{segment_size}"\n'
+def broker_config(segment_size: str, worker_priority: str) -> str:
+    return (f'[export]\ninterval = 3600\nworker_priority = "{worker_priority}"\n\n'
+            f'[system.segment]\nsize_bytes = "{segment_size}"\n')
 
 
 # -- results --------------------------------------------------------------------------------
@@ -729,6 +730,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-rate", type=float, default=1000.0, help="publishes per second (default 1,000)")
     p.add_argument("--latency-seconds", type=float, default=None,
                    help="length of each latency run (default 10; 5 with --quick)")
+    p.add_argument("--worker-priority", default="idle", choices=("idle", "low", "normal"),
+                   help="[export] worker_priority of the broker (default idle, the broker's default)")
     p.add_argument("--no-spark", action="store_true", help="skip the Spark jobs")
     p.add_argument("--analyze", action="store_true", help="also time the analyze job in-process")
     p.add_argument("--settle", type=float, default=2.0, help="seconds of quiet before each timed phase (default 2)")
@@ -772,7 +775,7 @@ def main(argv: list[str] | None = None) -> int:
     log_environment(env)
     check_disk(args)
     ensure_spark_export()
-    config = broker_config(args.segment_size)
+    config = broker_config(args.segment_size, args.worker_priority)
     runs: list[ExportRun] = []
     latency: dict[str, Any] | None = None
     spark = InProcessSpark()

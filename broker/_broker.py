@@ -146,7 +146,7 @@ class Broker:
         self.retention.on_markers = lambda part, res, epoch, removed: self.republisher.after_append(
             part, res, removed, epoch
         )
-        self.exporter = Exporter(config.export.dir, config.export.interval, self.counters)
+        self.exporter = Exporter(config.export.dir, config.export.interval, self.counters, config.export.worker_priority)
         self.kv = KvReads(self.committer)
         self.consumers = ConsumerEngine(self)
         #: The NATS listener's JetStream API (``_jetstream.py``).

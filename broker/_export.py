@@ -59,12 +59,14 @@ class Exporter:
     root: the export directory ('' = export off).
     interval: seconds between passes.
     counters: the broker's counters.
+    priority: the worker's CPU priority (``[export] worker_priority``).
     """
 
-    def __init__(self, root: str, interval: float, counters: Counters) -> None:
+    def __init__(self, root: str, interval: float, counters: Counters, priority: str = "idle") -> None:
         self.root = root
         self.interval = interval
         self.counters = counters
+        self.priority = priority
         self.exported: set[str] = set()
         #: Why the export is paused (no valid manifest copy), or "".
         self.paused = ""
@@ -198,7 +200,8 @@ class Exporter:
                 for attempt in range(CRASH_RETRIES + 1):
                     try:
                         await export_in_worker(
-                            self.root, jobs, self._report, listed, exported, self.worker_command or WORKER_COMMAND
+                            self.root, jobs, self._report, listed, exported, self.worker_command or WORKER_COMMAND,
+                            self.priority,
                         )
                         break
                     except WorkerCrashed as exc:

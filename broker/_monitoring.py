@@ -135,6 +135,7 @@ class Monitor:
             "default_message_expiry": cfg.system.segment.message_expiry,
             "export_dir": cfg.export.dir or None,
             "export_interval": cfg.export.interval,
+            "export_worker_priority": cfg.export.worker_priority,
             "message_cleaner": cfg.message_cleaner.enabled,
             "message_cleaner_interval": cfg.message_cleaner.interval,
             "auth_required": bool(cfg.server.auth_token),

@@ -189,6 +189,8 @@ class ServerConfig:
 
 #: ``[http] port`` for "any free port" (nats-server's RANDOM_PORT); 0 is "off".
 ANY_PORT = -1
+#: ``[export] worker_priority`` (spark_export/worker.py applies it).
+EXPORT_PRIORITIES = ("idle", "low", "normal")
 
 
 @dataclass(frozen=True)
@@ -260,6 +262,8 @@ class CleanerConfig:
 class ExportConfig:
     dir: str = ""
     interval: float = 60.0
+    #: The export worker's CPU priority: idle (SCHED_IDLE), low (nice +10), normal.
+    worker_priority: str = "idle"
 
 
 @dataclass(frozen=True)
@@ -418,6 +422,7 @@ def _build(d: dict[str, Any]) -> Config:
         export=ExportConfig(
             dir=_typed(ex["dir"], str, "export.dir"),
             interval=_seconds(ex["interval"], "export.interval"),
+            worker_priority=_typed(ex["worker_priority"], str, "export.worker_priority"),
         ),
         limits=LimitsConfig(**{k: _limit(k, v) for k, v in li.items()}),
         logging=LoggingConfig(level=_typed(lo["level"], str, "logging.level"), format=_typed(lo["format"], str, "logging.format")),
@@ -465,6 +470,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("message_cleaner.interval: must be positive")
     if cfg.export.interval <= 0:
         raise ConfigError("export.interval: must be positive")
+    if cfg.export.worker_priority not in EXPORT_PRIORITIES:
+        raise ConfigError(f"export.worker_priority: one of {', '.join(EXPORT_PRIORITIES)}")
     li = cfg.limits
     if li.max_frame_bytes < 1024:
         raise ConfigError("limits.max_frame_bytes: must be at least 1 KiB")

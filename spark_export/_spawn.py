@@ -52,12 +52,12 @@ class WorkerCrashed(WorkerFailed):
     or output that is not its protocol): the pass may be run again at once."""
 
 
-async def _send(stream: trio.abc.SendStream, root: str, jobs: list[SegmentJob]) -> None:
+async def _send(stream: trio.abc.SendStream, root: str, jobs: list[SegmentJob], priority: str) -> None:
     """The jobs, packed one at a time as the pipe takes them: the loop never packs a
     whole backlog's positions at once."""
     try:
         async with stream:
-            for message in job_messages(root, jobs):
+            for message in job_messages(root, jobs, priority):
                 await stream.send_all(message)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass  # the worker is gone: its exit status says why
@@ -103,8 +103,10 @@ async def export_in_worker(
     started: Callable[[list[str], int], None] | None = None,
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
     command: Sequence[str] = WORKER_COMMAND,
+    priority: str = "low",
 ) -> list[dict[str, Any]]:
     """:func:`export_segments` in the worker process; the callbacks run on the loop.
+    ``priority``: the worker's CPU priority (``worker.PRIORITIES``).
 
     Raises:
         ManifestUnreadable: no copy of the manifest is valid; nothing is exported.
@@ -119,7 +121,7 @@ async def export_in_worker(
         run = partial(trio.run_process, list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE, check=False)
         proc = await nursery.start(run)
-        nursery.start_soon(_send, proc.stdin, root, jobs)
+        nursery.start_soon(_send, proc.stdin, root, jobs, priority)
         nursery.start_soon(_keep_tail, proc.stderr, tail)
         async with aclosing(_lines(proc.stdout)) as lines:
             async for line in lines:

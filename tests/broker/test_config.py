@@ -25,7 +25,7 @@ def test_defaults_are_the_documented_embedded_default() -> None:
     assert (c.server.host, c.server.port, c.system.path) == ("127.0.0.1", 8090, "./ttlbroker-data")
     assert c.system.partition.fsync == FsyncPolicy("always")
     assert c.message_cleaner.enabled and c.message_cleaner.interval == 60
-    assert c.export.dir == ""
+    assert c.export.dir == "" and c.export.worker_priority == "idle"
 
 
 def test_a_file_overrides_key_by_key(tmp_path: Path) -> None:
@@ -55,6 +55,7 @@ def test_a_file_overrides_key_by_key(tmp_path: Path) -> None:
         ("[message_cleaner]\nenabled = \"yes\"\n", "expected true or false"),
         ("[limits]\nmax_payload_bytes = \"32 MiB\"\n", "fit in limits.max_frame_bytes"),
         ("[logging]\nlevel = \"loud\"\n", "logging.level"),
+        ("[export]\nworker_priority = \"high\"\n", "export.worker_priority: one of idle, low, normal"),
         ("server = 1\n", "must be a section"),
         ("[server\n", "not valid TOML"),
         ("[system]\nfile_mode = 600\n", "system.file_mode: expected a string"),

@@ -494,10 +494,27 @@ async def test_stopping_the_broker_stops_its_export_worker(tmp_path: Path) -> No
                     await trio.sleep(0.01)
             pid = int(pidfile.read_text())
             os.kill(pid, 0)  # the worker is there, held
+            assert os.sched_getscheduler(pid) == os.SCHED_IDLE  # [export] worker_priority = "idle", the default
             nursery.cancel_scope.cancel()
     with pytest.raises(ProcessLookupError):  # terminated and reaped when the broker stopped
         os.kill(pid, 0)
     assert (tmp_path / "export" / MANIFEST_NAME).exists() and not list((tmp_path / "export").rglob("*.tmp"))
+
+
+@pytest.mark.parametrize(("priority", "policy", "nicer"), [("idle", "SCHED_IDLE", 0), ("low", "SCHED_OTHER", 10), ("normal", "SCHED_OTHER", 0)])
+def test_the_worker_lowers_its_priority_as_configured(priority: str, policy: str, nicer: int) -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys\n"
+        "from spark_export.worker import lower_priority\n"
+        "got = lower_priority(sys.argv[1])\n"
+        "print(got, os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, priority], capture_output=True, check=True, text=True).stdout.split()
+    assert out == [priority, str(getattr(os, policy)), str(min(19, os.getpriority(os.PRIO_PROCESS, 0) + nicer))]
 
 
 async def test_a_worker_that_does_not_speak_the_protocol_fails_the_pass(tmp_path: Path) -> None:
