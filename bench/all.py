@@ -3,7 +3,7 @@
 Runs each benchmark of ``bench/`` as a subprocess (each with nats-server side by
 side where it has a nats side, each recording the machine's load), keeps their
 JSON records in ``bench/results/all-<date>/``, then reads the rows of issue 13
-out of them and writes one table, every row against its target, to
+(and issue 14's NATS-listener workloads, from ``nats_compat.py``) out of them and writes one table, every row against its target, to
 ``bench/results/all-<date>.md`` (and ``.json``)::
 
     .venv/bin/python bench/all.py                        # about 15 minutes
@@ -61,6 +61,8 @@ BENCHES = (
     Bench("export", ("--messages", "1000000", "--no-spark", "--latency-seconds", "5"), 240),
     Bench("startup", ("--messages", "1000000", "--topics", "200", "--scrapes", "5", "--runs", "2"), 180),
     Bench("consume", ("--messages", "200000", "--seconds", "5"), 120),
+    # Issue 14: nats-py against nats-server and against ttlbroker's NATS listener.
+    Bench("nats_compat", ("--messages", "20000", "--serial", "3000", "--keys", "3000"), 180),
 )
 
 
@@ -202,7 +204,27 @@ def _consume_rows(r: Results) -> list[Row]:
                       dig(c, "ttlbroker", "consume", "msgs_per_s"), dig(c, "nats", "consume", "msgs_per_s"), 5)]
 
 
-#: Which rows come from which benchmark, in the order of issue 13's table.
+#: nats_compat's workloads, each a row of issue 14's target (at least as fast as
+#: nats-server, both driven by nats-py at equal durability).
+NATS_WORKLOADS = (
+    ("publish", "awaited publish"),
+    ("publish_async", "publish_async, 1,000 in flight"),
+    ("consume", "pull consume with acks"),
+    ("kv_put", "KV put"),
+    ("kv_get", "KV get"),
+)
+
+
+def _nats_compat_rows(r: Results) -> list[Row]:
+    nc = dig(r, "nats_compat", "results")
+    sync = dig(r, "nats_compat", "args", "sync") or "?"
+    rate = lambda server, key: dig(nc, server, key, "msgs_per_s")  # noqa: E731
+    return [_rate_row(f"NATS listener (issue 14): nats-py {label}, sync {sync}", rate("ttlbroker", key), rate("nats", key), 1)
+            for key, label in NATS_WORKLOADS]
+
+
+#: Which rows come from which benchmark, in the order of issue 13's table (then
+#: issue 14's).
 ROWS: tuple[tuple[str, Callable[[Results], list[Row]]], ...] = (
     ("publish_fetch", _publish_rows),
     ("ttl", _ttl_rows),
@@ -212,6 +234,7 @@ ROWS: tuple[tuple[str, Callable[[Results], list[Row]]], ...] = (
     ("export", _export_rows),
     ("startup", _startup_rows),
     ("consume", _consume_rows),
+    ("nats_compat", _nats_compat_rows),
 )
 
 
