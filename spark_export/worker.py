@@ -2,9 +2,10 @@
 
 The broker (``broker/_export.py``, through :func:`spark_export.export_in_worker`)
 starts one worker per pass, so that the conversion never shares the broker's GIL and
-a crash of pyarrow or of the worker costs the pass, never the broker. The worker runs
-at a lower priority (the broker's ``[export] worker_priority``, in the jobs' header):
-publishing and fetching come first when the cores are busy.
+a crash of pyarrow or of the worker costs the pass, never the broker. The broker
+lowers the worker's priority as it starts it (``_spawn.lower_priority``, the
+broker's ``[export] worker_priority``): publishing and fetching come first when the
+cores are busy.
 
 stdin: the jobs (``_wire.py``); the worker reads them all before it starts.
 
@@ -38,12 +39,9 @@ from typing import Any, TextIO
 from ._convert import SegmentJob
 from ._exporter import export_segments
 from ._manifest import ManifestUnreadable
-from ._wire import read_header
+from ._wire import read_jobs
 
-__all__ = ["NICE", "main", "lower_priority"]
-
-#: Added to the worker's niceness at ``low`` (and where SCHED_IDLE is missing).
-NICE = 10
+__all__ = ["main"]
 
 
 def run(root: str, jobs: list[SegmentJob], out: TextIO) -> int:
@@ -70,30 +68,12 @@ def run(root: str, jobs: list[SegmentJob], out: TextIO) -> int:
     return 0
 
 
-def lower_priority(priority: str) -> str:
-    """Lower this process's CPU priority: ``idle`` is Linux's SCHED_IDLE (the worker
-    runs only on CPU time no other process wants, and its disk requests get the idle
-    I/O class), falling back to ``low`` where the system has none; ``low`` is
-    niceness +10 (a small share when the cores are busy); ``normal`` changes
-    nothing. Returns what it got."""
-    if priority == "idle":
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            return "idle"
-        except (AttributeError, OSError):
-            priority = "low"
-    if priority == "low":
-        os.nice(NICE)
-    return priority
-
-
 def main() -> int:
     # Events go to the original stdout; anything else that prints goes to stderr.
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    root, priority, jobs = read_header(sys.stdin.buffer)
-    lower_priority(priority)  # before the jobs are read: a long backlog is work too
-    return run(root, list(jobs), out)
+    root, jobs = read_jobs(sys.stdin.buffer)
+    return run(root, jobs, out)
 
 
 if __name__ == "__main__":

@@ -168,9 +168,8 @@ def test_the_worker_converts_without_importing_pandas(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from spark_export._convert import segment_batches\n"
-        "from spark_export._wire import read_header\n"
-        "_, _, jobs = read_header(sys.stdin.buffer)\n"
-        "(job,) = jobs\n"
+        "from spark_export._wire import read_jobs\n"
+        "_, (job,) = read_jobs(sys.stdin.buffer)\n"
         "batches = list(segment_batches(job))\n"
         "pandas = 'pandas' in sys.modules\n"
         "rows = [r for b, _ in batches for r in b.to_pylist()]\n"

@@ -502,19 +502,20 @@ async def test_stopping_the_broker_stops_its_export_worker(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("priority", "policy", "nicer"), [("idle", "SCHED_IDLE", 0), ("low", "SCHED_OTHER", 10), ("normal", "SCHED_OTHER", 0)])
-def test_the_worker_lowers_its_priority_as_configured(priority: str, policy: str, nicer: int) -> None:
+def test_the_worker_priority_is_lowered_as_configured(priority: str, policy: str, nicer: int) -> None:
     import os
     import subprocess
     import sys
 
-    code = (
-        "import os, sys\n"
-        "from spark_export.worker import lower_priority\n"
-        "got = lower_priority(sys.argv[1])\n"
-        "print(got, os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code, priority], capture_output=True, check=True, text=True).stdout.split()
-    assert out == [priority, str(getattr(os, policy)), str(min(19, os.getpriority(os.PRIO_PROCESS, 0) + nicer))]
+    from spark_export._spawn import lower_priority
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert lower_priority(proc.pid, priority) == priority
+        assert os.sched_getscheduler(proc.pid) == getattr(os, policy)
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + nicer)
+    finally:
+        proc.communicate(b"")
 
 
 async def test_a_worker_that_does_not_speak_the_protocol_fails_the_pass(tmp_path: Path) -> None:
