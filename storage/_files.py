@@ -59,8 +59,9 @@ def makedirs(path: str) -> bool:
     return True
 
 
-def write_all(fd: int, data: bytes | bytearray | memoryview, size_before: int) -> None:
+def write_all(fd: int, data: bytes | bytearray | memoryview, size_before: int, at: int | None = None) -> None:
     """Write everything or nothing: on failure, cut the file back to its old size.
+    ``at``: write at that position (``pwrite``) instead of the descriptor's own.
 
     Raises:
         StorageFailure: the write failed (disk full, I/O error).
@@ -68,8 +69,10 @@ def write_all(fd: int, data: bytes | bytearray | memoryview, size_before: int) -
     view = memoryview(data)
     try:
         while view:
-            n = os.write(fd, view)
+            n = os.write(fd, view) if at is None else os.pwrite(fd, view, at)
             view = view[n:]
+            if at is not None:
+                at += n
     except OSError as exc:
         try:
             os.ftruncate(fd, size_before)

@@ -101,7 +101,8 @@ class PartitionLog:
     Attributes:
         next_offset: the offset the next appended record gets.
         live_count: live records (stored, not deleted, not corrupt).
-        size_bytes: bytes of all ``.log`` files.
+        size_bytes: bytes of all records in the ``.log`` files (the active one's
+            file is longer by the space allocated ahead of its last record).
     """
 
     def __init__(
@@ -214,6 +215,8 @@ class PartitionLog:
             reports.append(rep)
         if bases:
             seg, rep = Segment.open_active(path, bases[-1], opening)
+            if not readonly:
+                seg.preallocate_limit = segment_size
             log.segments.append(seg)
             reports.append(rep)
             found_next = seg.next_offset
@@ -275,7 +278,7 @@ class PartitionLog:
                 old.seal()
         if next_offset > found_next:
             self.skipped = (found_next, next_offset - 1)
-        self.segments.append(Segment.create(self.path, next_offset))
+        self.segments.append(Segment.create(self.path, next_offset, self.segment_size))
         fsync_dir(self.path)
 
     # -- state ---------------------------------------------------------------------
@@ -412,7 +415,7 @@ class PartitionLog:
 
     def _roll(self) -> Segment:
         old = self.segments[-1]
-        new = Segment.create(self.path, old.next_offset)
+        new = Segment.create(self.path, old.next_offset, self.segment_size)
         old.seal()
         fsync_dir(self.path)
         self.segments.append(new)

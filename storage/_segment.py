@@ -4,7 +4,13 @@ Files, named by the segment's first offset zero-padded to 20 digits (Iggy's nami
 
 ``.log``
     Records back to back, exactly as ``protocol._records`` lays them out. Only the
-    active (last) segment is appended to; a sealed segment never changes.
+    active (last) segment is appended to; a sealed segment never changes. The active
+    segment's file is allocated ahead of its last record (``posix_fallocate``, see
+    :data:`PREALLOCATE_MAX`), so that the fdatasync of a group commit writes the new
+    records only, not a new file size; the records are written at their positions
+    (``pwrite``), never appended to the file's end. A seal and a clean close cut
+    the file to its last record, so only the active segment of a broker that
+    stopped without closing can end in allocated space, which reads as zero bytes.
 ``.index``
     The offset index: one ``u32`` LE file position per record, record *i* of the
     segment having offset ``base + i``, then a 12-byte trailer ``"TBIX" | u32 count |
@@ -70,7 +76,9 @@ record followed by valid records is corruption: it is marked corrupt and reporte
 and recovery resynchronises on the next record that passes its checksum, however far
 on, so nothing intact after damage is dropped. What follows the last valid record is
 a torn tail; whether it may be cut is the partition log's decision (it knows the
-high-water mark). Sealed segments are checked structurally on open (index checksum,
+high-water mark). A tail of zero bytes only is allocated space (no record starts
+with a zero length: the shortest valid record holds 38 bytes and a subject): it is
+cut without a report, unless acknowledged records are missing. Sealed segments are checked structurally on open (index checksum,
 length, file length); their records are verified on every read.
 """
 
@@ -125,6 +133,15 @@ _OLD_FORMAT = "no checksum trailer (written by an older version, or cut short)"
 #: segment's deletions could not all be read, so its remaining records are put aside.
 _UNCERTAIN_WORD = 0xFFFFFFFF
 _ONES = b"\x01" * 4096
+#: The active segment's file is allocated ahead of its last record by as much as the
+#: segment already holds, at least :data:`PREALLOCATE_MIN` and at most
+#: :data:`PREALLOCATE_MAX` at a time, never beyond the segment size limit (a
+#: partition that goes quiet keeps at most that much unused space until its next
+#: seal or clean close). An fdatasync of records written into allocated space
+#: flushes the data only; appending to a growing file also flushes its new size
+#: (about 97 against 150 µs per 200-byte write + fdatasync on ext4, this machine).
+PREALLOCATE_MIN = 64 << 10
+PREALLOCATE_MAX = 4 << 20
 
 
 def segment_name(base: int) -> str:
@@ -156,7 +173,7 @@ class Opening:
 
     @property
     def write_flags(self) -> int:
-        return os.O_RDONLY if self.readonly else os.O_RDWR | os.O_CREAT | os.O_APPEND
+        return os.O_RDONLY if self.readonly else os.O_RDWR | os.O_CREAT
 
 
 @dataclass
@@ -167,6 +184,9 @@ class RecoveryReport:
     truncated_at_offset: int | None = None
     #: Bytes after the last valid record of an active segment (before any cut).
     tail_bytes: int = 0
+    #: The tail is zero bytes only: space allocated ahead, cut without a report
+    #: (unless acknowledged records are missing). 0 when the tail holds anything else.
+    preallocated_bytes: int = 0
     corrupt_offsets: list[int] = field(default_factory=list)
     index_rebuilt: bool = False
 
@@ -276,7 +296,14 @@ class Segment:
         self._fd = -1
         self._del_fd = -1
         self._mirror_fd = -1
+        #: The log file's length: ``size`` plus a tail recovery has not resolved yet,
+        #: or plus space allocated ahead (:attr:`_preallocated`).
         self._file_size = 0
+        #: Allocate the log ahead of its last record up to this size (0: never).
+        self.preallocate_limit = 0
+        #: Bytes beyond ``size`` up to ``_file_size`` are space this process allocated
+        #: (cut by a seal or a close), not a tail found by recovery.
+        self._preallocated = False
         #: Some deletion of this segment could not be read: its records are put aside,
         #: and nothing more may be appended to it (new records are not in doubt).
         self.uncertain = False
@@ -300,10 +327,12 @@ class Segment:
     # -- opening -------------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: str, base: int) -> Segment:
-        """A new, empty active segment (the caller fsyncs the directory)."""
+    def create(cls, directory: str, base: int, preallocate_limit: int = 0) -> Segment:
+        """A new, empty active segment (the caller fsyncs the directory), its file
+        allocated ahead up to ``preallocate_limit`` bytes (0: never)."""
         seg = cls(directory, base)
-        seg._fd = open_file(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        seg._fd = open_file(seg.log_path, os.O_RDWR | os.O_CREAT)
+        seg.preallocate_limit = preallocate_limit
         return seg
 
     @classmethod
@@ -313,30 +342,42 @@ class Segment:
         Corrupt records are marked and reported; what follows the last valid record
         is left in place and measured in ``RecoveryReport.tail_bytes``: the partition
         log decides whether it is a torn write to cut (:meth:`cut_tail`) or damage to
-        keep (:meth:`seal_damaged`)."""
+        keep (:meth:`seal_damaged`). A tail of zero bytes only (space allocated ahead
+        of the records) is measured in ``RecoveryReport.preallocated_bytes`` too."""
         opening = opening or Opening(ignore_damage)
         seg = cls(directory, base)
         report = RecoveryReport()
         seg._fd = open_file(seg.log_path, opening.write_flags)
         size = os.fstat(seg._fd).st_size
         buf = os.pread(seg._fd, size, 0) if size else b""
+        seg._file_size = size
         if seg._load_snapshot(buf, opening):
+            seg._measure_tail(buf, report)
             seg._apply_deletions(opening)
             return seg, report
         positions, corrupt, time_rel, time_ts, valid_end = scan_records(buf, base)
-        report.tail_bytes = size - valid_end
         seg._load(positions, time_rel, time_ts, valid_end)
         seg.crc = zlib.crc32(memoryview(buf)[:valid_end]) if not corrupt else None
-        seg._file_size = size
+        seg._measure_tail(buf, report)
         for rel in corrupt:
             seg._mark_corrupt(rel)
         seg._apply_deletions(opening)
         seg._report_corrupt(corrupt, buf, opening, report)
         return seg, report
 
+    def _measure_tail(self, buf: bytes, report: RecoveryReport) -> None:
+        """Measure what follows the last record (``size``) in the log image ``buf``:
+        all of it zero bytes is allocated space (the exact test: not one byte of it
+        is anything else)."""
+        report.tail_bytes = len(buf) - self.size
+        if report.tail_bytes and _NONZERO.search(buf, self.size) is None:
+            report.preallocated_bytes = report.tail_bytes
+
     def _load_snapshot(self, buf: bytes, opening: Opening) -> bool:
         """Take the positions, time index and columns from the ``.snapshot`` file if
-        it describes exactly the log image ``buf`` (see the module docstring)."""
+        it describes exactly the log image ``buf``, or ``buf`` without a tail of zero
+        bytes (a clean close's cut of the allocated space lost in a power loss; see
+        the module docstring)."""
         raw = _read_bytes(self.snapshot_path)
         if raw is None:
             return False
@@ -347,7 +388,7 @@ class Segment:
             magic, version, _, count, times, size, crc, cols_len = _SNAPSHOT.unpack_from(raw)
             if magic != _SNAPSHOT_MAGIC or version != _SNAPSHOT_VERSION:
                 problem = "not a segment snapshot of this version"
-            elif size != len(buf) or crc != zlib.crc32(buf):
+            elif size > len(buf) or _NONZERO.search(buf, size) or crc != zlib.crc32(memoryview(buf)[:size]):
                 return False  # the log changed since (appends, a torn write): stale, not damage
             elif len(raw) != _SNAPSHOT.size + 4 * count + 12 * times + cols_len + 4:
                 problem = "its length does not match its header"
@@ -368,7 +409,6 @@ class Segment:
                     problem = "its positions or time index do not fit the log"
                 else:
                     self._load(positions, time_rel, time_ts, size)
-                    self._file_size = size
                     self.crc = crc
                     self.snapshot_columns, self.column_stats = got
                     return True
@@ -381,6 +421,7 @@ class Segment:
         is known good (a clean close; rebuildable, no directory fsync)."""
         if self.sealed or self.crc is None or self.uncertain or CORRUPT in self.state or self._fd < 0:
             return
+        self._release_preallocation()
         if os.fstat(self._fd).st_size != self.size:
             return  # bytes beyond the last record (a failed write): the next start looks at them
         buf = self.read_all()
@@ -395,8 +436,15 @@ class Segment:
     def cut_tail(self, report: RecoveryReport, opening: Opening) -> None:
         """Cut the tail found by :meth:`open_active`, beyond every acknowledged
         record: after a crash, a write that never completed; after a clean stop,
-        bytes nobody accounts for, reported and kept aside first."""
-        if self._file_size > self.size:
+        bytes nobody accounts for, reported and kept aside first. A tail of zero
+        bytes only is space allocated ahead (:meth:`open_active`): cut, not reported,
+        after a clean stop too (its cut at close may not have reached the disk)."""
+        if self._file_size > self.size and report.preallocated_bytes:
+            if not opening.readonly:
+                # Not synced: until it is, a crash leaves the same zeros to cut again.
+                os.ftruncate(self._fd, self.size)
+                self._file_size = self.size
+        elif self._file_size > self.size:
             if opening.readonly:
                 if opening.clean:
                     opening.report(Damage(
@@ -677,7 +725,17 @@ class Segment:
         """Append already built records; ``positions`` are absolute file positions."""
         if self.sealed:
             raise StorageFailure("cannot append to a sealed segment")
-        write_all(self._fd, records, self.size)
+        end = self.size + len(records)
+        if end > self._file_size:
+            self._preallocate(end)
+        try:
+            write_all(self._fd, records, self.size, at=self.size)
+        except StorageFailure:
+            self._file_size = self.size  # the file was cut back to its last record
+            self._preallocated = False
+            raise
+        if end > self._file_size:
+            self._file_size = end
         if self.crc is not None:
             self.crc = zlib.crc32(records, self.crc)
         n = len(positions)
@@ -689,6 +747,35 @@ class Segment:
         self.size += len(records)
         self.live_count += n
         self.dirty = True
+
+    def _preallocate(self, end: int) -> None:
+        """Allocate the log file ahead of ``end`` (see :data:`PREALLOCATE_MAX`). A
+        file system that cannot (or a full disk) only costs the saving: the records
+        are written all the same, and this segment stops trying."""
+        ahead = min(max(self.size, PREALLOCATE_MIN), PREALLOCATE_MAX)
+        target = min(end + ahead, self.preallocate_limit)
+        if target <= end:
+            return
+        try:
+            os.posix_fallocate(self._fd, self._file_size, target - self._file_size)
+        except OSError:
+            self.preallocate_limit = 0
+            self._file_size = max(self.size, os.fstat(self._fd).st_size)
+            self._preallocated = self._file_size > self.size
+            return
+        self._file_size = target
+        self._preallocated = True
+
+    def _release_preallocation(self) -> bool:
+        """Cut the space allocated ahead of the last record; True if there was some."""
+        if not self._preallocated:
+            return False
+        self._preallocated = False
+        if self._file_size > self.size:
+            os.ftruncate(self._fd, self.size)
+            self._file_size = self.size
+            return True
+        return False
 
     def delete(self, rel: int) -> bool:
         """Mark record ``rel`` deleted, durably once the ``.del`` file is synced.
@@ -763,13 +850,17 @@ class Segment:
         return self.state.count(CORRUPT)
 
     def seal(self) -> None:
-        """Freeze the segment: write its index files. The log's last records are
-        synced first (the group commit syncs them too, later): an index that reached
-        the disk before the records it lists would, after a power loss, make records
-        that were never acknowledged look like damage."""
+        """Freeze the segment: cut the space allocated ahead, write its index files.
+        The log's last records (and the cut) are synced first (the group commit syncs
+        them too, later): an index that reached the disk before the records it lists
+        would, after a power loss, make records that were never acknowledged look
+        like damage, and a summary before the cut would not match the file's size."""
         if self.sealed:
             return
-        if self.dirty:
+        self.preallocate_limit = 0
+        if self._release_preallocation():
+            os.fsync(self._fd)  # the new size too (fdatasync need not write a smaller one)
+        elif self.dirty:
             os.fdatasync(self._fd)
         self._write_indexes()
         self.snapshot_columns = None
@@ -927,6 +1018,13 @@ class Segment:
     # -- closing -------------------------------------------------------------------
 
     def close(self) -> None:
+        """Close the files, the log cut to its last record first (a failure to cut
+        leaves zero bytes that the next start cuts)."""
+        if self._fd >= 0:
+            try:
+                self._release_preallocation()
+            except OSError:
+                pass
         for attr in ("_fd", "_del_fd", "_mirror_fd"):
             fd = getattr(self, attr)
             if fd >= 0:

@@ -43,8 +43,10 @@ even on error. Linux only (descriptors are read back through ``/proc/self/fd``).
 Limits: data written through ``mmap``, ``os.sendfile`` or ``copy_file_range`` to a
 file that is not reopened and fsynced is not seen; symlinks are not modelled (they
 are reported in ``untracked``); file metadata other than size (modes, times) is not
-modelled; a ``torn`` image keeps partial *appends* only (never unsynced renames or
-new entries, never a hole in the middle of a file); timing is the process's own
+modelled; a ``torn`` image keeps partial *appends* only, or a prefix of what was
+written over durable zero bytes up to the end of a file (space allocated with
+``posix_fallocate``) (never unsynced renames or new entries, never a hole in the
+middle of a file); timing is the process's own
 (writes that race an fsync in another thread count as not covered, which is what a
 real kernel may do).
 """
@@ -66,6 +68,22 @@ from typing import Any
 __all__ = ["FsModel", "CrashState", "ModelError", "Op"]
 
 _SEP = os.sep
+
+
+def _over_zeros(durable: bytes, data: bytes | bytearray) -> tuple[bytes, int]:
+    """The unsynced bytes written over the durable zero bytes of allocated space, as
+    ``(tail, position)``: from the first byte that differs to the end of ``data``,
+    if every durable byte from there on is zero; else ``(b"", -1)`` (a torn image
+    then keeps the durable content)."""
+    n = min(len(durable), len(data))
+    at = 0
+    while at < n and durable[at : at + 4096] == data[at : at + 4096]:
+        at += 4096
+    while at < n and durable[at] == data[at]:
+        at += 1
+    if at >= len(data) or durable.count(0, at) != len(durable) - at:
+        return b"", -1
+    return bytes(data[at:]), at
 
 
 class ModelError(RuntimeError):
@@ -114,6 +132,9 @@ class _ImgFile:
     tail: bytes  # unsynced bytes appended after the durable content ('' if none / unknown)
     volatile_size: int
     last_sync_event: int
+    #: Where ``tail`` goes: after the durable content (-1), or at this position, over
+    #: durable zero bytes (writes into space allocated with ``posix_fallocate``).
+    tail_at: int = -1
 
 
 @dataclass(frozen=True)
@@ -126,7 +147,7 @@ class _ImgDir:
 @dataclass(frozen=True)
 class Op:
     """One logged operation: its event number, what it was (``create``, ``write``,
-    ``pwrite``, ``ftruncate``, ``truncate``, ``fsync``, ``fdatasync``, ``mkdir``,
+    ``pwrite``, ``ftruncate``, ``truncate``, ``fallocate``, ``fsync``, ``fdatasync``, ``mkdir``,
     ``rmdir``, ``unlink``, ``rename``, ``link``), the path relative to the root as
     opened or named, the model's inode number, and a detail (``bytes@position``,
     ``from A to B``)."""
@@ -194,8 +215,9 @@ class CrashState:
                 data = child.durable
                 if torn and child.tail and rng.random() < torn_share:
                     keep = rng.randint(1, len(child.tail))
-                    data = data + child.tail[:keep]
-                    self.torn_files.append((crel, len(child.durable), keep))
+                    at = len(data) if child.tail_at < 0 else child.tail_at
+                    data = data[:at] + child.tail[:keep] + data[at + keep :]
+                    self.torn_files.append((crel, at, keep))
                 fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 try:
                     view = memoryview(data)
@@ -373,6 +395,7 @@ class FsModel:
             "replace": self._w_replace, "rename": self._w_rename, "unlink": self._w_unlink,
             "remove": self._w_remove, "mkdir": self._w_mkdir, "rmdir": self._w_rmdir,
             "link": self._w_link, "symlink": self._w_symlink, "dup": self._w_dup,
+            "posix_fallocate": self._w_posix_fallocate,
         }
         for name, wrapper in wrappers.items():
             if hasattr(os, name):
@@ -710,6 +733,22 @@ class FsModel:
                     self._fail(f"ftruncate {o.rel}", exc)
             return result
 
+    def _w_posix_fallocate(self, fd: int, offset: int, length: int) -> None:
+        """Allocated space reads as zero bytes: a file that grows is zero-filled (its
+        size, like written data, durable once the file is synced)."""
+        if fd not in self._fds:
+            return self._orig["posix_fallocate"](fd, offset, length)
+        with self._lock:
+            o = self._tracked(fd)
+            result = self._orig["posix_fallocate"](fd, offset, length)
+            if o is not None and not o.inode.is_dir and not o.inode.opaque and offset + length > len(o.inode.data):
+                try:
+                    self._resize(o.inode, offset + length)
+                    self._log("fallocate", o.rel, o.inode.ident, f"{length}@{offset}")
+                except Exception as exc:
+                    self._fail(f"fallocate {o.rel}", exc)
+            return result
+
     def _w_truncate(self, path: Any, length: int) -> None:
         if isinstance(path, int):
             return self._w_ftruncate(path, length)
@@ -948,10 +987,12 @@ class FsModel:
                     if child.is_dir:
                         out[name] = img(child, crel)
                     else:
-                        tail = b""
+                        tail, at = b"", -1
                         if not child.opaque and len(child.data) > len(child.durable) and child.data.startswith(child.durable):
                             tail = bytes(child.data[len(child.durable) :])
-                        out[name] = _ImgFile(child.ident, child.durable, tail, len(child.data), child.last_sync_event)
+                        elif not child.opaque and child.data != child.durable:
+                            tail, at = _over_zeros(child.durable, child.data)
+                        out[name] = _ImgFile(child.ident, child.durable, tail, len(child.data), child.last_sync_event, at)
                 visiting.discard(node.ident)
                 return _ImgDir(node.ident, out, node.last_sync_event)
 

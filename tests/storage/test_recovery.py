@@ -73,8 +73,11 @@ def test_garbage_after_the_tail_is_truncated(tmp_path: Path) -> None:
     log.close(clean=False)
     with open(path, "ab") as f:
         f.write(b"\x00" * 100)  # preallocated-but-unwritten space after a crash
+    size = os.path.getsize(path) - 100
     log, reports = PartitionLog.open(str(tmp_path), 1 << 20)
-    assert reports[-1].truncated_bytes == 100 and live_offsets(log) == [1, 2, 3, 4, 5]
+    # Allocated space, not a torn record: cut, counted apart, never a truncated record.
+    assert reports[-1].truncated_bytes == 0 and reports[-1].preallocated_bytes == 100
+    assert live_offsets(log) == [1, 2, 3, 4, 5] and os.path.getsize(path) == size
 
 
 def test_bit_flip_inside_the_active_segment_is_corruption_not_a_torn_tail(tmp_path: Path) -> None:
