@@ -260,6 +260,10 @@ class Broker:
                     "torn_tail_truncated", topic=topic.full_name, partition=n,
                     offset=r.truncated_at_offset, bytes=r.truncated_bytes,
                 )
+            if r.preallocated_bytes:
+                # Space allocated ahead of the records, left by a stop that was not a
+                # clean close: zero bytes, nothing lost.
+                log.debug("preallocated_tail_cut", topic=topic.full_name, partition=n, bytes=r.preallocated_bytes)
             if r.index_rebuilt:
                 log.info("index_rebuilt", topic=topic.full_name, partition=n)
         if plog.skipped is not None:

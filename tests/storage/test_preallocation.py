@@ -1,0 +1,256 @@
+"""The active segment's log is allocated ahead of its last record: an fdatasync then
+writes data, not a new file size. What a crash leaves (a tail of zero bytes) is cut
+without a report; anything else in that tail keeps the torn-tail and damage rules."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import start_server
+from test_recovery import fill, live_offsets
+
+import protocol as P
+from broker.client import connect
+from storage import Damage, PartitionLog, Segment, sync_fds
+from storage._segment import PREALLOCATE_MAX, PREALLOCATE_MIN
+
+
+def crash_copy(log: PartitionLog, src: Path, dest: Path) -> Path:
+    """The data as a kill -9 leaves it: the files as they are while the log is open
+    (synced first, as the group commit would before any ack)."""
+    sync_fds(log.take_dirty_fds())
+    shutil.copytree(src, dest)
+    return dest
+
+
+def active_log(path: Path) -> Path:
+    return sorted(path.glob("*.log"))[-1]
+
+
+def append_one(log: PartitionLog, payload: bytes, subject: str = "s.x") -> int:
+    body = P.encode_body(subject, payload)
+    return log.append(body, [0], [len(body)], 5000).first_offset
+
+
+def test_the_active_log_is_allocated_ahead_and_sizes_are_logical(tmp_path: Path) -> None:
+    log = fill(tmp_path, 10)
+    seg = log.active
+    on_disk = os.path.getsize(seg.log_path)
+    assert on_disk == seg.size + PREALLOCATE_MIN and seg.size == log.size_bytes
+    assert live_offsets(log) == list(range(1, 11))
+    assert append_one(log, b"more") == 11 and log.size_bytes == seg.size
+    assert os.path.getsize(seg.log_path) == on_disk  # written inside the allocated space
+    with open(seg.log_path, "rb") as f:
+        raw = f.read()
+    assert raw[seg.size :] == bytes(on_disk - seg.size)
+    log.close()
+
+
+def test_allocation_grows_with_the_segment_and_stops_at_its_size_limit(tmp_path: Path) -> None:
+    limit = 3 * PREALLOCATE_MIN
+    log, _ = PartitionLog.open(str(tmp_path), limit)
+    payload = b"p" * 4000
+    for _ in range(200):
+        append_one(log, payload)
+        seg = log.active
+        on_disk = os.path.getsize(seg.log_path)
+        # Ahead by at most as much as the segment holds (or the minimum), never past the limit.
+        assert seg.size <= on_disk <= max(seg.size, limit)
+        assert on_disk <= seg.size + min(max(seg.size, PREALLOCATE_MIN), PREALLOCATE_MAX)
+    assert len(log.segments) > 2
+    for seg in log.segments[:-1]:
+        assert os.path.getsize(seg.log_path) == seg.size  # a seal cuts the allocated space
+    log.close()
+
+
+def test_a_crash_with_an_allocated_tail_recovers_every_record(tmp_path: Path) -> None:
+    found: list[Damage] = []
+    log = fill(tmp_path / "live", 20, batches=4)
+    size = log.active.size
+    copy = crash_copy(log, tmp_path / "live", tmp_path / "crashed")
+    log.close()
+    tail = os.path.getsize(active_log(copy)) - size
+    assert tail > 0
+    log, reports = PartitionLog.open(str(copy), 1 << 20, report=found.append)
+    assert found == [] and reports[-1].preallocated_bytes == tail and reports[-1].truncated_bytes == 0
+    assert live_offsets(log) == list(range(1, 21)) and log.next_offset == 21
+    assert os.path.getsize(active_log(copy)) == size == log.size_bytes
+    assert append_one(log, b"after the crash") == 21
+    log.close()
+    log, reports = PartitionLog.open(str(copy), 1 << 20, report=found.append)
+    assert found == [] and live_offsets(log) == list(range(1, 22))
+    log.close()
+
+
+def test_a_clean_close_leaves_no_tail(tmp_path: Path) -> None:
+    found: list[Damage] = []
+    log = fill(tmp_path, 20)
+    size = log.active.size
+    log.close()
+    assert os.path.getsize(active_log(tmp_path)) == size
+    log, reports = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
+    assert found == [] and reports[-1].tail_bytes == 0 and reports[-1].preallocated_bytes == 0
+    assert log.active.snapshot_columns is not None  # the clean close's snapshot describes the log
+    assert live_offsets(log) == list(range(1, 21))
+    log.close()
+
+
+def test_zeros_left_by_a_lost_cut_after_a_clean_close_are_cut_and_the_snapshot_used(tmp_path: Path) -> None:
+    found: list[Damage] = []
+    log = fill(tmp_path, 20)
+    size = log.active.size
+    log.close()
+    with open(active_log(tmp_path), "ab") as f:
+        f.write(bytes(5000))  # the close's cut did not reach the disk before a power loss
+    log, reports = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
+    assert found == [] and reports[-1].preallocated_bytes == 5000
+    assert log.active.snapshot_columns is not None and os.path.getsize(active_log(tmp_path)) == size
+    assert live_offsets(log) == list(range(1, 21))
+    log.close()
+
+
+def test_a_nonzero_byte_in_the_allocated_tail_after_a_crash_is_a_torn_tail(tmp_path: Path) -> None:
+    log = fill(tmp_path / "live", 10)
+    size = log.active.size
+    copy = crash_copy(log, tmp_path / "live", tmp_path / "crashed")
+    log.close()
+    path = active_log(copy)
+    tail = os.path.getsize(path) - size
+    with open(path, "r+b") as f:
+        f.seek(size + 1000)
+        f.write(b"\x07")
+    log, reports = PartitionLog.open(str(copy), 1 << 20)
+    # Today's torn-tail rule, unchanged: after a crash, cut and counted as a torn write.
+    assert reports[-1].preallocated_bytes == 0 and reports[-1].truncated_bytes == tail
+    assert reports[-1].truncated_at_offset == 11 and live_offsets(log) == list(range(1, 11))
+    log.close()
+
+
+def test_a_nonzero_byte_in_a_tail_after_a_clean_close_is_damage_kept_aside(tmp_path: Path) -> None:
+    found: list[Damage] = []
+    log = fill(tmp_path, 10)
+    size = log.active.size
+    log.close()
+    path = active_log(tmp_path)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, size, 8192)
+        os.pwrite(fd, b"\xff", size + 4000)
+    finally:
+        os.close(fd)
+    log, reports = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append, quarantine_dir=str(tmp_path / "q"))
+    assert reports[-1].preallocated_bytes == 0
+    assert [(d.kind, d.position, d.detail) for d in found] == [
+        ("segment", size, "8192 bytes after the last record of a segment that was closed cleanly")
+    ]
+    kept = list((tmp_path / "q").iterdir())
+    assert len(kept) == 1 and kept[0].read_bytes() == bytes(4000) + b"\xff" + bytes(4191)
+    assert live_offsets(log) == list(range(1, 11))
+    log.close()
+
+
+def test_zeros_where_acknowledged_records_were_are_damage_not_allocated_space(tmp_path: Path) -> None:
+    found: list[Damage] = []
+    log = fill(tmp_path, 10)
+    last = log.active.positions[-1]
+    log.close()  # records every offset up to 10 as acknowledged
+    path = active_log(tmp_path)
+    with open(path, "r+b") as f:
+        f.seek(last)
+        f.write(bytes(os.path.getsize(path) - last))  # record 10 zeroed
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
+    assert len(found) == 1 and "1 acknowledged record(s) missing" in found[0].detail and found[0].offsets == (10, 10)
+    assert live_offsets(log) == list(range(1, 10)) and log.next_offset == 11
+    log.close()
+
+
+@pytest.mark.parametrize("keep", [1, 4, 24, 38, 43, 44, 60, 139])
+def test_a_torn_record_followed_by_allocated_space_is_a_torn_tail(tmp_path: Path, keep: int) -> None:
+    log = fill(tmp_path / "live", 5)
+    size = log.active.size
+    copy = crash_copy(log, tmp_path / "live", tmp_path / "crashed")
+    log.close()
+    path = active_log(copy)
+    tail = os.path.getsize(path) - size
+    # The next record, whose payload ends in zero bytes, written in part over the zeros.
+    record = P.encode_record(6, 5000, P.encode_body("s.x", b"abc" + bytes(100)))
+    written = len(record.rstrip(b"\x00"))  # from here on the record is the zeros already there
+    assert written == 44 and keep < len(record) and record[:keep].strip(b"\x00")
+    with open(path, "r+b") as f:
+        f.seek(size)
+        f.write(record[:keep])
+    log, reports = PartitionLog.open(str(copy), 1 << 20)
+    assert reports[-1].preallocated_bytes == (tail - len(record) if keep >= written else 0)
+    if keep < written:
+        # Today's torn tail: the part written and the zeros after it, cut as one.
+        assert reports[-1].truncated_bytes == tail and reports[-1].truncated_at_offset == 6
+        assert live_offsets(log) == [1, 2, 3, 4, 5]
+    else:
+        # Every byte of the record is on disk (its last ones were zeros already): whole.
+        assert reports[-1].truncated_bytes == 0 and live_offsets(log) == [1, 2, 3, 4, 5, 6]
+        assert bytes(log.get(6)) == record
+    assert append_one(log, b"again") == log.next_offset - 1
+    log.close()
+
+
+def test_a_whole_record_of_zero_payload_before_the_allocated_space_is_kept(tmp_path: Path) -> None:
+    log = fill(tmp_path / "live", 3)
+    append_one(log, bytes(300))
+    copy = crash_copy(log, tmp_path / "live", tmp_path / "crashed")
+    log.close()
+    log, reports = PartitionLog.open(str(copy), 1 << 20)
+    assert reports[-1].truncated_bytes == 0 and reports[-1].preallocated_bytes > 0
+    assert live_offsets(log) == [1, 2, 3, 4] and bytes(log.get(4)).endswith(bytes(300))
+    log.close()
+
+
+def test_a_check_of_a_crashed_log_reports_and_changes_nothing(tmp_path: Path) -> None:
+    found: list[Damage] = []
+    log = fill(tmp_path / "live", 10)
+    copy = crash_copy(log, tmp_path / "live", tmp_path / "crashed")
+    log.close()
+    before = os.path.getsize(active_log(copy))
+    log, reports = PartitionLog.open(str(copy), 1 << 20, report=found.append, readonly=True)
+    assert found == [] and reports[-1].preallocated_bytes > 0 and live_offsets(log) == list(range(1, 11))
+    log.close(clean=False)
+    assert os.path.getsize(active_log(copy)) == before
+
+
+def test_a_file_system_that_cannot_allocate_costs_only_the_saving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    log = fill(tmp_path, 10)
+    assert append_one(log, b"still written") == 11
+    assert os.path.getsize(log.active.log_path) == log.active.size == log.size_bytes
+    log.close()
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    assert live_offsets(log) == list(range(1, 12))
+    log.close()
+
+
+def test_a_new_segment_is_created_empty(tmp_path: Path) -> None:
+    seg = Segment.create(str(tmp_path), 1, 1 << 20)
+    assert os.path.getsize(seg.log_path) == 0 and seg.size == 0
+    seg.close()
+
+
+async def test_sizes_reported_are_the_records_bytes(config, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    async with start_server(config) as h, connect(h.address) as c:
+        await c.create_stream("s")
+        await c.create_topic("s", "t", subjects=["t.>"])
+        for i in range(20):
+            await c.publish("t.x", f"message {i}".encode())
+        topic = await c.get_topic("s", "t")
+        stats = await c.stats()
+        log_path = active_log(data_dir / "streams/1/topics/1/partitions/0")
+        on_disk = os.path.getsize(log_path)
+        fetched = await c.fetch("s", "t", 0, 1, 100)
+        assert len(fetched.messages) == 20
+        assert topic.size == stats["bytes_in_logs"] < on_disk  # the file is allocated ahead
+    assert os.path.getsize(log_path) == topic.size  # a clean stop cuts it
