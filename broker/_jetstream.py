@@ -60,6 +60,8 @@ _PREFIXES = (API_PREFIX, ACK_PREFIX, FC_PREFIX)
 #: API requests that wait (catalog changes) at most in progress at once, all
 #: connections together; more are refused with the server's 429 "too many requests".
 MAX_WAITING_REQUESTS = 256
+#: NATS stream names whose topic :meth:`JetStream.topic` keeps.
+TOPIC_CACHE_LIMIT = 1024
 
 
 class JetStream:
@@ -81,6 +83,8 @@ class JetStream:
         self.consumer_state: Any = None
         #: NATS connections with answers a sync made durable, released by :meth:`_synced`.
         self._released: list[Session] = []
+        #: NATS stream name -> its topic (:meth:`topic`).
+        self._topics: dict[str, Topic] = {}
         broker.committer.on_synced.append(self._synced)  # after the consumer engine's hook
 
     # -- the session's entry points ----------------------------------------------------
@@ -204,15 +208,30 @@ class JetStream:
     def topic(self, name: str) -> Topic:
         """The topic of a NATS stream name (``KV_<b>``: the bucket ``kv/<b>``).
 
+        Every request names its stream: the answer is kept (at most
+        :data:`TOPIC_CACHE_LIMIT` names) while the topic is still in the catalog.
+
         Raises:
             JSError: 404 10059 "stream not found".
         """
+        t = self._topics.get(name)
+        if t is not None:
+            stream = t.stream
+            if (
+                stream.topics.get(t.id) is t and self.broker.catalog.streams.get(stream.id) is stream
+                and (t.config.kv is not None or stream.name != KV_STREAM)
+            ):
+                return t
+            del self._topics[name]
         where, topic_name = self.place(name)
         stream = next((s for s in self.broker.catalog.streams.values() if s.name == where), None)
         if stream is not None:
             lowered = topic_name.lower()
             for t in stream.topics.values():
                 if t.name == lowered and (where != KV_STREAM or t.config.kv is not None):
+                    if len(self._topics) >= TOPIC_CACHE_LIMIT:
+                        self._topics.clear()
+                    self._topics[name] = t
                     return t
         raise js_error(STREAM_NOT_FOUND)
 

@@ -46,16 +46,18 @@ import trio
 
 from protocol import AckKind, BrokerError, PullEnd, normalize_name
 from protocol._jetstream import (
-    FC_PREFIX, INVALID_JSON, STREAM_MISMATCH, JSError, api_error, api_response, js_error, parse_request, rfc3339,
+    ACK_PREFIX, FC_PREFIX, INVALID_JSON, STREAM_MISMATCH, JSError, api_error, api_response, js_error, parse_request, rfc3339,
 )
 from protocol._js_consumers import (
     ACK_NEXT,
     NextRequest,
     PushSettings,
+    ack_number,
     consumer_config_from_nats,
     consumer_config_to_nats,
     idle_heartbeat,
     js_delivery,
+    js_delivery_frames,
     parse_ack_body,
     parse_ack_subject,
     parse_next_request,
@@ -66,7 +68,7 @@ from ._consumer_config import ConsumerConfig
 from ._consumer_handlers import change_consumer, new_consumer, remove_consumer
 from ._consumers import MS
 from ._log import get_logger
-from ._nats_core import send_core, send_core_many
+from ._nats_core import NatsSubscription, send_core
 from ._pulls import PullRequest, collect, end, retire
 
 if TYPE_CHECKING:
@@ -146,8 +148,9 @@ class State:
         self.unbound: set[Push] = set()
         #: Flow-control requests awaiting their answer, by reply subject.
         self.flow: dict[str, Push] = {}
-        #: ``(stream, consumer)`` of ack subjects -> the consumer (checked: not deleted).
-        self.by_ack: dict[tuple[str, str], Consumer] = {}
+        #: ``$JS.ACK.<stream>.<consumer>`` of ack subjects -> the consumer (checked:
+        #: not deleted).
+        self.by_ack: dict[str, Consumer] = {}
         #: Acks received and not yet settled, and the ack requests they answer: settled
         #: together in the next turn of the event loop (:func:`run`), so a batch of acks
         #: is one journal event, or before any request that reads consumer state.
@@ -186,7 +189,11 @@ class State:
                     push.bind()
 
     def queue_ack(self, c: Consumer, entry: tuple[int, int, int, int], reply: str | None) -> None:
-        self.acks.setdefault(c, []).append(entry)
+        queued = self.acks.get(c)
+        if queued is None:
+            self.acks[c] = [entry]
+        else:
+            queued.append(entry)
         if reply:
             self.ack_replies.append(reply)
         if not self.ack_wake.is_set():
@@ -206,17 +213,29 @@ class State:
         for reply in replies:
             self.js.respond(reply, b"", epoch=epoch)
 
-    def consumer_of_ack(self, stream: str, consumer: str) -> Consumer | None:
-        key = (stream, consumer)
-        c = self.by_ack.get(key)
-        if c is None or c.deleted:
-            c = _lookup(self, [stream, consumer])
-            if c is None:
+    def consumer_of_ack(self, subject: str) -> tuple[Consumer, int] | None:
+        """The consumer a ``$JS.ACK`` subject names and the stream sequence it acks;
+        None when the subject is not an ack subject (``parse_ack_subject``) or names
+        no consumer. A v1 subject of a consumer seen before costs one split and one
+        lookup: its first four tokens are the key of the consumer, its numbers
+        checked as ``parse_ack_subject`` checks them."""
+        if subject.count(".") == 8:
+            key, d, s, n, _, _ = subject.rsplit(".", 5)
+            c = self.by_ack.get(key)
+            if c is not None and not c.deleted:
+                if ack_number(d) and ack_number(s) and ack_number(n):
+                    return c, int(s)
                 return None
-            if len(self.by_ack) >= ACK_CACHE_LIMIT:
-                self.by_ack = {}
-            self.by_ack[key] = c
-        return c
+        a = parse_ack_subject(subject)
+        if a is None:
+            return None
+        c = _lookup(self, [a.stream, a.consumer])
+        if c is None:
+            return None
+        if len(self.by_ack) >= ACK_CACHE_LIMIT:
+            self.by_ack = {}
+        self.by_ack[f"{ACK_PREFIX}{a.stream}.{a.consumer}"] = c
+        return c, a.stream_seq
 
     @staticmethod
     def settings_of(c: Consumer) -> PushSettings:
@@ -237,9 +256,17 @@ class State:
         stream = self.js.stream_name(c.topic)
         headers_only = self.settings_of(c).headers_only
         name = c.name
-        return send_core_many(self.broker, subject, [
-            js_delivery(parts[i], parts[i + 1], stream, name, headers_only) for i in range(0, len(parts), 2)
-        ])
+        subs = self.broker.subs.match(subject.encode())
+        if any(sub.__class__ is not NatsSubscription for sub in subs):  # a ttlbroker subscriber too: one by one
+            messages = [js_delivery(parts[i], parts[i + 1], stream, name, headers_only) for i in range(0, len(parts), 2)]
+            return sum([send_core(self.broker, subject, r.decode(), h, p, shown=s) > 0 for s, r, h, p in messages])
+        reached = 0
+        for sub in subs:  # one formatting pass and one write per NATS subscriber
+            n = sub.room(len(parts) // 2)
+            if n:
+                frames, size = js_delivery_frames(parts[: 2 * n], sub.sid_bytes, stream, name, headers_only, sub.session.headers)
+                reached = max(reached, sub.send_frames(frames, n, size))
+        return reached
 
 
 def _state(js: JetStream) -> State:
@@ -714,23 +741,21 @@ def ack(js: JetStream, subject: str, reply: str | None, payload: bytes) -> None:
         if push is not None:
             push.flow_reply(subject)
         return
-    a = parse_ack_subject(subject)
-    if a is None:
+    found = st.consumer_of_ack(subject)
+    if found is None:
         return
-    c = st.consumer_of_ack(a.stream, a.consumer)
-    if c is None:
-        return
+    c, stream_seq = found
     try:
         kind, value = parse_ack_body(payload)
     except ValueError:
         return
     if kind == ACK_NEXT:
-        st.queue_ack(c, (AckKind.ACK, 0, a.stream_seq, 0), None)
+        st.queue_ack(c, (AckKind.ACK, 0, stream_seq, 0), None)
         st.flush_acks()
         if reply:
             _next(st, c, reply, str(value).encode())
         return
-    st.queue_ack(c, (kind, 0, a.stream_seq, -(-value // MS) if value else 0), reply)
+    st.queue_ack(c, (kind, 0, stream_seq, -(-value // MS) if value else 0), reply)
 
 
 async def run(js: JetStream) -> None:

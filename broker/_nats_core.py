@@ -31,7 +31,7 @@ from protocol._nats import encode_msg, nats_message_of_record
 if TYPE_CHECKING:
     from ._broker import Broker
 
-__all__ = ["NatsSubscription", "send_core", "send_core_many"]
+__all__ = ["NatsSubscription", "send_core"]
 
 _NO_PLACE = P.delivery_entry(0, 0, 0)
 
@@ -75,18 +75,15 @@ class NatsSubscription:
                 session.remove_subscription(self)
         return True
 
-    def send_many(self, messages: list[tuple[bytes, bytes, bytes | None, bytes | memoryview]]) -> int:
-        """Queue ``(subject, reply, headers, payload)`` messages as one write (a pull
-        batch); returns how many were queued (0: dropped, the connection is full)."""
+    def room(self, n: int) -> int:
+        """How many of ``n`` messages it takes before an ``UNSUB sid max`` removes it."""
+        return n if self.remaining is None else max(min(n, self.remaining), 0)
+
+    def send_frames(self, frames: bytes, n: int, payload_bytes: int) -> int:
+        """Queue ``n`` messages already encoded for it (a pull batch, at most
+        :meth:`room`) as one write; returns how many were queued (0: dropped, the
+        connection is full)."""
         session = self.session
-        if self.remaining is not None:
-            messages = messages[: max(self.remaining, 0)]
-        n = len(messages)
-        if not n:
-            return 0
-        sid = self.sid_bytes
-        keep = session.headers  # a client without header support gets the payloads alone
-        frames = b"".join([encode_msg(s, sid, r, h if keep else None, p) for s, r, h, p in messages])
         counters = session.broker.counters
         if not session.push_nats(frames):
             self.dropped += n
@@ -94,7 +91,7 @@ class NatsSubscription:
             return 0
         self.delivered += n
         counters.messages_out += n
-        counters.bytes_out += sum([len(m[3]) for m in messages])
+        counters.bytes_out += payload_bytes
         if self.remaining is not None:
             self.remaining -= n
             if self.remaining <= 0:
@@ -157,16 +154,6 @@ def send_core(
             sub.dropped += 1
             broker.counters.deliveries_dropped += 1
     return reached
-
-
-def send_core_many(broker: Broker, subject: str, messages: list[tuple[bytes, bytes, bytes | None, bytes | memoryview]]) -> int:
-    """:func:`send_core` for the messages of one pull batch, all to ``subject`` (an
-    inbox), each ``(subject shown, reply, headers, payload)``: one subscription
-    lookup and one write per NATS subscriber. Returns how many reached a subscriber."""
-    subs = broker.subs.match(subject.encode())
-    if any(sub.__class__ is not NatsSubscription for sub in subs):  # a ttlbroker subscriber: one by one
-        return sum([send_core(broker, subject, r.decode(), h, p, shown=s) > 0 for s, r, h, p in messages])
-    return max([sub.send_many(messages) for sub in subs], default=0)
 
 
 def _record(broker: Broker, subject: bytes, headers: bytes | None, payload: bytes | memoryview) -> bytes:

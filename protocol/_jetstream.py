@@ -211,6 +211,16 @@ def rfc3339(ns: int) -> str:
     if ns <= 0:
         return "0001-01-01T00:00:00Z"
     secs, frac = divmod(ns, NS)
+    text = _civil_seconds(secs)
+    if frac:
+        text += "." + f"{frac:09d}".rstrip("0")
+    return text + "Z"
+
+
+@functools.lru_cache(maxsize=256)
+def _civil_seconds(secs: int) -> str:
+    """``YYYY-MM-DDTHH:MM:SS`` (UTC) of seconds since the epoch: messages stored
+    close together share it."""
     days, rem = divmod(secs, 86400)
     # Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     z = days + 719468
@@ -224,10 +234,7 @@ def rfc3339(ns: int) -> str:
     y = yoe + era * 400 + (1 if m <= 2 else 0)
     hh, rem = divmod(rem, 3600)
     mm, ss = divmod(rem, 60)
-    text = f"{y:04d}-{m:02d}-{d:02d}T{hh:02d}:{mm:02d}:{ss:02d}"
-    if frac:
-        text += "." + f"{frac:09d}".rstrip("0")
-    return text + "Z"
+    return f"{y:04d}-{m:02d}-{d:02d}T{hh:02d}:{mm:02d}:{ss:02d}"
 
 
 # -- stream configs ----------------------------------------------------------------

@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 
 from ._consumers import _PULL_ENTRY, AckKind
 from ._jetstream import JSError, rfc3339
-from ._nats import encode_nats_headers, nats_message_of_record
-from ._records import RECORD_FIXED
+from ._nats import encode_msg, encode_nats_headers, nats_message_of_record
+from ._records import FIXED_SIZE, RECORD_FIXED
 
 __all__ = [
     "PushSettings",
@@ -39,10 +39,12 @@ __all__ = [
     "parse_next_request",
     "ack_subject",
     "parse_ack_subject",
+    "ack_number",
     "AckReply",
     "parse_ack_body",
     "parse_rfc3339",
     "js_delivery",
+    "js_delivery_frames",
     "status_message",
     "idle_heartbeat",
 ]
@@ -382,9 +384,15 @@ def parse_ack_subject(subject: str) -> AckReply | None:
     if t[0] != "$JS" or t[1] != "ACK":
         return None
     d, s, c = t[i + 2], t[i + 3], t[i + 4]
-    if not (d.isdigit() and s.isdigit() and c.isdigit()):
+    if not (ack_number(d) and ack_number(s) and ack_number(c)):
         return None
     return AckReply(t[i], t[i + 1], int(d), int(s), int(c))
+
+
+def ack_number(token: str) -> bool:
+    """A number of an ack subject: ASCII digits only (as the server's
+    ``parseAckReplyNum``; ``str.isdigit`` alone would take ``²``, which ``int`` refuses)."""
+    return token.isdigit() and token.isascii()
 
 
 _PLAIN_ACK = (int(AckKind.ACK), 0)
@@ -454,6 +462,40 @@ def js_delivery(
         size = f"Nats-Msg-Size: {len(payload)}\r\n\r\n".encode()
         return subject, reply, (headers[:-2] if headers else b"NATS/1.0\r\n") + size, b""
     return subject, reply, headers, payload
+
+
+def js_delivery_frames(
+    parts: list[Any], sid: bytes, stream: str, consumer: str, headers_only: bool = False, headers: bool = True,
+) -> tuple[bytes, int]:
+    """The messages of a pull batch (entry head and record each) as the MSG/HMSG
+    frames of the subscription ``sid``, and their payload bytes: byte for byte
+    ``encode_msg`` of each :func:`js_delivery` (``headers`` False: a client without
+    header support, which gets the payloads alone), a message without headers in
+    one formatting step."""
+    prefix = _ack_prefix(stream, consumer)
+    entry = _PULL_ENTRY.unpack_from
+    fixed = RECORD_FIXED.unpack_from
+    out = []
+    size = 0
+    for i in range(0, len(parts), 2):
+        head, record = parts[i], parts[i + 1]
+        _, _, offset, ts, _, _, sl, hl, pl = fixed(record, 0)
+        if headers_only or hl:
+            subject, reply, block, payload = js_delivery(head, record, stream, consumer, headers_only)
+            out.append(encode_msg(subject, sid, reply, block if headers else None, payload))
+            size += len(payload)
+            continue
+        _, dseq, delivered, pending = entry(head, 0)
+        p = FIXED_SIZE + sl
+        out.append(_PLAIN_DELIVERY % (
+            record[FIXED_SIZE:p], sid, prefix, delivered, offset, dseq, ts, pending, pl, record[p : p + pl],
+        ))
+        size += pl
+    return b"".join(out), size
+
+
+#: ``encode_msg`` of a delivery without headers, its ``$JS.ACK`` reply spelled out.
+_PLAIN_DELIVERY = b"MSG %s %s %s%d.%d.%d.%d.%d %d\r\n%s\r\n"
 
 
 def status_message(code: int, description: str, pending_msgs: int | None = None, pending_bytes: int | None = None) -> bytes:
