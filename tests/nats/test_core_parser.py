@@ -279,3 +279,28 @@ def test_templated_jetstream_answers_are_the_json_encoders(subject: str, seq: in
         msg["data"] = base64.b64encode(payload).decode()
     msg["time"] = time
     assert msg_get_response(subject, seq, headers, payload, time) == api_response("stream_msg_get", {"message": msg})
+
+
+@given(
+    st.lists(st.tuples(SUBJECT, PAYLOAD, st.dictionaries(st.sampled_from(["A", "Nats-Msg-Id", "x-y"]), st.text("abc", max_size=4)),
+                       st.integers(1, 2**40), st.integers(1, 2**62), st.integers(1, 10**6), st.integers(0, 2**40)), max_size=6),
+    SID, st.booleans(), st.booleans(),
+)
+def test_pull_delivery_frames_are_each_deliverys_msg(messages: list[tuple[str, bytes, dict[str, str], int, int, int, int]],
+                                                     sid: str, headers_only: bool, headers: bool) -> None:
+    """The frames of a pull batch formatted in one pass are, byte for byte, the MSG or
+    HMSG ``encode_msg`` gives for each message's ``js_delivery`` (with and without
+    headers, headers only, a client without header support)."""
+    from protocol._js_consumers import js_delivery, js_delivery_frames
+
+    parts: list[bytes | memoryview] = []
+    for i, (subject, payload, hdrs, offset, ts, delivered, pending) in enumerate(messages):
+        body = P.encode_body(subject, payload, P.encode_headers(hdrs) if hdrs else b"")
+        parts += [P.encode_pull_entry(0, i + 1, delivered, pending), memoryview(P.encode_record(offset, ts, body))]
+    frames, size = js_delivery_frames(parts, sid.encode(), "S", "c", headers_only, headers)
+    expected = []
+    for i in range(0, len(parts), 2):
+        s, r, h, p = js_delivery(parts[i], parts[i + 1], "S", "c", headers_only)
+        expected.append(encode_msg(s, sid.encode(), r, h if headers else None, p))
+    assert frames == b"".join(expected)
+    assert size == (0 if headers_only else sum(len(m[1]) for m in messages))

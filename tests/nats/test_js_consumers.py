@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import nats
@@ -537,3 +538,45 @@ async def test_ephemeral_consumer_keeps_its_settings_across_a_restart_and_goes_w
     async with start_server(nats_config) as handle:
         r = await in_asyncio(after, handle.nats_url)
     assert r == {"eph": (None, 10.0), "gone": 10014, "dur": "dur"}
+
+
+async def test_malformed_ack_subjects_of_a_known_consumer_ack_nothing(
+    nats_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Once a consumer's ack subjects are known (its first ack), an ack subject with
+    that consumer's prefix is still read as the server reads it: numbers that are
+    not ASCII digits, too few or too many tokens, or another verb ack nothing (and
+    log no error); the well-formed one acks."""
+    caplog.set_level(logging.INFO, logger="broker")
+
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        try:
+            await orders(js, 2)
+            psub = await js.pull_subscribe("orders.>", durable="acks")
+            first, second = await psub.fetch(2, timeout=2)
+            await first.ack_sync()  # the consumer's ack subjects are known from here on
+            t = second.reply.split(".")
+            bad = [
+                ".".join(t[:5] + ["x"] + t[6:]),  # stream sequence not a number
+                ".".join(t[:5] + ["\u00b2"] + t[6:]),  # a digit, but not an ASCII one
+                ".".join(t[:4] + ["\u0663"] + t[5:]),  # delivered count in Arabic-Indic digits
+                ".".join(t[:8]),  # one token short
+                ".".join([*t, "1"]),  # one token too many (not the v2 form either)
+                ".".join(["$JS", "NAK", *t[2:]]),
+            ]
+            for subject in bad:
+                await nc.publish(subject, b"+ACK")
+            await nc.flush()
+            before = await js.consumer_info(STREAM, "acks")
+            await second.ack_sync()
+            after = await js.consumer_info(STREAM, "acks")
+            return {"before": (before.num_ack_pending, before.ack_floor.stream_seq),
+                    "after": (after.num_ack_pending, after.ack_floor.stream_seq)}
+        finally:
+            await nc.close()
+
+    r = await in_asyncio(scenario)
+    assert r["before"] == (1, 1)
+    assert r["after"] == (0, 2)
+    assert [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.ERROR] == []
