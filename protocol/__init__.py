@@ -47,6 +47,7 @@ from ._commands import KvGet as KvGet
 from ._commands import KvKeys as KvKeys
 from ._commands import KvTouch as KvTouch
 from ._commands import PUBLISH_NO_ACK as PUBLISH_NO_ACK
+from ._commands import PUBLISH_ONE as PUBLISH_ONE
 from ._commands import CreateStream as CreateStream
 from ._commands import CreateTopic as CreateTopic
 from ._commands import DeleteConsumerOffset as DeleteConsumerOffset

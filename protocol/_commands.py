@@ -28,6 +28,7 @@ __all__ = [
     "GetServerInfo",
     "GetStats",
     "Publish",
+    "PUBLISH_ONE",
     "Fetch",
     "GetLast",
     "DeleteMessage",
@@ -117,6 +118,10 @@ class GetStats(_Empty):
 
 #: Publish flag: the broker sends no response at all (fire and forget).
 PUBLISH_NO_ACK = 0x1
+#: What precedes the body of a PUBLISH of one message with acks (flags 0, count 1):
+#: ``PUBLISH_ONE + body`` is ``Publish.from_bodies([body]).encode()``, without the
+#: object.
+PUBLISH_ONE = u8(0) + u32(1)
 
 
 @dataclass(frozen=True, slots=True)

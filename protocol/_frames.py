@@ -112,6 +112,24 @@ class FrameDecoder:
         self._pos = end
         return Frame(code, flags, corr, status, payload)
 
+    def take_ok_response(self, code: int) -> tuple[int, bytes] | None:
+        """Take the next frame out if it is complete and a successful response
+        (status 0) to the command ``code``: its correlation id and payload. Anything
+        else, an invalid header included, is left for :meth:`next_frame` (None).
+
+        A client's one pass over what a read delivered: the answers it expects by
+        the thousand (acks) without a :class:`Frame` or an event each."""
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < HEADER_SIZE or self._error is not None:
+            return None
+        length, fcode, flags, corr, status = FRAME_HEADER.unpack_from(buf, pos)
+        end = pos + 4 + length
+        if fcode != code or flags != FLAG_RESPONSE or status or len(buf) < end or length < MIN_LENGTH or length + 4 > self.max_frame_size:
+            return None
+        self._pos = end
+        return corr, bytes(buf[pos + HEADER_SIZE : end])
+
     def _fail(self, message: str, code: ErrorCode, corr: int, frame_code: int) -> None:
         err = RemoteProtocolError(message, code)
         err.correlation_id = corr  # type: ignore[attr-defined]

@@ -160,6 +160,20 @@ class Acks(_Response):
             parts.append(u32(index) + u16(len(raw)) + raw)
         return b"".join(parts)
 
+    @staticmethod
+    def first(payload: bytes) -> Ack:
+        """The first ack of an Acks payload (a publish of one message): one unpack
+        when it holds one ack without an error text, the common case.
+
+        Raises:
+            BrokerError: MALFORMED_PAYLOAD (as ``decode``).
+        """
+        if len(payload) == _ONE_ACK.size:
+            n, stream_id, topic_id, partition, offset, status, errors = _ONE_ACK.unpack(payload)
+            if n == 1 and not errors and (not status or status == _DUPLICATE):
+                return Ack(stream_id, topic_id, partition, offset, status)
+        return Acks.decode(payload)[0]
+
     @classmethod
     def decode(cls, payload: bytes) -> Acks:
         r = Reader(payload, "PUBLISH acks")
@@ -216,6 +230,9 @@ class Acks(_Response):
 
 _U32 = struct.Struct("<I")
 _DUPLICATE = int(ErrorCode.DUPLICATE_MESSAGE)
+#: The Acks payload of one message without an error text (count, the five columns,
+#: error_count).
+_ONE_ACK = struct.Struct("<IIIIQHI")
 
 
 def encode_uniform_acks(stream_id: int, topic_id: int, partition: int, first_offset: int, count: int) -> bytes:

@@ -46,6 +46,12 @@ HIGH_WATER = 8 * 1024 * 1024
 TLS_EOF_MESSAGE = "the broker closed the connection during the TLS handshake: does it serve TLS on this port?"
 
 
+def timeout_error(seconds: float) -> TimeoutError:
+    """What a request that got no answer in time raises (``seconds``: the client's
+    timeout)."""
+    return TimeoutError(f"no answer within {seconds} s")
+
+
 def _tls_eof() -> ssl.SSLEOFError:
     return ssl.SSLEOFError(ssl.SSL_ERROR_EOF, TLS_EOF_MESSAGE)
 
@@ -65,9 +71,13 @@ class Link(Protocol):
 
 
 class Waiter(Protocol):
+    #: When ``wait`` raises TimeoutError (the backend's clock; inf: never).
+    deadline: float
+
     def set_result(self, value: Any) -> None: ...
     def set_exception(self, exc: BaseException) -> None: ...
     def wait(self) -> Awaitable[Any]: ...
+    def cancel(self) -> None: ...
 
 
 class Queue(Protocol):
@@ -91,24 +101,27 @@ class Backend(Protocol):
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None: ...
     async def sleep(self, seconds: float) -> None: ...
     def event(self) -> Event: ...
-    def waiter(self) -> Waiter: ...
+    def now(self) -> float: ...
+    def waiter(self, seconds: float | None = None) -> Waiter: ...
     def queue(self, maxsize: int) -> Queue: ...
     async def open_link(self, host: str, port: int, on_data: OnData, on_lost: OnLost) -> Link: ...
-    def timeout(self, seconds: float | None) -> contextlib.AbstractContextManager[None]: ...
+    def timeout(self, seconds: float | None, shown: float | None = None) -> contextlib.AbstractContextManager[None]: ...
 
 
 # -- trio --------------------------------------------------------------------------
 
 
 class _TrioWaiter:
-    __slots__ = ("_event", "_value", "_error")
+    __slots__ = ("_event", "_value", "_error", "_seconds", "deadline")
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float | None = None) -> None:
         import trio
 
         self._event = trio.Event()
         self._value: Any = None
         self._error: BaseException | None = None
+        self._seconds = seconds
+        self.deadline = math.inf if seconds is None else trio.current_time() + seconds
 
     def set_result(self, value: Any) -> None:
         self._value = value
@@ -119,10 +132,21 @@ class _TrioWaiter:
         self._event.set()
 
     async def wait(self) -> Any:
-        await self._event.wait()
+        if self._seconds is None:
+            await self._event.wait()
+        else:
+            import trio
+
+            with trio.move_on_at(self.deadline):
+                await self._event.wait()
+            if not self._event.is_set():
+                raise timeout_error(self._seconds)
         if self._error is not None:
             raise self._error
         return self._value
+
+    def cancel(self) -> None:
+        pass  # nothing to release: ``wait`` owns its deadline
 
 
 class _TrioQueue:
@@ -288,8 +312,11 @@ class TrioBackend:
     def event(self) -> Any:
         return self._trio.Event()
 
-    def waiter(self) -> _TrioWaiter:
-        return _TrioWaiter()
+    def now(self) -> float:
+        return self._trio.current_time()
+
+    def waiter(self, seconds: float | None = None) -> _TrioWaiter:
+        return _TrioWaiter(seconds)
 
     def queue(self, maxsize: int) -> _TrioQueue:
         return _TrioQueue(maxsize)
@@ -326,33 +353,52 @@ class TrioBackend:
         return stream
 
     @contextlib.contextmanager
-    def timeout(self, seconds: float | None) -> Any:
+    def timeout(self, seconds: float | None, shown: float | None = None) -> Any:
         if seconds is None:
             yield
             return
         try:
-            with self._trio.fail_after(seconds):
+            with self._trio.fail_after(max(seconds, 0)):
                 yield
         except self._trio.TooSlowError:
-            raise TimeoutError(f"no answer within {seconds} s") from None
+            raise timeout_error(seconds if shown is None else shown) from None
 
 
 # -- asyncio -----------------------------------------------------------------------
 
 
 class _AsyncioWaiter:
-    __slots__ = ("_fut",)
+    """A future, and (with a timeout) a place in the set of its deadline's step in
+    :class:`_Deadlines`, left as soon as it is answered or cancelled: no timer and no
+    task of its own."""
+
+    __slots__ = ("_fut", "_due", "_seconds", "deadline")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._fut = loop.create_future()
+        self._due: set[_AsyncioWaiter] | None = None
+        self._seconds = 0.0
+        self.deadline = math.inf
 
     def set_result(self, value: Any) -> None:
         if not self._fut.done():
             self._fut.set_result(value)
+        if self._due is not None:
+            self._due.discard(self)
+            self._due = None
 
     def set_exception(self, exc: BaseException) -> None:
         if not self._fut.done():
             self._fut.set_exception(exc)
+        if self._due is not None:
+            self._due.discard(self)
+            self._due = None
+
+    def cancel(self) -> None:
+        """Abandoned (its caller was cancelled, or timed out): forget it."""
+        if self._due is not None:
+            self._due.discard(self)
+            self._due = None
 
     def wait(self) -> asyncio.Future[Any]:
         return self._fut
@@ -489,8 +535,19 @@ class AsyncioBackend:
     def event(self) -> asyncio.Event:
         return asyncio.Event()
 
-    def waiter(self) -> _AsyncioWaiter:
-        return _AsyncioWaiter(asyncio.get_running_loop())
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def waiter(self, seconds: float | None = None) -> _AsyncioWaiter:
+        """A waiter; with ``seconds``, its ``wait`` raises TimeoutError at the end of
+        the step of :class:`_Deadlines` that ``seconds`` from now falls in."""
+        deadlines = self._deadlines
+        if deadlines is None:
+            deadlines = self._deadlines = _Deadlines(asyncio.get_running_loop())
+        w = _AsyncioWaiter(deadlines.loop)
+        if seconds is not None:
+            deadlines.add_waiter(seconds, w)
+        return w
 
     def queue(self, maxsize: int) -> _AsyncioQueue:
         return _AsyncioQueue(maxsize)
@@ -508,12 +565,12 @@ class AsyncioBackend:
                 raise _tls_eof() from None
         return link
 
-    def timeout(self, seconds: float | None) -> contextlib.AbstractContextManager[None]:
+    def timeout(self, seconds: float | None, shown: float | None = None) -> contextlib.AbstractContextManager[None]:
         if seconds is None:
             return _NO_TIMEOUT
         if self._deadlines is None:
             self._deadlines = _Deadlines(asyncio.get_running_loop())
-        return _AsyncioTimeout(self._deadlines, seconds)
+        return _AsyncioTimeout(self._deadlines, max(seconds, 0), seconds if shown is None else shown)
 
 
 _NO_TIMEOUT = contextlib.nullcontext()
@@ -523,23 +580,36 @@ class _Deadlines:
     """The timers of one client's timeouts, shared: a timeout ends at the end of a
     step of ``seconds / 100`` (at most 0.1 s), and the timeouts that end at the same
     moment share one timer. A request then costs a set insertion and removal, not
-    a timer of its own, whatever the number of requests in flight."""
+    a timer of its own, whatever the number of requests in flight. What waits is a
+    task (:class:`_AsyncioTimeout`, cancelled at the deadline) or a request's
+    waiter (:class:`_AsyncioWaiter`, failed with TimeoutError at the deadline)."""
 
-    __slots__ = ("_loop", "_due")
+    __slots__ = ("loop", "_due")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._due: dict[float, set[_AsyncioTimeout]] = {}
+        self.loop = loop
+        self._due: dict[float, set[Any]] = {}
 
-    def add(self, seconds: float, timeout: _AsyncioTimeout) -> float:
+    def _set_at(self, seconds: float) -> tuple[float, set[Any]]:
         step = min(0.1, seconds / 100) or 1e-3
-        at = math.ceil((self._loop.time() + seconds) / step) * step
+        at = math.ceil((self.loop.time() + seconds) / step) * step
         waiting = self._due.get(at)
         if waiting is None:
             waiting = self._due[at] = set()
-            self._loop.call_at(at, self._fire, at)
+            self.loop.call_at(at, self._fire, at)
+        return at, waiting
+
+    def add(self, seconds: float, timeout: _AsyncioTimeout) -> float:
+        at, waiting = self._set_at(seconds)
         waiting.add(timeout)
         return at
+
+    def add_waiter(self, seconds: float, waiter: _AsyncioWaiter) -> None:
+        at, waiting = self._set_at(seconds)
+        waiting.add(waiter)
+        waiter._due = waiting
+        waiter._seconds = seconds
+        waiter.deadline = at
 
     def discard(self, at: float, timeout: _AsyncioTimeout) -> None:
         waiting = self._due.get(at)
@@ -547,8 +617,12 @@ class _Deadlines:
             waiting.discard(timeout)
 
     def _fire(self, at: float) -> None:
-        for timeout in self._due.pop(at, ()):
-            timeout.fire()
+        for item in self._due.pop(at, ()):
+            if item.__class__ is _AsyncioWaiter:
+                item._due = None
+                item.set_exception(timeout_error(item._seconds))
+            else:
+                item.fire()
 
 
 class _AsyncioTimeout:
@@ -556,11 +630,12 @@ class _AsyncioTimeout:
     one: the task is cancelled at the deadline, and the cancellation turned into
     TimeoutError on the way out (up to 1 % late: see :class:`_Deadlines`)."""
 
-    __slots__ = ("_deadlines", "_seconds", "_task", "_at", "_fired")
+    __slots__ = ("_deadlines", "_seconds", "_shown", "_task", "_at", "_fired")
 
-    def __init__(self, deadlines: _Deadlines, seconds: float) -> None:
+    def __init__(self, deadlines: _Deadlines, seconds: float, shown: float) -> None:
         self._deadlines = deadlines
         self._seconds = seconds
+        self._shown = shown
         self._fired = False
 
     def __enter__(self) -> None:
@@ -577,4 +652,4 @@ class _AsyncioTimeout:
         if typ is asyncio.CancelledError and self._fired:
             if self._task is not None:
                 self._task.uncancel()  # our cancel, consumed here (as asyncio.timeout does)
-            raise TimeoutError(f"no answer within {self._seconds} s") from None
+            raise timeout_error(self._shown) from None

@@ -64,6 +64,7 @@ from protocol import (
     Ack,
     Acks,
     BrokerError,
+    Command,
     ErrorCode,
     ErrorResponse,
     Identifier,
@@ -379,12 +380,14 @@ RECONNECTED: Any = object()
 class _Conn:
     """One TCP connection of a client and what belongs to it."""
 
-    __slots__ = ("link", "proto", "pending", "ready", "lost", "goodbye", "refusal", "gone")
+    __slots__ = ("link", "proto", "frames", "pending", "ready", "lost", "goodbye", "refusal", "gone")
 
     def __init__(self, gone: Any) -> None:
         self.link: Any = None
         self.proto = P.ProtocolConnection(Role.CLIENT)
         self.proto.pulled_class = ConsumerMessage
+        #: The protocol's frame decoder, which ``_feed`` takes acks from directly.
+        self.frames: P.FrameDecoder = self.proto._decoder
         self.pending: dict[int, Any] = {}
         #: Handshake done (and subscriptions re-created): requests may use it.
         self.ready = False
@@ -694,9 +697,17 @@ class Client(ConsumersMixin):
         if conn.lost is not None:
             return
         proto = conn.proto
+        take_ack = conn.frames.take_ok_response
+        pending = conn.pending
         try:
             proto.receive_data(data)
             while True:
+                ack = take_ack(Command.PUBLISH)
+                if ack is not None:  # the common answer, as its raw payload (see ``publish``)
+                    w = pending.pop(ack[0], None)
+                    if w is not None:
+                        w.set_result(ack[1])
+                    continue
                 event = proto.next_event()
                 if event is NEED_DATA:
                     return
@@ -751,14 +762,18 @@ class Client(ConsumersMixin):
                 raise self.close_reason or ConnectionClosedError("the connection is closed")
             await self._ready.wait()
 
-    async def _roundtrip(self, conn: _Conn, command: Any) -> Any:
-        """Send one request on ``conn`` and wait for its answer."""
+    async def _roundtrip(self, conn: _Conn, command: Any, payload: bytes | None = None) -> Any:
+        """Send one request on ``conn`` and wait for its answer: ``command``, or with
+        ``payload`` the Command code of that encoded payload."""
         if conn.lost is not None:
             raise conn.refusal or conn.lost
         corr = next(self._corr) & 0xFFFFFFFF or next(self._corr)
         waiter = self._backend.waiter()
         conn.pending[corr] = waiter
-        conn.link.write(conn.proto.send_request(corr, command))
+        if payload is None:
+            conn.link.write(conn.proto.send_request(corr, command))
+        else:
+            conn.link.write(P.encode_frame(command, 0, corr, 0, payload))
         try:
             return await waiter.wait()
         finally:
@@ -769,19 +784,62 @@ class Client(ConsumersMixin):
         reconnection first if the connection is down. ``retry`` (or what it returns,
         asked only then): the request may be sent again after a reconnection if the
         connection drops with it in flight."""
+        return await self._call(command.CODE, command.encode(), retry)
+
+    async def _call(self, code: int, payload: bytes, retry: bool | Callable[[], bool] = False) -> Any:
+        """:meth:`_request` for a payload already encoded (``code``: its Command).
+
+        With the connection up (the common case) this is one frame written and one
+        waiter whose timeout shares a timer with every other request's
+        (``Backend.waiter``): no task, no cancel scope, no timer of its own. What
+        happens after a loss or a refusal goes to :meth:`_call_again`."""
         conn = self._conn
+        if conn is None or conn.lost is not None:
+            return await self._call_again(code, payload, retry, self._timeout, None)
+        corr = next(self._corr) & 0xFFFFFFFF or next(self._corr)
+        w = self._backend.waiter(self._timeout)
+        pending = conn.pending
+        pending[corr] = w
+        conn.link.write(P.encode_frame(code, 0, corr, 0, payload))
         try:
-            with self._backend.timeout(self._timeout):
+            return await w.wait()
+        except TimeoutError as exc:
+            raise self._timeout_error(exc) from None
+        except ConnectionLostError:
+            if not self._reconnect or self.closed or not (retry() if callable(retry) else retry):
+                raise
+            again = None
+        except BrokerError as err:
+            # Refused by a broker on its way down: not carried out.
+            if err.code != ErrorCode.SHUTTING_DOWN or not self._reconnect or self.closed:
+                raise
+            again = conn
+        finally:
+            if pending.pop(corr, None) is not None:
+                w.cancel()  # abandoned: timed out, or our caller was cancelled
+        left = None if self._timeout is None else w.deadline - self._backend.now()
+        return await self._call_again(code, payload, retry, left, again)
+
+    async def _call_again(
+        self, code: int, payload: bytes, retry: bool | Callable[[], bool], seconds: float | None, gone: _Conn | None,
+    ) -> Any:
+        """The rest of :meth:`_call`: wait for a connection (after ``gone`` ends, when
+        given), send, and again after a loss (if ``retry``) or a SHUTTING_DOWN
+        refusal, all within ``seconds``."""
+        conn = None
+        try:
+            with self._backend.timeout(seconds, self._timeout):
+                if gone is not None:
+                    await gone.gone.wait()
                 while True:
                     if conn is None:
                         conn = await self._wait_connected()
                     try:
-                        return await self._roundtrip(conn, command)
+                        return await self._roundtrip(conn, code, payload)
                     except ConnectionLostError:
                         if not self._reconnect or self.closed or not (retry() if callable(retry) else retry):
                             raise
                     except BrokerError as err:
-                        # Refused by a broker on its way down: not carried out.
                         if err.code != ErrorCode.SHUTTING_DOWN or not self._reconnect or self.closed:
                             raise
                         await conn.gone.wait()
@@ -967,8 +1025,7 @@ class Client(ConsumersMixin):
             await self._send_no_ack(P.Publish.from_bodies([body], P.PUBLISH_NO_ACK))
             return None
         retry = headers is not None and MSG_ID_HEADER in headers
-        acks: Acks = await self._request(P.Publish.from_bodies([body]), retry)
-        a = acks[0]
+        a = Acks.first(await self._call(Command.PUBLISH, P.PUBLISH_ONE + body, retry))
         if a.error is not None:
             raise a.error
         return a
@@ -987,7 +1044,8 @@ class Client(ConsumersMixin):
         if not ack:
             await self._send_no_ack(cmd)
             return None
-        return await self._request(cmd, lambda: bool(bodies) and all(_has_msg_id(b) for b in bodies))
+        # The acks come as their raw payload (``_feed``).
+        return Acks.decode(await self._request(cmd, lambda: bool(bodies) and all(_has_msg_id(b) for b in bodies)))
 
     async def fetch(
         self,
