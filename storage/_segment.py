@@ -860,7 +860,9 @@ class Segment:
         self.preallocate_limit = 0
         if self._release_preallocation():
             os.fsync(self._fd)  # the new size too (fdatasync need not write a smaller one)
-        elif self.dirty:
+        else:
+            # Even when not dirty: the group commit may have taken the descriptor and
+            # still be syncing it in its thread (this waits for that write-back).
             os.fdatasync(self._fd)
         self._write_indexes()
         self.snapshot_columns = None
