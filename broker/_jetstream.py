@@ -216,10 +216,10 @@ class JetStream:
         """
         t = self._topics.get(name)
         if t is not None:
-            stream = t.stream
+            owner = t.stream
             if (
-                stream.topics.get(t.id) is t and self.broker.catalog.streams.get(stream.id) is stream
-                and (t.config.kv is not None or stream.name != KV_STREAM)
+                owner.topics.get(t.id) is t and self.broker.catalog.streams.get(owner.id) is owner
+                and (t.config.kv is not None or owner.name != KV_STREAM)
             ):
                 return t
             del self._topics[name]

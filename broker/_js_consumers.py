@@ -38,6 +38,7 @@ engine's deadline structure, owned by :class:`Ticks`: nothing polls.
 from __future__ import annotations
 
 import dataclasses
+import re
 import secrets
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -52,7 +53,6 @@ from protocol._js_consumers import (
     ACK_NEXT,
     NextRequest,
     PushSettings,
-    ack_number,
     consumer_config_from_nats,
     consumer_config_to_nats,
     idle_heartbeat,
@@ -96,6 +96,10 @@ LIST_LIMIT = 256
 _DURABLE = PushSettings(durable=True)
 _SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(PushSettings))
 _NO_RESPONDERS = status_message(503, "")
+#: A v1 ack subject as ``parse_ack_subject`` reads it (nine tokens; delivered count,
+#: stream and consumer sequences ASCII digits): its ``$JS.ACK.<stream>.<consumer>``
+#: (the key of ``State.by_ack``) and its stream sequence.
+_V1_ACK = re.compile(r"(\$JS\.ACK\.[^.]*\.[^.]*)\.[0-9]+\.([0-9]+)\.[0-9]+\.[^.]*\.[^.]*")
 
 
 class _Owner:
@@ -216,16 +220,13 @@ class State:
     def consumer_of_ack(self, subject: str) -> tuple[Consumer, int] | None:
         """The consumer a ``$JS.ACK`` subject names and the stream sequence it acks;
         None when the subject is not an ack subject (``parse_ack_subject``) or names
-        no consumer. A v1 subject of a consumer seen before costs one split and one
-        lookup: its first four tokens are the key of the consumer, its numbers
-        checked as ``parse_ack_subject`` checks them."""
-        if subject.count(".") == 8:
-            key, d, s, n, _, _ = subject.rsplit(".", 5)
-            c = self.by_ack.get(key)
+        no consumer. A v1 subject of a consumer seen before costs one match and one
+        lookup (:data:`_V1_ACK`: the subjects ``parse_ack_subject`` reads as v1)."""
+        m = _V1_ACK.fullmatch(subject)
+        if m is not None:
+            c = self.by_ack.get(m.group(1))
             if c is not None and not c.deleted:
-                if ack_number(d) and ack_number(s) and ack_number(n):
-                    return c, int(s)
-                return None
+                return c, int(m.group(2))
         a = parse_ack_subject(subject)
         if a is None:
             return None

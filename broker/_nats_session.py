@@ -76,7 +76,7 @@ from ._info import VERSION
 from ._log import get_logger
 from ._nats_core import NatsSubscription, send_core
 from ._routing import NO_TOPIC
-from ._session import GOODBYE_SECONDS, RECEIVE_SIZE, Session
+from ._session import GOODBYE_SECONDS, Session
 
 if TYPE_CHECKING:
     from ._broker import Broker
@@ -158,8 +158,6 @@ class NatsSession(Session):
         #: Messages for the publish path not yet handed to it: (body, reply, topic).
         self._batch: list[tuple[bytes, str | None, Any]] = []
         self._batch_bytes = 0
-        #: The last read took less than it could: the socket was emptied (:meth:`_receive`).
-        self._read_emptied = False
 
     # -- output ----------------------------------------------------------------------
 
@@ -291,30 +289,6 @@ class NatsSession(Session):
                     await self._send_ready()  # what the socket did not take at once
                 finally:
                     self._reader_sending = False
-
-    async def _receive(self) -> bytes:
-        """The next bytes the client sent (b"" at its end). On a plain socket, read
-        from the socket itself: after a read that emptied it (a client waiting for
-        its answer), wait until it is readable and then read, one system call; after
-        a full read, read at once (after a checkpoint, so a busy client does not
-        keep the loop). Over TLS, the stream's ``receive_some``."""
-        sock = self._sock
-        if sock is None or self.stream is not self._sock_stream:
-            return await self.stream.receive_some(RECEIVE_SIZE)
-        if self._read_emptied:
-            await trio.lowlevel.wait_readable(sock)
-        else:
-            await trio.lowlevel.checkpoint()
-        while True:
-            try:
-                data = sock.recv(RECEIVE_SIZE)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
-                continue
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
-            self._read_emptied = len(data) < RECEIVE_SIZE
-            return data
 
     async def _start_tls(self) -> bool:
         """After INFO, the client starts TLS (nats-py's ``start_tls``)."""

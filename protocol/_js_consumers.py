@@ -39,7 +39,6 @@ __all__ = [
     "parse_next_request",
     "ack_subject",
     "parse_ack_subject",
-    "ack_number",
     "AckReply",
     "parse_ack_body",
     "parse_rfc3339",
@@ -384,12 +383,12 @@ def parse_ack_subject(subject: str) -> AckReply | None:
     if t[0] != "$JS" or t[1] != "ACK":
         return None
     d, s, c = t[i + 2], t[i + 3], t[i + 4]
-    if not (ack_number(d) and ack_number(s) and ack_number(c)):
+    if not (_ack_number(d) and _ack_number(s) and _ack_number(c)):
         return None
     return AckReply(t[i], t[i + 1], int(d), int(s), int(c))
 
 
-def ack_number(token: str) -> bool:
+def _ack_number(token: str) -> bool:
     """A number of an ack subject: ASCII digits only (as the server's
     ``parseAckReplyNum``; ``str.isdigit`` alone would take ``²``, which ``int`` refuses)."""
     return token.isdigit() and token.isascii()

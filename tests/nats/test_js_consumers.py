@@ -20,9 +20,14 @@ import pytest
 import trio
 import trio.testing
 from conftest import start_server
+from hypothesis import given
+from hypothesis import strategies as st
 from helpers import in_asyncio
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
+
+from broker._js_consumers import _V1_ACK
+from protocol._js_consumers import parse_ack_subject
 
 STREAM = "ORDERS"
 
@@ -580,3 +585,23 @@ async def test_malformed_ack_subjects_of_a_known_consumer_ack_nothing(
     assert r["before"] == (1, 1)
     assert r["after"] == (0, 2)
     assert [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.ERROR] == []
+
+
+ACK_TOKEN = st.sampled_from(["", "1", "0", "42", "x", "\u00b2", "\u0663", "ACK", "$JS", "1a", "S"])
+
+
+@given(st.lists(ACK_TOKEN, min_size=0, max_size=11), st.booleans())
+def test_the_v1_ack_fast_path_reads_what_parse_ack_subject_reads(tokens: list[str], prefixed: bool) -> None:
+    """The match that finds a known consumer from a v1 ack subject takes exactly the
+    nine-token subjects ``parse_ack_subject`` reads, with the same stream, consumer
+    and stream sequence."""
+    subject = ".".join((["$JS", "ACK"] if prefixed else []) + tokens)
+    m = _V1_ACK.fullmatch(subject)
+    a = parse_ack_subject(subject)
+    if subject.count(".") == 8:
+        assert (m is None) == (a is None)
+    else:
+        assert m is None
+    if m is not None:
+        assert a is not None
+        assert (m.group(1), int(m.group(2))) == (f"$JS.ACK.{a.stream}.{a.consumer}", a.stream_seq)
