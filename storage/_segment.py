@@ -51,8 +51,9 @@ Files, named by the segment's first offset zero-padded to 20 digits (Iggy's nami
     index (``u32`` relative offsets, then ``u64`` timestamps), the ``.columns``
     content, and a CRC-32 of everything before it. The next start uses it instead of
     reading the active segment record by record only if its checksum holds and the
-    log has exactly its size and CRC-32 (the positions, time index and columns are a
-    function of the log's bytes); one that fails its checksum is reported
+    log has exactly its size and CRC-32, followed by nothing but zero bytes (space
+    allocated ahead whose cut at close did not reach the disk; the positions, time
+    index and columns are a function of the log's bytes); one that fails its checksum is reported
     (``kind=segment_snapshot``); one that no longer matches the log (appends since,
     a torn write) is simply not used. Removed when the segment is sealed.
 ``.del`` and ``.del2``
