@@ -467,7 +467,7 @@ class NatsSession(Session):
         payload, epoch = result if isinstance(result, tuple) else (result, 0)
         if not broker.committer.acks_wait:
             epoch = 0
-        acks = P.Acks.decode(payload)
+        acks = (P.Acks.first(payload),) if len(batch) == 1 else P.Acks.decode(payload)  # one: one unpack
         js = broker.jetstream
         for i, (_, reply, topic) in enumerate(batch):
             if not reply:

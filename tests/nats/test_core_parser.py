@@ -304,3 +304,35 @@ def test_pull_delivery_frames_are_each_deliverys_msg(messages: list[tuple[str, b
         expected.append(encode_msg(s, sid.encode(), r, h if headers else None, p))
     assert frames == b"".join(expected)
     assert size == (0 if headers_only else sum(len(m[1]) for m in messages))
+
+
+WS = st.sampled_from(["", " ", "\t", "\n", "\r\n ", "\x0b", "\x0c"])
+
+
+@given(
+    WS, st.text(alphabet="abcdefghijklmnopqrstuvwxyz_AZ0", min_size=0, max_size=12), WS,
+    st.text(max_size=20) | st.text(alphabet='ab."\\/\x00\x1f\u00e9', max_size=8), WS, st.booleans(), st.booleans(),
+)
+@example("", "last_by_subj", " ", "$KV.b.k1", "", False, False)
+@example("", "a", "", "\ud800", "", False, False)
+def test_api_requests_read_as_json_loads_reads_them(before: str, name: str, middle: str, value: str, after: str,
+                                                    raw: bool, latin: bool) -> None:
+    """A request of one string member (a KV get's ``{"last_by_subj": ...}``) is read
+    without the JSON decoder's layers: whatever the bytes, ``parse_request`` gives
+    what ``json.loads`` gives, or the same refusal."""
+    import json
+
+    from protocol._jetstream import JSError, parse_request
+
+    text = f'{before}{{{middle}"{name}"{middle}:{middle}' + (f'"{value}"' if raw else json.dumps(value, ensure_ascii=False)) + f"}}{after}"
+    payload = text.encode("latin-1" if latin and all(ord(c) < 256 for c in text) else "utf-8", "surrogatepass")
+    try:
+        expected: object = json.loads(payload)
+    except ValueError:
+        expected = ValueError
+    try:
+        got: object = parse_request(payload)
+    except JSError as err:
+        assert err.code == 400 and err.err_code == 10025
+        got = ValueError
+    assert got == expected
