@@ -48,7 +48,7 @@ from protocol import (
 from ._dedup import MSG_ID
 from ._topic_config import TopicConfig
 
-__all__ = ["Admission", "admit", "WANTED", "ROLLUP_NONE", "ROLLUP_SUB", "ROLLUP_ALL"]
+__all__ = ["Admission", "admit", "WANTED", "SELF_CONTAINED", "ROLLUP_NONE", "ROLLUP_SUB", "ROLLUP_ALL"]
 
 ROLLUP_NONE = 0
 ROLLUP_SUB = 1
@@ -68,6 +68,11 @@ _WANTED = frozenset(
 )
 #: The headers admission reads.
 WANTED = _WANTED
+#: Those of them whose effect depends on nothing but the message and its topic (not
+#: on what the messages before it in the same batch wrote, as a compare-and-set, a
+#: rollup or a de-duplication id does): requests whose messages carry no others may
+#: be joined into one batch (``_publishing.publish_frames``).
+SELF_CONTAINED = frozenset((_TTL, _KV_OP, _MARKER_REASON))
 _ROLLUPS = {b"sub": ROLLUP_SUB, b"all": ROLLUP_ALL}
 
 _Disabled = error_class(ErrorCode.MSG_TTL_DISABLED)

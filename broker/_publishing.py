@@ -15,7 +15,7 @@ import protocol as P
 from protocol import RemovalReason as R
 from protocol import TTL_NEVER, TTL_NONE, BrokerError, ErrorCode, error_class, scan_bodies
 
-from ._admission import ROLLUP_SUB, WANTED, Admission, admit
+from ._admission import ROLLUP_SUB, SELF_CONTAINED, WANTED, Admission, admit
 from ._dedup import Original
 from ._partition import Partition, flags_for
 from ._routing import NO_TOPIC
@@ -100,13 +100,15 @@ def publish(
     special = scan.special
     ttl_only = scan.ttl_only
     headed = scan.headed
-    if frames is not None and (headed or not _framed(starts, frames)):
+    if frames is not None and not _framed(starts, frames):
         return None
     fields: dict[int, P.BodyFields] = {}
     hvs: dict[int, dict[bytes, bytes]] = {}
     failed: dict[int, BrokerError] = (
         _check_basic(broker, data, starts, special, ttl_only, headed, fields, hvs) if special and not trusted else {}
     )
+    if frames is not None and hvs and not SELF_CONTAINED.issuperset(set().union(*hvs.values())):
+        return None  # a compare-and-set, rollup or de-duplication header: one request at a time
 
     cache = broker.router.cache
     resolve = broker.router.resolve
@@ -282,8 +284,10 @@ def publish_frames(broker: Broker, session: Any, cmds: list[P.Publish]) -> tuple
     one pass over their bodies, one append per partition, one epoch for the group
     commit. Returns one acks payload per request and the epoch to wait for (0: none),
     or None, with nothing done, when they must go one at a time: when one of them is
-    malformed (it gets its own error), or when a message has headers (a header such
-    as ``Nats-Expected-Last-Subject-Sequence`` is checked one request at a time).
+    malformed (it gets its own error), or when a message has a header whose effect
+    depends on what the messages before it wrote (``Nats-Expected-Last-Subject-Sequence``
+    and the other compare-and-set headers, ``Nats-Rollup``, ``Nats-Msg-Id``: all but
+    ``_admission.SELF_CONTAINED``), checked one request at a time.
 
     The acks are what the requests would get one after the other: messages keep
     their order, and a request's errors name its own message indexes."""

@@ -102,6 +102,9 @@ def _bad_header(msg: str) -> Exception:
     return error_class(ErrorCode.INVALID_HEADERS)(msg)
 
 
+_NAME_CHARS = bytes(b for b in range(33, 127) if b != 58)  # visible ASCII but ':'
+
+
 def _check_header_name(name: str) -> bytes:
     if not isinstance(name, str):
         raise _bad_header(f"header name must be a string, not {type(name).__name__}")
@@ -111,9 +114,8 @@ def _check_header_name(name: str) -> bytes:
         raise _bad_header(f"header name {name!r} may only contain visible ASCII characters other than ':'") from None
     if not 1 <= len(raw) <= 255:
         raise _bad_header(f"header name {name!r} must be 1..255 bytes")
-    for b in raw:
-        if b <= 32 or b >= 127 or b == 58:  # control, space, DEL, non-ASCII, ':'
-            raise _bad_header(f"header name {name!r} may only contain visible ASCII characters other than ':'")
+    if raw.translate(None, _NAME_CHARS):  # control, space, DEL or ':' left
+        raise _bad_header(f"header name {name!r} may only contain visible ASCII characters other than ':'")
     return raw
 
 
@@ -128,6 +130,23 @@ def _check_header_value(name: str, value: str) -> bytes:
     return raw
 
 
+#: Checked header names -> their encoded ``u8 name_len | name`` (a client sends the
+#: same few names again and again); bounded: cleared when full.
+_NAME_HEADS: dict[str, bytes] = {}
+_NAME_HEADS_MAX = 256
+
+
+def _name_head(name: str) -> bytes:
+    """The checked name's ``u8 name_len | name``, kept in ``_NAME_HEADS``."""
+    raw = _check_header_name(name)
+    head = bytes((len(raw),)) + raw
+    if name.__class__ is str:
+        if len(_NAME_HEADS) >= _NAME_HEADS_MAX:
+            _NAME_HEADS.clear()
+        _NAME_HEADS[name] = head
+    return head
+
+
 def encode_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> bytes:
     """Encode headers (a mapping, or pairs to allow repeated names) as a header block.
 
@@ -136,16 +155,21 @@ def encode_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]] | None
     """
     if not headers:
         return b""
-    items = headers.items() if isinstance(headers, Mapping) else headers
-    out = bytearray()
+    items = headers.items() if headers.__class__ is dict or isinstance(headers, Mapping) else headers
+    parts: list[bytes] = []
+    u16 = _U16.pack
     for name, value in items:
-        rn = _check_header_name(name)
-        rv = _check_header_value(name, value)
-        out.append(len(rn))
-        out += rn
-        out += _U16.pack(len(rv))
-        out += rv
-    return bytes(out)
+        head = _NAME_HEADS.get(name) if name.__class__ is str else None
+        if head is None:
+            head = _name_head(name)
+        if value.__class__ is str:
+            rv = value.encode()
+            if len(rv) > 0xFFFF or b"\r" in rv or b"\n" in rv:
+                rv = _check_header_value(name, value)  # raises
+        else:
+            rv = _check_header_value(name, value)  # raises
+        parts += (head, u16(len(rv)), rv)
+    return b"".join(parts)
 
 
 def _iter_header_block(block: bytes | memoryview) -> Iterable[tuple[bytes, bytes]]:
@@ -188,9 +212,6 @@ def validate_header_block(block: bytes | memoryview) -> None:
         InvalidHeadersError: the block is malformed or breaks a rule.
     """
     checked_header_values(bytes(block), frozenset())
-
-
-_NAME_CHARS = bytes(b for b in range(33, 127) if b != 58)  # visible ASCII but ':'
 
 
 def checked_header_values(block: bytes, names: frozenset[bytes]) -> dict[bytes, bytes]:

@@ -118,6 +118,51 @@ async def test_pipelined_frames_in_one_read_get_their_own_answers(
     await raw.aclose()
 
 
+async def test_frames_with_ttl_headers_are_joined_and_a_msg_id_goes_one_at_a_time(
+    server: ServerHandle, client: Client, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    await client.create_stream("ttls")
+    await client.create_topic("ttls", "t", partitions=1, subjects=["t.>"], allow_msg_ttl=True, duplicate_window=60)
+    joined: list[int] = []
+
+    def spy(broker: Any, session: Any, cmds: list[P.Publish]) -> Any:
+        reply = publish_frames(broker, session, cmds)
+        joined.append(0 if reply is None else len(cmds))
+        return reply
+
+    monkeypatch.setattr(_session, "publish_frames", spy)
+    raw = await RawPeer.open(server.address)
+    await raw.handshake()
+
+    def body(subject: str, **headers: str) -> bytes:
+        return P.encode_body(subject, b"x", P.encode_headers({k.replace("_", "-"): v for k, v in headers.items()}))
+
+    frames = [
+        # Joined: Nats-TTL depends on nothing but the message and its topic; a bad one
+        # gets its error in its own request's acks.
+        publish_frame(1, body("t.a", Nats_TTL="60")),
+        publish_frame(2, body("t.b"), body("t.c", Nats_TTL="2m")),
+        publish_frame(3, body("t.d", Nats_TTL="1d")),
+        P.encode_frame(P.Command.PING, 0, 98, 0),
+        # One at a time: a de-duplication id (the second is a duplicate of the first).
+        publish_frame(4, body("t.e", Nats_Msg_Id="m1")),
+        publish_frame(5, body("t.f", Nats_Msg_Id="m1", Nats_TTL="60")),
+    ]
+    await raw.send(b"".join(frames))
+    got = await answers(raw, len(frames))
+    assert joined == [3, 0]
+    acks = {corr: got[corr].result for corr in (1, 2, 3, 4, 5)}  # type: ignore[union-attr]
+    assert list(acks[1].offsets) == [1]
+    assert list(acks[2].offsets) == [2, 3]
+    assert list(acks[3].statuses) == [P.ErrorCode.INVALID_MSG_TTL]
+    assert acks[3].errors == {0: "invalid per-message TTL"}
+    assert list(acks[4].offsets) == [4]
+    assert list(acks[5].statuses) == [P.ErrorCode.DUPLICATE_MESSAGE]
+    stored = (await client.fetch("ttls", "t", 0, 1, 10)).messages
+    assert [(m.subject, m.ttl) for m in stored] == [("t.a", 60), ("t.b", 0), ("t.c", 120), ("t.e", 0)]
+    await raw.aclose()
+
+
 async def test_frames_into_several_partitions_keep_their_order(
     server: ServerHandle, client: Client, topic: tuple[str, str]
 ) -> None:

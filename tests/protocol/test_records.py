@@ -78,6 +78,58 @@ def test_header_rules(headers: dict[str, str]) -> None:
         P.encode_headers(headers)
 
 
+def _reference_encode_headers(pairs: list[tuple[object, object]]) -> bytes:
+    """encode_headers as the rules say it, one check per name and value, no cache."""
+    out = bytearray()
+    for name, value in pairs:
+        if not isinstance(name, str):
+            raise P.InvalidHeadersError(f"header name must be a string, not {type(name).__name__}")  # type: ignore[attr-defined]
+        try:
+            raw = name.encode("ascii")
+        except UnicodeEncodeError:
+            raw = b":"  # not ASCII: refused as a character that is not allowed
+        else:
+            if not 1 <= len(raw) <= 255:
+                raise P.InvalidHeadersError(f"header name {name!r} must be 1..255 bytes")  # type: ignore[attr-defined]
+        if any(b <= 32 or b >= 127 or b == 58 for b in raw):
+            raise P.InvalidHeadersError(  # type: ignore[attr-defined]
+                f"header name {name!r} may only contain visible ASCII characters other than ':'")
+        if not isinstance(value, str):
+            raise P.InvalidHeadersError(f"header {name!r} value must be a string, not {type(value).__name__}")  # type: ignore[attr-defined]
+        rv = value.encode()
+        if len(rv) > 0xFFFF:
+            raise P.InvalidHeadersError(f"header {name!r} value is longer than 65535 bytes")  # type: ignore[attr-defined]
+        if b"\r" in rv or b"\n" in rv:
+            raise P.InvalidHeadersError(f"header {name!r} value must not contain CR or LF")  # type: ignore[attr-defined]
+        out += bytes((len(raw),)) + raw + struct.pack("<H", len(rv)) + rv
+    return bytes(out)
+
+
+_HEADER_NAME = st.one_of(
+    st.sampled_from(["Nats-TTL", "K", "a b", "a:b", "", "x" * 256, "é", "\x7f", 7, None]),
+    st.text(st.characters(min_codepoint=0, max_codepoint=130, exclude_categories=("Cs",)), max_size=5),
+)
+_HEADER_VALUE = st.one_of(st.text(" ab7é\r\n", max_size=6), st.sampled_from(["x" * 70000, 5, b"v"]))
+
+
+@given(st.lists(st.tuples(_HEADER_NAME, _HEADER_VALUE), max_size=5), st.booleans())
+def test_encode_headers_agrees_with_the_rules(pairs, as_dict) -> None:  # type: ignore[no-untyped-def]
+    """The cached, inlined encoder gives the bytes, or the exact error, of the rules
+    applied one by one: twice (the second time with the names cached)."""
+    if as_dict:
+        pairs = list(dict(pairs).items())
+    try:
+        want = _reference_encode_headers(pairs)
+    except P.BrokerError as err:
+        for _ in range(2):
+            with pytest.raises(P.BrokerError) as exc:
+                P.encode_headers(dict(pairs) if as_dict else pairs)
+            assert (exc.value.code, exc.value.message) == (P.ErrorCode.INVALID_HEADERS, err.message)
+    else:
+        for _ in range(2):
+            assert P.encode_headers(dict(pairs) if as_dict else pairs) == want
+
+
 def test_message_marker_properties() -> None:
     m = P.Message("s", b"", b"", 1, 2, 0, int(P.MarkerReason.MAX_AGE))
     assert m.is_marker and m.marker_reason is P.MarkerReason.MAX_AGE
