@@ -53,8 +53,8 @@ Files, named by the segment's first offset zero-padded to 20 digits (Iggy's nami
     reading the active segment record by record only if its checksum holds and the
     log has exactly its size and CRC-32, followed by nothing but zero bytes (space
     allocated ahead whose cut at close did not reach the disk; the positions, time
-    index and columns are a function of the log's bytes); one that fails its checksum is reported
-    (``kind=segment_snapshot``); one that no longer matches the log (appends since,
+    index and columns are a function of the log's bytes); one that fails its
+    checksum is reported (``kind=segment_snapshot``); one that no longer matches the log (appends since,
     a torn write) is simply not used. Removed when the segment is sealed.
 ``.del`` and ``.del2``
     Deletions, the same entries in both files: ``(u32 word, u32 CRC-32 of the word)``
@@ -79,8 +79,9 @@ on, so nothing intact after damage is dropped. What follows the last valid recor
 a torn tail; whether it may be cut is the partition log's decision (it knows the
 high-water mark). A tail of zero bytes only is allocated space (no record starts
 with a zero length: the shortest valid record holds 38 bytes and a subject): it is
-cut without a report, unless acknowledged records are missing. Sealed segments are checked structurally on open (index checksum,
-length, file length); their records are verified on every read.
+cut without a report, unless acknowledged records are missing. Sealed segments are
+checked structurally on open (index checksum, length, file length); their records
+are verified on every read.
 """
 
 from __future__ import annotations
@@ -440,7 +441,7 @@ class Segment:
         bytes nobody accounts for, reported and kept aside first. A tail of zero
         bytes only is space allocated ahead (:meth:`open_active`): cut, not reported,
         after a clean stop too (its cut at close may not have reached the disk)."""
-        if self._file_size > self.size and report.preallocated_bytes:
+        if report.preallocated_bytes:
             if not opening.readonly:
                 # Not synced: until it is, a crash leaves the same zeros to cut again.
                 os.ftruncate(self._fd, self.size)
@@ -769,14 +770,12 @@ class Segment:
 
     def _release_preallocation(self) -> bool:
         """Cut the space allocated ahead of the last record; True if there was some."""
-        if not self._preallocated:
-            return False
+        cut = self._preallocated and self._file_size > self.size
         self._preallocated = False
-        if self._file_size > self.size:
+        if cut:
             os.ftruncate(self._fd, self.size)
             self._file_size = self.size
-            return True
-        return False
+        return cut
 
     def delete(self, rel: int) -> bool:
         """Mark record ``rel`` deleted, durably once the ``.del`` file is synced.
