@@ -77,8 +77,6 @@ __all__ = ["Session"]
 log = get_logger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
-#: Reads straight from the socket between two checkpoints (:meth:`Session._receive`).
-READS_PER_CHECKPOINT = 16
 #: Largest frame accepted before the handshake. A handshake is at most 534 bytes
 #: (16 header, 4 magic, 2 version, two str8 of at most 256).
 MAX_HANDSHAKE_FRAME = 1024
@@ -173,8 +171,8 @@ class Session:
         self._shield: trio.CancelScope | None = None
         self._aborted = False
         self._ended = trio.Event()
-        #: Reads since the last checkpoint of :meth:`_receive`.
-        self._reads = 0
+        #: Bytes :meth:`_receive` read since its last checkpoint.
+        self._unchecked = 0
 
     # -- queues --------------------------------------------------------------------
 
@@ -443,33 +441,38 @@ class Session:
 
     async def _receive(self) -> bytes:
         """The next bytes the client sent (b"" at its end). On a plain socket, read
-        the socket itself: at once when bytes are waiting (a client that sends its
+        the socket itself: at once when bytes are waiting (a client that sent its
         next request while we answered the last), with no trip through trio's
-        scheduler, and after waiting until it is readable otherwise. Every
-        :data:`READS_PER_CHECKPOINT` reads it checkpoints anyway, so that a client
-        that never stops sending does not keep the loop (a wait is a checkpoint
-        too). Over TLS, the stream's ``receive_some``."""
+        scheduler, and after waiting until it is readable otherwise (a wait is a
+        checkpoint). Once :data:`RECEIVE_SIZE` bytes came in without a checkpoint it
+        checkpoints before reading again, so a client that never stops sending keeps
+        the loop no longer than with one checkpoint per full read. Over TLS, the
+        stream's ``receive_some``."""
         size = RECEIVE_SIZE if self.ready else 4096
         sock = self._sock
         if sock is None or self.stream is not self._sock_stream:
             return await self.stream.receive_some(size)
-        self._reads += 1
-        if self._reads >= READS_PER_CHECKPOINT:
-            self._reads = 0
+        if self._unchecked >= RECEIVE_SIZE:
+            self._unchecked = 0
             await trio.lowlevel.checkpoint()
         while True:
             try:
-                return sock.recv(size)
+                data = sock.recv(size)
             except BlockingIOError:
-                self._reads = 0
+                self._unchecked = 0
                 await trio.lowlevel.wait_readable(sock)
+                continue
             except OSError as exc:
                 raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+            self._unchecked += len(data)
+            return data
 
     async def _read_loop(self) -> None:
         conn = self.conn
         receive = self._receive
         budget = self.budget
+        broker = self.broker
+        sync_handlers = broker.sync_handlers
         while True:
             if self._closing:
                 return  # ended while the reader was writing
@@ -507,20 +510,26 @@ class Session:
                             publishes.append(event)  # type: ignore[arg-type]
                             continue
                     if publishes:
-                        await self._publish_run(publishes)
+                        if not self._publish_now(publishes):
+                            for one in publishes:
+                                await self._handle(one)
                         publishes = []
-                        if await self._ending():
+                        if (self._closing or self.pending_bytes > self._limit or budget.total > budget.limit) and await self._ending():
                             return
                     if event is NEED_DATA:
                         break
                     if not self.ready:
                         await self._open(event)  # type: ignore[arg-type]
                     elif event.__class__ is Request:
-                        await self._handle(event)  # type: ignore[arg-type]
+                        handler = sync_handlers.get(event.command.__class__)  # type: ignore[union-attr]
+                        if handler is not None and not broker.shutting_down:
+                            self._handle_now(event, handler)  # type: ignore[arg-type]  # no coroutine: most requests
+                        else:
+                            await self._handle(event)  # type: ignore[arg-type]
                     else:
                         assert isinstance(event, InvalidRequest)
                         self._refuse(event)
-                    if await self._ending():
+                    if (self._closing or self.pending_bytes > self._limit or budget.total > budget.limit) and await self._ending():
                         return
             finally:
                 self._handling = False
@@ -750,37 +759,56 @@ class Session:
 
     # -- requests ------------------------------------------------------------------
 
+    def _handle_now(self, event: Request, handler: Any) -> None:
+        """Handle a request whose handler is synchronous (most are), and queue its
+        answer: no coroutine, no checkpoint."""
+        cmd = event.command
+        corr = self.corr = event.correlation_id
+        try:
+            result = handler(self, cmd)
+        except Exception as exc:
+            self._failed([corr], cmd.CODE, exc)
+            return
+        self._answer(corr, cmd, result)
+
     async def _handle(self, event: Request) -> None:
         broker = self.broker
         cmd = event.command
+        handler = broker.sync_handlers.get(cmd.__class__)
+        if handler is not None and not broker.shutting_down:
+            self._handle_now(event, handler)
+            return
         corr = event.correlation_id
-        code = cmd.CODE
         try:
             if broker.shutting_down:
                 raise error_class(ErrorCode.SHUTTING_DOWN)("the broker is shutting down")
-            handler = broker.sync_handlers.get(cmd.__class__)
             self.corr = corr
-            if handler is not None:
-                result: Any = handler(self, cmd)
-            else:
-                self._in_handler = True
-                try:
-                    result = await broker.async_handlers[cmd.__class__](self, cmd)
-                finally:
-                    self._in_handler = False
-                if self._closing:
-                    return  # cut off meanwhile: its GOODBYE is the last frame
+            self._in_handler = True
+            try:
+                result = await broker.async_handlers[cmd.__class__](self, cmd)
+            finally:
+                self._in_handler = False
+            if self._closing:
+                return  # cut off meanwhile: its GOODBYE is the last frame
         except trio.Cancelled:
             raise
         except Exception as exc:
-            self._failed([corr], code, exc)
+            self._failed([corr], cmd.CODE, exc)
             return
-        if result is None or (code == Command.PUBLISH and cmd.no_ack):  # type: ignore[attr-defined]
+        self._answer(corr, cmd, result)
+
+    def _answer(self, corr: int, cmd: Any, result: Any) -> None:
+        """Queue what a handler returned: nothing (None, or a publish without acks),
+        a payload to send now, or ``(payload, epoch)`` to send once ``epoch`` is
+        durable."""
+        code = cmd.CODE
+        if result is None or (code == Command.PUBLISH and cmd.no_ack):
             return  # no response (a no-ack publish or ack), or one sent later (a pull)
         if result.__class__ is tuple:
             payload, epoch = result
             frame = self.conn.send_raw_response(corr, code, payload)
-            if broker.committer.acks_wait and epoch > broker.committer.synced:
+            committer = self.broker.committer
+            if committer.acks_wait and epoch > committer.synced:
                 self.send_durable(epoch, frame)
                 return
             self.send_now(frame)
@@ -788,25 +816,36 @@ class Session:
             self.send_now(self.conn.send_raw_response(corr, code, result))
 
     async def _publish_run(self, events: list[Request]) -> None:
-        """Consecutive PUBLISH requests from what one read delivered: one batch for
-        the broker (one append, one group-commit epoch) and their acks queued as one
-        write (``_publishing.publish_frames``). One at a time when the broker says
-        they cannot be joined (a malformed one among them, or headers)."""
-        broker = self.broker
-        if len(events) == 1 or broker.shutting_down:
+        """Consecutive PUBLISH requests from what one read delivered (see
+        :meth:`_publish_now`)."""
+        if not self._publish_now(events):
             for event in events:
                 await self._handle(event)
-            return
+
+    def _publish_now(self, events: list[Request]) -> bool:
+        """Consecutive PUBLISH requests from what one read delivered: one batch for
+        the broker (one append, one group-commit epoch) and their acks queued as one
+        write (``_publishing.publish_frames``); one alone goes straight to its
+        handler. False when they must go one at a time through :meth:`_handle` (the
+        broker is shutting down, or says they cannot be joined: a malformed one
+        among them, or headers)."""
+        broker = self.broker
+        if broker.shutting_down:
+            return False
+        if len(events) == 1:
+            handler = broker.sync_handlers.get(Publish)
+            if handler is None:
+                return False
+            self._handle_now(events[0], handler)
+            return True
         self.corr = events[-1].correlation_id
         try:
             replies = publish_frames(broker, self, [e.command for e in events])  # type: ignore[misc]
         except Exception as exc:
             self._failed([e.correlation_id for e in events], Command.PUBLISH, exc)
-            return
+            return True
         if replies is None:
-            for event in events:
-                await self._handle(event)
-            return
+            return False
         payloads, epoch = replies
         respond = self.conn.send_raw_response
         frames = b"".join([respond(e.correlation_id, Command.PUBLISH, p) for e, p in zip(events, payloads)])
@@ -815,6 +854,7 @@ class Session:
             self.send_durable(epoch, frames)
         else:
             self.send_now(frames)
+        return True
 
     def _failed(self, corrs: list[int], code: int, exc: Exception) -> None:
         """A handler raised: a BrokerError is the answer to each request; anything

@@ -557,7 +557,13 @@ class KvGet(_Request):
     revision: int = 0
 
     def encode(self) -> bytes:
-        return self.stream.encode() + self.topic.encode() + short_str(self.subject, "subject") + u64(self.revision)
+        return self.payload(self.stream.encode() + self.topic.encode(), self.subject, self.revision)
+
+    @staticmethod
+    def payload(target: bytes, subject: str, revision: int = 0) -> bytes:
+        """The payload without the object; ``target``: the stream's and the topic's
+        identifiers, encoded (a client's bucket keeps them)."""
+        return target + short_str(subject, "subject") + u64(revision)
 
     @classmethod
     def decode(cls, payload: bytes) -> KvGet:

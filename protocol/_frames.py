@@ -20,6 +20,7 @@ a peer can never make us hold more than ``max_frame_size`` bytes of one frame.
 from __future__ import annotations
 
 import struct
+from collections.abc import Container
 from typing import NamedTuple
 
 from ._errors import ErrorCode, RemoteProtocolError
@@ -112,10 +113,11 @@ class FrameDecoder:
         self._pos = end
         return Frame(code, flags, corr, status, payload)
 
-    def take_ok_response(self, code: int) -> tuple[int, bytes] | None:
+    def take_ok_response(self, codes: Container[int]) -> tuple[int, bytes] | None:
         """Take the next frame out if it is complete and a successful response
-        (status 0) to the command ``code``: its correlation id and payload. Anything
-        else, an invalid header included, is left for :meth:`next_frame` (None).
+        (status 0) to one of the commands ``codes``: its correlation id and payload.
+        Anything else, an invalid header included, is left for :meth:`next_frame`
+        (None).
 
         A client's one pass over what a read delivered: the answers it expects by
         the thousand (acks) without a :class:`Frame` or an event each."""
@@ -125,7 +127,7 @@ class FrameDecoder:
             return None
         length, fcode, flags, corr, status = FRAME_HEADER.unpack_from(buf, pos)
         end = pos + 4 + length
-        if fcode != code or flags != FLAG_RESPONSE or status or len(buf) < end or length < MIN_LENGTH or length + 4 > self.max_frame_size:
+        if fcode not in codes or flags != FLAG_RESPONSE or status or len(buf) < end or length < MIN_LENGTH or length + 4 > self.max_frame_size:
             return None
         self._pos = end
         return corr, bytes(buf[pos + HEADER_SIZE : end])

@@ -91,6 +91,11 @@ DEFAULT_PORT = 8090
 MSG_ID_HEADER = "Nats-Msg-Id"
 _MSG_ID = MSG_ID_HEADER.encode()
 
+#: The commands whose successful responses the waiting call gets as their raw
+#: payload, taken from the read in one step (``_feed``), and decodes itself: the
+#: answers that come by the thousand (``publish``, ``publish_batch``, ``KeyValue.get``).
+RAW_RESPONSES = frozenset({Command.PUBLISH, Command.KV_GET})
+
 #: Reconnection defaults (see the module docstring).
 RECONNECT_ATTEMPTS = 60
 RECONNECT_WAIT = 0.25
@@ -697,16 +702,16 @@ class Client(ConsumersMixin):
         if conn.lost is not None:
             return
         proto = conn.proto
-        take_ack = conn.frames.take_ok_response
+        take = conn.frames.take_ok_response
         pending = conn.pending
         try:
             proto.receive_data(data)
             while True:
-                ack = take_ack(Command.PUBLISH)
-                if ack is not None:  # the common answer, as its raw payload (see ``publish``)
-                    w = pending.pop(ack[0], None)
+                raw = take(RAW_RESPONSES)
+                if raw is not None:
+                    w = pending.pop(raw[0], None)
                     if w is not None:
-                        w.set_result(ack[1])
+                        w.set_result(raw[1])
                     continue
                 event = proto.next_event()
                 if event is NEED_DATA:

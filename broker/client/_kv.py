@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import protocol as P
-from protocol import ErrorCode, Identifier, error_class
+from protocol import Command, ErrorCode, Identifier, error_class
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -84,6 +84,7 @@ class KeyValue:
         self._prefix = f"$KV.{bucket}."
         self._stream = Identifier.of(KV_STREAM)
         self._topic = Identifier.of(bucket)
+        self._target = self._stream.encode() + self._topic.encode()
 
     def subject(self, key: str) -> str:
         return self._prefix + validate_key(key)
@@ -165,8 +166,9 @@ class KeyValue:
     # -- reads -----------------------------------------------------------------------
 
     async def _get_raw(self, key: str, revision: int = 0) -> Entry:
-        d = await self._client._request(P.KvGet(self._stream, self._topic, self.subject(key), revision))
-        return self._entry(d.values)
+        # The answer comes as its raw payload (``RAW_RESPONSES`` in ``_client.py``).
+        raw = await self._client._call(Command.KV_GET, P.KvGet.payload(self._target, self.subject(key), revision))
+        return self._entry(P.InfoMap.decode(raw).values)
 
     async def get(self, key: str, *, revision: int = 0) -> Entry:
         """The key's value (or one revision). With ``refresh = on_read_and_write`` a
