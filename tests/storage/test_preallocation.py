@@ -19,12 +19,18 @@ from storage import Damage, PartitionLog, Segment, sync_fds
 from storage._segment import PREALLOCATE_MAX, PREALLOCATE_MIN
 
 
-def crash_copy(log: PartitionLog, src: Path, dest: Path) -> Path:
-    """The data as a kill -9 leaves it: the files as they are while the log is open
-    (synced first, as the group commit would before any ack)."""
+def crashed(tmp_path: Path, n: int, log: PartitionLog | None = None) -> tuple[Path, int, int]:
+    """A partition of ``n`` records (or ``log``, written under ``tmp_path / "live"``) as a
+    kill -9 leaves it: its files copied while the log is open (synced first, as the
+    group commit does before any ack). Returns the copy, the active segment's size
+    and the length of the allocated tail after it."""
+    log = log or fill(tmp_path / "live", n)
+    size = log.active.size
     sync_fds(log.take_dirty_fds())
-    shutil.copytree(src, dest)
-    return dest
+    copy = tmp_path / "crashed"
+    shutil.copytree(tmp_path / "live", copy)
+    log.close()
+    return copy, size, os.path.getsize(active_log(copy)) - size
 
 
 def active_log(path: Path) -> Path:
@@ -69,11 +75,7 @@ def test_allocation_grows_with_the_segment_and_stops_at_its_size_limit(tmp_path:
 
 def test_a_crash_with_an_allocated_tail_recovers_every_record(tmp_path: Path) -> None:
     found: list[Damage] = []
-    log = fill(tmp_path / "live", 20, batches=4)
-    size = log.active.size
-    copy = crash_copy(log, tmp_path / "live", tmp_path / "crashed")
-    log.close()
-    tail = os.path.getsize(active_log(copy)) - size
+    copy, size, tail = crashed(tmp_path, 20, fill(tmp_path / "live", 20, batches=4))
     assert tail > 0
     log, reports = PartitionLog.open(str(copy), 1 << 20, report=found.append)
     assert found == [] and reports[-1].preallocated_bytes == tail and reports[-1].truncated_bytes == 0
@@ -86,40 +88,25 @@ def test_a_crash_with_an_allocated_tail_recovers_every_record(tmp_path: Path) ->
     log.close()
 
 
-def test_a_clean_close_leaves_no_tail(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lost_cut", [0, 5000])
+def test_a_clean_close_leaves_no_tail(tmp_path: Path, lost_cut: int) -> None:
     found: list[Damage] = []
     log = fill(tmp_path, 20)
     size = log.active.size
     log.close()
     assert os.path.getsize(active_log(tmp_path)) == size
-    log, reports = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
-    assert found == [] and reports[-1].tail_bytes == 0 and reports[-1].preallocated_bytes == 0
-    assert log.active.snapshot_columns is not None  # the clean close's snapshot describes the log
-    assert live_offsets(log) == list(range(1, 21))
-    log.close()
-
-
-def test_zeros_left_by_a_lost_cut_after_a_clean_close_are_cut_and_the_snapshot_used(tmp_path: Path) -> None:
-    found: list[Damage] = []
-    log = fill(tmp_path, 20)
-    size = log.active.size
-    log.close()
     with open(active_log(tmp_path), "ab") as f:
-        f.write(bytes(5000))  # the close's cut did not reach the disk before a power loss
+        f.write(bytes(lost_cut))  # the close's cut did not reach the disk before a power loss
     log, reports = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
-    assert found == [] and reports[-1].preallocated_bytes == 5000
-    assert log.active.snapshot_columns is not None and os.path.getsize(active_log(tmp_path)) == size
-    assert live_offsets(log) == list(range(1, 21))
+    assert found == [] and reports[-1].tail_bytes == reports[-1].preallocated_bytes == lost_cut
+    assert log.active.snapshot_columns is not None  # the clean close's snapshot describes the log
+    assert os.path.getsize(active_log(tmp_path)) == size and live_offsets(log) == list(range(1, 21))
     log.close()
 
 
 def test_a_nonzero_byte_in_the_allocated_tail_after_a_crash_is_a_torn_tail(tmp_path: Path) -> None:
-    log = fill(tmp_path / "live", 10)
-    size = log.active.size
-    copy = crash_copy(log, tmp_path / "live", tmp_path / "crashed")
-    log.close()
+    copy, size, tail = crashed(tmp_path, 10)
     path = active_log(copy)
-    tail = os.path.getsize(path) - size
     with open(path, "r+b") as f:
         f.seek(size + 1000)
         f.write(b"\x07")
@@ -170,12 +157,8 @@ def test_zeros_where_acknowledged_records_were_are_damage_not_allocated_space(tm
 
 @pytest.mark.parametrize("keep", [1, 4, 24, 38, 43, 44, 60, 139])
 def test_a_torn_record_followed_by_allocated_space_is_a_torn_tail(tmp_path: Path, keep: int) -> None:
-    log = fill(tmp_path / "live", 5)
-    size = log.active.size
-    copy = crash_copy(log, tmp_path / "live", tmp_path / "crashed")
-    log.close()
+    copy, size, tail = crashed(tmp_path, 5)
     path = active_log(copy)
-    tail = os.path.getsize(path) - size
     # The next record, whose payload ends in zero bytes, written in part over the zeros.
     record = P.encode_record(6, 5000, P.encode_body("s.x", b"abc" + bytes(100)))
     written = len(record.rstrip(b"\x00"))  # from here on the record is the zeros already there
@@ -200,8 +183,7 @@ def test_a_torn_record_followed_by_allocated_space_is_a_torn_tail(tmp_path: Path
 def test_a_whole_record_of_zero_payload_before_the_allocated_space_is_kept(tmp_path: Path) -> None:
     log = fill(tmp_path / "live", 3)
     append_one(log, bytes(300))
-    copy = crash_copy(log, tmp_path / "live", tmp_path / "crashed")
-    log.close()
+    copy, _, _ = crashed(tmp_path, 3, log)
     log, reports = PartitionLog.open(str(copy), 1 << 20)
     assert reports[-1].truncated_bytes == 0 and reports[-1].preallocated_bytes > 0
     assert live_offsets(log) == [1, 2, 3, 4] and bytes(log.get(4)).endswith(bytes(300))
@@ -210,9 +192,7 @@ def test_a_whole_record_of_zero_payload_before_the_allocated_space_is_kept(tmp_p
 
 def test_a_check_of_a_crashed_log_reports_and_changes_nothing(tmp_path: Path) -> None:
     found: list[Damage] = []
-    log = fill(tmp_path / "live", 10)
-    copy = crash_copy(log, tmp_path / "live", tmp_path / "crashed")
-    log.close()
+    copy, _, _ = crashed(tmp_path, 10)
     before = os.path.getsize(active_log(copy))
     log, reports = PartitionLog.open(str(copy), 1 << 20, report=found.append, readonly=True)
     assert found == [] and reports[-1].preallocated_bytes > 0 and live_offsets(log) == list(range(1, 11))
