@@ -363,36 +363,38 @@ def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int
     seq = req.get("seq") or 0
     last_by = req.get("last_by_subj")
     next_by = req.get("next_by_subj")
-    if not isinstance(seq, int) or seq < 0 or any(v is not None and not isinstance(v, str) for v in (last_by, next_by)):
+    if (
+        not isinstance(seq, int) or seq < 0
+        or (last_by is not None and not isinstance(last_by, str)) or (next_by is not None and not isinstance(next_by, str))
+    ):
         raise js_error(BAD_REQUEST)
     if (last_by and (seq or next_by)) or not (seq or last_by or next_by):
         raise js_error(BAD_REQUEST)
     part = topic.partitions[0]
-    not_found = js_error(NO_MESSAGE_FOUND)
     if last_by:
         if not P.is_literal(last_by):
-            raise not_found
+            raise js_error(NO_MESSAGE_FOUND)
         raw = last_by.encode()
         if topic.config.kv is not None:
             try:
                 entry, epoch = js.broker.kv.get(topic, last_by, 0, js.broker.clock.now_ns())
             except BrokerError:
-                raise not_found from None
+                raise js_error(NO_MESSAGE_FOUND) from None
             return _Found.of_kv_entry(entry), epoch
         st = part.index.get(raw)
         if st is None or not st.count:
-            raise not_found
+            raise js_error(NO_MESSAGE_FOUND)
         return _Found.of_record(st.last, part.log.get(st.last)), 0
     if next_by:
         ftokens = tuple(next_by.split("."))
         wanted = part.wanted_for(next_by, lambda s: subject_matches(ftokens, s.decode(errors="replace").split(".")))
         res = part.read(max(seq, 1), 1, js.broker.config.limits.max_fetch_bytes, wanted)
         if not res or not res.count:
-            raise not_found
+            raise js_error(NO_MESSAGE_FOUND)
         rec = res.records[0]
         return _Found.of_record(read_record_info(rec, 0).offset, rec), 0
     if not 1 <= seq <= part.log.last_offset or not part.log.is_live(seq):
-        raise not_found
+        raise js_error(NO_MESSAGE_FOUND)
     return _Found.of_record(seq, part.log.get(seq)), 0
 
 
