@@ -7,6 +7,12 @@ synced every interval and acks do not wait, so a machine crash (not a process cr
 can lose up to one interval of acknowledged messages. ``never``: the operating
 system decides when data reaches the disk; a process crash loses nothing (the data
 is in the page cache), a machine crash can lose anything not yet written back.
+
+The files a group commit syncs again and again (the active segment's log, the
+consumer journals) are allocated ahead of what they hold (:func:`allocate_ahead`):
+an fdatasync of bytes written into allocated space flushes the data only, while one
+after an append to a growing file also flushes the file's new size (about 97
+against 150 µs per 200-byte write + fdatasync on ext4, on the 2-core test machine).
 """
 
 from __future__ import annotations
@@ -18,7 +24,14 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["FsyncPolicy", "sync_fds", "fsync_dir", "parse_duration_ms"]
+__all__ = [
+    "FsyncPolicy", "sync_fds", "fsync_dir", "parse_duration_ms", "allocate_ahead", "PREALLOCATE_MIN", "PREALLOCATE_MAX",
+]
+
+#: A file is allocated ahead of a write by as much as it holds, at least
+#: :data:`PREALLOCATE_MIN` and at most :data:`PREALLOCATE_MAX` at a time.
+PREALLOCATE_MIN = 64 << 10
+PREALLOCATE_MAX = 4 << 20
 
 _UNITS_MS = {
     "ns": 1e-6, "us": 1e-3, "\u00b5s": 1e-3, "\u03bcs": 1e-3, "ms": 1.0, "s": 1000.0, "sec": 1000.0,
@@ -109,6 +122,24 @@ def sync_fds(fds: Iterable[int]) -> None:
         except OSError as exc:
             if exc.errno not in (errno.EBADF, errno.EINVAL):
                 raise
+
+
+def allocate_ahead(fd: int, end: int, length: int, limit: int) -> tuple[int, bool]:
+    """Allocate the file ``fd``, now ``length`` bytes long, past ``end`` (where the
+    write about to be made ends) by as much as ``end`` (see :data:`PREALLOCATE_MAX`),
+    never beyond ``limit`` bytes (``posix_fallocate``: the file's size grows, the new
+    space reads as zero bytes). Returns the file's new length and False when the
+    file system cannot allocate or the disk is full: the write goes ahead all the
+    same, and the caller stops allocating (a failed allocation may have done part of
+    it: the length is then the file's own)."""
+    target = min(end + min(max(end, PREALLOCATE_MIN), PREALLOCATE_MAX), limit)
+    if target <= max(end, length):
+        return length, True
+    try:
+        os.posix_fallocate(fd, length, target - length)
+    except OSError:
+        return max(length, os.fstat(fd).st_size), False
+    return target, True
 
 
 def fsync_dir(path: str) -> None:

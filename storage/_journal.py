@@ -24,19 +24,26 @@ kept in ``quarantine/``, and :attr:`Journal.gaps` says where they were: the read
 decides what the missing entries could have said (the consumer engine treats every
 message whose fate they held as still outstanding). A torn last entry (a write the
 group commit had not yet made durable) is cut, reported as such.
+
+Both copies are allocated ahead of their last entry (``_durability.allocate_ahead``)
+and written at their positions, so the group commit's fdatasync writes the entries,
+not a new file size; a close cuts them back. After a stop without one, a copy may end
+in allocated space, zero bytes only (no entry starts with a zero byte): the open cuts
+it without a report. A tail holding anything else is a torn entry or damage as above.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import sys
 import zlib
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from ._damage import Damage, Report, ignore_damage
 from ._datadir import MirroredFiles, _scan
-from ._durability import fsync_dir
+from ._durability import allocate_ahead, fsync_dir
 from ._errors import StorageFailure
 from ._files import atomic_write, makedirs, open_file, write_all
 from ._files import keep_aside as _keep_aside
@@ -101,6 +108,9 @@ class Journal(MirroredFiles):
         self.report = report
         self._fds = [-1, -1]
         self._sizes = [0, 0]
+        #: Each file's length: its entries, then space allocated ahead of them.
+        self._lengths = [0, 0]
+        self._allocate = True
         self.dirty = False
         self.payloads: list[bytes] = []
         self.snapshot_first = False
@@ -126,10 +136,15 @@ class Journal(MirroredFiles):
         merged: dict[int, _Entry] = {}
         damaged_files: list[str] = []
         any_damage = False
-        for p, raw in zip(self.paths, raws):
+        allocated = [False, False]
+        for k, (p, raw) in enumerate(zip(self.paths, raws)):
             if raw is None:
                 continue
             entries, damaged = _scan(raw, _entry_at, bytes([JOURNAL_MAGIC]))
+            if damaged and damaged[-1][1] == len(raw) and raw.count(0, damaged[-1][0]) == len(raw) - damaged[-1][0]:
+                # Zero bytes only after the last entry: space allocated ahead, not damage.
+                raws[k] = raw = raw[: damaged.pop()[0]]
+                allocated[k] = True
             for e in entries:
                 merged.setdefault(e.seq, e)
             for start, end in damaged:
@@ -180,8 +195,11 @@ class Journal(MirroredFiles):
         created = False
         for i, p in enumerate(self.paths):
             created |= not os.path.exists(p)
-            self._fds[i] = open_file(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            self._sizes[i] = os.fstat(self._fds[i]).st_size
+            self._fds[i] = open_file(p, os.O_WRONLY | os.O_CREAT)
+            if allocated[i] and not rewrite:
+                # Not synced: until it is, a crash leaves the same zeros to cut again.
+                os.ftruncate(self._fds[i], len(raws[i] or b""))
+            self._sizes[i] = self._lengths[i] = os.fstat(self._fds[i]).st_size
         if created:
             fsync_dir(folder)
 
@@ -197,8 +215,17 @@ class Journal(MirroredFiles):
         for i, fd in enumerate(self._fds):
             if fd < 0:
                 raise StorageFailure(f"consumer journal {self.paths[i]} is closed")
-            write_all(fd, entry, self._sizes[i])
-            self._sizes[i] += len(entry)
+            size = self._sizes[i]
+            end = size + len(entry)
+            if end > self._lengths[i] and self._allocate:
+                self._lengths[i], self._allocate = allocate_ahead(fd, end, self._lengths[i], sys.maxsize)
+            try:
+                write_all(fd, entry, size, at=size)
+            except StorageFailure:
+                self._lengths[i] = size  # cut back to its last entry
+                raise
+            self._sizes[i] = end
+            self._lengths[i] = max(self._lengths[i], end)
         self.dirty = True
         return self._seq
 
@@ -215,7 +242,19 @@ class Journal(MirroredFiles):
                 os.close(self._fds[i])
                 self._fds[i] = -1
             atomic_write(self.paths[i], data)
-            self._fds[i] = open_file(self.paths[i], os.O_WRONLY | os.O_APPEND)
-            self._sizes[i] = len(data)
+            self._fds[i] = open_file(self.paths[i], os.O_WRONLY)
+            self._sizes[i] = self._lengths[i] = len(data)
         self.dirty = False
+
+    def close(self) -> None:
+        """Close both copies, each cut to its last entry first (a failure to cut
+        leaves zero bytes that the next open cuts)."""
+        for i, fd in enumerate(self._fds):
+            if fd >= 0 and self._lengths[i] > self._sizes[i]:
+                try:
+                    os.ftruncate(fd, self._sizes[i])
+                    self._lengths[i] = self._sizes[i]
+                except OSError:
+                    pass
+        super().close()
 

@@ -5,8 +5,8 @@ Files, named by the segment's first offset zero-padded to 20 digits (Iggy's nami
 ``.log``
     Records back to back, exactly as ``protocol._records`` lays them out. Only the
     active (last) segment is appended to; a sealed segment never changes. The active
-    segment's file is allocated ahead of its last record (``posix_fallocate``, see
-    :data:`PREALLOCATE_MAX`), so that the fdatasync of a group commit writes the new
+    segment's file is allocated ahead of its last record (``_durability.allocate_ahead``,
+    never beyond the segment size limit), so that the fdatasync of a group commit writes the new
     records only, not a new file size; the records are written at their positions
     (``pwrite``), never appended to the file's end. A seal and a clean close cut
     the file to its last record, so only the active segment of a broker that
@@ -99,7 +99,7 @@ from protocol import RECORD_FIXED, check_record
 
 from ._columns import Columns, decode_columns, encode_columns, extract_columns, from_le, le_bytes, write_columns
 from ._damage import Damage, Report, ignore_damage
-from ._durability import fsync_dir
+from ._durability import allocate_ahead, fsync_dir
 from ._errors import CorruptedRecord, StorageFailure
 from ._files import atomic_write, keep_aside, open_file, write_all
 
@@ -135,15 +135,6 @@ _OLD_FORMAT = "no checksum trailer (written by an older version, or cut short)"
 #: segment's deletions could not all be read, so its remaining records are put aside.
 _UNCERTAIN_WORD = 0xFFFFFFFF
 _ONES = b"\x01" * 4096
-#: The active segment's file is allocated ahead of its last record by as much as the
-#: segment already holds, at least :data:`PREALLOCATE_MIN` and at most
-#: :data:`PREALLOCATE_MAX` at a time, never beyond the segment size limit (a
-#: partition that goes quiet keeps at most that much unused space until its next
-#: seal or clean close). An fdatasync of records written into allocated space
-#: flushes the data only; appending to a growing file also flushes its new size
-#: (about 97 against 150 µs per 200-byte write + fdatasync on ext4, this machine).
-PREALLOCATE_MIN = 64 << 10
-PREALLOCATE_MAX = 4 << 20
 
 
 def segment_name(base: int) -> str:
@@ -751,22 +742,15 @@ class Segment:
         self.dirty = True
 
     def _preallocate(self, end: int) -> None:
-        """Allocate the log file ahead of ``end`` (see :data:`PREALLOCATE_MAX`). A
+        """Allocate the log file ahead of ``end``, up to the segment size limit. A
         file system that cannot (or a full disk) only costs the saving: the records
         are written all the same, and this segment stops trying."""
-        ahead = min(max(self.size, PREALLOCATE_MIN), PREALLOCATE_MAX)
-        target = min(end + ahead, self.preallocate_limit)
-        if target <= end:
-            return
-        try:
-            os.posix_fallocate(self._fd, self._file_size, target - self._file_size)
-        except OSError:
+        length, ok = allocate_ahead(self._fd, end, self._file_size, self.preallocate_limit)
+        if not ok:
             self.preallocate_limit = 0
-            self._file_size = max(self.size, os.fstat(self._fd).st_size)
-            self._preallocated = self._file_size > self.size
-            return
-        self._file_size = target
-        self._preallocated = True
+        if length != self._file_size:
+            self._file_size = length
+            self._preallocated = length > self.size
 
     def _release_preallocation(self) -> bool:
         """Cut the space allocated ahead of the last record; True if there was some."""

@@ -15,8 +15,8 @@ from test_recovery import fill, live_offsets
 
 import protocol as P
 from broker.client import connect
-from storage import Damage, PartitionLog, Segment, sync_fds
-from storage._segment import PREALLOCATE_MAX, PREALLOCATE_MIN
+from storage import Damage, Journal, PartitionLog, Segment, sync_fds
+from storage._durability import PREALLOCATE_MAX, PREALLOCATE_MIN
 
 
 def crashed(tmp_path: Path, n: int, log: PartitionLog | None = None) -> tuple[Path, int, int]:
@@ -234,3 +234,80 @@ async def test_sizes_reported_are_the_records_bytes(config, data_dir: Path) -> N
         assert len(fetched.messages) == 20
         assert topic.size == stats["bytes_in_logs"] < on_disk  # the file is allocated ahead
     assert os.path.getsize(log_path) == topic.size  # a clean stop cuts it
+
+
+# -- the consumer journal: two copies, allocated ahead alike ----------------------------------
+
+
+def journal_copies(path: Path) -> list[Path]:
+    return [path, Path(f"{path}.1")]
+
+
+def test_the_journal_is_allocated_ahead_and_a_close_cuts_it(tmp_path: Path) -> None:
+    path = tmp_path / "consumers.journal"
+    j = Journal(str(path))
+    for k in range(5):
+        j.append(b"entry-%d" % k)
+    assert all(os.path.getsize(p) > j.size for p in journal_copies(path))
+    j.close()
+    assert all(os.path.getsize(p) == j.size for p in journal_copies(path))
+    found: list[Damage] = []
+    j = Journal(str(path), report=found.append)
+    assert j.payloads == [b"entry-%d" % k for k in range(5)] and found == []
+    j.close()
+
+
+def test_a_journal_left_with_allocated_tails_opens_without_damage(tmp_path: Path) -> None:
+    path = tmp_path / "live" / "consumers.journal"
+    j = Journal(str(path))
+    for k in range(5):
+        j.append(b"entry-%d" % k)
+    sync_fds(j.take_dirty_fds())
+    shutil.copytree(tmp_path / "live", tmp_path / "crashed")  # as a kill -9 leaves them
+    j.close()
+    copy = tmp_path / "crashed" / "consumers.journal"
+    size = j.size
+    assert all(os.path.getsize(p) > size for p in journal_copies(copy))
+    found: list[Damage] = []
+    j = Journal(str(copy), report=found.append)
+    assert j.payloads == [b"entry-%d" % k for k in range(5)] and not j.gaps and found == []
+    assert all(os.path.getsize(p) == size for p in journal_copies(copy))
+    assert not (tmp_path / "crashed" / "quarantine").exists()
+    j.append(b"after")
+    j.close()
+    assert Journal(str(copy), report=found.append).payloads[-1] == b"after" and found == []
+
+
+def test_a_torn_journal_entry_before_allocated_space_is_still_a_torn_entry(tmp_path: Path) -> None:
+    path = tmp_path / "live" / "consumers.journal"
+    j = Journal(str(path))
+    j.append(b"whole")
+    size = j.size
+    j.append(b"torn-entry")
+    sync_fds(j.take_dirty_fds())
+    shutil.copytree(tmp_path / "live", tmp_path / "crashed")
+    j.close()
+    copy = tmp_path / "crashed" / "consumers.journal"
+    for p in journal_copies(copy):
+        raw = bytearray(p.read_bytes())
+        raw[j.size - 5 : j.size] = bytes(5)  # the entry's last bytes never written
+        p.write_bytes(bytes(raw))
+    found: list[Damage] = []
+    j = Journal(str(copy), report=found.append)
+    assert j.payloads == [b"whole"] and not j.gaps
+    assert len(found) == 2 and all("cut short" in d.detail and d.position == size for d in found)
+    j.close()
+
+
+def test_a_journal_a_file_system_cannot_allocate_is_written_all_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    path = tmp_path / "consumers.journal"
+    j = Journal(str(path))
+    for k in range(3):
+        j.append(b"entry-%d" % k)
+    assert all(os.path.getsize(p) == j.size for p in journal_copies(path))
+    j.close()
+    assert Journal(str(path)).payloads == [b"entry-0", b"entry-1", b"entry-2"]
