@@ -62,6 +62,8 @@ __all__ = ["ConsumerEngine", "Consumer", "ConsumerPartition", "Outstanding"]
 log = get_logger(__name__)
 
 MS = 1_000_000
+_ACK = int(AckKind.ACK)
+_TERM = int(AckKind.TERM)
 
 
 class Outstanding:
@@ -480,30 +482,38 @@ class ConsumerEngine:
         changes: list[int] = []
         ack_all = c.config.ack_policy == "all"
         counters = self.counters
-        freed = False
+        acked = 0
+        freed = False  # beyond ``acked``: room or work for a pull (a term, a NAK due now)
         for kind, pn, o, delay in entries:
             if pn >= n:
                 continue
             cp = parts[pn]
             out = cp.out
-            if kind == AckKind.ACK or kind == AckKind.TERM:
-                if ack_all and kind == AckKind.ACK:
+            if kind == _ACK and not ack_all:  # the common case: _drop, inline
+                e = out.pop(o, None)
+                if e is None:
+                    continue
+                if cp.redeliver:
+                    cp.redeliver.pop(o, None)
+                if e.count > 1:
+                    cp.num_redelivered -= 1
+                changes += (pn, _ACK, o, 0)
+                acked += 1
+                continue
+            if kind == _ACK or kind == _TERM:
+                if ack_all and kind == _ACK:
                     doomed = [k for k in out if k <= o]
                     for k in doomed:
                         cp._drop(k)
                         changes += (pn, kind, k, 0)
-                    counters.consumer_acked += len(doomed)
-                    freed |= bool(doomed)
+                    acked += len(doomed)
                     continue
                 if o not in out:
                     continue
                 cp._drop(o)
                 changes += (pn, kind, o, 0)
+                counters.consumer_terminated += 1
                 freed = True
-                if kind == AckKind.ACK:
-                    counters.consumer_acked += 1
-                else:
-                    counters.consumer_terminated += 1
                 continue
             e = out.get(o)
             if e is None:
@@ -527,7 +537,8 @@ class ConsumerEngine:
                     del cp.redeliver[o]
                     e.fire = self.arm(cp, [o], e.deadline)
                 changes += (pn, kind, o, e.deadline // MS)
-        if freed:
+        counters.consumer_acked += acked
+        if acked or freed:
             self.kick(c)
         if not changes:
             return 0

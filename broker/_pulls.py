@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import protocol as P
-from protocol import PullEnd, encode_pull_batch, encode_pull_entry, split_records
+from protocol import PullEnd, encode_pull_batch, encode_pull_entry
+from protocol._consumers import pull_entries
 
 from ._consumers import MS, Outstanding
 
@@ -194,23 +195,18 @@ def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list
         first_dseq = c.dseq + 1
         wait = cfg.wait_ns(1)
         read = cp.part.log.read
+        number = cp.part.number
         while cp.cursor < vis and count < want and room > 0:
             take = min(want - count, room)
             res = read(cp.cursor, take, max(limit_bytes - used, 1), wanted, vis)
             for rec_run, (first, _) in zip(res.records, res.runs):
-                for j, rec in enumerate(split_records(rec_run)):
-                    if count and used + len(rec) > limit_bytes:
-                        hit = True
-                        break
-                    o = first + j
-                    c.dseq += 1
-                    pending -= 1
-                    parts.append(encode_pull_entry(cp.part.number, c.dseq, 1, max(pending, 0)))
-                    parts.append(rec)
-                    used += len(rec)
-                    count += 1
-                    room -= 1
-                    offsets.append(o)
+                k, size, hit = pull_entries(parts, rec_run, number, c.dseq + 1, pending, limit_bytes - used, not count)
+                c.dseq += k
+                pending -= k
+                used += size
+                count += k
+                room -= k
+                offsets += range(first, first + k)
                 if hit:
                     break
             if hit:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
+from itertools import starmap
 from typing import ClassVar
 
 from ._base import _Request, _Response
@@ -47,6 +48,7 @@ __all__ = [
     "PullBatch",
     "encode_pull_entry",
     "encode_pull_batch",
+    "pull_entries",
     "CONSUMER_COMMANDS",
 ]
 
@@ -279,10 +281,9 @@ class AckMessages(_Request):
     flags: int = 0
 
     def encode(self) -> bytes:
-        pack = _ACK_ENTRY.pack
         return b"".join((
             self.stream.encode(), self.topic.encode(), short_str(self.name, "consumer name"),
-            u8(self.flags), u32(len(self.entries)), *(pack(*e) for e in self.entries),
+            u8(self.flags), u32(len(self.entries)), *starmap(_ACK_ENTRY.pack, self.entries),
         ))
 
     @classmethod
@@ -295,11 +296,10 @@ class AckMessages(_Request):
         if r.remaining() != count * _ACK_ENTRY.size:
             raise malformed(f"ACK: {r.remaining()} bytes do not hold {count} entries of {_ACK_ENTRY.size} bytes")
         body = r.rest()
-        entries = tuple(_ACK_ENTRY.iter_unpack(body))
-        for kind, _, _, _ in entries:
-            if kind > AckKind.IN_PROGRESS:
-                raise malformed(f"ACK: unknown ack kind {kind}")
-        return cls(stream, topic, name, entries, flags)
+        kinds = body[:: _ACK_ENTRY.size]  # the first byte of every entry
+        if kinds and max(kinds) > AckKind.IN_PROGRESS:
+            raise malformed(f"ACK: unknown ack kind {next(k for k in kinds if k > AckKind.IN_PROGRESS)}")
+        return cls(stream, topic, name, tuple(_ACK_ENTRY.iter_unpack(body)), flags)
 
     @property
     def sync(self) -> bool:
@@ -310,11 +310,44 @@ class AckMessages(_Request):
 
 _BATCH_HEAD = struct.Struct("<BIII")  # status, stream_id, topic_id, count
 _PULL_ENTRY = struct.Struct("<IQIQ")  # partition, consumer_seq, num_delivered, pending
+_PULLED_FIXED = struct.Struct("<IQIQ" + RECORD_FIXED.format[1:])  # an entry head and its record's fixed fields
 
 
 def encode_pull_entry(partition: int, consumer_seq: int, num_delivered: int, pending: int) -> bytes:
     """The 24 bytes that precede each record of a pulled batch."""
     return _PULL_ENTRY.pack(partition, consumer_seq, num_delivered, pending)
+
+
+_LENGTH = struct.Struct("<I")
+
+
+def pull_entries(
+    parts: list[bytes | memoryview], run: memoryview, partition: int, dseq: int, pending: int, budget: int, free: bool
+) -> tuple[int, int, bool]:
+    """Append to ``parts`` the entry head and a view of each record of ``run`` (records
+    back to back, first deliveries: ``num_delivered`` 1), the delivery sequences from
+    ``dseq`` on and ``pending`` counting down from ``pending - 1`` (never below 0), while
+    the records fit in ``budget`` bytes; the first always fits when ``free``.
+
+    Returns ``(records taken, their bytes, whether the budget stopped it)``.
+
+    Runtime complexity: O(records), one ``unpack_from``, one ``pack`` and one slice each.
+    """
+    unpack = _LENGTH.unpack_from
+    pack = _PULL_ENTRY.pack
+    append = parts.append
+    pos, n, k = 0, len(run), 0
+    while pos < n:
+        end = pos + 4 + unpack(run, pos)[0]
+        if end - pos > budget and (k or not free):
+            return k, pos, True
+        budget -= end - pos
+        pending -= 1
+        append(pack(partition, dseq + k, 1, pending if pending > 0 else 0))
+        append(run[pos:end])
+        pos = end
+        k += 1
+    return k, pos, False
 
 
 def encode_pull_batch(status: int, stream_id: int, topic_id: int, count: int, parts: list[bytes | memoryview]) -> bytes:
@@ -364,31 +397,43 @@ class PullBatch(_Response):
     @classmethod
     def decode(cls, payload: bytes, message_class: type[PulledMessage] | None = None) -> PullBatch:
         """``message_class``: a :class:`PulledMessage` subclass to build (a client's,
-        with methods to settle the message)."""
+        with methods to settle the message).
+
+        Runtime complexity: O(count), one ``unpack_from`` and three slices per message
+        (no call of ``__init__``: the slots are filled in place)."""
         make = message_class or PulledMessage
+        new = make.__new__
         try:
             status, stream_id, topic_id, count = _BATCH_HEAD.unpack_from(payload, 0)
             pos = _BATCH_HEAD.size
             out: list[PulledMessage] = []
-            unpack = _PULL_ENTRY.unpack_from
+            append = out.append
+            unpack = _PULLED_FIXED.unpack_from
+            size = len(payload)
             for _ in range(count):
-                partition, cseq, ndel, pending = unpack(payload, pos)
-                pos += _PULL_ENTRY.size
-                length, _crc, offset, ts, ttl, flags, sl, hl, pl = RECORD_FIXED.unpack_from(payload, pos)
-                s = pos + RECORD_FIXED.size
+                partition, cseq, ndel, pending, length, _crc, offset, ts, ttl, flags, sl, hl, pl = unpack(payload, pos)
+                s = pos + _PULLED_FIXED.size
                 h = s + sl
                 p = h + hl
                 end = p + pl
-                if end != pos + length + 4 or end > len(payload):
+                if end != pos + _PULL_ENTRY.size + length + 4 or end > size:
                     raise malformed("PULL batch: a record's lengths do not add up")
-                pm = make(
-                    payload[s:h].decode(errors="replace"), payload[p:end], payload[h:p], offset, ts, ttl, flags,
-                    partition, stream_id, topic_id,
-                )
+                pm = new(make)
+                pm.subject = payload[s:h].decode(errors="replace")
+                pm.payload = payload[p:end]
+                pm._headers_raw = payload[h:p]
+                pm._headers = None
+                pm.offset = offset
+                pm.timestamp = ts
+                pm.ttl = ttl
+                pm.flags = flags
+                pm.partition = partition
+                pm.stream_id = stream_id
+                pm.topic_id = topic_id
                 pm.consumer_seq = cseq
                 pm.num_delivered = ndel
                 pm.pending = pending
-                out.append(pm)
+                append(pm)
                 pos = end
         except struct.error:
             raise malformed("PULL batch: payload truncated") from None

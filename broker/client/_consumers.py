@@ -409,8 +409,8 @@ class MessageStream:
     # -- the pulls ----------------------------------------------------------------
 
     def _fill(self) -> None:
-        """Issue pulls while there is room (called on every message handed out, and
-        when a pull ends)."""
+        """Issue pulls while there is room (called when a message handed out makes
+        room, and when a pull ends)."""
         conn = self._conn
         if conn is None or conn is not self._client._conn or conn.lost is not None:
             return
@@ -505,8 +505,8 @@ class MessageStream:
         if buffer:
             m = buffer.popleft()
             self.delivered += 1
-            if len(self._calls) < self._max_pulls:
-                self._fill()
+            if len(self._calls) < self._max_pulls and len(buffer) + self._outstanding <= self._batch:
+                self._fill()  # there is room for a pull (_fill's own test, without the call)
             return m
         return await self._next_slow()
 
