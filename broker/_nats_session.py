@@ -122,7 +122,8 @@ TOO_MANY_CONNECTIONS = encode_err(MAX_CONNECTIONS)
 
 class _NatsFrames:
     """The frames ``Session``'s shared code writes (a refused handshake, a GOODBYE),
-    as a NATS client reads them: ``-ERR`` lines (nothing at a shutdown)."""
+    as a NATS client reads them: ``-ERR`` lines (a shutdown writes none,
+    :meth:`NatsSession._goodbye`)."""
 
     @staticmethod
     def send_error(correlation_id: int, code: int, err: P.BrokerError) -> bytes:
@@ -131,8 +132,7 @@ class _NatsFrames:
     @staticmethod
     def send_push(kind: P.PushKind, payload: bytes, code: int = 0, correlation_id: int = 0) -> bytes:
         assert kind is P.PushKind.GOODBYE, kind  # deliveries to NATS clients are MSG/HMSG
-        text = _ERR_OF_CODE.get(code, payload.decode())
-        return b"" if text is None else encode_err(text)
+        return encode_err(_ERR_OF_CODE.get(code) or payload.decode())
 
 
 class NatsSession(Session):
@@ -178,6 +178,15 @@ class NatsSession(Session):
         """The group commit made answers of this connection durable: they go out
         after the consumer deliveries the same sync released (``JetStream.release``)."""
         self.broker.jetstream.release(self)
+
+    def _goodbye(self, code: ErrorCode, reason: str) -> None:
+        """A GOODBYE is a ``-ERR`` line, or nothing where nats-server just closes (a
+        shutdown): then nothing is queued (an empty write would hold the stream while
+        the close half-closes it)."""
+        if _ERR_OF_CODE.get(code, "") is None:
+            self._handling = False
+            return
+        super()._goodbye(code, reason)
 
     def _fail(self, text: str, reason: str) -> None:
         """``-ERR 'text'``, then close."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import ssl
 import threading
 from collections.abc import Awaitable, Callable
@@ -504,6 +505,20 @@ async def test_tls_with_the_main_listeners_certificates(data_dir: Path, tls_file
         assert info["tls_required"] is True and info["tls_available"] is True
         assert await plain.until_closed() == [err("Secure Connection - TLS Required")]
         assert handle.broker.counters.tls_handshake_failures == 1
+
+
+async def test_a_shutdown_closes_nats_connections_without_a_word(data_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """As nats-server, a broker that shuts down closes its NATS connections without
+    an -ERR line; nothing is queued for them (an empty write racing the half-close
+    failed the connection's tasks, logged as an error)."""
+    caplog.set_level(logging.INFO, logger="broker")
+    async with start_server(make_config(data_dir, **{"nats.enabled": True})) as handle:
+        peer = RawNats(await trio.open_tcp_stream("127.0.0.1", handle.nats_port or 0))
+        await peer.connect(headers=True)
+        await peer.send(b"PING\r\n")
+        assert await peer.next_event() == PONG
+    assert await peer.until_closed() == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 # -- reconnect ----------------------------------------------------------------------------------
