@@ -31,6 +31,13 @@ _KIND_NAME = 2
 _U32 = struct.Struct("<I")
 
 
+#: Name identifiers already decoded, by their bytes: a request names its stream and
+#: topic, the same few names again and again, and each would cost the name rule's
+#: checks and a new (immutable) Identifier. Bounded: emptied when full.
+_DECODED_NAMES: dict[bytes, Identifier] = {}
+_DECODED_NAMES_MAX = 4096
+
+
 def normalize_name(name: str, what: str = "name") -> str:
     """Apply the Iggy name rule and return the normalised name.
 
@@ -110,11 +117,19 @@ class Identifier:
         if kind == _KIND_NAME:
             if length == 0:
                 raise error_class(ErrorCode.INVALID_IDENTIFIER)("a name identifier must not be empty")
+            raw = bytes(buf[pos + 2 : end])
+            known = _DECODED_NAMES.get(raw)
+            if known is not None:
+                return known, end
             try:
-                text = bytes(buf[pos + 2 : end]).decode()
+                text = raw.decode()
             except UnicodeDecodeError:
                 raise error_class(ErrorCode.INVALID_IDENTIFIER)("a name identifier must be UTF-8") from None
-            return cls(normalize_name(text)), end
+            ident = cls(normalize_name(text))
+            if len(_DECODED_NAMES) >= _DECODED_NAMES_MAX:
+                _DECODED_NAMES.clear()
+            _DECODED_NAMES[raw] = ident
+            return ident, end
         raise error_class(ErrorCode.INVALID_IDENTIFIER)(f"identifier kind must be 1 (numeric) or 2 (name), not {kind}")
 
     def __str__(self) -> str:

@@ -1,9 +1,11 @@
-"""The client's fast paths over what a read delivered: ``FrameDecoder.take_ok_response``
+"""Fast paths of the per-request path: the client's ``FrameDecoder.take_ok_response``
 and ``Acks.first`` give what ``next_frame`` and ``Acks.decode`` give, and leave
-everything else (other frames, errors, a partial frame, a bad header) to them."""
+everything else (other frames, errors, a partial frame, a bad header) to them; the
+broker's decoded name identifiers are remembered, within a bound."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,3 +74,20 @@ def test_the_first_ack_is_the_decoded_first_ack(acks) -> None:  # type: ignore[n
     assert (first.error is None) == (decoded.error is None)
     if first.error is not None:
         assert (first.error.code, first.error.message) == (decoded.error.code, decoded.error.message)  # type: ignore[union-attr]
+
+
+def test_decoded_names_are_remembered_within_a_bound_and_bad_ones_never() -> None:
+    from protocol import _names
+
+    good = P.Identifier.of("Orders EU").encode()  # normalised on the way: "orders.eu"
+    first, _ = P.Identifier.decode_from(good, 0)
+    again, end = P.Identifier.decode_from(good, 0)
+    assert again is first and first == P.Identifier("orders.eu") and end == len(good)
+    bad = bytes((2, 3)) + b"a/b"
+    for _ in range(2):
+        with pytest.raises(P.InvalidNameError):  # type: ignore[attr-defined]
+            P.Identifier.decode_from(bad, 0)
+    assert b"a/b" not in _names._DECODED_NAMES
+    for i in range(_names._DECODED_NAMES_MAX + 10):
+        P.Identifier.decode_from(P.Identifier.of(f"n{i}").encode(), 0)
+    assert len(_names._DECODED_NAMES) <= _names._DECODED_NAMES_MAX
