@@ -297,6 +297,31 @@ def test_torn_images_keep_a_seeded_prefix_of_unsynced_appends(root: Path, image:
     assert tree(state.materialize(image.base / "plain")) == {"log": b"durable|", "other": b"x"}
 
 
+def test_allocated_space_is_zeros_and_torn_images_keep_a_prefix_of_what_was_written_over_it(root: Path, image: Images) -> None:
+    with FsModel(root) as fs:
+        write_file(root / "log", b"durable|")
+        sync_dir(root)
+        fd = os.open(root / "log", os.O_RDWR)
+        os.posix_fallocate(fd, 8, 24)
+        assert image(fs) == {"log": b"durable|"}, "the new size is durable once synced"
+        os.fdatasync(fd)
+        assert image(fs) == {"log": b"durable|" + bytes(24)}
+        os.pwrite(fd, b"0123456789", 8)
+        state = fs.snapshot()
+        os.close(fd)
+        assert fs.differences() == []
+    assert fs.errors == [] and fs.untracked == []
+    seen = set()
+    for seed in range(40):
+        got = tree(state.materialize(image.base / f"t{seed}", torn=True, seed=seed))["log"]
+        assert got is not None and len(got) == 32 and got.startswith(b"durable|")
+        written = got[8:].rstrip(b"\0")
+        assert b"0123456789".startswith(written)
+        seen.add(len(written))
+    assert len(seen) > 3 and 0 in seen
+    assert tree(state.materialize(image.base / "plain")) == {"log": b"durable|" + bytes(24)}
+
+
 def test_wrappers_behave_like_the_originals(root: Path, tmp_path: Path) -> None:
     originals = {n: getattr(os, n) for n in ("open", "write", "fsync", "replace", "mkdir", "unlink", "close")}
     import builtins
