@@ -5,12 +5,13 @@ Files, named by the segment's first offset zero-padded to 20 digits (Iggy's nami
 ``.log``
     Records back to back, exactly as ``protocol._records`` lays them out. Only the
     active (last) segment is appended to; a sealed segment never changes. The active
-    segment's file is allocated ahead of its last record (``_durability.allocate_ahead``,
-    never beyond the segment size limit), so that the fdatasync of a group commit writes the new
-    records only, not a new file size; the records are written at their positions
-    (``pwrite``), never appended to the file's end. A seal and a clean close cut
-    the file to its last record, so only the active segment of a broker that
-    stopped without closing can end in allocated space, which reads as zero bytes.
+    segment's file is allocated ahead of its last record
+    (``_durability.allocate_ahead``, never beyond the segment size limit), so that
+    the fdatasync of a group commit writes the new records only, not a new file
+    size; the records are written at their positions (``pwrite``), never appended
+    to the file's end. A seal and a clean close cut the file to its last record, so
+    only the active segment of a broker that stopped without closing can end in
+    allocated space, which reads as zero bytes.
 ``.index``
     The offset index: one ``u32`` LE file position per record, record *i* of the
     segment having offset ``base + i``, then a 12-byte trailer ``"TBIX" | u32 count |
