@@ -311,3 +311,20 @@ def test_a_journal_a_file_system_cannot_allocate_is_written_all_the_same(tmp_pat
     assert all(os.path.getsize(p) == j.size for p in journal_copies(path))
     j.close()
     assert Journal(str(path)).payloads == [b"entry-0", b"entry-1", b"entry-2"]
+
+
+def test_a_seal_syncs_the_log_even_after_the_group_commit_took_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log, _ = PartitionLog.open(str(tmp_path), 4096)
+    append_one(log, b"a" * 3000)
+    append_one(log, b"b" * 3000)  # past the limit: the allocated space is used up
+    seg = log.active
+    assert os.path.getsize(seg.log_path) == seg.size > 4096
+    taken = log.take_dirty_fds()  # the group commit took the log: its sync may still be under way
+    assert taken == [seg.fileno()] and not seg.dirty
+    synced: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+    fd = seg.fileno()
+    assert log.seal_active()
+    assert fd in synced  # before the index that lists the records is written
+    log.close()
