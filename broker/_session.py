@@ -514,7 +514,7 @@ class Session:
                             for one in publishes:
                                 await self._handle(one)
                         publishes = []
-                        if (self._closing or self.pending_bytes > self._limit or budget.total > budget.limit) and await self._ending():
+                        if self._stopped_or_full() and await self._ending():
                             return
                     if event is NEED_DATA:
                         break
@@ -529,7 +529,7 @@ class Session:
                     else:
                         assert isinstance(event, InvalidRequest)
                         self._refuse(event)
-                    if (self._closing or self.pending_bytes > self._limit or budget.total > budget.limit) and await self._ending():
+                    if self._stopped_or_full() and await self._ending():
                         return
             finally:
                 self._handling = False
@@ -542,6 +542,11 @@ class Session:
                     await self._send_ready()  # answer without waking the writer task
                 finally:
                     self._reader_sending = False
+
+    def _stopped_or_full(self) -> bool:
+        """The connection is ending, or it or the broker is over its output limit
+        (then :meth:`_ending` has something to do)."""
+        return self._closing or self.pending_bytes > self._limit or self.budget.total > self.budget.limit
 
     async def _ending(self) -> bool:
         """After a request: wait while the connection or the broker is over its

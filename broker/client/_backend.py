@@ -384,18 +384,17 @@ class _AsyncioWaiter:
         if not self._fut.done():
             self._fut.set_result(value)
         if self._due is not None:
-            self._due.discard(self)
-            self._due = None
+            self.cancel()
 
     def set_exception(self, exc: BaseException) -> None:
         if not self._fut.done():
             self._fut.set_exception(exc)
         if self._due is not None:
-            self._due.discard(self)
-            self._due = None
+            self.cancel()
 
     def cancel(self) -> None:
-        """Abandoned (its caller was cancelled, or timed out): forget it."""
+        """Leave its deadline's set (answered, or abandoned: its caller was
+        cancelled or timed out)."""
         if self._due is not None:
             self._due.discard(self)
             self._due = None

@@ -811,12 +811,11 @@ class Client(ConsumersMixin):
         except TimeoutError as exc:
             raise self._timeout_error(exc) from None
         except ConnectionLostError:
-            if not self._reconnect or self.closed or not (retry() if callable(retry) else retry):
+            if not self._sends_again(retry):
                 raise
             again = None
         except BrokerError as err:
-            # Refused by a broker on its way down: not carried out.
-            if err.code != ErrorCode.SHUTTING_DOWN or not self._reconnect or self.closed:
+            if not self._sends_again(retry, err):
                 raise
             again = conn
         finally:
@@ -842,15 +841,25 @@ class Client(ConsumersMixin):
                     try:
                         return await self._roundtrip(conn, code, payload)
                     except ConnectionLostError:
-                        if not self._reconnect or self.closed or not (retry() if callable(retry) else retry):
+                        if not self._sends_again(retry):
                             raise
                     except BrokerError as err:
-                        if err.code != ErrorCode.SHUTTING_DOWN or not self._reconnect or self.closed:
+                        if not self._sends_again(retry, err):
                             raise
                         await conn.gone.wait()
                     conn = None
         except TimeoutError as exc:
             raise self._timeout_error(exc) from None
+
+    def _sends_again(self, retry: bool | Callable[[], bool], refusal: BrokerError | None = None) -> bool:
+        """Whether a request goes again once reconnected: after a loss with it in
+        flight when ``retry`` says so; after a ``refusal``, when the broker refused
+        it on its way down (SHUTTING_DOWN: not carried out)."""
+        if not self._reconnect or self.closed:
+            return False
+        if refusal is not None:
+            return refusal.code == ErrorCode.SHUTTING_DOWN
+        return retry() if callable(retry) else retry
 
     def _timeout_error(self, exc: TimeoutError) -> TimeoutError:
         """The timeout, saying so when the connection is down."""
