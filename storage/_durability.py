@@ -9,7 +9,7 @@ system decides when data reaches the disk; a process crash loses nothing (the da
 is in the page cache), a machine crash can lose anything not yet written back.
 
 The files a group commit syncs again and again (the active segment's log, the
-consumer journals) are allocated ahead of what they hold (:func:`allocate_ahead`):
+segments' deletions, the consumer journals) are allocated ahead of what they hold (:func:`allocate_ahead`):
 an fdatasync of bytes written into allocated space flushes the data only, while one
 after an append to a growing file also flushes the file's new size (about 97
 against 150 µs per 200-byte write + fdatasync on ext4, on the 2-core test machine).
@@ -124,15 +124,15 @@ def sync_fds(fds: Iterable[int]) -> None:
                 raise
 
 
-def allocate_ahead(fd: int, end: int, length: int, limit: int) -> tuple[int, bool]:
+def allocate_ahead(fd: int, end: int, length: int, limit: int, minimum: int = PREALLOCATE_MIN) -> tuple[int, bool]:
     """Allocate the file ``fd``, now ``length`` bytes long, past ``end`` (where the
-    write about to be made ends) by as much as ``end`` (see :data:`PREALLOCATE_MAX`),
-    never beyond ``limit`` bytes (``posix_fallocate``: the file's size grows, the new
+    write about to be made ends) by as much as ``end``, at least ``minimum`` and at
+    most :data:`PREALLOCATE_MAX`, never beyond ``limit`` bytes (``posix_fallocate``: the file's size grows, the new
     space reads as zero bytes). Returns the file's new length and False when the
     file system cannot allocate or the disk is full: the write goes ahead all the
     same, and the caller stops allocating (a failed allocation may have done part of
     it: the length is then the file's own)."""
-    target = min(end + min(max(end, PREALLOCATE_MIN), PREALLOCATE_MAX), limit)
+    target = min(end + min(max(end, minimum), PREALLOCATE_MAX), limit)
     if target <= max(end, length):
         return length, True
     try:

@@ -10,11 +10,14 @@ broker's messages are not readable by other users of the machine).
 from __future__ import annotations
 
 import os
+import sys
 
-from ._durability import fsync_dir
+from ._durability import PREALLOCATE_MIN, allocate_ahead, fsync_dir
 from ._errors import StorageFailure
 
-__all__ = ["set_modes", "file_mode", "dir_mode", "open_file", "makedirs", "write_all", "atomic_write", "keep_aside"]
+__all__ = [
+    "set_modes", "file_mode", "dir_mode", "open_file", "makedirs", "write_all", "atomic_write", "keep_aside", "AppendFile",
+]
 
 _modes = {"file": 0o600, "dir": 0o700}
 
@@ -81,6 +84,51 @@ def write_all(fd: int, data: bytes | bytearray | memoryview, size_before: int, a
         raise StorageFailure(f"write failed: {os.strerror(exc.errno or 0)}") from exc
     finally:
         view.release()
+
+
+class AppendFile:
+    """A file only ever written at its end: ``size`` bytes of content, its length on
+    disk allocated ahead of them (:func:`._durability.allocate_ahead`, from
+    ``minimum``) so that a sync of what is appended writes data, not a new file size.
+    :meth:`cut` gives the allocated space back (at close; zero bytes left by a stop
+    without one are for the file's reader to recognise)."""
+
+    __slots__ = ("fd", "size", "length", "minimum", "_allocate")
+
+    def __init__(self, fd: int, size: int, minimum: int = PREALLOCATE_MIN) -> None:
+        self.fd = fd
+        self.size = size
+        self.length = size
+        self.minimum = minimum
+        self._allocate = True
+
+    def append(self, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` at the end, everything or nothing (:func:`write_all`).
+
+        Raises:
+            StorageFailure: the write failed (the file is cut back to ``size``).
+        """
+        size = self.size
+        end = size + len(data)
+        if end > self.length and self._allocate:
+            self.length, self._allocate = allocate_ahead(self.fd, end, self.length, sys.maxsize, self.minimum)
+        try:
+            write_all(self.fd, data, size, at=size)
+        except StorageFailure:
+            self.length = size
+            raise
+        self.size = end
+        if end > self.length:
+            self.length = end
+
+    def cut(self) -> None:
+        """Cut the file to its content (best effort)."""
+        if self.length > self.size:
+            try:
+                os.ftruncate(self.fd, self.size)
+                self.length = self.size
+            except OSError:
+                pass
 
 
 def atomic_write(path: str, data: bytes, sync_dir: bool = True) -> None:

@@ -36,16 +36,15 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
 import zlib
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from ._damage import Damage, Report, ignore_damage
 from ._datadir import MirroredFiles, _scan
-from ._durability import allocate_ahead, fsync_dir
+from ._durability import fsync_dir
 from ._errors import StorageFailure
-from ._files import atomic_write, makedirs, open_file, write_all
+from ._files import AppendFile, atomic_write, makedirs, open_file
 from ._files import keep_aside as _keep_aside
 
 __all__ = ["Journal", "JOURNAL_MAGIC"]
@@ -107,10 +106,7 @@ class Journal(MirroredFiles):
         self.paths = (path, path + _MIRROR)
         self.report = report
         self._fds = [-1, -1]
-        self._sizes = [0, 0]
-        #: Each file's length: its entries, then space allocated ahead of them.
-        self._lengths = [0, 0]
-        self._allocate = True
+        self._out: list[AppendFile] = []
         self.dirty = False
         self.payloads: list[bytes] = []
         self.snapshot_first = False
@@ -199,14 +195,14 @@ class Journal(MirroredFiles):
             if allocated[i] and not rewrite:
                 # Not synced: until it is, a crash leaves the same zeros to cut again.
                 os.ftruncate(self._fds[i], len(raws[i] or b""))
-            self._sizes[i] = self._lengths[i] = os.fstat(self._fds[i]).st_size
+            self._out.append(AppendFile(self._fds[i], os.fstat(self._fds[i]).st_size))
         if created:
             fsync_dir(folder)
 
     @property
     def size(self) -> int:
         """Bytes in the first copy."""
-        return self._sizes[0]
+        return self._out[0].size if self._out else 0
 
     def append(self, payload: bytes) -> int:
         """Append one entry to both copies (durable at the next group commit)."""
@@ -215,17 +211,7 @@ class Journal(MirroredFiles):
         for i, fd in enumerate(self._fds):
             if fd < 0:
                 raise StorageFailure(f"consumer journal {self.paths[i]} is closed")
-            size = self._sizes[i]
-            end = size + len(entry)
-            if end > self._lengths[i] and self._allocate:
-                self._lengths[i], self._allocate = allocate_ahead(fd, end, self._lengths[i], sys.maxsize)
-            try:
-                write_all(fd, entry, size, at=size)
-            except StorageFailure:
-                self._lengths[i] = size  # cut back to its last entry
-                raise
-            self._sizes[i] = end
-            self._lengths[i] = max(self._lengths[i], end)
+            self._out[i].append(entry)
         self.dirty = True
         return self._seq
 
@@ -243,18 +229,14 @@ class Journal(MirroredFiles):
                 self._fds[i] = -1
             atomic_write(self.paths[i], data)
             self._fds[i] = open_file(self.paths[i], os.O_WRONLY)
-            self._sizes[i] = self._lengths[i] = len(data)
+            self._out[i] = AppendFile(self._fds[i], len(data))
         self.dirty = False
 
     def close(self) -> None:
         """Close both copies, each cut to its last entry first (a failure to cut
         leaves zero bytes that the next open cuts)."""
-        for i, fd in enumerate(self._fds):
-            if fd >= 0 and self._lengths[i] > self._sizes[i]:
-                try:
-                    os.ftruncate(fd, self._sizes[i])
-                    self._lengths[i] = self._sizes[i]
-                except OSError:
-                    pass
+        for i, out in enumerate(self._out):
+            if self._fds[i] >= 0:
+                out.cut()
         super().close()
 

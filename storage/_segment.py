@@ -102,7 +102,7 @@ from ._columns import Columns, decode_columns, encode_columns, extract_columns, 
 from ._damage import Damage, Report, ignore_damage
 from ._durability import allocate_ahead, fsync_dir
 from ._errors import CorruptedRecord, StorageFailure
-from ._files import atomic_write, keep_aside, open_file, write_all
+from ._files import AppendFile, atomic_write, keep_aside, open_file, write_all
 
 __all__ = ["Segment", "RecoveryReport", "Opening", "LIVE", "DELETED", "CORRUPT", "segment_name", "read_deletion_tags"]
 
@@ -136,6 +136,9 @@ _OLD_FORMAT = "no checksum trailer (written by an older version, or cut short)"
 #: segment's deletions could not all be read, so its remaining records are put aside.
 _UNCERTAIN_WORD = 0xFFFFFFFF
 _ONES = b"\x01" * 4096
+#: The deletion files are allocated ahead from one page (512 entries), as much as
+#: they hold after that (a segment with few deletions keeps little unused space).
+_DEL_ALLOCATE_MIN = 4096
 
 
 def segment_name(base: int) -> str:
@@ -290,6 +293,8 @@ class Segment:
         self._fd = -1
         self._del_fd = -1
         self._mirror_fd = -1
+        #: Both copies of the deletions, once opened for writing.
+        self._deletions: list[AppendFile] = []
         #: The log file's length: ``size`` plus a tail recovery has not resolved yet,
         #: or plus space allocated ahead (:attr:`_preallocated`).
         self._file_size = 0
@@ -635,9 +640,10 @@ class Segment:
         the segment's live records are put aside (marked corrupt, durably, with an
         ``UNCERTAIN`` entry) rather than risk serving a deleted message.
         """
-        copies = [_read_bytes(self.del_path), _read_bytes(self.mirror_path)]
-        if copies[0] is None and copies[1] is None:
+        found = [_read_bytes(self.del_path), _read_bytes(self.mirror_path)]
+        if found[0] is None and found[1] is None:
             return
+        copies = [_without_allocated(raw) for raw in found]
         words, unknown, damaged = _merge_deletions(copies, opening.clean)
         for k, path in enumerate((self.del_path, self.mirror_path)):
             raw = copies[k]
@@ -682,6 +688,10 @@ class Segment:
                 if copies[k] and damaged[k] is not None:
                     keep_aside(path, opening.quarantine_dir, ".damaged")
                 atomic_write(path, merged)
+            elif found[k] is not copies[k]:
+                # Only allocated space after the entries. Not synced: until it is, a
+                # crash leaves the same zeros to cut again.
+                os.truncate(path, len(merged))
 
     # -- properties ----------------------------------------------------------------
 
@@ -787,8 +797,9 @@ class Segment:
         entries = b"".join([_del_entry(rel | high) for rel in doomed])
         if self._del_fd < 0:
             self._del_fd, self._mirror_fd = self._open_deletions()
-        for fd in (self._del_fd, self._mirror_fd):
-            write_all(fd, entries, os.fstat(fd).st_size)
+            self._deletions = [AppendFile(fd, os.fstat(fd).st_size, _DEL_ALLOCATE_MIN) for fd in (self._del_fd, self._mirror_fd)]
+        for out in self._deletions:
+            out.append(entries)
         for rel in doomed:
             state[rel] = DELETED
         if not corrupt:
@@ -797,7 +808,7 @@ class Segment:
         return done
 
     def _open_deletions(self) -> tuple[int, int]:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        flags = os.O_WRONLY | os.O_CREAT
         created = not os.path.exists(self.del_path) or not os.path.exists(self.mirror_path)
         fds = open_file(self.del_path, flags), open_file(self.mirror_path, flags)
         if created:
@@ -1005,13 +1016,16 @@ class Segment:
     # -- closing -------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the files, the log cut to its last record first (a failure to cut
-        leaves zero bytes that the next start cuts)."""
+        """Close the files, the log and the deletions cut to their content first (a
+        failure to cut leaves zero bytes that the next start cuts)."""
         if self._fd >= 0:
             try:
                 self._release_preallocation()
             except OSError:
                 pass
+        if self._del_fd >= 0:
+            for out in self._deletions:
+                out.cut()
         for attr in ("_fd", "_del_fd", "_mirror_fd"):
             fd = getattr(self, attr)
             if fd >= 0:
@@ -1068,6 +1082,16 @@ def _read_index(path: str, magic: bytes, entry_size: int) -> tuple[bytes | None,
 def _del_entry(word: int) -> bytes:
     raw = _U32.pack(word)
     return raw + _U32.pack(zlib.crc32(raw))
+
+
+def _without_allocated(raw: bytes | None) -> bytes | None:
+    """A deletion file's bytes without the zero bytes that end it, from the end of
+    the last entry holding anything else (space allocated ahead: an entry of zero
+    bytes never passes its checksum, the CRC-32 of a zero word not being 0)."""
+    if raw is None:
+        return None
+    keep = -(-len(raw.rstrip(b"\0")) // _DEL_ENTRY.size) * _DEL_ENTRY.size
+    return raw[:keep] if keep < len(raw) else raw
 
 
 def _parse_deletions(raw: bytes) -> list[int | None]:
