@@ -120,10 +120,11 @@ def send_core(
     ``epoch``: a group-commit epoch not yet durable; each subscriber's connection
     holds the message until the sync that makes it durable, which writes it
     (``Session.send_durable``: no task switch between the fsync and the answer)."""
-    subs = broker.subs.match(subject.encode())
+    raw = subject.encode()
+    subs = broker.subs.match(raw)
     if not subs:
         return 0
-    subj = shown or subject.encode()
+    subj = shown or raw
     rep = reply.encode() if reply else None
     record: bytes | None = None
     skip = origin if origin is not None and not origin.echo else None
