@@ -478,7 +478,8 @@ def _admit(
         keep = []
         written: set[bytes] = set()
         shared: dict[int, tuple[Admission, tuple[int, int] | None]] = {}  # field TTL -> admission, stamp
-        same: dict[tuple[int, bytes], tuple[Admission, tuple[int, int] | None]] = {}  # (TTL, headers) -> the same
+        # (TTL, headers) -> the same, and whether nothing is left to check per message
+        same: dict[tuple[int, bytes], tuple[Admission, tuple[int, int] | None, bool]] = {}
         sdm = cfg.subject_delete_marker_ttl if cfg.max_msgs_per_subject != 1 else 0
         for i in idx:
             if ttl_only and i in ttl_only and i in todo:
@@ -502,6 +503,13 @@ def _admit(
                 h = headed.get(i) if headed else None
                 if h is not None:
                     got = same.get(h)  # type: ignore[arg-type]
+                    if got is not None and got[2]:  # as a ttl_only message
+                        admitted[i] = got[0]
+                        if got[1] is not None:
+                            stamps[i] = got[1]
+                        written.add(subjects[i])
+                        keep.append(i)
+                        continue
                 else:
                     got = _plain_kv_admission(cfg) if i not in todo else None
                 try:
@@ -514,9 +522,10 @@ def _admit(
                         a = admit(view[starts[i] : ends[i]], field_ttl, block, cfg, hvs.get(i), restamp=False)
                         stamp = (a.ttl, a.flags) if a.body is None and (a.ttl != field_ttl or a.flags) else None
                         if h is not None and a.body is None:
-                            same[h] = (a, stamp)
+                            simple = a.expected_last is None and a.expects is None and not a.rollup and a.msg_id is None
+                            same[h] = (a, stamp, simple)
                     else:
-                        a, stamp = got
+                        a, stamp = got[0], got[1]
                     if a.expected_last is not None:
                         _check_expected_last(part, subjects[i], a.expected_last, written)
                     if a.expects is not None:

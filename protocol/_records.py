@@ -435,6 +435,7 @@ def build_records(
     src = memoryview(data)
     pack_ot = _OFF_TS.pack_into
     pack_lc = _LEN_CRC.pack_into
+    pack_tf = _TTL_FLAGS.pack_into
     crc32 = zlib.crc32
     positions: list[int] = []
     append = positions.append
@@ -446,8 +447,8 @@ def build_records(
         body_at = q + 24
         end = body_at + blen
         omv[body_at:end] = src[s : s + blen]
-        if stamps is not None and i in stamps:
-            _TTL_FLAGS.pack_into(out, body_at, *stamps[i])
+        if stamps is not None and (st := stamps.get(i)) is not None:
+            pack_tf(out, body_at, st[0], st[1])
         pack_ot(out, q + 8, off, timestamp)
         pack_lc(out, q, blen + 20, crc32(omv[q + 8 : end]))
         append(q)
