@@ -347,13 +347,20 @@ def test_deletions_are_allocated_ahead_and_a_close_cuts_them(tmp_path: Path) -> 
     log.close()
 
 
-def test_deletions_left_with_allocated_tails_open_without_damage(tmp_path: Path) -> None:
+def crashed_with_deletions(tmp_path: Path) -> tuple[Path, list[Path]]:
+    """10 records, 2 and 5 deleted, as a kill -9 leaves them: the copy, and its
+    active segment's two deletion files (16 bytes of entries, then allocated space)."""
     log = fill(tmp_path / "live", 10)
     seg = log.active
     assert log.delete_many([2, 5]) == 2
     copy, _, _ = crashed(tmp_path, 10, log)
     paths = [copy / os.path.basename(seg.del_path), copy / os.path.basename(seg.mirror_path)]
     assert all(os.path.getsize(p) > 16 for p in paths)
+    return copy, paths
+
+
+def test_deletions_left_with_allocated_tails_open_without_damage(tmp_path: Path) -> None:
+    copy, paths = crashed_with_deletions(tmp_path)
     found: list[Damage] = []
     log, _ = PartitionLog.open(str(copy), 1 << 20, report=found.append)
     assert found == [] and live_offsets(log) == [1, 3, 4, 6, 7, 8, 9, 10]
@@ -366,11 +373,7 @@ def test_deletions_left_with_allocated_tails_open_without_damage(tmp_path: Path)
 
 
 def test_a_nonzero_byte_after_the_deletions_is_still_damage(tmp_path: Path) -> None:
-    log = fill(tmp_path / "live", 10)
-    seg = log.active
-    assert log.delete_many([2, 5]) == 2
-    copy, _, _ = crashed(tmp_path, 10, log)
-    path = copy / os.path.basename(seg.del_path)
+    copy, (path, _) = crashed_with_deletions(tmp_path)
     with open(path, "r+b") as f:
         f.seek(16 + 100)
         f.write(b"\x01")
