@@ -55,8 +55,8 @@ Files, named by the segment's first offset zero-padded to 20 digits (Iggy's nami
     log has exactly its size and CRC-32, followed by nothing but zero bytes (space
     allocated ahead whose cut at close did not reach the disk; the positions, time
     index and columns are a function of the log's bytes); one that fails its
-    checksum is reported (``kind=segment_snapshot``); one that no longer matches the log (appends since,
-    a torn write) is simply not used. Removed when the segment is sealed.
+    checksum is reported (``kind=segment_snapshot``); one that no longer matches the
+    log (appends since, a torn write) is simply not used. Removed when the segment is sealed.
 ``.del`` and ``.del2``
     Deletions, the same entries in both files: ``(u32 word, u32 CRC-32 of the word)``
     where the word holds the relative offset (low 28 bits) and a tag (top 4 bits).
@@ -797,7 +797,9 @@ class Segment:
         entries = b"".join([_del_entry(rel | high) for rel in doomed])
         if self._del_fd < 0:
             self._del_fd, self._mirror_fd = self._open_deletions()
-            self._deletions = [AppendFile(fd, os.fstat(fd).st_size, _DEL_ALLOCATE_MIN) for fd in (self._del_fd, self._mirror_fd)]
+            self._deletions = [
+                AppendFile(fd, os.fstat(fd).st_size, _DEL_ALLOCATE_MIN) for fd in (self._del_fd, self._mirror_fd)
+            ]
         for out in self._deletions:
             out.append(entries)
         for rel in doomed:
