@@ -33,6 +33,20 @@ def publish_frame(corr: int, *bodies: bytes, count: int | None = None) -> bytes:
     return P.encode_frame(P.Command.PUBLISH, 0, corr, 0, b"\x00" + n.to_bytes(4, "little") + b"".join(bodies))
 
 
+def spy_on_joins(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many requests each run the broker was offered it took as one batch (0:
+    it sent them back to go one at a time)."""
+    joined: list[int] = []
+
+    def spy(broker: Any, session: Any, cmds: list[P.Publish]) -> Any:
+        reply = publish_frames(broker, session, cmds)
+        joined.append(0 if reply is None else len(cmds))
+        return reply
+
+    monkeypatch.setattr(_session, "publish_frames", spy)
+    return joined
+
+
 async def answers(raw: RawPeer, count: int) -> dict[int, object]:
     """The next ``count`` answers, by correlation id."""
     got: dict[int, object] = {}
@@ -48,14 +62,7 @@ async def test_pipelined_frames_in_one_read_get_their_own_answers(
     server: ServerHandle, client: Client, topic: tuple[str, str], monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     await client.create_topic("shop", "one", partitions=1, subjects=["one.>"])
-    joined: list[int] = []  # how many requests each batch the broker took as one held
-
-    def spy(broker: Any, session: Any, cmds: list[P.Publish]) -> Any:
-        reply = publish_frames(broker, session, cmds)
-        joined.append(0 if reply is None else len(cmds))
-        return reply
-
-    monkeypatch.setattr(_session, "publish_frames", spy)
+    joined = spy_on_joins(monkeypatch)
     raw = await RawPeer.open(server.address)
     await raw.handshake()
     body = P.encode_body
@@ -123,14 +130,7 @@ async def test_frames_with_ttl_headers_are_joined_and_a_msg_id_goes_one_at_a_tim
 ) -> None:  # type: ignore[no-untyped-def]
     await client.create_stream("ttls")
     await client.create_topic("ttls", "t", partitions=1, subjects=["t.>"], allow_msg_ttl=True, duplicate_window=60)
-    joined: list[int] = []
-
-    def spy(broker: Any, session: Any, cmds: list[P.Publish]) -> Any:
-        reply = publish_frames(broker, session, cmds)
-        joined.append(0 if reply is None else len(cmds))
-        return reply
-
-    monkeypatch.setattr(_session, "publish_frames", spy)
+    joined = spy_on_joins(monkeypatch)
     raw = await RawPeer.open(server.address)
     await raw.handshake()
 
