@@ -56,13 +56,17 @@ Files, named by the segment's first offset zero-padded to 20 digits (Iggy's nami
     allocated ahead whose cut at close did not reach the disk; the positions, time
     index and columns are a function of the log's bytes); one that fails its
     checksum is reported (``kind=segment_snapshot``); one that no longer matches the
-    log (appends since, a torn write) is simply not used. Removed when the segment is sealed.
+    log (appends since, a torn write) is simply not used. Removed when the segment
+    is sealed.
 ``.del`` and ``.del2``
     Deletions, the same entries in both files: ``(u32 word, u32 CRC-32 of the word)``
     where the word holds the relative offset (low 28 bits) and a tag (top 4 bits).
     Appended on each delete and fsynced like the log, before the delete is
     acknowledged. Two copies, so that one damaged write, page or truncation loses
     no acknowledged deletion: recovery takes the union of the valid entries of both.
+    Allocated ahead like the active log (from one page, ``_files.AppendFile``) and
+    cut at close; whole entries of zero bytes at a file's end are that space (an
+    entry of zeros never passes its checksum), dropped and cut by recovery.
 
 Both indexes can be rebuilt from the ``.log``: an index that fails its checksum or its
 shape is rebuilt (and the damage reported). Deletions cannot be rebuilt: a damaged
