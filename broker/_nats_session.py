@@ -245,8 +245,9 @@ class NatsSession(Session):
             self.send_now(PING)
 
     async def _read_loop(self) -> None:
-        self.send_now(encode_info(self._info()))
-        if self.tls is not None and not await self._start_tls():
+        if self.tls is None:
+            self.send_now(encode_info(self._info()))
+        elif not await self._open_tls():
             return
         parser = self.parser
         budget = self.budget
@@ -299,8 +300,29 @@ class NatsSession(Session):
                 finally:
                     self._reader_sending = False
 
+    async def _open_tls(self) -> bool:
+        """INFO then the client's TLS handshake, or, with ``[nats]
+        tls_handshake_first``, the handshake first and INFO over TLS: always (true),
+        or when the client starts one within the configured wait. False: closed."""
+        first = self.broker.config.nats.tls_handshake_first
+        if first is not False and (first is True or await self._speaks_within(first)):
+            if not await self._start_tls():
+                return False
+            self.send_now(encode_info(self._info()))
+            return True
+        self.send_now(encode_info(self._info()))
+        return await self._start_tls()
+
+    async def _speaks_within(self, seconds: float) -> bool:
+        """Whether the client sends something (a TLS ClientHello, or its end) within
+        ``seconds``, before the server has said anything."""
+        with trio.move_on_after(seconds):
+            await trio.lowlevel.wait_readable(self.stream.socket)  # type: ignore[attr-defined]
+            return True
+        return False
+
     async def _start_tls(self) -> bool:
-        """After INFO, the client starts TLS (nats-py's ``start_tls``)."""
+        """The client starts TLS: after INFO (nats-py's ``start_tls``), or first."""
         await self._send_ready()
         assert self.tls is not None
         secured = await self.tls.accept(self.stream, self.peer, self.id, plain_reply=encode_err(TLS_REQUIRED))  # type: ignore[arg-type]

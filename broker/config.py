@@ -65,6 +65,18 @@ def _seconds(value: int | float | str, key: str) -> float:
         raise ConfigError(f"{key}: {exc}") from None
 
 
+def _handshake_first(value: Any) -> bool | float:
+    """``[nats] tls_handshake_first``: true, false, or how long to wait (``"50ms"``)."""
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, (int, float, str)):
+        raise ConfigError(f"nats.tls_handshake_first: expected true, false or a duration such as \"50ms\", got {value!r}")
+    seconds = _seconds(value, "nats.tls_handshake_first")
+    if seconds <= 0:
+        raise ConfigError("nats.tls_handshake_first: a wait must be positive (true: TLS first always)")
+    return seconds
+
+
 _MODE_RE = re.compile(r"^(?:0o?)?([0-7]{1,3})$")
 
 
@@ -221,6 +233,11 @@ class NatsConfig:
     ping_interval: float = 120.0
     #: Unanswered PINGs after which the connection is closed (Stale Connection).
     max_pings_out: int = 2
+    #: With TLS: False = INFO first, then the client's TLS handshake (nats-server's
+    #: default); True = the client starts TLS at once (nats-py's and nats.go's
+    #: ``tls_handshake_first``), INFO goes after it; seconds = wait that long for a
+    #: TLS handshake before sending INFO, so both kinds of client connect.
+    tls_handshake_first: bool | float = False
 
 
 @dataclass(frozen=True)
@@ -404,6 +421,7 @@ def _build(d: dict[str, Any]) -> Config:
             stream=_typed(na["stream"], str, "nats.stream"),
             ping_interval=_seconds(na["ping_interval"], "nats.ping_interval"),
             max_pings_out=_typed(na["max_pings_out"], int, "nats.max_pings_out"),
+            tls_handshake_first=_handshake_first(na["tls_handshake_first"]),
         ),
         system=SystemConfig(
             path=_typed(sysd["path"], str, "system.path"),
@@ -461,6 +479,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("nats.max_pings_out: must be at least 1")
     if not na.stream:
         raise ConfigError("nats.stream: must not be empty")
+    if na.tls_handshake_first is not False and not cfg.server.tls_cert:
+        raise ConfigError("nats.tls_handshake_first: needs TLS ([server] tls_cert and tls_key, or --tls-cert and --tls-key)")
     seg = cfg.system.segment
     if not 4096 <= seg.size_bytes <= 1024**3:
         raise ConfigError("system.segment.size_bytes: must be between 4 KiB and 1 GiB")

@@ -507,6 +507,43 @@ async def test_tls_with_the_main_listeners_certificates(data_dir: Path, tls_file
         assert handle.broker.counters.tls_handshake_failures == 1
 
 
+async def test_tls_handshake_first(data_dir: Path, tls_files: tuple[Path, Path, Path]) -> None:
+    """``[nats] tls_handshake_first = true``: the client starts TLS at once (nats-py's
+    ``tls_handshake_first``) and INFO comes over TLS; a client that speaks plain
+    text first is told TLS is required, without an INFO."""
+    ca, cert, key = tls_files
+    config = make_config(data_dir, **{"nats.enabled": True, "server.tls_cert": str(cert), "server.tls_key": str(key),
+                                      "nats.tls_handshake_first": True})
+    async with start_server(config) as handle:
+        url = handle.nats_url or ""
+        context = ssl.create_default_context(cafile=str(ca))
+        assert await in_asyncio(round_trip, url, b"first", tls=context, tls_handshake_first=True) == b"first"
+        plain = await RawNats.open(url)
+        await plain.send(b"CONNECT {}\r\n")
+        assert await plain.until_closed() == [err("Secure Connection - TLS Required")]
+
+
+async def test_tls_handshake_first_within_a_wait_lets_both_kinds_of_client_in(
+    data_dir: Path, tls_files: tuple[Path, Path, Path]
+) -> None:
+    """``tls_handshake_first = "50ms"``: a client that starts TLS within the wait
+    gets INFO over TLS; one that waits for INFO gets it after the wait, then starts
+    TLS as usual."""
+    ca, cert, key = tls_files
+    config = make_config(data_dir, **{"nats.enabled": True, "server.tls_cert": str(cert), "server.tls_key": str(key),
+                                      "nats.tls_handshake_first": "50ms"})
+    assert config.nats.tls_handshake_first == 0.05
+    async with start_server(config) as handle:
+        url = handle.nats_url or ""
+        context = ssl.create_default_context(cafile=str(ca))
+        assert await in_asyncio(round_trip, url, b"first", tls=context, tls_handshake_first=True) == b"first"
+        assert await in_asyncio(round_trip, url, b"after", tls=context) == b"after"
+        plain = await RawNats.open(url)
+        info = await plain.connect()
+        assert info["tls_required"] is True
+        assert await plain.until_closed() == [err("Secure Connection - TLS Required")]
+
+
 async def test_a_shutdown_closes_nats_connections_without_a_word(data_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     """As nats-server, a broker that shuts down closes its NATS connections without
     an -ERR line; nothing is queued for them (an empty write racing the half-close
