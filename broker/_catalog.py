@@ -9,7 +9,7 @@ with SUBJECTS_OVERLAP naming both topics.
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Any, TypeVar
 
 from protocol import ErrorCode, Identifier, SubjectTransform, TopicDetails, error_class, filters_overlap
 from storage import ConsumerOffsets
@@ -124,6 +124,22 @@ class Topic:
         return {"id": self.id, "created_at": self.created_at, "config": self.config.to_json()}
 
 
+_Named = TypeVar("_Named", "Topic", "Stream")
+
+
+def by_name(by_id: dict[int, _Named], names: dict[str, _Named], name: str) -> _Named | None:
+    """The stream or topic of ``by_id`` called ``name``, through ``names``, an index
+    that is checked on every hit (the entry must still be in ``by_id`` under that
+    name) and made again from ``by_id`` on a miss or a stale entry: creations and
+    deletions need not keep it up to date."""
+    found = names.get(name)
+    if found is not None and by_id.get(found.id) is found and found.name == name:
+        return found
+    names.clear()
+    names.update((x.name, x) for x in by_id.values())
+    return names.get(name)
+
+
 class Stream:
     def __init__(self, stream_id: int, name: str, created_at: int) -> None:
         self.id = stream_id
@@ -132,12 +148,13 @@ class Stream:
         self.topics: dict[int, Topic] = {}
         #: The highest topic id ever given in this stream (ids are never reused).
         self.topic_id_mark = 0
+        self._by_name: dict[str, Topic] = {}
 
     def topic(self, ident: Identifier) -> Topic:
         if ident.is_numeric:
             t = self.topics.get(ident.value)  # type: ignore[arg-type]
         else:
-            t = next((t for t in self.topics.values() if t.name == ident.value), None)
+            t = by_name(self.topics, self._by_name, ident.value)  # type: ignore[arg-type]
         if t is None:
             raise error_class(ErrorCode.TOPIC_NOT_FOUND)(f"stream {self.name!r} has no topic {ident.value!r}")
         return t
@@ -177,12 +194,13 @@ class Catalog:
         #: deleted topic's files are removed (and before a new topic's are created),
         #: dropped once done; at start the broker removes what is still listed.
         self.removing: list[tuple[int, int | None]] = []
+        self._by_name: dict[str, Stream] = {}
 
     def stream(self, ident: Identifier) -> Stream:
         if ident.is_numeric:
             s = self.streams.get(ident.value)  # type: ignore[arg-type]
         else:
-            s = next((s for s in self.streams.values() if s.name == ident.value), None)
+            s = by_name(self.streams, self._by_name, ident.value)  # type: ignore[arg-type]
         if s is None:
             raise error_class(ErrorCode.STREAM_NOT_FOUND)(f"no stream {ident.value!r}")
         return s
