@@ -833,7 +833,7 @@ class Session:
         write (``_publishing.publish_frames``); one alone goes straight to its
         handler. False when they must go one at a time through :meth:`_handle` (the
         broker is shutting down, or says they cannot be joined: a malformed one
-        among them, or headers)."""
+        among them, or a compare-and-set, rollup or de-duplication header)."""
         broker = self.broker
         if broker.shutting_down:
             return False
