@@ -89,17 +89,19 @@ def write_all(fd: int, data: bytes | bytearray | memoryview, size_before: int, a
 class AppendFile:
     """A file only ever written at its end: ``size`` bytes of content, its length on
     disk allocated ahead of them (:func:`._durability.allocate_ahead`, from
-    ``minimum``) so that a sync of what is appended writes data, not a new file size.
-    :meth:`cut` gives the allocated space back (at close; zero bytes left by a stop
-    without one are for the file's reader to recognise)."""
+    ``minimum``, never beyond ``limit`` bytes) so that a sync of what is appended
+    writes data, not a new file size. :meth:`cut` gives the allocated space back (a
+    seal, a close; zero bytes left by a stop without one are for the file's reader
+    to recognise)."""
 
-    __slots__ = ("fd", "size", "length", "minimum", "_allocate")
+    __slots__ = ("fd", "size", "length", "minimum", "limit", "_allocate")
 
-    def __init__(self, fd: int, size: int, minimum: int = PREALLOCATE_MIN) -> None:
+    def __init__(self, fd: int, size: int, minimum: int = PREALLOCATE_MIN, limit: int = sys.maxsize) -> None:
         self.fd = fd
         self.size = size
         self.length = size
         self.minimum = minimum
+        self.limit = limit
         self._allocate = True
 
     def append(self, data: bytes | bytearray | memoryview) -> None:
@@ -111,7 +113,7 @@ class AppendFile:
         size = self.size
         end = size + len(data)
         if end > self.length and self._allocate:
-            self.length, self._allocate = allocate_ahead(self.fd, end, self.length, sys.maxsize, self.minimum)
+            self.length, self._allocate = allocate_ahead(self.fd, end, self.length, self.limit, self.minimum)
         try:
             write_all(self.fd, data, size, at=size)
         except StorageFailure:
@@ -121,14 +123,17 @@ class AppendFile:
         if end > self.length:
             self.length = end
 
-    def cut(self) -> None:
-        """Cut the file to its content (best effort)."""
-        if self.length > self.size:
-            try:
-                os.ftruncate(self.fd, self.size)
-                self.length = self.size
-            except OSError:
-                pass
+    def cut(self) -> bool:
+        """Cut the file to its content; True if there was space to cut.
+
+        Raises:
+            OSError: the cut failed (the zero bytes stay).
+        """
+        if self.length <= self.size:
+            return False
+        os.ftruncate(self.fd, self.size)
+        self.length = self.size
+        return True
 
 
 def atomic_write(path: str, data: bytes, sync_dir: bool = True) -> None:

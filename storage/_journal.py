@@ -237,6 +237,9 @@ class Journal(MirroredFiles):
         leaves zero bytes that the next open cuts)."""
         for i, out in enumerate(self._out):
             if self._fds[i] >= 0:
-                out.cut()
+                try:
+                    out.cut()
+                except OSError:
+                    pass
         super().close()
 

@@ -5,8 +5,8 @@ Files, named by the segment's first offset zero-padded to 20 digits (Iggy's nami
 ``.log``
     Records back to back, exactly as ``protocol._records`` lays them out. Only the
     active (last) segment is appended to; a sealed segment never changes. The active
-    segment's file is allocated ahead of its last record
-    (``_durability.allocate_ahead``, never beyond the segment size limit), so that
+    segment's file is allocated ahead of its last record (``_files.AppendFile``,
+    never beyond the segment size limit), so that
     the fdatasync of a group commit writes the new records only, not a new file
     size; the records are written at their positions (``pwrite``), never appended
     to the file's end. A seal and a clean close cut the file to its last record, so
@@ -104,9 +104,9 @@ from protocol import RECORD_FIXED, check_record
 
 from ._columns import Columns, decode_columns, encode_columns, extract_columns, from_le, le_bytes, write_columns
 from ._damage import Damage, Report, ignore_damage
-from ._durability import allocate_ahead, fsync_dir
+from ._durability import fsync_dir
 from ._errors import CorruptedRecord, StorageFailure
-from ._files import AppendFile, atomic_write, keep_aside, open_file, write_all
+from ._files import AppendFile, atomic_write, keep_aside, open_file
 
 __all__ = ["Segment", "RecoveryReport", "Opening", "LIVE", "DELETED", "CORRUPT", "segment_name", "read_deletion_tags"]
 
@@ -299,14 +299,13 @@ class Segment:
         self._mirror_fd = -1
         #: Both copies of the deletions, once opened for writing.
         self._deletions: list[AppendFile] = []
-        #: The log file's length: ``size`` plus a tail recovery has not resolved yet,
-        #: or plus space allocated ahead (:attr:`_preallocated`).
+        #: The log file's length as recovery found it: ``size`` plus a tail it has
+        #: not resolved yet (:meth:`cut_tail`, :meth:`seal_damaged`).
         self._file_size = 0
         #: Allocate the log ahead of its last record up to this size (0: never).
         self.preallocate_limit = 0
-        #: Bytes beyond ``size`` up to ``_file_size`` are space this process allocated
-        #: (cut by a seal or a close), not a tail found by recovery.
-        self._preallocated = False
+        #: The log as appends write it (made by the first append).
+        self._out: AppendFile | None = None
         #: Some deletion of this segment could not be read: its records are put aside,
         #: and nothing more may be appended to it (new records are not in doubt).
         self.uncertain = False
@@ -733,17 +732,10 @@ class Segment:
         """Append already built records; ``positions`` are absolute file positions."""
         if self.sealed:
             raise StorageFailure("cannot append to a sealed segment")
-        end = self.size + len(records)
-        if end > self._file_size:
-            self._preallocate(end)
-        try:
-            write_all(self._fd, records, self.size, at=self.size)
-        except StorageFailure:
-            self._file_size = self.size  # the file was cut back to its last record
-            self._preallocated = False
-            raise
-        if end > self._file_size:
-            self._file_size = end
+        out = self._out
+        if out is None:
+            out = self._out = AppendFile(self._fd, self.size, limit=self.preallocate_limit)
+        out.append(records)
         if self.crc is not None:
             self.crc = zlib.crc32(records, self.crc)
         n = len(positions)
@@ -756,25 +748,9 @@ class Segment:
         self.live_count += n
         self.dirty = True
 
-    def _preallocate(self, end: int) -> None:
-        """Allocate the log file ahead of ``end``, up to the segment size limit. A
-        file system that cannot (or a full disk) only costs the saving: the records
-        are written all the same, and this segment stops trying."""
-        length, ok = allocate_ahead(self._fd, end, self._file_size, self.preallocate_limit)
-        if not ok:
-            self.preallocate_limit = 0
-        if length != self._file_size:
-            self._file_size = length
-            self._preallocated = length > self.size
-
     def _release_preallocation(self) -> bool:
         """Cut the space allocated ahead of the last record; True if there was some."""
-        cut = self._preallocated and self._file_size > self.size
-        self._preallocated = False
-        if cut:
-            os.ftruncate(self._fd, self.size)
-            self._file_size = self.size
-        return cut
+        return self._out is not None and self._out.cut()
 
     def delete(self, rel: int) -> bool:
         """Mark record ``rel`` deleted, durably once the ``.del`` file is synced.
@@ -859,7 +835,6 @@ class Segment:
         like damage, and a summary before the cut would not match the file's size."""
         if self.sealed:
             return
-        self.preallocate_limit = 0
         if self._release_preallocation():
             os.fsync(self._fd)  # the new size too (fdatasync need not write a smaller one)
         else:
@@ -1024,14 +999,13 @@ class Segment:
     def close(self) -> None:
         """Close the files, the log and the deletions cut to their content first (a
         failure to cut leaves zero bytes that the next start cuts)."""
-        if self._fd >= 0:
+        for out in ([self._out] if self._out is not None else []) + self._deletions:
             try:
-                self._release_preallocation()
+                out.cut()
             except OSError:
                 pass
-        if self._del_fd >= 0:
-            for out in self._deletions:
-                out.cut()
+        self._out = None
+        self._deletions = []
         for attr in ("_fd", "_del_fd", "_mirror_fd"):
             fd = getattr(self, attr)
             if fd >= 0:
