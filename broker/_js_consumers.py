@@ -351,9 +351,15 @@ def _next(st: State, c: Consumer, reply: str | None, payload: bytes) -> None:
         st.send(reply, None, status_message(400, f"Bad Request - {exc}"))
         return
     st.touch(c)
-    if nr.no_wait and not nr.expires_ns and not (c.num_pending or any(cp.redeliver for cp in c.parts)):
-        st.send(reply, None, status_message(404, "No Messages"))
-        return
+    if nr.no_wait:
+        available = c.num_pending + sum(len(cp.redeliver) for cp in c.parts)
+        if not available and not nr.expires_ns:
+            st.send(reply, None, status_message(404, "No Messages"))
+            return
+        if available and available < sum(w.remaining for w in c.waiting):
+            # What there is goes to the requests already waiting (the server's rule).
+            st.send(reply, None, status_message(408, "Requests Pending"))
+            return
     if len(c.waiting) >= c.config.max_waiting:
         if not nr.heartbeat_ns:
             st.send(reply, None, status_message(409, "Exceeded MaxWaiting"))

@@ -185,6 +185,38 @@ async def test_max_ack_pending_holds_new_messages_back(mock_clock: Any, nats_url
     assert pending == 2
 
 
+async def test_a_no_wait_pull_behind_waiting_requests_gets_408_requests_pending(mock_clock: Any, nats_url: str) -> None:
+    """As nats-server: a ``no_wait`` request when the messages there are fewer than
+    the waiting requests still want is answered ``408 Requests Pending`` (here a
+    waiting request of 10 holds max_ack_pending's one message, 2 more wait for it);
+    once nothing waits, the same request gets a message."""
+
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        await orders(js, 3)
+        await js.add_consumer(STREAM, durable_name="busy", ack_policy="explicit", max_ack_pending=1)
+        nxt = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.busy"
+        waiting, asking = nc.new_inbox(), nc.new_inbox()
+        wsub, asub = await nc.subscribe(waiting), await nc.subscribe(asking)
+        await nc.publish(nxt, json.dumps({"batch": 10, "expires": 5_000_000_000}).encode(), reply=waiting)
+        first = await wsub.next_msg(timeout=2)
+        await nc.publish(nxt, json.dumps({"batch": 1, "no_wait": True}).encode(), reply=asking)
+        out: dict[str, Any] = {"first": first.subject, "behind": (await asub.next_msg(timeout=2)).headers}
+        trio.from_thread.run(_advance, 5.5)  # the waiting request expires
+        out["expired"] = (await wsub.next_msg(timeout=2)).headers["Status"]
+        await first.ack()
+        await nc.publish(nxt, json.dumps({"batch": 1, "no_wait": True}).encode(), reply=asking)
+        out["alone"] = (await asub.next_msg(timeout=2)).subject
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    assert r["first"] == "orders.0"
+    assert r["behind"] == {"Status": "408", "Description": "Requests Pending"}
+    assert r["expired"] == "408"
+    assert r["alone"] == "orders.1"
+
+
 async def test_pull_request_statuses(mock_clock: Any, nats_url: str) -> None:
     """The raw pull protocol: 404 for no_wait with nothing, messages then 404 for a
     partial no_wait batch, 408 with the pending counts when a request expires, 409
