@@ -100,31 +100,37 @@ class KvReads:
     def get(self, topic: Topic, subject: str, revision: int, now_ns: int) -> tuple[dict[str, Any], int]:
         """The entry of ``subject`` (its latest revision, or ``revision``), with the
         bucket's visibility and refresh rules; returns it and the epoch the reply must
-        wait for (0: none).
+        wait for (0: none). (:meth:`bucket`, :meth:`deadline` and :func:`_operation`
+        are written out here: this runs once per get.)
 
         Raises:
             NotABucketError, MessageNotFoundError (absent, or expired and hidden).
         """
-        kv = self.bucket(topic)
+        kv = topic.config.kv
+        if kv is None:
+            self.bucket(topic)  # raises
         raw = subject.encode()
         part = topic.partition_for(raw)
-        st = part.index.get(raw)
+        index = part.index
+        log = part.log
+        st = index.get(raw)
         latest = st.last if st is not None and st.count else 0
         offset = revision or latest
-        if not offset or not part.log.is_live(offset) or part.index.subject_at(offset) != raw:
+        if not offset or not log.is_live(offset) or index.subject_at(offset) != raw:
             what = f"revision {revision} of" if revision else "key"
             raise _NotFound(f"{what} {subject!r} not found in bucket {topic.name!r}")
-        rec = part.log.get(offset)
+        rec = log.get(offset)
         info = read_record_info(rec, 0)
-        deadline = self.deadline(part, offset, info.timestamp, info.ttl)
+        ttl = info.ttl
+        deadline = 0 if not ttl or ttl == TTL_NEVER else max(info.timestamp + ttl * NS, part.refreshed.get(offset, 0))
         if deadline and now_ns >= deadline and kv["visibility"] == "never_return_expired":
             raise _NotFound(f"key {subject!r} expired in bucket {topic.name!r}")
         headers = decode_headers(info.headers) if info.headers else {}
-        flags = part.index.flags_at(offset)
-        op = _operation(flags, headers)
+        flags = index.flags_at(offset)
+        op = _operation(flags, headers) if flags else "PUT"
         epoch = 0
         if op == "PUT" and offset == latest and kv["refresh"] == "on_read_and_write" and deadline and now_ns < deadline:
-            deadline, epoch = self.refresh(topic, part, offset, info.ttl, now_ns)
+            deadline, epoch = self.refresh(topic, part, offset, ttl, now_ns)
         payload_at = 38 + len(info.subject) + len(info.headers)
         entry = {
             "subject": subject,
@@ -134,7 +140,7 @@ class KvReads:
             "value": bytes(rec[payload_at : payload_at + info.payload_len]),
             "headers": headers,
             "created": info.timestamp,
-            "ttl": info.ttl,
+            "ttl": ttl,
             "deadline": deadline,
             "ttl_remaining_ms": max(0, (deadline - now_ns) // 1_000_000) if deadline else None,
         }
@@ -212,7 +218,7 @@ def kv_get(broker: Broker, session: Any, cmd: P.KvGet) -> Reply:
     validate_subject(cmd.subject)
     entry, epoch = broker.kv.get(topic, cmd.subject, cmd.revision, broker.clock.now_ns())
     broker.counters.messages_out += 1
-    payload = P.InfoMap(entry).encode()
+    payload = P.InfoMap.pack(entry)
     return (payload, epoch) if epoch else payload
 
 

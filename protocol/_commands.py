@@ -12,6 +12,7 @@ Layout conventions: integers little-endian; ``ident`` is an identifier (``_names
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -56,6 +57,8 @@ __all__ = [
     "COMMAND_TYPES",
     "PUBLISH_NO_ACK",
 ]
+
+_U64 = struct.Struct("<Q")
 
 
 class _Empty(_Request):
@@ -567,6 +570,19 @@ class KvGet(_Request):
 
     @classmethod
     def decode(cls, payload: bytes) -> KvGet:
+        """One pass with no Reader when the subject's length leaves exactly the
+        revision after it (every well-formed payload); anything else goes through
+        the Reader, which refuses it with the error naming what is wrong. A wrong
+        identifier is refused by ``Identifier.decode_from`` on either path."""
+        decode_from = Identifier.decode_from
+        try:
+            stream, pos = decode_from(payload, 0)
+            topic, pos = decode_from(payload, pos)
+            end = pos + 1 + payload[pos]
+            if end + 8 == len(payload):
+                return cls(stream, topic, payload[pos + 1 : end].decode(), _U64.unpack_from(payload, end)[0])
+        except (IndexError, struct.error, UnicodeDecodeError):
+            pass
         r = Reader(payload, cls.CODE.name)
         out = cls(r.ident(), r.ident(), r.short_str("subject"), r.u64())
         r.end()

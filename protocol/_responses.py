@@ -13,6 +13,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
+import msgpack
+
 from ._codes import Command, PushKind
 from ._base import _Response
 from ._consumers import PullBatch
@@ -41,6 +43,12 @@ __all__ = [
     "RESPONSE_TYPES",
     "PUSH_TYPES",
 ]
+
+_U32 = struct.Struct("<I")
+_EMPTY_MAP = _U32.pack(0)
+#: One packer for :meth:`InfoMap.pack` (``pack_map``'s options; it resets itself
+#: after each map, and after a failed one).
+_PACKER = msgpack.Packer(use_bin_type=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +92,36 @@ class InfoMap(_Response):
     def encode(self) -> bytes:
         return pack_map(self.values)
 
+    @staticmethod
+    def pack(values: dict[str, object]) -> bytes:
+        """The payload of ``InfoMap(values)``, byte for byte, without the object and
+        with one packer kept for every call (a KV get's answer, once per get). For
+        maps of plain values (str, bytes, int, bool, None, plain lists and dicts):
+        packing them runs no Python code, so no other caller can interleave."""
+        if not values:
+            return _EMPTY_MAP
+        raw = _PACKER.pack(values)
+        return _U32.pack(len(raw)) + raw
+
     @classmethod
     def decode(cls, payload: bytes) -> InfoMap:
+        return cls(cls.values_of(payload))
+
+    @staticmethod
+    def values_of(payload: bytes) -> dict[str, Any]:
+        """The map of an ``InfoMap`` payload without the object: one unpack when
+        the length prefix spans the rest of the payload and holds a map; anything
+        else goes through the Reader, which refuses it with the error naming what
+        is wrong (the same map or the same refusal either way)."""
+        if len(payload) > 4 and _U32.unpack_from(payload)[0] == len(payload) - 4:
+            try:
+                value = msgpack.unpackb(payload[4:], raw=False, strict_map_key=True)
+            except Exception:  # msgpack raises several unrelated types; the Reader names it
+                value = None
+            if value.__class__ is dict:
+                return value  # type: ignore[no-any-return]
         r = Reader(payload, "info response")
-        out = cls(r.map(limit=len(payload)))  # a KV value or a key list can be large
+        out = r.map(limit=len(payload))  # a KV value or a key list can be large
         r.end()
         return out
 
@@ -228,7 +262,6 @@ class Acks(_Response):
         return self
 
 
-_U32 = struct.Struct("<I")
 _DUPLICATE = int(ErrorCode.DUPLICATE_MESSAGE)
 #: The Acks payload of one message without an error text (count, the five columns,
 #: error_count).

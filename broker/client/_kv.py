@@ -168,7 +168,7 @@ class KeyValue:
     async def _get_raw(self, key: str, revision: int = 0) -> Entry:
         # The answer comes as its raw payload (``RAW_RESPONSES`` in ``_client.py``).
         raw = await self._client._call(Command.KV_GET, P.KvGet.payload(self._target, self.subject(key), revision))
-        return self._entry(P.InfoMap.decode(raw).values)
+        return self._entry(P.InfoMap.values_of(raw))
 
     async def get(self, key: str, *, revision: int = 0) -> Entry:
         """The key's value (or one revision). With ``refresh = on_read_and_write`` a
