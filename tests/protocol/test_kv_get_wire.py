@@ -122,3 +122,26 @@ def test_a_ready_connection_takes_every_command_but_the_handshake() -> None:
     event = conn.next_event()
     assert isinstance(event, P.InvalidRequest)
     assert (event.error.code, event.error.message) == (P.ErrorCode.MALFORMED_PAYLOAD, "the handshake was already done on this connection")
+
+
+def _subject_outcome(fn: Any, subject: str) -> Any:
+    try:
+        return ("ok", fn(subject))
+    except Exception as err:  # noqa: BLE001 - the same refusal, whatever it is
+        return ("error", type(err), str(err))
+
+
+subject_chars = st.sampled_from(["a", "Z", "9", "$", "-", ".", ".", "*", ">", " ", "\t", "\x00", "\x1f", "\x7f", "\x85", "é", "\ud800", "€"])
+subjects = st.one_of(
+    st.lists(subject_chars, max_size=70).map("".join),
+    st.lists(st.sampled_from(["ab", "*", ">", "a*", ">b", "", "x" * 40]), max_size=5).map(".".join),
+    st.text(max_size=80),
+)
+
+
+@given(subjects)
+@settings(max_examples=1000)
+def test_subjects_accepted_at_a_glance_are_those_the_checks_accept(subject: str) -> None:
+    from protocol._subjects import _check_subject, validate_subject
+
+    assert _subject_outcome(validate_subject, subject) == _subject_outcome(_check_subject, subject)
