@@ -59,6 +59,12 @@ __all__ = [
 ]
 
 _U64 = struct.Struct("<Q")
+#: The (stream, topic) identifiers of KV_GET payloads by their encoded bytes: a
+#: client asks for the keys of a few buckets, each naming it the same way. Only
+#: identifiers that decoded are kept; at most ``_KV_TARGETS_MAX``, forgotten all at
+#: once when full.
+_KV_TARGETS: dict[bytes, tuple[Identifier, Identifier]] = {}
+_KV_TARGETS_MAX = 1024
 
 
 class _Empty(_Request):
@@ -571,13 +577,22 @@ class KvGet(_Request):
     @classmethod
     def decode(cls, payload: bytes) -> KvGet:
         """One pass with no Reader when the subject's length leaves exactly the
-        revision after it (every well-formed payload); anything else goes through
+        revision after it (every well-formed payload), the bucket's identifiers
+        looked up by their bytes (:data:`_KV_TARGETS`); anything else goes through
         the Reader, which refuses it with the error naming what is wrong. A wrong
         identifier is refused by ``Identifier.decode_from`` on either path."""
-        decode_from = Identifier.decode_from
         try:
-            stream, pos = decode_from(payload, 0)
-            topic, pos = decode_from(payload, pos)
+            pos = 4 + payload[1]
+            pos += payload[pos - 1]  # after the two identifiers, if they are what they say
+            target = _KV_TARGETS.get(payload[:pos])
+            if target is None:
+                stream, pos = Identifier.decode_from(payload, 0)
+                topic, pos = Identifier.decode_from(payload, pos)
+                if len(_KV_TARGETS) >= _KV_TARGETS_MAX:
+                    _KV_TARGETS.clear()
+                _KV_TARGETS[payload[:pos]] = stream, topic
+            else:
+                stream, topic = target
             end = pos + 1 + payload[pos]
             if end + 8 == len(payload):
                 return cls(stream, topic, payload[pos + 1 : end].decode(), _U64.unpack_from(payload, end)[0])

@@ -145,3 +145,13 @@ def test_subjects_accepted_at_a_glance_are_those_the_checks_accept(subject: str)
     from protocol._subjects import _check_subject, validate_subject
 
     assert _subject_outcome(validate_subject, subject) == _subject_outcome(_check_subject, subject)
+
+
+def test_kv_get_targets_are_remembered_within_a_bound() -> None:
+    from protocol import _commands
+
+    for n in range(1, _commands._KV_TARGETS_MAX * 2 + 2):
+        cmd = P.KvGet(P.Identifier.of("kv"), P.Identifier.of(n), f"$KV.b{n}.k", n)
+        assert P.KvGet.decode(cmd.encode()) == cmd
+        assert P.KvGet.decode(cmd.encode()) == cmd  # remembered, or forgotten at the bound
+        assert len(_commands._KV_TARGETS) <= _commands._KV_TARGETS_MAX
