@@ -183,9 +183,16 @@ def test_the_five_minute_tour(spark: Any, tmp_path: Path, monkeypatch: pytest.Mo
 
 def check_restore(source: str, restored: str, snapshot: Path) -> None:
     """The restored broker holds every topic of the snapshot with the configuration
-    the source topic has, and exactly the snapshot's latest live message per subject."""
+    the source topic has, and exactly the snapshot's latest live message per subject.
+    A message whose TTL (the tour's ``--ttl 10s`` key) runs out around now may be
+    gone already: the tour runs on the wall clock, and a loaded machine takes longer
+    than 10 s from the put to here."""
+    import datetime as dt
+
     rows = ds.dataset(str(snapshot), format="parquet", partitioning="hive").to_table().to_pylist()
     latest = {(r["stream"], r["topic"], r["subject"]): r["payload"] for r in rows}
+    soon = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=30)
+    may_be_gone = {(r["stream"], r["topic"], r["subject"]) for r in rows if r["expires_at"] is not None and r["expires_at"] < soon}
     topics = sorted({(stream, topic) for stream, topic, _ in latest})
     assert ("shop", "orders") in topics and ("shop", "sessions") in topics
 
@@ -198,6 +205,7 @@ def check_restore(source: str, restored: str, snapshot: Path) -> None:
                 for p in range(b.partitions_count):
                     for m in (await dst.fetch(stream, topic, p, 1, 10_000)).messages:
                         got[(stream, topic, m.subject)] = m.payload
-                assert got == {k: v for k, v in latest.items() if k[:2] == (stream, topic)}
+                want = {k: v for k, v in latest.items() if k[:2] == (stream, topic)}
+                assert got == {k: v for k, v in want.items() if k in got or k not in may_be_gone}
 
     trio.run(main)
