@@ -24,8 +24,8 @@ __all__ = ["KeyValue", "Entry", "KV_STREAM", "validate_key", "validate_bucket"]
 
 #: The stream that holds every bucket.
 KV_STREAM = "kv"
-_KEY_RE = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
-_BUCKET_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
+_KEY_RE = re.compile(r"[-/_=.a-zA-Z0-9]+")
+_BUCKET_RE = re.compile(r"[a-zA-Z0-9_-]+")
 _InvalidKey = error_class(ErrorCode.INVALID_KEY)
 _NotFound = error_class(ErrorCode.MESSAGE_NOT_FOUND)
 
@@ -36,7 +36,7 @@ def validate_key(key: str) -> str:
     Raises:
         InvalidKeyError: with what is wrong.
     """
-    if not isinstance(key, str) or not _KEY_RE.match(key):
+    if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
         raise _InvalidKey(f"invalid key {key!r}: keys are letters, digits and -/_=. only")
     if key.startswith(".") or key.endswith(".") or ".." in key:
         raise _InvalidKey(f"invalid key {key!r}: no leading, trailing or double dot")
@@ -44,7 +44,7 @@ def validate_key(key: str) -> str:
 
 
 def validate_bucket(name: str) -> str:
-    if not isinstance(name, str) or not _BUCKET_RE.match(name):
+    if not isinstance(name, str) or not _BUCKET_RE.fullmatch(name):
         raise _InvalidKey(f"invalid bucket name {name!r}: letters, digits, '_' and '-' only")
     return name.lower()
 

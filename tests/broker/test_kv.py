@@ -49,12 +49,14 @@ async def test_put_get_create_update_delete_purge_keys_history(mock_clock, data_
 async def test_bad_keys_and_buckets_are_clear_errors(mock_clock, data_dir) -> None:
     async with broker_and_client(data_dir) as (_, c):
         kv = await c.kv_create("b")
-        for key in (".a", "a.", "a..b", "a b", "a*", "a>", ""):
+        for key in (".a", "a.", "a..b", "a b", "a*", "a>", "", "a\n"):
             with pytest.raises(InvalidKeyError) as exc:
                 await kv.put(key, b"")
             assert exc.value.code == 6013 and "invalid key" in exc.value.message
         with pytest.raises(InvalidKeyError):
             await c.kv_create("no.dots")
+        with pytest.raises(InvalidKeyError):
+            await c.kv_create("newline\n")
         await c.create_topic("kv", "plain", subjects=["plain.>"])
         with pytest.raises(NotABucketError):
             await c.kv("plain")
