@@ -119,7 +119,7 @@ class InfoMap(_Response):
             except Exception:  # msgpack raises several unrelated types; the Reader names it
                 value = None
             if value.__class__ is dict:
-                return value  # type: ignore[no-any-return]
+                return value
         r = Reader(payload, "info response")
         out = r.map(limit=len(payload))  # a KV value or a key list can be large
         r.end()
