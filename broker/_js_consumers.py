@@ -100,6 +100,7 @@ _NO_RESPONDERS = status_message(503, "")
 #: stream and consumer sequences ASCII digits): its ``$JS.ACK.<stream>.<consumer>``
 #: (the key of ``State.by_ack``) and its stream sequence.
 _V1_ACK = re.compile(r"(\$JS\.ACK\.[^.]*\.[^.]*)\.[0-9]+\.([0-9]+)\.[0-9]+\.[^.]*\.[^.]*")
+_ACK = int(AckKind.ACK)
 
 
 class _Owner:
@@ -216,6 +217,43 @@ class State:
                 epoch = max(epoch, self.engine.settle(c, entries))
         for reply in replies:
             self.js.respond(reply, b"", epoch=epoch)
+
+    def take_acks(self, items: list[tuple[str, str | None, bytes]], i: int) -> int:
+        """Queue the plain acks at ``items[i:]`` (``NatsParser.plain_pubs``): a
+        ``+ACK`` (or empty) body on a v1 subject of a consumer already seen, as
+        :func:`ack` would; returns how many were taken, stopping before the first
+        item that is anything else (:func:`ack` then takes it, errors and all)."""
+        start = i
+        n = len(items)
+        match = _V1_ACK.fullmatch
+        by_ack = self.by_ack
+        acks = self.acks
+        replies = self.ack_replies
+        last: Consumer | None = None
+        queued: list[tuple[int, int, int, int]] = []
+        while i < n:
+            subject, reply, payload = items[i]
+            if payload and payload != b"+ACK":
+                break
+            m = match(subject)
+            if m is None:
+                break
+            c = by_ack.get(m.group(1))
+            if c is None or c.deleted:
+                break
+            if c is not last:
+                got = acks.get(c)
+                if got is None:
+                    got = acks[c] = []
+                queued = got
+                last = c
+            queued.append((_ACK, 0, int(m.group(2)), 0))
+            if reply:
+                replies.append(reply)
+            i += 1
+        if i > start and not self.ack_wake.is_set():
+            self.ack_wake.set()
+        return i - start
 
     def consumer_of_ack(self, subject: str) -> tuple[Consumer, int] | None:
         """The consumer a ``$JS.ACK`` subject names and the stream sequence it acks;

@@ -113,6 +113,8 @@ _ERR_OF_CODE: dict[int, str | None] = {
 #: many messages or bytes (a batch costs the publish path about what one message does).
 BATCH_MESSAGES = 1000
 BATCH_BYTES = 1024 * 1024
+#: How a PUB on an ack subject begins (``NatsParser.plain_pubs``, :meth:`NatsSession._acks`).
+_ACK_PUB = b"PUB $JS.ACK."
 #: A client on a TLS listener that does not start TLS after INFO.
 TLS_REQUIRED = "Secure Connection - TLS Required"
 _NO_RESPONDERS = encode_nats_headers([], 503)
@@ -270,6 +272,12 @@ class NatsSession(Session):
             self._handling = True
             try:
                 while True:
+                    if self.ready and not self.verbose and not self.pedantic:
+                        acks = parser.plain_pubs(_ACK_PUB)  # nats-py: one PUB per msg.ack(), many per read
+                        if acks:
+                            if not await self._acks(acks):
+                                return
+                            continue
                     try:
                         event = parser.next_event()
                     except NatsProtocolError as err:
@@ -380,6 +388,35 @@ class NatsSession(Session):
                     return
         if self.verbose:
             self.send_now(OK)
+
+    async def _acks(self, acks: list[tuple[str, str | None, bytes]]) -> bool:
+        """A run of PUBs on ``$JS.ACK.`` subjects (``NatsParser.plain_pubs``), handled
+        as :meth:`_publish` would handle each: the plain acks of known consumers are
+        queued for one settle in a run (``State.take_acks``), anything else goes to
+        ``JetStream.request`` one by one, the output budget checked after each as
+        after any operation. False: the connection is closing."""
+        self._flush()  # the messages that came before are handled first
+        js = self.broker.jetstream
+        state = js.consumer_state
+        budget = self.budget
+        i = 0
+        n = len(acks)
+        while i < n:
+            if state is not None:
+                i += state.take_acks(acks, i)
+                if i == n:
+                    break
+            subject, reply, payload = acks[i]
+            i += 1
+            js.request(subject, reply, None, payload)
+            state = js.consumer_state
+            if self._closing:
+                return False
+            if self.pending_bytes > self._limit or budget.total > budget.limit:
+                await self._wait_room()
+                if self._closing:
+                    return False
+        return True
 
     def _connect(self, options: dict[str, Any]) -> None:
         self.verbose = bool(options.get("verbose", False))

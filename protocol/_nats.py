@@ -244,6 +244,42 @@ class NatsParser:
         self._pos = end + 2
         return NatsPub(subject, reply, None, bytes(buf[start:end]) if total else b"")
 
+    def plain_pubs(self, head: bytes, limit: int = 256) -> list[tuple[str, str | None, bytes]]:
+        """The run of whole plain PUBs (as :meth:`_plain_pub` takes them) whose bytes
+        begin with ``head`` (``b"PUB $JS.ACK."``), at most ``limit``, as ``(subject,
+        reply, payload)``: what :meth:`next_event` would give as :class:`NatsPub`
+        events (no headers), without an event object each. Stops before the first
+        operation that is anything else, which :meth:`next_event` then reads; empty
+        when the next operation is not one (or a payload is awaited)."""
+        out: list[tuple[str, str | None, bytes]] = []
+        if self._pending is not None or not self.server:
+            return out
+        buf = self._buf
+        pos = self._pos
+        match = _PLAIN_PUB.match
+        max_line = self.max_control_line
+        max_payload = self.max_payload
+        append = out.append
+        while buf.startswith(head, pos) and len(out) < limit:
+            m = match(buf, pos)
+            if m is None:
+                break
+            subj, rep, size = m.groups()
+            start = m.end()
+            total = int(size)
+            end = start + total
+            if start - pos - 2 > max_line or total > max_payload or not buf.startswith(b"\r\n", end):
+                break
+            try:
+                subject = subj.decode()
+                reply = rep.decode() if rep is not None else None
+            except UnicodeDecodeError:
+                break
+            append((subject, reply, bytes(buf[start:end]) if total else b""))
+            pos = end + 2
+        self._pos = pos
+        return out
+
     def _check_op(self) -> None:
         """Garbage is refused as soon as its first bytes cannot start an operation
         (so the answer does not depend on how the bytes were split)."""

@@ -336,3 +336,64 @@ def test_api_requests_read_as_json_loads_reads_them(before: str, name: str, midd
         assert err.code == 400 and err.err_code == 10025
         got = ValueError
     assert got == expected
+
+
+def _runs_outcome(parser: P.NatsParser, data: bytes, head: bytes, limit: int) -> tuple[list[object], str | None]:
+    """What ``parser`` gives reading ``data`` with :meth:`NatsParser.plain_pubs` first
+    at each step (as the NATS session reads ack runs), its tuples as NatsPub events."""
+    parser.receive_data(data)
+    events: list[object] = []
+    try:
+        while True:
+            run = parser.plain_pubs(head, limit)
+            assert len(run) <= limit
+            if run:
+                events += [P.NatsPub(s, r, None, p) for s, r, p in run]
+                continue
+            ev = parser.next_event()
+            if ev is P.NATS_NEED_DATA:
+                break
+            events.append(ev)
+    except P.NatsProtocolError as err:
+        return events, err.text
+    return events, None
+
+
+@st.composite
+def ack_pub_like(draw: st.DrawFn) -> bytes:
+    """Mostly PUBs on ``$JS.ACK.`` subjects, plain or not, between other operations."""
+    kind = draw(st.sampled_from(["ack", "ack", "ack", "other", "ping", "hpub"]))
+    if kind == "ping":
+        return b"PING\r\n"
+    if kind == "hpub":
+        return b"HPUB $JS.ACK.s.c 12 14\r\nNATS/1.0\r\n\r\nhi\r\n"
+    if kind == "other":
+        return draw(pub_like())
+    subject = b"$JS.ACK." + draw(st.sampled_from([b"s.c.1.2.3.4.5", b"s.c.1.2.3.4.5.x.y", b"\xff", b"a", b""]))
+    reply = draw(st.sampled_from([b"", b" _INBOX.x", b" \xfe", b"  r"]))
+    payload = draw(st.sampled_from([b"", b"+ACK", b"-NAK", b"x" * 30]))
+    sep = draw(st.sampled_from([b" ", b" ", b"  ", b"\t"]))
+    size = draw(st.sampled_from([b"%d" % len(payload)] * 3 + [b"%d" % (len(payload) + 1)]))
+    return b"PUB " + subject + reply + sep + size + b"\r\n" + payload + draw(st.sampled_from([b"\r\n", b"\r\n", b"x"]))
+
+
+@settings(max_examples=300)
+@given(st.lists(ack_pub_like(), min_size=1, max_size=6), st.integers(1, 4), st.lists(st.integers(0, 400), max_size=3))
+@example([b"PUB $JS.ACK.s.c.1.2.3.4.5 0\r\n\r\n"] * 3, 2, [])
+def test_plain_pub_runs_parse_as_the_general_path_does(lines: list[bytes], limit: int, splits: list[int]) -> None:
+    """``plain_pubs`` takes exactly the PUBs ``next_event`` would give (same subject,
+    reply and payload, at most ``limit``) and leaves the rest, errors included, to
+    the general path, however the bytes arrive."""
+    data = b"".join(lines)
+    want = _outcome(_GeneralOnly(max_control_line=40, max_payload=20), data)
+    assert _runs_outcome(P.NatsParser(max_control_line=40, max_payload=20), data, b"PUB $JS.ACK.", limit) == want
+    parser = P.NatsParser(max_control_line=40, max_payload=20)
+    cuts = sorted({0, len(data), *(s % (len(data) + 1) for s in splits)})
+    events: list[object] = []
+    error = None
+    for a, b in zip(cuts, cuts[1:]):
+        got, error = _runs_outcome(parser, data[a:b], b"PUB $JS.ACK.", limit)
+        events += got
+        if error is not None:
+            break
+    assert (events, error) == want

@@ -637,3 +637,64 @@ def test_the_v1_ack_fast_path_reads_what_parse_ack_subject_reads(tokens: list[st
     if m is not None:
         assert a is not None
         assert (m.group(1), int(m.group(2))) == (f"$JS.ACK.{a.stream}.{a.consumer}", a.stream_seq)
+
+
+async def test_a_run_of_acks_in_one_write_settles_each_as_sent_alone(nats_url: str) -> None:
+    """nats-py writes the PUBs of many ``msg.ack()`` calls at once; the session takes
+    such a run of ``$JS.ACK`` PUBs in one pass (``NatsParser.plain_pubs``,
+    ``State.take_acks``) for the plain acks and hands everything else in the run to
+    the general path in order: two consumers interleaved, an empty body and
+    ``+ACK``, a NAK, a TERM, an in-progress, an ack with a reply (answered), a
+    malformed subject, a core message on an ack subject of nobody."""
+
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        try:
+            await orders(js, 8)
+            p1 = await js.pull_subscribe("orders.>", durable="one", config=api.ConsumerConfig(ack_wait=30))
+            p2 = await js.pull_subscribe("orders.>", durable="two", config=api.ConsumerConfig(ack_wait=30))
+            m1 = await p1.fetch(8, timeout=2)
+            m2 = await p2.fetch(2, timeout=2)
+            await m1[0].ack_sync()  # both consumers' ack subjects known from here on
+            await m2[0].ack_sync()
+            answers: list[bytes] = []
+            inbox = nc.new_inbox()
+            got = asyncio.Event()
+
+            async def on_answer(msg: Any) -> None:
+                answers.append(msg.data)
+                got.set()
+
+            await nc.subscribe(inbox, cb=on_answer)
+            await nc.flush()
+            t = m1[7].reply.split(".")
+            # One buffer: nats-py sends these in one write at the flush.
+            await nc.publish(m1[1].reply, b"")
+            await nc.publish(m2[1].reply, b"+ACK")
+            await nc.publish(m1[2].reply, b"-NAK")
+            await nc.publish(m1[3].reply, b"+ACK")
+            await nc.publish(m1[4].reply, b"+TERM")
+            await nc.publish(".".join(t[:5] + ["x"] + t[6:]), b"+ACK")  # malformed: acks nothing
+            await nc.publish("$JS.ACK.NOPE.none.1.1.1.1.0", b"+ACK")  # no such consumer
+            await nc.publish(m1[5].reply, b"+WPI")
+            await nc.publish(m1[6].reply, b"+ACK", reply=inbox)
+            await nc.flush()
+            await asyncio.wait_for(got.wait(), 5)
+            again = await p1.fetch(1, timeout=2)
+            i1 = await js.consumer_info(STREAM, "one")
+            i2 = await js.consumer_info(STREAM, "two")
+            return {
+                "answers": answers,
+                "again": [(m.metadata.sequence.stream, m.metadata.num_delivered) for m in again],
+                "one": (i1.num_ack_pending, i1.ack_floor.stream_seq, i1.num_pending, i1.num_redelivered),
+                "two": (i2.num_ack_pending, i2.ack_floor.stream_seq, i2.num_pending),
+            }
+        finally:
+            await nc.close()
+
+    r = await in_asyncio(scenario)
+    assert r["answers"] == [b""]
+    assert r["again"] == [(3, 2)]  # the NAK'd one, at once, delivered twice
+    # outstanding: 3 (redelivered), 6 (in progress), 8 (never acked); 5 terminated
+    assert r["one"] == (3, 2, 0, 1)
+    assert r["two"] == (0, 2, 6)
