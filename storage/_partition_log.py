@@ -321,8 +321,12 @@ class PartitionLog:
         return max(bisect_right(self._bases, offset) - 1, 0)
 
     def is_live(self, offset: int) -> bool:
-        seg = self.segments[self._segment_index(offset)]
-        return seg.is_live(offset - seg.base)
+        # _segment_index and Segment.is_live written out (once per KV get).
+        i = bisect_right(self._bases, offset) - 1
+        seg = self.segments[i if i > 0 else 0]
+        rel = offset - seg.base
+        state = seg.state
+        return 0 <= rel < len(state) and state[rel] == LIVE
 
     def timestamp_of(self, offset: int) -> int:
         seg = self.segments[self._segment_index(offset)]
@@ -608,10 +612,17 @@ class PartitionLog:
             MessageNotFoundError: no live record has that offset.
             CorruptedRecord: it is there but unreadable.
         """
+        # A live record (the usual case) straight to Segment.read_one: the checks
+        # below hold for it (a live slot lies below next_offset and above the purge
+        # watermark); anything else takes them, for their errors.
+        i = bisect_right(self._bases, offset) - 1
+        seg = self.segments[i if i > 0 else 0]
+        rel = offset - seg.base
+        state = seg.state
+        if 0 <= rel < len(state) and state[rel] == LIVE and offset > self._state.state.purged_through:
+            return seg.read_one(rel, self._corrupt)
         if offset < 1 or offset >= self.next_offset or offset <= self.purged_through:
             raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(f"no message at offset {offset}")
-        seg = self.segments[self._segment_index(offset)]
-        rel = offset - seg.base
         if rel < 0 or rel >= seg.count or seg.state[rel] != LIVE:
             if 0 <= rel < seg.count and seg.state[rel] == 2:
                 raise CorruptedRecord(f"record at offset {offset} is corrupted", offset)

@@ -984,6 +984,40 @@ class Segment:
         return i, got, False
 
     def read_one(self, rel: int, on_corrupt: Callable[[int, str], None]) -> memoryview:
+        """Record ``rel``, verified, as :meth:`read` of one record returns it: one
+        ``pread`` of exactly its bytes (from its position to the next record's, or the
+        end of the log) and the same checks (its offset, its length, its CRC-32),
+        without :meth:`read`'s loop and runs. A record that fails is marked corrupt and
+        given to ``on_corrupt`` first, with the same reason and the same error as
+        :meth:`read` (a key-value get reads one record per request).
+
+        Raises:
+            CorruptedRecord: it fails a check, or it is not live.
+        """
+        state = self.state
+        if not 0 <= rel < len(state) or state[rel] != LIVE:
+            return self._read_one_general(rel, on_corrupt)
+        positions = self.positions
+        start = positions[rel]
+        buf = os.pread(self._fd, (positions[rel + 1] if rel + 1 < len(positions) else self.size) - start, start)
+        offset = self.base + rel
+        if len(buf) >= FIXED:
+            length, crc, off = _HEAD.unpack_from(buf)
+            total = length + 4
+            if off == offset and length >= FIXED - 4 and total <= len(buf):
+                view = memoryview(buf)
+                if zlib.crc32(view[8:total]) == crc:
+                    return view if total == len(buf) else view[:total]
+        self._mark_corrupt(rel)
+        on_corrupt(offset, "checksum mismatch or truncated record")
+        raise CorruptedRecord(
+            f"record at offset {offset} is corrupted (checksum mismatch or truncated); "
+            f"fetch from offset {offset + 1} to read past it",
+            offset,
+        )
+
+    def _read_one_general(self, rel: int, on_corrupt: Callable[[int, str], None]) -> memoryview:
+        """:meth:`read_one` of a record that is not live, through :meth:`read`."""
         runs: list[tuple[memoryview, int, int]] = []
         self.read(rel, 1, 1, None, runs, on_corrupt)
         if not runs or runs[0][1] != self.base + rel:
