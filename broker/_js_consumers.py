@@ -218,27 +218,24 @@ class State:
         for reply in replies:
             self.js.respond(reply, b"", epoch=epoch)
 
-    def take_acks(self, items: list[tuple[str, str | None, bytes]], i: int) -> int:
-        """Queue the plain acks at ``items[i:]`` (``NatsParser.plain_pubs``): a
-        ``+ACK`` (or empty) body on a v1 subject of a consumer already seen, as
-        :func:`ack` would; returns how many were taken, stopping before the first
-        item that is anything else (:func:`ack` then takes it, errors and all)."""
+    def take_acks(self, items: list[tuple[str, str | None, bytes, str, int]], i: int) -> int:
+        """Queue the plain acks at ``items[i:]`` (``NatsParser.ack_pubs``: v1 ack
+        subjects, their ``$JS.ACK.<stream>.<consumer>`` and stream sequence read): a
+        ``+ACK`` (or empty) body for a consumer already seen, as :func:`ack` would;
+        returns how many were taken, stopping before the first item that is anything
+        else (:func:`ack` then takes it, errors and all)."""
         start = i
         n = len(items)
-        match = _V1_ACK.fullmatch
         by_ack = self.by_ack
         acks = self.acks
         replies = self.ack_replies
         last: Consumer | None = None
         queued: list[tuple[int, int, int, int]] = []
         while i < n:
-            subject, reply, payload = items[i]
+            _, reply, payload, key, stream_seq = items[i]
             if payload and payload != b"+ACK":
                 break
-            m = match(subject)
-            if m is None:
-                break
-            c = by_ack.get(m.group(1))
+            c = by_ack.get(key)
             if c is None or c.deleted:
                 break
             if c is not last:
@@ -247,7 +244,7 @@ class State:
                     got = acks[c] = []
                 queued = got
                 last = c
-            queued.append((_ACK, 0, int(m.group(2)), 0))
+            queued.append((_ACK, 0, stream_seq, 0))
             if reply:
                 replies.append(reply)
             i += 1

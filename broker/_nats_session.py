@@ -113,8 +113,6 @@ _ERR_OF_CODE: dict[int, str | None] = {
 #: many messages or bytes (a batch costs the publish path about what one message does).
 BATCH_MESSAGES = 1000
 BATCH_BYTES = 1024 * 1024
-#: How a PUB on an ack subject begins (``NatsParser.plain_pubs``, :meth:`NatsSession._acks`).
-_ACK_PUB = b"PUB $JS.ACK."
 #: A client on a TLS listener that does not start TLS after INFO.
 TLS_REQUIRED = "Secure Connection - TLS Required"
 _NO_RESPONDERS = encode_nats_headers([], 503)
@@ -273,7 +271,7 @@ class NatsSession(Session):
             try:
                 while True:
                     if self.ready and not self.verbose and not self.pedantic:
-                        acks = parser.plain_pubs(_ACK_PUB)  # nats-py: one PUB per msg.ack(), many per read
+                        acks = parser.ack_pubs()  # nats-py: one PUB per msg.ack(), many per read
                         if acks:
                             if not await self._acks(acks):
                                 return
@@ -389,8 +387,8 @@ class NatsSession(Session):
         if self.verbose:
             self.send_now(OK)
 
-    async def _acks(self, acks: list[tuple[str, str | None, bytes]]) -> bool:
-        """A run of PUBs on ``$JS.ACK.`` subjects (``NatsParser.plain_pubs``), handled
+    async def _acks(self, acks: list[tuple[str, str | None, bytes, str, int]]) -> bool:
+        """A run of PUBs on v1 ack subjects (``NatsParser.ack_pubs``), handled
         as :meth:`_publish` would handle each: the plain acks of known consumers are
         queued for one settle in a run (``State.take_acks``), anything else goes to
         ``JetStream.request`` one by one, the output budget checked after each as
@@ -406,7 +404,7 @@ class NatsSession(Session):
                 i += state.take_acks(acks, i)
                 if i == n:
                     break
-            subject, reply, payload = acks[i]
+            subject, reply, payload, _, _ = acks[i]
             i += 1
             js.request(subject, reply, None, payload)
             state = js.consumer_state

@@ -137,6 +137,11 @@ _WS = b" \t"
 #: A PUB line as clients write it, spaces between the arguments (nats-py leaves two
 #: where a reply subject is not given; ``\s`` is what ``bytes.split()`` splits on).
 _PLAIN_PUB = re.compile(rb"PUB +(\S+) +(?:(\S+) +)?(\d{1,12})\r\n")
+#: A plain PUB (as :data:`_PLAIN_PUB` reads it) on a v1 ack subject whose numbers are
+#: ASCII digits: its subject, ``$JS.ACK.<stream>.<consumer>``, stream sequence, reply
+#: and size (:meth:`NatsParser.ack_pubs`).
+_ACK_PUB = re.compile(
+    rb"PUB ((\$JS\.ACK\.[^.\s]*\.[^.\s]*)\.[0-9]+\.([0-9]+)\.[0-9]+\.[0-9]+\.[0-9]+) +(?:(\S+) +)?(\d{1,12})\r\n")
 _SPACE = re.compile("[ \t\n\r\f]")
 _ENDS = b" \t\r\n"
 
@@ -244,27 +249,29 @@ class NatsParser:
         self._pos = end + 2
         return NatsPub(subject, reply, None, bytes(buf[start:end]) if total else b"")
 
-    def plain_pubs(self, head: bytes, limit: int = 256) -> list[tuple[str, str | None, bytes]]:
-        """The run of whole plain PUBs (as :meth:`_plain_pub` takes them) whose bytes
-        begin with ``head`` (``b"PUB $JS.ACK."``), at most ``limit``, as ``(subject,
-        reply, payload)``: what :meth:`next_event` would give as :class:`NatsPub`
-        events (no headers), without an event object each. Stops before the first
-        operation that is anything else, which :meth:`next_event` then reads; empty
-        when the next operation is not one (or a payload is awaited)."""
-        out: list[tuple[str, str | None, bytes]] = []
+    def ack_pubs(self, limit: int = 256) -> list[tuple[str, str | None, bytes, str, int]]:
+        """The run of whole plain PUBs on v1 JetStream ack subjects
+        (``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``,
+        the numbers ASCII digits), at most ``limit``, as ``(subject, reply, payload,
+        "$JS.ACK.<stream>.<consumer>", stream seq)``: what :meth:`next_event` would
+        give as :class:`NatsPub` events (no headers), read in one match each and
+        without an event object. Stops before the first operation that is anything
+        else (another PUB, an ack subject of another form, a PUB not whole yet),
+        which :meth:`next_event` then reads; empty when the next one is not one."""
+        out: list[tuple[str, str | None, bytes, str, int]] = []
         if self._pending is not None or not self.server:
             return out
         buf = self._buf
         pos = self._pos
-        match = _PLAIN_PUB.match
+        match = _ACK_PUB.match
         max_line = self.max_control_line
         max_payload = self.max_payload
         append = out.append
-        while buf.startswith(head, pos) and len(out) < limit:
+        while buf.startswith(b"PUB $JS.ACK.", pos) and len(out) < limit:
             m = match(buf, pos)
             if m is None:
                 break
-            subj, rep, size = m.groups()
+            subj, key, seq, rep, size = m.groups()
             start = m.end()
             total = int(size)
             end = start + total
@@ -275,7 +282,7 @@ class NatsParser:
                 reply = rep.decode() if rep is not None else None
             except UnicodeDecodeError:
                 break
-            append((subject, reply, bytes(buf[start:end]) if total else b""))
+            append((subject, reply, bytes(buf[start:end]) if total else b"", key.decode(), int(seq)))
             pos = end + 2
         self._pos = pos
         return out

@@ -10,6 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import protocol as P
+from broker._js_consumers import _V1_ACK
 from protocol._nats import (
     encode_connect,
     encode_err,
@@ -338,17 +339,22 @@ def test_api_requests_read_as_json_loads_reads_them(before: str, name: str, midd
     assert got == expected
 
 
-def _runs_outcome(parser: P.NatsParser, data: bytes, head: bytes, limit: int) -> tuple[list[object], str | None]:
-    """What ``parser`` gives reading ``data`` with :meth:`NatsParser.plain_pubs` first
-    at each step (as the NATS session reads ack runs), its tuples as NatsPub events."""
+def _runs_outcome(parser: P.NatsParser, data: bytes, limit: int) -> tuple[list[object], str | None]:
+    """What ``parser`` gives reading ``data`` with :meth:`NatsParser.ack_pubs` first at
+    each step (as the NATS session reads ack runs), its tuples as NatsPub events; the
+    consumer key and stream sequence of each checked against the broker's ``_V1_ACK``
+    reading of the subject."""
     parser.receive_data(data)
     events: list[object] = []
     try:
         while True:
-            run = parser.plain_pubs(head, limit)
+            run = parser.ack_pubs(limit)
             assert len(run) <= limit
             if run:
-                events += [P.NatsPub(s, r, None, p) for s, r, p in run]
+                for subject, reply, payload, key, seq in run:
+                    m = _V1_ACK.fullmatch(subject)
+                    assert m is not None and (m.group(1), int(m.group(2))) == (key, seq)
+                    events.append(P.NatsPub(subject, reply, None, payload))
                 continue
             ev = parser.next_event()
             if ev is P.NATS_NEED_DATA:
@@ -361,15 +367,24 @@ def _runs_outcome(parser: P.NatsParser, data: bytes, head: bytes, limit: int) ->
 
 @st.composite
 def ack_pub_like(draw: st.DrawFn) -> bytes:
-    """Mostly PUBs on ``$JS.ACK.`` subjects, plain or not, between other operations."""
-    kind = draw(st.sampled_from(["ack", "ack", "ack", "other", "ping", "hpub"]))
+    """Mostly PUBs on ``$JS.ACK.`` subjects, plain or not, v1 or not, between other
+    operations."""
+    kind = draw(st.sampled_from(["v1", "v1", "v1", "ack", "ack", "ack", "other", "ping", "hpub"]))
+    if kind == "v1":  # as nats-py sends them
+        numbers = b".".join(b"%d" % draw(st.integers(0, 10**19)) for _ in range(5))
+        body = draw(st.sampled_from([b"", b"+ACK"]))
+        return b"PUB $JS.ACK.S.c." + numbers + draw(st.sampled_from([b"", b" _INBOX.r"])) + b" %d\r\n%s\r\n" % (len(body), body)
     if kind == "ping":
         return b"PING\r\n"
     if kind == "hpub":
-        return b"HPUB $JS.ACK.s.c 12 14\r\nNATS/1.0\r\n\r\nhi\r\n"
+        return b"HPUB $JS.ACK.s.c.1.2.3.4.5 12 14\r\nNATS/1.0\r\n\r\nhi\r\n"
     if kind == "other":
         return draw(pub_like())
-    subject = b"$JS.ACK." + draw(st.sampled_from([b"s.c.1.2.3.4.5", b"s.c.1.2.3.4.5.x.y", b"\xff", b"a", b""]))
+    name = st.sampled_from([b"S", b"c", b"S", b"", b"\xff", b"\xc3\xa9", b"1"])
+    number = st.sampled_from([b"1", b"42", b"0", b"1", b"7", b"1", b"1", b"1", b"3", b"4", b"1", b"5", b"", b"x", b"\xc2\xb2"])
+    tokens = [draw(name), draw(name), *(draw(number) for _ in range(5))]
+    tokens = tokens[: len(tokens) - draw(st.sampled_from([0, 0, 0, 1]))] + [b"1"] * draw(st.sampled_from([0, 0, 0, 1]))
+    subject = b"$JS.ACK." + b".".join(tokens)
     reply = draw(st.sampled_from([b"", b" _INBOX.x", b" \xfe", b"  r"]))
     payload = draw(st.sampled_from([b"", b"+ACK", b"-NAK", b"x" * 30]))
     sep = draw(st.sampled_from([b" ", b" ", b"  ", b"\t"]))
@@ -377,23 +392,37 @@ def ack_pub_like(draw: st.DrawFn) -> bytes:
     return b"PUB " + subject + reply + sep + size + b"\r\n" + payload + draw(st.sampled_from([b"\r\n", b"\r\n", b"x"]))
 
 
-@settings(max_examples=300)
+@settings(max_examples=400)
 @given(st.lists(ack_pub_like(), min_size=1, max_size=6), st.integers(1, 4), st.lists(st.integers(0, 400), max_size=3))
 @example([b"PUB $JS.ACK.s.c.1.2.3.4.5 0\r\n\r\n"] * 3, 2, [])
-def test_plain_pub_runs_parse_as_the_general_path_does(lines: list[bytes], limit: int, splits: list[int]) -> None:
-    """``plain_pubs`` takes exactly the PUBs ``next_event`` would give (same subject,
-    reply and payload, at most ``limit``) and leaves the rest, errors included, to
-    the general path, however the bytes arrive."""
+@example([b"PUB $JS.ACK.s.\xc3\xa9.1.2.3.4.5 _INBOX.x 4\r\n+ACK\r\n"], 1, [])
+def test_ack_pub_runs_parse_as_the_general_path_does(lines: list[bytes], limit: int, splits: list[int]) -> None:
+    """``ack_pubs`` takes exactly the PUBs ``next_event`` would give (same subject,
+    reply and payload, at most ``limit``), reads their consumer and stream sequence
+    as the broker's v1 match does, and leaves the rest, errors included, to the
+    general path, however the bytes arrive."""
     data = b"".join(lines)
-    want = _outcome(_GeneralOnly(max_control_line=40, max_payload=20), data)
-    assert _runs_outcome(P.NatsParser(max_control_line=40, max_payload=20), data, b"PUB $JS.ACK.", limit) == want
-    parser = P.NatsParser(max_control_line=40, max_payload=20)
+    want = _outcome(_GeneralOnly(max_control_line=60, max_payload=20), data)
+    assert _runs_outcome(P.NatsParser(max_control_line=60, max_payload=20), data, limit) == want
+    parser = P.NatsParser(max_control_line=60, max_payload=20)
     cuts = sorted({0, len(data), *(s % (len(data) + 1) for s in splits)})
     events: list[object] = []
     error = None
     for a, b in zip(cuts, cuts[1:]):
-        got, error = _runs_outcome(parser, data[a:b], b"PUB $JS.ACK.", limit)
+        got, error = _runs_outcome(parser, data[a:b], limit)
         events += got
         if error is not None:
             break
     assert (events, error) == want
+
+
+def test_ack_pubs_takes_the_v1_acks_nats_py_sends() -> None:
+    """The run nats-py writes for ``msg.ack()`` calls is taken whole; an ack subject
+    of another form stops it."""
+    acks = [b"PUB $JS.ACK.S.c.1.%d.%d.1763937600000000000.0 0\r\n\r\n" % (i, i) for i in range(5)]
+    parser = P.NatsParser()
+    parser.receive_data(b"".join(acks) + b"PUB $JS.ACK.S.c.1.9.9.x.0 0\r\n\r\n" + acks[0])
+    assert [(k, n) for _, _, _, k, n in parser.ack_pubs()] == [("$JS.ACK.S.c", i) for i in range(5)]
+    assert parser.ack_pubs() == []
+    assert parser.next_event() == P.NatsPub("$JS.ACK.S.c.1.9.9.x.0", None, None, b"")
+    assert len(parser.ack_pubs()) == 1
