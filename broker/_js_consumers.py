@@ -223,7 +223,8 @@ class State:
         subjects, their ``$JS.ACK.<stream>.<consumer>`` and stream sequence read): a
         ``+ACK`` (or empty) body for a consumer already seen, as :func:`ack` would;
         returns how many were taken, stopping before the first item that is anything
-        else (:func:`ack` then takes it, errors and all)."""
+        else (:func:`ack` then takes it, errors and all). The caller calls
+        :meth:`wake_acks` once it has handled what it read (or before it waits)."""
         start = i
         n = len(items)
         by_ack = self.by_ack
@@ -248,9 +249,14 @@ class State:
             if reply:
                 replies.append(reply)
             i += 1
-        if i > start and not self.ack_wake.is_set():
-            self.ack_wake.set()
         return i - start
+
+    def wake_acks(self) -> None:
+        """Settle the acks :meth:`take_acks` queued in the next turn of the event loop
+        (its caller's read is handled: a pull request that came with them has
+        settled them already, and then nothing wakes)."""
+        if self.acks and not self.ack_wake.is_set():
+            self.ack_wake.set()
 
     def consumer_of_ack(self, subject: str) -> tuple[Consumer, int] | None:
         """The consumer a ``$JS.ACK`` subject names and the stream sequence it acks;

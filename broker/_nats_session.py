@@ -251,6 +251,7 @@ class NatsSession(Session):
             return
         parser = self.parser
         budget = self.budget
+        acked = False
         while True:
             if self._closing:
                 return
@@ -273,6 +274,7 @@ class NatsSession(Session):
                     if self.ready and not self.verbose and not self.pedantic:
                         acks = parser.ack_pubs()  # nats-py: one PUB per msg.ack(), many per read
                         if acks:
+                            acked = True
                             if not await self._acks(acks):
                                 return
                             continue
@@ -299,6 +301,9 @@ class NatsSession(Session):
             finally:
                 self._flush()
                 self._handling = False
+                if acked:
+                    acked = False
+                    self._settle_soon()
             if self._now and not self._send_nowait():
                 self._reader_sending = True
                 try:
@@ -415,6 +420,17 @@ class NatsSession(Session):
                 if self._closing:
                     return False
         return True
+
+    def _settle_soon(self) -> None:
+        """The acks :meth:`_acks` queued are settled in the next turn of the event loop
+        (unless a pull request read with them settled them already)."""
+        state = self.broker.jetstream.consumer_state
+        if state is not None:
+            state.wake_acks()
+
+    async def _wait_room(self) -> None:
+        self._settle_soon()  # acks queued by this read are not held while it waits
+        await super()._wait_room()
 
     def _connect(self, options: dict[str, Any]) -> None:
         self.verbose = bool(options.get("verbose", False))
