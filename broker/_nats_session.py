@@ -291,12 +291,9 @@ class NatsSession(Session):
                     if self._closing:
                         return
                     self._event(event)
-                    if self._closing:
-                        return
-                    if self.pending_bytes > self._limit or budget.total > budget.limit:
+                    if self._stopped_or_full():
                         self._flush()
-                        await self._wait_room()
-                        if self._closing:
+                        if await self._ending():
                             return
             finally:
                 self._flush()
@@ -401,7 +398,6 @@ class NatsSession(Session):
         self._flush()  # the messages that came before are handled first
         js = self.broker.jetstream
         state = js.consumer_state
-        budget = self.budget
         i = 0
         n = len(acks)
         while i < n:
@@ -413,12 +409,8 @@ class NatsSession(Session):
             i += 1
             js.request(subject, reply, None, payload)
             state = js.consumer_state
-            if self._closing:
+            if self._stopped_or_full() and await self._ending():
                 return False
-            if self.pending_bytes > self._limit or budget.total > budget.limit:
-                await self._wait_room()
-                if self._closing:
-                    return False
         return True
 
     def _settle_soon(self) -> None:
