@@ -926,9 +926,34 @@ class Segment:
             rel += 1
         if rel >= count:
             return rel, 0, False
-        end_rel = min(count, rel + max_count) if wanted is None else count
         start = positions[rel]
         limit = start + max(max_bytes, 1)
+        unwanted: set[int] | None = None
+        if wanted is None:
+            end_rel = scanned = min(count, rel + max_count)
+        else:
+            # Read only up to the last record this call can return (the
+            # ``max_count``-th wanted one, or the last before the bytes run out):
+            # reading to the segment's end cost a pread of up to ``max_bytes`` per
+            # call. What the scan passed after it is not wanted (``scanned``).
+            scanned = end_rel = rel
+            found = 0
+            while scanned < count:
+                st = state[scanned]
+                scanned += 1
+                if st != DELETED:
+                    if st == LIVE and not wanted(base + scanned - 1):
+                        if unwanted is None:
+                            unwanted = set()
+                        unwanted.add(scanned - 1)
+                    else:
+                        end_rel = scanned
+                        found += 1
+                        if found >= max_count:
+                            break
+                if scanned < count and positions[scanned] > limit:
+                    break
+        scan_end = end_rel
         end_pos = positions[end_rel] if end_rel < count else self.size
         if end_pos > limit:
             j = bisect_right(positions, limit, rel + 1, end_rel) - 1
@@ -945,7 +970,7 @@ class Segment:
         i = rel
         while i < end_rel:
             st = state[i]
-            if st == DELETED or (wanted is not None and st == LIVE and not wanted(base + i)):
+            if st == DELETED or (unwanted is not None and i in unwanted):
                 i += 1
                 continue
             p = positions[i] - start
@@ -981,6 +1006,8 @@ class Segment:
                 break
         if run_n:
             runs.append((view[run_at:run_end], run_first, run_n))
+        if i == scan_end and scan_end < scanned and got < max_count:
+            i = scanned  # the rest of the scan held nothing wanted
         return i, got, False
 
     def read_one(self, rel: int, on_corrupt: Callable[[int, str], None]) -> memoryview:

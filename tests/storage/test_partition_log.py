@@ -224,3 +224,64 @@ def test_reading_a_corrupt_first_record_raises(tmp_path: Path) -> None:
     assert info.value.offset == 1 and info.value.code == P.ErrorCode.CORRUPTED_RECORD
     assert log.read(2, 10, 1 << 20).offsets == [2, 3]
     assert log.live_count == 2
+
+
+def test_a_filtered_read_returns_the_wanted_records_and_reads_only_up_to_the_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``wanted`` (a consumer's filter): the first ``max_count`` live wanted records, the
+    same bytes as an unfiltered read gives, within ``max_bytes`` (at least one); and one
+    ``pread`` ends at the last record returned, never the segment's end."""
+    log, _ = PartitionLog.open(str(tmp_path), 64 * 1024)
+    for k in range(30):
+        append(log, 50, k * 50)
+    log.delete_many(list(range(3, 1500, 11)))
+    read_sizes: list[int] = []
+    real_pread = os.pread
+
+    def pread(fd: int, n: int, pos: int) -> bytes:
+        read_sizes.append(n)
+        return real_pread(fd, n, pos)
+
+    monkeypatch.setattr(os, "pread", pread)
+    everything = log.read(1, 10**9, 1 << 30)
+    by_offset = {}
+    for view, (first, n) in zip(everything.records, everything.runs):
+        recs = P.decode_records(bytes(view), 0, len(view), n)
+        for i, m in enumerate(recs):
+            by_offset[first + i] = (m.subject, m.payload)
+    one = len(log.read(1, 1, 1 << 20).records[0])
+    rng = random.Random(5)
+    for _ in range(300):
+        mod = rng.choice([1, 2, 3, 7, 40])
+        wanted = (lambda o, mod=mod: o % mod == 0)
+        start = rng.randint(1, log.next_offset)
+        count = rng.randint(1, 120)
+        max_bytes = rng.choice([1, one * 5, one * 37, 1 << 20])
+        read_sizes.clear()
+        res = log.read(start, count, max_bytes, wanted)
+        expected = [o for o in sorted(by_offset) if o >= start and wanted(o)][:count]
+        assert res.offsets == expected[: len(res.offsets)]
+        if expected:
+            assert res.offsets  # at least one
+        if max_bytes == 1 << 20:
+            assert res.offsets == expected
+        got = []
+        for view, (first, n) in zip(res.records, res.runs):
+            recs = P.decode_records(bytes(view), 0, len(view), n)
+            got += [(first + i, (m.subject, m.payload)) for i, m in enumerate(recs)]
+        assert got == [(o, by_offset[o]) for o in res.offsets]
+        if res.offsets:
+            # Each pread covers records up to the last one returned (plus the records
+            # skipped in between), not the rest of the segment.
+            span = (res.offsets[-1] - res.offsets[0] + 1) * (one + 8)
+            assert sum(read_sizes) <= span + len(read_sizes) * (one + 8)
+    # Reading on from each ``next_offset`` finds every wanted record once, in order.
+    for mod in (1, 3, 40):
+        wanted = (lambda o, mod=mod: o % mod == 0)
+        for count, max_bytes in ((1, 1 << 20), (7, one * 3), (100, 1 << 20)):
+            offset, seen = 1, []
+            while offset < log.next_offset:
+                res = log.read(offset, count, max_bytes, wanted)
+                assert res.next_offset > offset or res.offsets
+                seen += res.offsets
+                offset = res.next_offset
+            assert seen == [o for o in sorted(by_offset) if wanted(o)]
