@@ -4,6 +4,7 @@ every step, idempotence, and the cleaner keeping what is not exported yet."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -422,6 +423,59 @@ async def test_seal_syncs_each_segment_off_the_loop_and_skips_a_topic_deleted_me
     assert synced_in == [True, True]
     assert res["sealed"] == 1
     assert [e["path"] for e in res["exported"]] == ["stream=s/topic=t/partition=0/1-1.parquet"]  # type: ignore[attr-defined]
+
+
+async def test_seal_writes_index_files_off_the_loop_and_none_for_a_topic_deleted_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``export(seal=True)`` writes each sealed segment's index and summary files in a
+    worker thread (``Segment.write_seal_files``) after switching to a new active
+    segment: the loop goes on serving meanwhile (here a publish to the same
+    partition, and a topic deletion), and a segment whose topic was deleted while
+    its files were being written gets none."""
+    import threading
+
+    from storage import Segment
+
+    writing, go_on = threading.Event(), threading.Event()
+    written_in: list[bool] = []
+    write = Segment.write_seal_files
+
+    def write_held(seg: Segment, crc: int | None, sync_dir: bool = True) -> bool:
+        written_in.append(threading.current_thread() is not threading.main_thread())
+        if seg.directory in held_dirs:
+            writing.set()
+            go_on.wait(30)
+        return write(seg, crc, sync_dir)
+
+    held_dirs: list[str] = []
+    cfg = make_config(tmp_path / "data", **{"export.dir": str(tmp_path / "export")})
+    (tmp_path / "data").mkdir()
+    async with start_server(cfg, Clock()) as server, connect(server.address) as c, connect(server.address) as admin:
+        await c.create_stream("s")
+        await c.create_topic("s", "t", subjects=["t.>"])
+        await c.create_topic("s", "u", subjects=["u.>"])
+        await c.publish_batch([("t.1", b"x"), ("u.1", b"y")])
+        held_dirs.extend(p.log.path for p in server.broker.all_partitions() if p.topic.name == "u")
+        u_seg = next(p.log.active for p in server.broker.all_partitions() if p.topic.name == "u")
+        monkeypatch.setattr(Segment, "write_seal_files", write_held)
+        res: dict[str, object] = {}
+
+        async def export() -> None:
+            res.update(await c.export(seal=True))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(export)
+            with trio.fail_after(30):
+                await trio.to_thread.run_sync(writing.wait, 30)
+                ack = await admin.publish("u.2", b"z")  # served while u's index is being written
+                assert ack.offset == 2  # in the new active segment
+                await admin.delete_topic("s", "u")
+            go_on.set()
+    assert written_in == [True, True]
+    assert res["sealed"] == 2
+    assert [e["path"] for e in res["exported"]] == ["stream=s/topic=t/partition=0/1-1.parquet"]  # type: ignore[attr-defined]
+    assert u_seg.sealed and not os.path.exists(u_seg.index_path) and not os.path.exists(u_seg.summary_path)
 
 
 async def test_a_record_damaged_on_disk_is_left_out_counted_and_reported(tmp_path: Path) -> None:
