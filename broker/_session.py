@@ -86,6 +86,9 @@ DRAIN_SECONDS = 5.0
 GOODBYE_SECONDS = 2.0
 #: Bytes of whole frames joined into one write (a larger single frame goes alone).
 WRITE_CHUNK = 1024 * 1024
+#: Bytes of consecutive PUBLISH requests handled as one batch before their acks are
+#: let out (:meth:`Session._release_acks`), when one read delivered more.
+PUBLISH_RUN_BYTES = 32 * 1024
 #: How a TLS connection starts (a handshake record, TLS 1.x); no frame before the
 #: handshake can start so (its length would be over MAX_HANDSHAKE_FRAME).
 TLS_RECORD_START = b"\x16\x03"
@@ -495,6 +498,7 @@ class Session:
             conn.receive_data(data)
             self._handling = True
             publishes: list[Request] = []  # consecutive PUBLISH requests, handled as one
+            run_bytes = 0
             try:
                 while True:
                     try:
@@ -508,12 +512,21 @@ class Session:
                         cmd = event.command  # type: ignore[union-attr]
                         if cmd.__class__ is Publish and not cmd.flags and cmd.count:
                             publishes.append(event)  # type: ignore[arg-type]
+                            run_bytes += len(cmd.data)
+                            if run_bytes < PUBLISH_RUN_BYTES or not conn._decoder.buffered:
+                                continue
+                            # A long run, and more of the read to come: answer it first.
+                            await self._publish_run(publishes)
+                            publishes = []
+                            run_bytes = 0
+                            await self._release_acks()
+                            if self._stopped_or_full() and await self._ending():
+                                return
                             continue
                     if publishes:
-                        if not self._publish_now(publishes):
-                            for one in publishes:
-                                await self._handle(one)
+                        await self._publish_run(publishes)
                         publishes = []
+                        run_bytes = 0
                         if self._stopped_or_full() and await self._ending():
                             return
                     if event is NEED_DATA:
@@ -826,6 +839,26 @@ class Session:
         if not self._publish_now(events):
             for event in events:
                 await self._handle(event)
+
+    async def _release_acks(self) -> None:
+        """After a run of :data:`PUBLISH_RUN_BYTES` in the middle of a read: send its
+        acks now if they may go, or let the group commit sync it first (a
+        checkpoint: the committer runs, and ``on_sync`` sends them). So a client
+        that pipelines gets the acks of a read's first requests while the broker
+        handles the rest of it, and can send more meanwhile, instead of the two
+        taking turns a whole read at a time."""
+        if self._now:
+            self._send_nowait()
+        if self._durable:
+            committer = self.broker.committer
+            epoch = committer.epoch
+            await trio.lowlevel.checkpoint()
+            if committer.epoch == epoch:
+                # trio may have run this task first: the committer, runnable since the
+                # run's write, takes its step before our second one (unless it is in
+                # a sync already, which the run then follows).
+                await trio.lowlevel.checkpoint()
+            self._unchecked = 0
 
     def _publish_now(self, events: list[Request]) -> bool:
         """Consecutive PUBLISH requests from what one read delivered: one batch for

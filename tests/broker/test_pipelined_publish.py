@@ -23,7 +23,7 @@ from broker import _commit, _session
 from broker._commit import Committer
 from broker._stats import Counters
 from broker._publishing import publish_frames
-from broker.client import Client
+from broker.client import Client, connect
 from broker.server import ServerHandle
 from storage import FsyncPolicy
 
@@ -279,3 +279,157 @@ async def test_durable_acks_of_a_nats_client_that_started_tls_go_out_encrypted(d
     async with start_server(config) as handle:
         assert handle.broker.committer.acks_wait
         assert await in_asyncio(publish_over_tls, handle.nats_url or "") == [1, 2, 3]
+
+
+def spy_on_runs(monkeypatch: pytest.MonkeyPatch, broker: Any) -> list[tuple[int, int, int, int]]:
+    """Per run of PUBLISH requests the broker took as one batch: ``(requests, its
+    group-commit epoch, the durable epoch and the bytes the session had sent when
+    the run came)``."""
+    runs: list[tuple[int, int, int, int]] = []
+
+    def spy(b: Any, session: Any, cmds: list[P.Publish]) -> Any:
+        synced, sent = broker.committer.synced, session._sent_bytes
+        reply = publish_frames(b, session, cmds)
+        assert reply is not None
+        runs.append((len(cmds), reply[1], synced, sent))
+        return reply
+
+    monkeypatch.setattr(_session, "publish_frames", spy)
+    return runs
+
+
+def run_of_three(monkeypatch: pytest.MonkeyPatch, frame: bytes) -> None:
+    """Runs of PUBLISH requests end after three ``frame``-sized requests."""
+    monkeypatch.setattr(_session, "PUBLISH_RUN_BYTES", 3 * (len(frame) - 16))  # the payload, after the 16-byte header
+
+
+async def test_a_long_read_is_answered_a_run_at_a_time_each_after_its_fsync(
+    server: ServerHandle, client: Client, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """fsync ``always``: a read holding more than PUBLISH_RUN_BYTES of PUBLISH
+    requests is stored a run at a time, and each run's acks go out after its own
+    fsync, before the broker handles the next run (a pipelining client gets them
+    while the broker works on the rest); the acks name every message's place in
+    the order the requests came."""
+    await client.create_stream("runs")
+    await client.create_topic("runs", "r", partitions=1, subjects=["r.>"])
+    broker = server.broker
+    assert broker.committer.acks_wait
+    # Syncs on the event loop (a slow one goes to the sync thread, and the reader
+    # handles the next run meanwhile: the run joins the next sync).
+    monkeypatch.setattr(_commit, "INLINE_SYNC_SECONDS", float("inf"))
+    frames = [publish_frame(200 + i, P.encode_body("r.x", b"m%02d" % i)) for i in range(10)]
+    run_of_three(monkeypatch, frames[0])
+    runs = spy_on_runs(monkeypatch, broker)
+    raw = await RawPeer.open(server.address)
+    await raw.handshake()
+    fsyncs = broker.counters.fsyncs
+    await raw.send(b"".join(frames))  # one write: the broker reads them together
+    got = await answers(raw, len(frames))
+    assert [n for n, _, _, _ in runs] == [3, 3, 3]  # and the tenth alone, ending the read
+    for (_, epoch, _, sent), (_, _, synced, sent_then) in zip(runs, runs[1:]):
+        assert synced >= epoch  # the run before was durable when this one came
+        assert sent_then > sent  # and its acks had gone out
+    assert broker.counters.fsyncs == fsyncs + 4
+    offsets = [got[200 + i].result[0].offset for i in range(10)]  # type: ignore[union-attr]
+    assert offsets == list(range(1, 11))
+    stored = (await client.fetch("runs", "r", 0, 1, 20)).messages
+    assert [m.payload for m in stored] == [b"m%02d" % i for i in range(10)]
+    await raw.aclose()
+
+
+async def test_acks_of_a_long_read_wait_for_the_fsync_of_their_run(
+    server: ServerHandle, client: Client, topic: tuple[str, str], monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """With the group commit held, runs are stored but none of their acks leaves;
+    all of them leave once the syncs may happen."""
+    broker = server.broker
+    frames = [publish_frame(300 + i, P.encode_body("orders.x", b"%d" % i)) for i in range(9)]
+    run_of_three(monkeypatch, frames[0])
+    runs = spy_on_runs(monkeypatch, broker)
+    with held_commit(monkeypatch) as gate:
+        raw = await RawPeer.open(server.address)
+        await raw.handshake()
+        before = broker.counters.messages_in
+        await raw.send(b"".join(frames))
+        with trio.fail_after(5):
+            while broker.counters.messages_in < before + len(frames):
+                await trio.sleep(0.01)
+        with trio.move_on_after(0.2):
+            early = await raw.stream.receive_some(65536)
+            raise AssertionError(f"an ack left before its fsync: {early!r}")
+        gate.set()
+        got = await answers(raw, len(frames))
+    assert [n for n, _, _, _ in runs] == [3, 3, 3]
+    offsets = [got[300 + i].result[0].offset for i in range(9)]  # type: ignore[union-attr]
+    assert offsets == list(range(offsets[0], offsets[0] + 9))
+    await raw.aclose()
+
+
+async def test_without_fsync_waits_each_run_of_a_long_read_is_answered_before_the_next(
+    data_dir: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """fsync ``never`` (acks do not wait): each run's acks are written before the
+    broker handles the next run of the same read."""
+    config = make_config(data_dir, **{"system.partition.fsync": "never"})
+    frames = [publish_frame(400 + i, P.encode_body("n.x", b"%d" % i)) for i in range(7)]
+    run_of_three(monkeypatch, frames[0])
+    async with start_server(config) as handle:
+        broker = handle.broker
+        assert not broker.committer.acks_wait
+        runs = spy_on_runs(monkeypatch, broker)
+        async with connect(handle.address) as c:
+            await c.create_stream("n")
+            await c.create_topic("n", "t", partitions=1, subjects=["n.>"])
+        raw = await RawPeer.open(handle.address)
+        await raw.handshake()
+        await raw.send(b"".join(frames))
+        got = await answers(raw, len(frames))
+        assert [n for n, _, _, _ in runs] == [3, 3]  # and the seventh alone
+        assert runs[0][3] < runs[1][3]
+        assert [got[400 + i].result[0].offset for i in range(7)] == list(range(1, 8))  # type: ignore[union-attr]
+        await raw.aclose()
+
+
+async def test_errors_in_the_runs_of_a_long_read_are_each_requests_own(
+    server: ServerHandle, client: Client, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A read cut into runs: an unrouted message, a bad TTL header and a truncated
+    request each get their exact error in their own request's answer, wherever the
+    runs end; the other messages are stored, in order."""
+    await client.create_stream("errs")
+    await client.create_topic("errs", "e", partitions=1, subjects=["e.>"], allow_msg_ttl=True)
+    body = P.encode_body
+    frames = [
+        publish_frame(1, body("e.a", b"m1")),
+        publish_frame(2, body("nowhere.b", b"m2")),
+        publish_frame(3, body("e.c", b"m3")),
+        publish_frame(4, body("e.d", b"m4", P.encode_headers({"Nats-TTL": "1d"}))),
+        publish_frame(5, body("e.e", b"m5")[:-1]),  # truncated: MALFORMED_PAYLOAD
+        publish_frame(6, body("e.f", b"m6")),
+        publish_frame(7, body("e.g", b"m7")),
+    ]
+    run_of_three(monkeypatch, frames[0])
+    raw = await RawPeer.open(server.address)
+    await raw.handshake()
+    await raw.send(b"".join(frames))
+    got = await answers(raw, len(frames))
+
+    def ack(corr: int) -> P.Ack:
+        ev = got[corr]
+        assert isinstance(ev, P.Response), ev
+        (a,) = list(ev.result)  # type: ignore[call-overload]
+        return a
+
+    assert ack(2).error is not None and ack(2).error.code == P.ErrorCode.NO_TOPIC_FOR_SUBJECT
+    assert ack(2).error.message == "no topic captures subject 'nowhere.b'"
+    assert ack(4).error is not None and ack(4).error.code == P.ErrorCode.INVALID_MSG_TTL
+    assert ack(4).error.message == "invalid per-message TTL"
+    bad = got[5]
+    assert isinstance(bad, P.ErrorResponse) and bad.error.code == P.ErrorCode.MALFORMED_PAYLOAD
+    assert bad.error.message == "message 0 of the batch is truncated or has an empty subject"
+    assert [ack(c).offset for c in (1, 3, 6, 7)] == [1, 2, 3, 4]
+    assert all(ack(c).error is None for c in (1, 3, 6, 7))
+    stored = (await client.fetch("errs", "e", 0, 1, 20)).messages
+    assert [m.payload for m in stored] == [b"m1", b"m3", b"m6", b"m7"]
+    await raw.aclose()
