@@ -23,7 +23,15 @@ ACK_POLICIES = ("explicit", "none", "all")
 MODES = ("shared", "partitioned")
 
 #: Fields an update may not change (the server's ``checkConsumerCfg`` on update).
-_FIXED = ("deliver_policy", "opt_start_offset", "opt_start_time", "ack_policy", "mode")
+#: What an update may not change, in the server's order, with the server's words for
+#: it ("deliver policy can not be updated", nats-server ``checkNewConsumerConfig``).
+_FIXED = {
+    "deliver_policy": "deliver policy",
+    "opt_start_offset": "start sequence",
+    "opt_start_time": "start time",
+    "ack_policy": "ack policy",
+    "mode": "mode",
+}
 
 
 def _invalid(text: str) -> Exception:
@@ -199,11 +207,9 @@ class ConsumerConfig:
         return out
 
     def check_update(self, new: ConsumerConfig) -> None:
-        for name in _FIXED:
+        for name, words in _FIXED.items():
             if getattr(self, name) != getattr(new, name):
-                raise error_class(ErrorCode.CONSUMER_UPDATE_DENIED)(
-                    f"consumer {name.replace('_', ' ')} can not be updated"
-                )
+                raise error_class(ErrorCode.CONSUMER_UPDATE_DENIED)(f"{words} can not be updated")
 
     def wait_ns(self, deliveries: int) -> int:
         """How long a delivery numbered ``deliveries`` (1 = the first) waits for its

@@ -149,6 +149,9 @@ class State:
         self.ticks = Ticks(self)
         self.pushes: weakref.WeakKeyDictionary[Consumer, Push] = weakref.WeakKeyDictionary()
         self.last_active: weakref.WeakKeyDictionary[Consumer, int] = weakref.WeakKeyDictionary()
+        #: The inactivity clock of each ephemeral consumer (replaced when an update
+        #: changes its ``inactive_threshold``).
+        self.inactivity: weakref.WeakKeyDictionary[Consumer, Inactivity] = weakref.WeakKeyDictionary()
         #: Push consumers whose deliver subject has no subscriber (they wait for one).
         self.unbound: set[Push] = set()
         #: Flow-control requests awaiting their answer, by reply subject.
@@ -179,11 +182,27 @@ class State:
         inactivity clock, a push consumer's delivery."""
         if not settings.durable:
             self.touch(c)
-            threshold = settings.inactive_threshold_ns or EPHEMERAL_INACTIVE_NS
-            self.ticks.arm(Inactivity(self, c, threshold), self.broker.clock.now_ns() + threshold)
+            self._clock(c, settings)
         if settings.deliver_subject and c not in self.pushes:
             push = self.pushes[c] = Push(self, c, settings)
             push.start()
+
+    def _clock(self, c: Consumer, settings: PushSettings) -> None:
+        threshold = settings.inactive_threshold_ns or EPHEMERAL_INACTIVE_NS
+        clock = self.inactivity[c] = Inactivity(self, c, threshold)
+        self.ticks.arm(clock, self.last_active.get(c, 0) + threshold)
+
+    def updated(self, c: Consumer, old: PushSettings, new: PushSettings) -> None:
+        """After an update of ``c`` (checked by :func:`_check_update`): a push consumer
+        whose deliver subject moved delivers to the new one; a new inactivity
+        threshold counts from the last activity, as on the server."""
+        if old.deliver_subject != new.deliver_subject:
+            push = self.pushes.pop(c, None)
+            if push is not None:
+                push.stop()
+            self.start(c, new)
+        elif not new.durable and old.inactive_threshold_ns != new.inactive_threshold_ns:
+            self._clock(c, new)
 
     def _subscribed(self, sub: Any) -> None:
         if self.unbound:
@@ -530,7 +549,7 @@ class Push:
 
     def tick(self, now_ns: int) -> None:
         c = self.consumer
-        if c.deleted:  # deleted by our own protocol's API
+        if c.deleted or self.state.pushes.get(c) is not self:  # deleted (by our own API too), or moved
             self.stop()
             return
         if not self.busy:
@@ -558,7 +577,7 @@ class Inactivity:
     def tick(self, now_ns: int) -> None:
         c = self.consumer
         st = self.state
-        if c.deleted:
+        if c.deleted or st.inactivity.get(c) is not self:  # deleted, or replaced by an update
             return
         push = st.pushes.get(c)
         if push is not None:
@@ -699,9 +718,12 @@ def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple
             if action == "create":
                 raise JSError(400, 10148, "consumer already exists")
             old = st.settings_of(existing)
-            if (old.deliver_subject, old.durable) != (settings.deliver_subject, settings.durable):
+            if old.durable != settings.durable:
                 raise JSError(400, 10148, "consumer already exists")
+            existing.config.check_update(config)
+            _check_update(st, old, settings, existing.config, config)
             epoch = change_consumer(st.broker, existing, config)
+            st.updated(existing, old, settings)
         c = existing
     else:
         if action == "update":
@@ -709,6 +731,30 @@ def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple
         c, epoch = new_consumer(st.broker, topic, cname, config)
         st.start(c, settings)
     return _info(st, c), epoch
+
+
+def _check_update(st: State, old: PushSettings, new: PushSettings, was: ConsumerConfig, cfg: ConsumerConfig) -> None:
+    """Refuse what the server refuses to update (``checkNewConsumerConfig``), after the
+    engine's own fixed fields, with its words and its error (500 10012); a push
+    consumer's deliver subject may move only while nobody listens on it (10013)."""
+    denied = ""
+    if old.mem_storage != new.mem_storage:
+        denied = "storage type can not be updated"
+    elif old.idle_heartbeat_ns != new.idle_heartbeat_ns:
+        denied = "heart beats can not be updated"
+    elif old.flow_control != new.flow_control:
+        denied = "flow control can not be updated"
+    elif old.deliver_subject != new.deliver_subject:
+        if not old.deliver_subject:
+            denied = "can not update pull consumer to push based"
+        elif not new.deliver_subject:
+            denied = "can not update push consumer to pull based"
+        elif st.broker.subs.match(old.deliver_subject.encode()):
+            raise JSError(400, 10013, "consumer name already in use")
+    if not denied and was.max_waiting != cfg.max_waiting:
+        denied = "max waiting can not be updated"
+    if denied:
+        raise JSError(500, 10012, denied)
 
 
 def _info(st: State, c: Consumer) -> dict[str, Any]:

@@ -354,6 +354,86 @@ async def test_create_info_names_list_delete_and_errors(nats_url: str) -> None:
     assert r["delete_missing"] == (404, 10014, "consumer not found")
 
 
+async def test_updates_refused_and_allowed_as_on_the_server(mock_clock: Any, nats_url: str) -> None:
+    """What an update may not change is refused with nats-server's own words (500
+    10012, in its order); a push consumer's deliver subject moves only while nobody
+    listens there (400 10013), and then delivers to the new one; a new
+    inactive_threshold counts from the last activity."""
+    create = f"$JS.API.CONSUMER.CREATE.{STREAM}"
+
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        try:
+            await orders(js, 1)
+            out: dict[str, Any] = {}
+
+            async def update(name: str, cfg: dict[str, Any]) -> Any:
+                r = await api_request(nc, f"{create}.{name}", {"stream_name": STREAM, "config": cfg})
+                return r.get("error") or r["config"]
+
+            pull = {"durable_name": "a", "ack_policy": "explicit"}
+            await update("a", pull)
+            for key, value in [("deliver_policy", "last"), ("ack_policy", "none"), ("max_waiting", 7),
+                               ("opt_start_seq", 1)]:
+                changed = {**pull, key: value} if key != "opt_start_seq" else {
+                    **pull, "deliver_policy": "by_start_sequence", "opt_start_seq": 1}
+                out[key] = await update("a", changed)
+            out["max_deliver"] = (await update("a", {**pull, "max_deliver": 4}))["max_deliver"]
+            push = {"name": "p", "deliver_subject": "d.p", "ack_policy": "none", "idle_heartbeat": 10**9,
+                    "flow_control": True}
+            await update("p", push)
+            out["heartbeat"] = await update("p", {**push, "idle_heartbeat": 2 * 10**9})
+            out["flow_control"] = await update("p", {**push, "flow_control": False})
+            plain = {"name": "q", "deliver_subject": "d.q", "ack_policy": "none"}
+            await update("q", plain)
+            out["push_to_pull"] = await update("q", {"name": "q", "ack_policy": "none"})
+            await update("n", {"name": "n", "ack_policy": "none"})
+            out["pull_to_push"] = await update("n", {"name": "n", "ack_policy": "none", "deliver_subject": "d.n"})
+            # the deliver subject moves only while nobody listens on the old one
+            old = await nc.subscribe("d.q")
+            await nc.flush()
+            out["moved_while_bound"] = await update("q", {**plain, "deliver_subject": "d.r"})
+            out["old_got"] = (await old.next_msg(timeout=2)).data
+            await old.unsubscribe()
+            new = await nc.subscribe("d.r")
+            await nc.flush()
+            out["moved"] = (await update("q", {**plain, "deliver_subject": "d.r"}))["deliver_subject"]
+            await js.publish("orders.later", b"later")
+            out["delivered"] = (await new.next_msg(timeout=2)).data
+            # a shorter inactive_threshold counts from the last activity
+            await update("e", {"name": "e", "ack_policy": "explicit", "inactive_threshold": 60 * 10**9})
+            out["threshold"] = (await update("e", {"name": "e", "ack_policy": "explicit",
+                                                   "inactive_threshold": 2 * 10**9}))["inactive_threshold"]
+            jump(2.5)
+            try:
+                await js.consumer_info(STREAM, "e")
+            except NotFoundError as e:
+                out["gone"] = e.err_code
+            return out
+        finally:
+            await nc.close()
+
+    r = await in_asyncio(scenario)
+
+    def denied(text: str) -> dict[str, Any]:
+        return {"code": 500, "err_code": 10012, "description": text}
+
+    assert r["deliver_policy"] == denied("deliver policy can not be updated")
+    assert r["ack_policy"] == denied("ack policy can not be updated")
+    assert r["max_waiting"] == denied("max waiting can not be updated")
+    assert r["opt_start_seq"] == denied("deliver policy can not be updated")
+    assert r["max_deliver"] == 4
+    assert r["heartbeat"] == denied("heart beats can not be updated")
+    assert r["flow_control"] == denied("flow control can not be updated")
+    assert r["push_to_pull"] == denied("can not update push consumer to pull based")
+    assert r["pull_to_push"] == denied("can not update pull consumer to push based")
+    assert r["moved_while_bound"] == {"code": 400, "err_code": 10013, "description": "consumer name already in use"}
+    assert r["moved"] == "d.r"
+    assert (r["old_got"], r["delivered"]) == (b"m0", b"later")
+    assert r["threshold"] == 2 * 10**9
+    assert r["gone"] == 10014
+
+
 async def test_durable_consumer_survives_a_restart(nats_config: Any) -> None:
     async def before(url: str) -> list[int]:
         nc, js = await connect(url)
