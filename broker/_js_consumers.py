@@ -270,6 +270,21 @@ class State:
             i += 1
         return i - start
 
+    def take_ack_run(self, key: str, seqs: list[int]) -> bool:
+        """Queue a run of plain acks of one consumer (``NatsParser.ack_run``: its
+        ``$JS.ACK.<stream>.<consumer>`` and stream sequences), as :meth:`take_acks`
+        would queue them; False, and nothing queued, when ``key`` is not a consumer
+        seen before (the general path then reads them). The caller calls
+        :meth:`wake_acks` as after :meth:`take_acks`."""
+        c = self.by_ack.get(key)
+        if c is None or c.deleted:
+            return False
+        queued = self.acks.get(c)
+        if queued is None:
+            queued = self.acks[c] = []
+        queued += [(_ACK, 0, s, 0) for s in seqs]
+        return True
+
     def wake_acks(self) -> None:
         """Settle the acks :meth:`take_acks` queued in the next turn of the event loop
         (its caller's read is handled: a pull request that came with them has

@@ -272,7 +272,11 @@ class NatsSession(Session):
             try:
                 while True:
                     if self.ready and not self.verbose and not self.pedantic:
-                        acks = parser.ack_pubs()  # nats-py: one PUB per msg.ack(), many per read
+                        run = parser.ack_run()  # nats-py: one PUB per msg.ack(), many per read
+                        if run is not None and self._ack_run(*run):
+                            acked = True
+                            continue
+                        acks = parser.ack_pubs()  # other acks (a reply, a body), or a mix
                         if acks:
                             acked = True
                             if not await self._acks(acks):
@@ -388,6 +392,19 @@ class NatsSession(Session):
                     return
         if self.verbose:
             self.send_now(OK)
+
+    def _ack_run(self, key: str, seqs: list[int], end: int) -> bool:
+        """A run of plain acks of one consumer (``NatsParser.ack_run``), queued for one
+        settle as :meth:`_acks` queues them; False (nothing read) when the consumer is
+        not one the ack path has seen (:meth:`_acks` then reads them)."""
+        state = self.broker.jetstream.consumer_state
+        if state is None:
+            return False
+        self._flush()  # the messages that came before are handled first
+        if not state.take_ack_run(key, seqs):
+            return False
+        self.parser.skip_to(end)
+        return True
 
     async def _acks(self, acks: list[tuple[str, str | None, bytes, str, int]]) -> bool:
         """A run of PUBs on v1 ack subjects (``NatsParser.ack_pubs``), handled

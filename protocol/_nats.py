@@ -142,6 +142,22 @@ _PLAIN_PUB = re.compile(rb"PUB +(\S+) +(?:(\S+) +)?(\d{1,12})\r\n")
 #: and size (:meth:`NatsParser.ack_pubs`).
 _ACK_PUB = re.compile(
     rb"PUB ((\$JS\.ACK\.[^.\s]*\.[^.\s]*)\.[0-9]+\.([0-9]+)\.[0-9]+\.[0-9]+\.[0-9]+) +(?:(\S+) +)?(\d{1,12})\r\n")
+#: Most plain acks a run (:meth:`NatsParser.ack_run`) takes.
+ACK_RUN_LIMIT = 256
+#: The tail of one ack as nats-py writes ``msg.ack()`` (no reply, empty payload)
+#: after its ``$JS.ACK.<stream>.<consumer>``: the five numbers (ASCII digits, stream
+#: sequence second) and the size 0. The bounds give a longest line (:data:`_ACK_TAIL_MAX`).
+_ACK_TAIL = rb"\.[0-9]{1,20}\.([0-9]{1,20})\.[0-9]{1,20}\.[0-9]{1,20}\.[0-9]{1,20} {1,16}0\r\n\r\n"
+_ACK_TAIL_MAX = 5 * 21 + 16 + 1
+#: A run of such acks of one consumer, up to :data:`ACK_RUN_LIMIT`.
+_ACK_RUN = re.compile(
+    rb"PUB (\$JS\.ACK\.[^.\s]{0,255}\.[^.\s]{0,255})" + _ACK_TAIL.replace(b"([0-9]{1,20})", b"[0-9]{1,20}")
+    + rb"(?:PUB \1" + _ACK_TAIL.replace(b"([0-9]{1,20})", b"[0-9]{1,20}") + rb"){0,%d}" % (ACK_RUN_LIMIT - 1))
+#: The stream sequence of each ack of a run (one match per ack: the five numbers end
+#: at the spaces before the size).
+_ACK_SEQ = re.compile(_ACK_TAIL)
+#: Each control line of a run, for its length.
+_ACK_LINE = re.compile(rb"PUB [^\r]*")
 _SPACE = re.compile("[ \t\n\r\f]")
 _ENDS = b" \t\r\n"
 
@@ -286,6 +302,36 @@ class NatsParser:
             pos = end + 2
         self._pos = pos
         return out
+
+    def ack_run(self) -> tuple[str, list[int], int] | None:
+        """The run of whole acks of one consumer as nats-py writes ``msg.ack()``
+        (``PUB <v1 ack subject>  0``, no reply, empty payload) at the read position,
+        at most :data:`ACK_RUN_LIMIT`: ``("$JS.ACK.<stream>.<consumer>", [stream
+        sequence, ...], end)``, or None when the next operation is not one. Reads
+        nothing: :meth:`skip_to` ``(end)`` takes the run. What it gives is what
+        :meth:`ack_pubs` gives for those PUBs (their replies None, their payloads
+        empty), in two regular-expression calls for the whole run instead of one
+        match and one tuple per PUB."""
+        if self._pending is not None or not self.server:
+            return None
+        buf = self._buf
+        pos = self._pos
+        m = _ACK_RUN.match(buf, pos)
+        if m is None:
+            return None
+        end = m.end()
+        key = m.group(1)
+        if 4 + len(key) + _ACK_TAIL_MAX > self.max_control_line and max(map(len, _ACK_LINE.findall(buf, pos, end))) > self.max_control_line:
+            return None  # the general path refuses the long line (after the ones before it)
+        try:
+            name = key.decode()
+        except UnicodeDecodeError:
+            return None
+        return name, list(map(int, _ACK_SEQ.findall(buf, pos, end))), end
+
+    def skip_to(self, end: int) -> None:
+        """Take what :meth:`ack_run` gave, up to ``end``."""
+        self._pos = end
 
     def _check_op(self) -> None:
         """Garbage is refused as soon as its first bytes cannot start an operation

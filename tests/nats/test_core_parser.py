@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import protocol as P
 from broker._js_consumers import _V1_ACK
 from protocol._nats import (
+    ACK_RUN_LIMIT,
     encode_connect,
     encode_err,
     encode_info,
@@ -426,3 +427,92 @@ def test_ack_pubs_takes_the_v1_acks_nats_py_sends() -> None:
     assert parser.ack_pubs() == []
     assert parser.next_event() == P.NatsPub("$JS.ACK.S.c.1.9.9.x.0", None, None, b"")
     assert len(parser.ack_pubs()) == 1
+
+
+def _ack_run_outcome(parser: P.NatsParser, data: bytes) -> tuple[list[object], str | None]:
+    """What ``parser`` gives reading ``data`` as the NATS session does: a run of
+    nats-py's plain acks (:meth:`NatsParser.ack_run`) first, then ``ack_pubs``, then the
+    general path; each run's key and sequences checked against the broker's v1 match
+    of the subjects the general path reads there."""
+    parser.receive_data(data)
+    events: list[object] = []
+    try:
+        while True:
+            before = bytes(parser._buf[parser._pos:])
+            run = parser.ack_run()
+            if run is not None:
+                key, seqs, end = run
+                assert 1 <= len(seqs) <= ACK_RUN_LIMIT
+                # The same bytes read by the general path: the same PUBs, plain acks of key.
+                general = _GeneralOnly(max_control_line=parser.max_control_line, max_payload=parser.max_payload)
+                general.receive_data(before[: end - parser._pos])
+                pubs = []
+                while (ev := general.next_event()) is not P.NATS_NEED_DATA:
+                    pubs.append(ev)
+                assert len(pubs) == len(seqs)
+                for ev, seq in zip(pubs, seqs):
+                    assert isinstance(ev, P.NatsPub) and ev.reply is None and ev.payload == b"" and ev.headers is None
+                    m = _V1_ACK.fullmatch(ev.subject)
+                    assert m is not None and (m.group(1), int(m.group(2))) == (key, seq)
+                parser.skip_to(end)
+                events += pubs
+                continue
+            acks = parser.ack_pubs()
+            if acks:
+                events += [P.NatsPub(subject, reply, None, payload) for subject, reply, payload, _, _ in acks]
+                continue
+            ev = parser.next_event()
+            if ev is P.NATS_NEED_DATA:
+                break
+            events.append(ev)
+    except P.NatsProtocolError as err:
+        return events, err.text
+    return events, None
+
+
+@settings(max_examples=400)
+@given(st.lists(ack_pub_like() | st.sampled_from([
+    b"PUB $JS.ACK.S.c.1.2.3.4.5  0\r\n\r\n", b"PUB $JS.ACK.T.d.1.22.3.4.5 0\r\n\r\n", b"PUB $JS.ACK.1.2.3.4.5.6.7  0\r\n\r\n",
+    b"PUB $JS.ACK.S.c.1.2.3.4.5" + b" " * 17 + b"0\r\n\r\n", b"PUB $JS.ACK.S.c.1.2.3.4.5 00\r\n\r\n",
+    b"PUB $JS.ACK.S.c.1.%d.3.4.5  0\r\n\r\n" % 10**20, b"PUB $JS.ACK." + b"s" * 40 + b".c.1.2.3.4.5  0\r\n\r\n",
+]), min_size=1, max_size=8), st.sampled_from([40, 60, 4096]), st.lists(st.integers(0, 600), max_size=3))
+@example([b"PUB $JS.ACK.s.c.1.2.3.4.5 0\r\n\r\n"] * 3, 4096, [])
+@example([b"PUB $JS.ACK.s.c.1.2.3.4.5 0\r\n\r\n", b"PUB $JS.ACK.s.\xff.1.2.3.4.5 0\r\n\r\n"], 4096, [])
+def test_ack_runs_parse_as_the_general_path_does(lines: list[bytes], max_line: int, splits: list[int]) -> None:
+    """``ack_run`` takes a run of PUBs exactly as ``next_event`` reads them (plain acks
+    of one consumer, no reply, empty payload), with their key and stream sequences as
+    the broker's v1 match reads them, and leaves anything else, errors included (a
+    control line too long), to the other paths, however the bytes arrive."""
+    data = b"".join(lines)
+    want = _outcome(_GeneralOnly(max_control_line=max_line, max_payload=20), data)
+    assert _ack_run_outcome(P.NatsParser(max_control_line=max_line, max_payload=20), data) == want
+    parser = P.NatsParser(max_control_line=max_line, max_payload=20)
+    cuts = sorted({0, len(data), *(s % (len(data) + 1) for s in splits)})
+    events: list[object] = []
+    error = None
+    for a, b in zip(cuts, cuts[1:]):
+        got, error = _ack_run_outcome(parser, data[a:b])
+        events += got
+        if error is not None:
+            break
+    assert (events, error) == want
+
+
+def test_ack_run_takes_the_acks_nats_py_sends_in_one_run_per_consumer() -> None:
+    acks = [b"PUB $JS.ACK.S.c.1.%d.%d.1763937600000000000.0  0\r\n\r\n" % (i, i) for i in range(300)]
+    other = b"PUB $JS.ACK.S.d.1.7.7.1763937600000000000.0  0\r\n\r\n"
+    parser = P.NatsParser()
+    parser.receive_data(b"".join(acks) + other + acks[0] + b"PING\r\n")
+    key, seqs, end = parser.ack_run()
+    assert (key, seqs) == ("$JS.ACK.S.c", list(range(ACK_RUN_LIMIT)))
+    assert parser.ack_run() is not None  # nothing taken before skip_to
+    parser.skip_to(end)
+    key, seqs, end = parser.ack_run()
+    assert (key, seqs) == ("$JS.ACK.S.c", list(range(ACK_RUN_LIMIT, 300)))
+    parser.skip_to(end)
+    key, seqs, end = parser.ack_run()
+    assert (key, seqs) == ("$JS.ACK.S.d", [7])
+    parser.skip_to(end)
+    assert parser.ack_run()[:2] == ("$JS.ACK.S.c", [0])
+    parser.skip_to(parser.ack_run()[2])
+    assert parser.ack_run() is None and parser.next_event() is P.NatsPing
