@@ -33,7 +33,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import protocol as P
-from protocol import TTL_NEVER, ErrorCode, decode_headers, error_class, read_record_info, validate_filter, validate_subject
+from protocol import (
+    RECORD_FIXED,
+    TTL_NEVER,
+    ErrorCode,
+    decode_headers,
+    error_class,
+    read_record_info,
+    validate_filter,
+    validate_subject,
+)
 
 from ._subject_index import MARKER, TOMBSTONE
 
@@ -48,6 +57,9 @@ __all__ = ["KvReads", "LEASE_PREFIX", "kv_get", "kv_keys", "kv_touch", "load_lea
 NS = 1_000_000_000
 LEASE_PREFIX = "$refresh."
 _NotFound = error_class(ErrorCode.MESSAGE_NOT_FOUND)
+#: A record's fixed fields (header and body header), then the subject, the headers and the payload.
+_FIXED = RECORD_FIXED
+_FIXED_SIZE = RECORD_FIXED.size
 
 
 def load_leases(topic: Topic) -> None:
@@ -100,46 +112,53 @@ class KvReads:
     def get(self, topic: Topic, subject: str, revision: int, now_ns: int) -> tuple[dict[str, Any], int]:
         """The entry of ``subject`` (its latest revision, or ``revision``), with the
         bucket's visibility and refresh rules; returns it and the epoch the reply must
-        wait for (0: none). (:meth:`bucket`, :meth:`deadline` and :func:`_operation`
-        are written out here: this runs once per get.)
+        wait for (0: none). (:meth:`bucket`, :meth:`deadline`, :func:`_operation` and
+        ``read_record_info`` are written out here: this runs once per get.)
+
+        The record comes from one storage call (``PartitionLog.read_live``: the live,
+        verified record or None), and it must carry ``subject`` itself: a revision
+        of another key, or an offset no live record holds, is "not found".
 
         Raises:
-            NotABucketError, MessageNotFoundError (absent, or expired and hidden).
+            NotABucketError, MessageNotFoundError (absent, or expired and hidden),
+            CorruptedRecord (the record fails its checks on this read).
         """
         kv = topic.config.kv
         if kv is None:
-            self.bucket(topic)  # raises
+            kv = self.bucket(topic)  # raises
         raw = subject.encode()
         part = topic.partition_for(raw)
         index = part.index
-        log = part.log
         st = index.get(raw)
         latest = st.last if st is not None and st.count else 0
         offset = revision or latest
-        if not offset or not log.is_live(offset) or index.subject_at(offset) != raw:
+        rec = part.log.read_live(offset) if offset > 0 else None
+        if rec is not None:
+            _, _, _, created, ttl, _, sl, hl, pl = _FIXED.unpack_from(rec)
+            at = _FIXED_SIZE + sl
+            if rec[_FIXED_SIZE:at] != raw:
+                rec = None  # another key's revision
+        if rec is None:
             what = f"revision {revision} of" if revision else "key"
             raise _NotFound(f"{what} {subject!r} not found in bucket {topic.name!r}")
-        rec = log.get(offset)
-        info = read_record_info(rec, 0)
-        ttl = info.ttl
-        deadline = 0 if not ttl or ttl == TTL_NEVER else max(info.timestamp + ttl * NS, part.refreshed.get(offset, 0))
+        deadline = 0 if not ttl or ttl == TTL_NEVER else max(created + ttl * NS, part.refreshed.get(offset, 0))
         if deadline and now_ns >= deadline and kv["visibility"] == "never_return_expired":
             raise _NotFound(f"key {subject!r} expired in bucket {topic.name!r}")
-        headers = decode_headers(info.headers) if info.headers else {}
+        headers = decode_headers(rec[at : at + hl]) if hl else {}
         flags = index.flags_at(offset)
-        op = _operation(flags, headers) if flags else "PUT"
+        op = _operation(flags, headers) if flags & (MARKER | TOMBSTONE) else "PUT"
         epoch = 0
         if op == "PUT" and offset == latest and kv["refresh"] == "on_read_and_write" and deadline and now_ns < deadline:
             deadline, epoch = self.refresh(topic, part, offset, ttl, now_ns)
-        payload_at = 38 + len(info.subject) + len(info.headers)
+        at += hl
         entry = {
             "subject": subject,
             "revision": offset,
             "latest": offset == latest,
             "operation": op,
-            "value": bytes(rec[payload_at : payload_at + info.payload_len]),
+            "value": bytes(rec[at : at + pl]),
             "headers": headers,
-            "created": info.timestamp,
+            "created": created,
             "ttl": ttl,
             "deadline": deadline,
             "ttl_remaining_ms": max(0, (deadline - now_ns) // 1_000_000) if deadline else None,

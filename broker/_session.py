@@ -89,6 +89,11 @@ WRITE_CHUNK = 1024 * 1024
 #: Bytes of consecutive PUBLISH requests handled as one batch before their acks are
 #: let out (:meth:`Session._release_acks`), when one read delivered more.
 PUBLISH_RUN_BYTES = 32 * 1024
+#: Bytes of answers queued in the middle of a read that are sent before the rest of
+#: the read is handled: a client that pipelines (500 KV gets in flight) gets the first
+#: answers and sends more requests while the broker handles the rest, instead of the
+#: two taking turns a whole read at a time.
+SEND_EARLY = 16 * 1024
 #: How a TLS connection starts (a handshake record, TLS 1.x); no frame before the
 #: handshake can start so (its length would be over MAX_HANDSHAKE_FRAME).
 TLS_RECORD_START = b"\x16\x03"
@@ -537,6 +542,8 @@ class Session:
                         handler = sync_handlers.get(event.command.__class__)  # type: ignore[union-attr]
                         if handler is not None and not broker.shutting_down:
                             self._handle_now(event, handler)  # type: ignore[arg-type]  # no coroutine: most requests
+                            if self._now_bytes >= SEND_EARLY:
+                                self._send_nowait()
                         else:
                             await self._handle(event)  # type: ignore[arg-type]
                     else:

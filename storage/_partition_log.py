@@ -1,4 +1,3 @@
-# LEAD NOTE TO HELPERS (the lead removes this line; never commit it): before any edit or git command read /tmp/notes/rules.md - shared tree, git rules, HARD DEADLINE 01:05 UTC.
 """The log of one partition: an ordered list of segments, the last one active.
 
 Offsets start at 1 and never repeat: the active segment's file name always carries
@@ -650,6 +649,24 @@ class PartitionLog:
                 raise CorruptedRecord(f"record at offset {offset} is corrupted", offset)
             raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(f"no message at offset {offset}")
         return seg.read_one(rel, self._corrupt)
+
+    def read_live(self, offset: int) -> memoryview | None:
+        """The live record at ``offset``, verified as :meth:`get` verifies it, or None
+        when there is none (never stored, deleted, removed, purged, or found corrupt
+        before): one search for its segment where :meth:`is_live` then :meth:`get`
+        take two (a KV get reads one record per request).
+
+        Raises:
+            CorruptedRecord: it is live but fails its checks now (it is then marked
+                corrupt, as :meth:`get` does, and the next call returns None).
+        """
+        i = bisect_right(self._bases, offset) - 1
+        seg = self.segments[i if i > 0 else 0]
+        rel = offset - seg.base
+        state = seg.state
+        if 0 <= rel < len(state) and state[rel] == LIVE and offset > self._state.state.purged_through:
+            return seg.read_one(rel, self._corrupt)
+        return None
 
     def scan(self, headers: bool = False) -> Iterator[LiveRecords]:
         """The live records of every segment, oldest first, for the startup rebuild;

@@ -25,8 +25,13 @@ __all__ = ["KeyValue", "Entry", "KV_STREAM", "validate_key", "validate_bucket"]
 #: The stream that holds every bucket.
 KV_STREAM = "kv"
 _KEY_RE = re.compile(r"[-/_=.a-zA-Z0-9]+")
+#: Every valid key, and nothing else: dot-separated non-empty runs of the key characters.
+_VALID_KEY = re.compile(r"[-/_=a-zA-Z0-9]+(?:\.[-/_=a-zA-Z0-9]+)*").fullmatch
 _BUCKET_RE = re.compile(r"[a-zA-Z0-9_-]+")
 _InvalidKey = error_class(ErrorCode.INVALID_KEY)
+_KV_GET = Command.KV_GET
+_get_payload = P.KvGet.payload
+_values_of = P.InfoMap.values_of
 _NotFound = error_class(ErrorCode.MESSAGE_NOT_FOUND)
 
 
@@ -36,6 +41,8 @@ def validate_key(key: str) -> str:
     Raises:
         InvalidKeyError: with what is wrong.
     """
+    if key.__class__ is str and _VALID_KEY(key):
+        return key  # one match for a valid key; the checks below say what is wrong
     if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
         raise _InvalidKey(f"invalid key {key!r}: keys are letters, digits and -/_=. only")
     if key.startswith(".") or key.endswith(".") or ".." in key:
@@ -68,6 +75,24 @@ class Entry:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _make_entry(
+    bucket: str, key: str, value: bytes, revision: int, created: int, operation: str, ttl_remaining: float | None,
+    headers: dict[str, str],
+) -> Entry:
+    """``Entry(...)`` with every field given, without the frozen dataclass's
+    ``__init__`` (one ``object.__setattr__`` per field; a get makes one entry)."""
+    e = _new(Entry)
+    _set(e, "__dict__", {
+        "bucket": bucket, "key": key, "value": value, "revision": revision, "created": created,
+        "operation": operation, "ttl_remaining": ttl_remaining, "headers": headers,
+    })
+    return e
+
+
 def _operation(m: P.Message) -> str:
     if m.is_marker:
         return {"MaxAge": "EXPIRED", "Remove": "DEL", "Purge": "PURGE"}[m.marker_reason.header_value]
@@ -88,13 +113,6 @@ class KeyValue:
 
     def subject(self, key: str) -> str:
         return self._prefix + validate_key(key)
-
-    def _entry(self, d: dict[str, Any]) -> Entry:
-        remaining = d.get("ttl_remaining_ms")
-        return Entry(
-            self.bucket, d["subject"][len(self._prefix) :], d["value"], d["revision"], d["created"], d["operation"],
-            None if remaining is None else remaining / 1000, d.get("headers") or {},
-        )
 
     def _from_message(self, m: P.Message) -> Entry:
         return Entry(self.bucket, m.subject[len(self._prefix) :], m.payload, m.offset, m.timestamp, _operation(m), None, m.headers)
@@ -165,10 +183,19 @@ class KeyValue:
 
     # -- reads -----------------------------------------------------------------------
 
+    def _entry_of(self, raw: bytes) -> Entry:
+        """The entry of a KV_GET answer, which comes as its raw payload
+        (``RAW_RESPONSES`` in ``_client.py``)."""
+        d = _values_of(raw)
+        remaining = d.get("ttl_remaining_ms")
+        return _make_entry(
+            self.bucket, d["subject"][len(self._prefix) :], d["value"], d["revision"], d["created"], d["operation"],
+            None if remaining is None else remaining / 1000, d.get("headers") or {},
+        )
+
     async def _get_raw(self, key: str, revision: int = 0) -> Entry:
-        # The answer comes as its raw payload (``RAW_RESPONSES`` in ``_client.py``).
-        raw = await self._client._call(Command.KV_GET, P.KvGet.payload(self._target, self.subject(key), revision))
-        return self._entry(P.InfoMap.values_of(raw))
+        payload = _get_payload(self._target, self._prefix + validate_key(key), revision)
+        return self._entry_of(await self._client._call(_KV_GET, payload))
 
     async def get(self, key: str, *, revision: int = 0) -> Entry:
         """The key's value (or one revision). With ``refresh = on_read_and_write`` a
@@ -177,7 +204,9 @@ class KeyValue:
         Raises:
             MessageNotFoundError: absent, deleted, purged, or expired (and hidden).
         """
-        entry = await self._get_raw(key, revision)
+        # _get_raw written out: one coroutine per get, not two.
+        payload = _get_payload(self._target, self._prefix + validate_key(key), revision)
+        entry = self._entry_of(await self._client._call(_KV_GET, payload))
         if entry.operation != "PUT" and not revision:
             raise _NotFound(f"key {key!r} not found in bucket {self.bucket!r} ({entry.operation.lower()})")
         return entry

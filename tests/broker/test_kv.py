@@ -270,3 +270,41 @@ async def test_large_values_and_many_keys_and_leases_that_go_with_their_key(mock
         await kv.put("k00001", b"w")  # overwritten: its lease goes with the old revision
         assert len([n for n, _ in topic.consumers.offsets if n.startswith("$refresh.")]) == 1
         assert (await kv.status())["values"] == 20_001
+
+
+async def test_get_reads_one_live_record_of_its_own_key_and_refuses_damage(mock_clock, data_dir) -> None:
+    """A get finds the record with one storage call (``PartitionLog.read_live``) and
+    checks that the record carries the key: a revision of another key, an overwritten
+    (removed) revision, a deleted key's revision and offsets no record holds are "not
+    found", never another record; a damaged record is refused as corrupted (counted),
+    then absent; the other keys are untouched."""
+    async with broker_and_client(data_dir) as (h, c):
+        kv = await c.kv_create("b", history=1)
+        ra = await kv.put("a", b"A" * 50)
+        rb = await kv.put("b", b"B" * 50)
+        rc1 = await kv.put("c", b"C1")
+        rc2 = await kv.put("c", b"C2")  # history 1: rc1 is removed
+        assert (await kv.get("a", revision=ra)).value == b"A" * 50
+        for key, rev in (("a", rb), ("b", ra), ("c", rc1), ("a", 0xFFFF), ("b", 2**64 - 1)):
+            with pytest.raises(MessageNotFoundError) as exc:
+                await kv.get(key, revision=rev)
+            assert exc.value.code == P.ErrorCode.MESSAGE_NOT_FOUND
+            assert exc.value.message == f"revision {rev} of '$KV.b.{key}' not found in bucket 'b'"
+        assert (await kv.get("c")).value == b"C2" and (await kv.get("c", revision=rc2)).revision == rc2
+        # Damage b's record on disk (what a disk can do after it was written).
+        log = h.broker.catalog.topic(P.Identifier.of("kv"), P.Identifier.of("b")).partitions[0].log
+        seg = log.segments[-1]
+        rel = rb - seg.base
+        with open(seg.log_path, "r+b") as f:
+            f.seek(seg.positions[rel] + 45)
+            byte = f.read(1)
+            f.seek(seg.positions[rel] + 45)
+            f.write(bytes([byte[0] ^ 0x10]))
+        with pytest.raises(P.CorruptedRecordError) as bad:  # type: ignore[attr-defined]
+            await kv.get("b")
+        assert bad.value.code == P.ErrorCode.CORRUPTED_RECORD and f"offset {rb}" in bad.value.message
+        with pytest.raises(MessageNotFoundError) as gone:
+            await kv.get("b")
+        assert gone.value.message == "key '$KV.b.b' not found in bucket 'b'"
+        assert (await c.stats())["corrupt_records"] == 1
+        assert (await kv.get("a")).value == b"A" * 50 and (await kv.get("c")).value == b"C2"

@@ -2,7 +2,8 @@
 loop) against the general read of one record (``Segment.read``, as ``get`` used to
 call it): the same bytes, the same error with the same message and offset, the same
 corruption reports and the same state after, for any records, deletions, purges and
-damage, in sealed and active segments, on real files."""
+damage, in sealed and active segments, on real files; and ``PartitionLog.read_live``
+(a KV get's one storage call) against ``is_live`` then ``get``."""
 
 from __future__ import annotations
 
@@ -189,4 +190,124 @@ def test_fast_get_reads_the_record_and_reports_damage(tmp_path: Path) -> None:
     with pytest.raises(CorruptedRecord):
         log.get(last)
     assert reports[-1] == (last, "checksum mismatch or truncated record")
+    log.close(clean=False)
+
+
+# -- read_live: the KV get's one storage call -------------------------------------------
+
+
+def _is_live_then_get(log: PartitionLog, offset: int) -> memoryview | None:
+    """What a KV get did before ``read_live``: ``is_live``, then ``get`` (whose
+    "no message" for a live slot at or below the purge watermark meant absent too)."""
+    if not log.is_live(offset):
+        return None
+    try:
+        return log.get(offset)
+    except P.MessageNotFoundError:  # type: ignore[attr-defined]
+        return None
+
+
+def _outcome_or_none(fn: Callable[[PartitionLog, int], memoryview | None], log: PartitionLog, offset: int) -> tuple[object, ...]:
+    try:
+        got = fn(log, offset)
+    except Exception as e:  # noqa: BLE001 - compared below, type and all
+        return ("raised", type(e), str(e), getattr(e, "offset", None))
+    if got is None:
+        return ("none",)
+    assert isinstance(got, memoryview)
+    return ("record", bytes(got))
+
+
+@_SETTINGS
+@given(
+    batches=st.lists(st.lists(_record, min_size=1, max_size=8), min_size=1, max_size=12),
+    picks=st.lists(st.integers(-2, 120), max_size=40),
+    deletes=st.lists(st.integers(1, 100), max_size=10),
+    purge=st.one_of(st.none(), st.integers(0, 30)),
+    damages=st.lists(st.tuples(st.integers(1, 100), _damage), max_size=4),
+)
+def test_read_live_equals_is_live_then_get(
+    tmp_path_factory: pytest.TempPathFactory,
+    batches: list[list[_Rec]],
+    picks: list[int],
+    deletes: list[int],
+    purge: int | None,
+    damages: list[tuple[int, tuple[str, float, int]]],
+) -> None:
+    """``read_live`` (one search for the segment) answers what ``is_live`` then ``get``
+    answered, for any records, deletions, purges and damage: the verified record, None
+    for anything not live (a deleted or purged record is never returned), or the same
+    CorruptedRecord, with the same reports and the same state after."""
+    root = tmp_path_factory.mktemp("readlive")
+    one_reports: list[tuple[int, str]] = []
+    two_reports: list[tuple[int, str]] = []
+    one = _build(root / "one", batches, one_reports)
+    two = _build(root / "two", batches, two_reports)
+    try:
+        last = one.last_offset
+        gone = {d for d in deletes if d <= last}
+        for log in (one, two):
+            log.delete_many(sorted(gone))
+            if purge is not None:
+                log.purge(purge)
+        purged = one.purged_through
+        for offset, (how, share, salt) in damages:
+            if offset <= last:
+                for log in (one, two):
+                    _damage_record(log, offset, how, share, salt)
+        order = list(range(-1, last + 3)) + [p for p in picks if p <= last + 2]
+        for offset in order:
+            want = _outcome_or_none(_is_live_then_get, two, offset)
+            got = _outcome_or_none(PartitionLog.read_live, one, offset)
+            assert got == want, offset
+            if offset in gone or offset <= purged or offset > last:
+                assert got == ("none",), offset
+            if got[0] == "record":
+                rec = got[1]
+                assert isinstance(rec, bytes) and P.check_record(rec, 0, len(rec)) == len(rec)
+                assert P.read_record_info(rec, 0).offset == offset
+        assert one_reports == two_reports
+        assert (one.live_count, one.corrupt_detected) == (two.live_count, two.corrupt_detected)
+        assert [bytes(s.state) for s in one.segments] == [bytes(s.state) for s in two.segments]
+    finally:
+        one.close()
+        two.close()
+        shutil.rmtree(root)
+
+
+def test_read_live_refuses_damage_and_never_returns_a_removed_record(tmp_path: Path) -> None:
+    """The fixed cases: live records in a sealed and in the active segment; None for a
+    deleted record, a purged one, and offsets outside the log; a damaged record raises
+    CorruptedRecord once (reported, marked) and is None after; a record whose bytes
+    were replaced by another valid record (a misplaced write) is refused too."""
+    reports: list[tuple[int, str]] = []
+    batches = [[(f"s.{k}.{i}", bytes([k]) * (100 + i), {"H": "v"} if i % 2 else b"", 60 if k % 2 else P.TTL_NONE)
+                for i in range(5)] for k in range(12)]
+    log = _build(tmp_path, batches, reports)
+    assert len(log.segments) > 2
+    for offset in (1, 7, log.segments[-1].base, log.last_offset):
+        rec = log.read_live(offset)
+        assert rec is not None and P.read_record_info(rec, 0).offset == offset
+        assert bytes(rec) == bytes(log.get(offset))
+    log.delete(7)
+    log.purge(3)
+    for offset in (0, -3, 1, 3, 7, log.next_offset, log.next_offset + 50):
+        assert log.read_live(offset) is None
+    assert log.read_live(4) is not None
+    _damage_record(log, 8, "flip", 0.9, 3)
+    live = log.live_count
+    with pytest.raises(CorruptedRecord) as info:
+        log.read_live(8)
+    assert info.value.offset == 8 and "fetch from offset 9" in str(info.value)
+    assert reports == [(8, "checksum mismatch or truncated record")] and log.live_count == live - 1
+    assert log.read_live(8) is None and len(reports) == 1 and not log.is_live(8)
+    _damage_record(log, 12, "copy", 0.0, 10)  # another record's valid bytes where 12's were: wrong offset
+    with pytest.raises(CorruptedRecord):
+        log.read_live(12)
+    assert reports[-1] == (12, "checksum mismatch or truncated record") and log.read_live(12) is None
+    last = log.last_offset
+    _damage_record(log, last, "cut", 0.5, 0)
+    with pytest.raises(CorruptedRecord):
+        log.read_live(last)
+    assert log.read_live(last) is None
     log.close(clean=False)
