@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from ._catalog import Topic
 
 _DUPLICATE = int(ErrorCode.DUPLICATE_MESSAGE)
+_PUBLISH = int(P.Command.PUBLISH)
+#: Where the bodies of a PUBLISH payload start (after u8 flags and u32 count).
+_BODY_POS = 5
 _TtlDisabled = error_class(ErrorCode.MSG_TTL_DISABLED)
 #: id(KV bucket config) -> (the config, the admission of a message without TTL field,
 #: flags or headers, its stamp): the same for each such message (a plain KV put), so
@@ -77,15 +80,17 @@ def _check_expects(part: Partition, expects: tuple[bytes | None, int | None, byt
 
 
 def publish(
-    broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False, frames: list[tuple[int, int]] | None = None
-) -> Reply | tuple[list[bytes], int] | None:
+    broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False,
+    frames: tuple[list[int], list[int], list[int]] | None = None,
+) -> Reply | tuple[bytes, int] | None:
     """A batch of messages (``trusted``: bodies the broker built itself, such as
     republished copies, whose flags, sizes and headers need no checking).
 
     ``frames``: ``cmd`` joins the bodies of several PUBLISH requests (see
-    :func:`publish_frames`), ``(count, position of its first body)`` each. The reply
-    is then ``(payloads, epoch)``, one acks payload per request, or None (nothing
-    done) when the requests must go one at a time instead."""
+    :func:`publish_frames`): their correlation ids, message counts and the
+    positions of their first bodies. The reply is then ``(frames, epoch)``, the
+    requests' response frames joined, or None (nothing done) when the requests must
+    go one at a time instead."""
     data: bytes = cmd.data
     n = cmd.count
     if frames is None:
@@ -100,7 +105,7 @@ def publish(
     special = scan.special
     ttl_only = scan.ttl_only
     headed = scan.headed
-    if frames is not None and not _framed(starts, frames):
+    if frames is not None and not _framed(starts, frames[1], frames[2]):
         return None
     fields: dict[int, P.BodyFields] = {}
     hvs: dict[int, dict[bytes, bytes]] = {}
@@ -184,11 +189,7 @@ def publish(
         topic = part.topic
         sid, tid, number, first = topic.stream.id, topic.id, part.number, res.first_offset
         if frames is not None:
-            payloads = []
-            for count, _ in frames:
-                payloads.append(P.encode_uniform_acks(sid, tid, number, first, count))
-                first += count
-            return payloads, epoch
+            return P.uniform_ack_frames(zip(frames[0], frames[1]), sid, tid, number, first), epoch
         return P.encode_uniform_acks(sid, tid, number, first, n), epoch
 
     epoch = 0
@@ -266,23 +267,25 @@ def publish(
     if cmd.no_ack:
         return b""
     if frames is not None:
-        payloads = []
+        out = []
         a = 0
-        for count, _ in frames:
+        for corr, count in zip(frames[0], frames[1]):
             b = a + count
             errs = {i - a: e for i, e in errors.items() if a <= i < b} if errors else {}
-            payloads.append(P.Acks(
-                stream_ids[a:b], topic_ids[a:b], partitions[a:b], offsets[a:b], statuses[a:b], errs).encode())
+            payload = P.Acks(stream_ids[a:b], topic_ids[a:b], partitions[a:b], offsets[a:b], statuses[a:b], errs).encode()
+            out.append(P.encode_frame(_PUBLISH, P.FLAG_RESPONSE, corr, 0, payload))
             a = b
-        return payloads, epoch
+        return b"".join(out), epoch
     payload = P.Acks(stream_ids, topic_ids, partitions, offsets, statuses, errors).encode()
     return (payload, epoch) if epoch else payload
 
 
-def publish_frames(broker: Broker, session: Any, cmds: list[P.Publish]) -> tuple[list[bytes], int] | None:
-    """Consecutive PUBLISH requests (acked, at least one message each) as one batch:
-    one pass over their bodies, one append per partition, one epoch for the group
-    commit. Returns one acks payload per request and the epoch to wait for (0: none),
+def publish_frames(broker: Broker, session: Any, requests: list[tuple[int, bytes, int]]) -> tuple[bytes, int] | None:
+    """Consecutive PUBLISH requests (acked, at least one message each; ``(correlation
+    id, payload, message count)``, as ``ProtocolConnection.take_publish`` gives them)
+    as one batch: one pass over their bodies, one append per partition, one epoch
+    for the group commit. Returns their response frames, joined, and the epoch to
+    wait for (0: none),
     or None, with nothing done, when they must go one at a time: when one of them is
     malformed (it gets its own error), or when a message has a header whose effect
     depends on what the messages before it wrote (``Nats-Expected-Last-Subject-Sequence``
@@ -291,23 +294,27 @@ def publish_frames(broker: Broker, session: Any, cmds: list[P.Publish]) -> tuple
 
     The acks are what the requests would get one after the other: messages keep
     their order, and a request's errors name its own message indexes."""
-    frames: list[tuple[int, int]] = []
+    corrs: list[int] = []
+    counts: list[int] = []
+    positions: list[int] = []
     bodies: list[bytes] = []
     pos = 0
-    for cmd in cmds:
-        body = cmd.data[cmd.body_pos :] if cmd.body_pos else cmd.data
-        frames.append((cmd.count, pos))
+    for corr, payload, count in requests:
+        body = payload[_BODY_POS:]
+        corrs.append(corr)
+        counts.append(count)
+        positions.append(pos)
         bodies.append(body)
         pos += len(body)
-    joined = P.Publish(sum(c for c, _ in frames), b"".join(bodies), 0)
-    return publish(broker, session, joined, frames=frames)  # type: ignore[return-value]
+    joined = P.Publish(sum(counts), b"".join(bodies), 0)
+    return publish(broker, session, joined, frames=(corrs, counts, positions))  # type: ignore[return-value]
 
 
-def _framed(starts: list[int], frames: list[tuple[int, int]]) -> bool:
+def _framed(starts: list[int], counts: list[int], positions: list[int]) -> bool:
     """Each request's bodies begin where its bytes do (so no body of one request
     was read out of another's bytes)."""
     i = 0
-    for count, pos in frames:
+    for count, pos in zip(counts, positions):
         if not count or starts[i] != pos:
             return False
         i += count

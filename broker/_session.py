@@ -116,6 +116,13 @@ _FAILED = {
 }
 
 
+def _publish_request(request: tuple[int, bytes, int]) -> Request:
+    """A PUBLISH request taken out of a read (``ProtocolConnection.take_publish``)
+    as the event ``next_event`` would have made of it."""
+    corr, payload, count = request
+    return Request(corr, Publish(count, payload))
+
+
 class Session:
     def __init__(
         self,
@@ -477,6 +484,7 @@ class Session:
 
     async def _read_loop(self) -> None:
         conn = self.conn
+        take_publish = conn.take_publish
         receive = self._receive
         budget = self.budget
         broker = self.broker
@@ -502,22 +510,17 @@ class Session:
                 return
             conn.receive_data(data)
             self._handling = True
-            publishes: list[Request] = []  # consecutive PUBLISH requests, handled as one
+            # Consecutive PUBLISH requests, handled as one: (correlation id, payload,
+            # message count) each, taken out of the read without an event each.
+            publishes: list[tuple[int, bytes, int]] = []
             run_bytes = 0
             try:
                 while True:
-                    try:
-                        event = conn.next_event()
-                    except RemoteProtocolError as err:
-                        if publishes:
-                            await self._publish_run(publishes)
-                        self._protocol_error(err)
-                        return
-                    if event.__class__ is Request and self.ready:
-                        cmd = event.command  # type: ignore[union-attr]
-                        if cmd.__class__ is Publish and not cmd.flags and cmd.count:
-                            publishes.append(event)  # type: ignore[arg-type]
-                            run_bytes += len(cmd.data)
+                    if self.ready:
+                        taken = take_publish()
+                        if taken is not None:
+                            publishes.append(taken)
+                            run_bytes += len(taken[1])
                             if run_bytes < PUBLISH_RUN_BYTES or not conn._decoder.buffered:
                                 continue
                             # A long run, and more of the read to come: answer it first.
@@ -528,6 +531,13 @@ class Session:
                             if self._stopped_or_full() and await self._ending():
                                 return
                             continue
+                    try:
+                        event = conn.next_event()
+                    except RemoteProtocolError as err:
+                        if publishes:
+                            await self._publish_run(publishes)
+                        self._protocol_error(err)
+                        return
                     if publishes:
                         await self._publish_run(publishes)
                         publishes = []
@@ -840,12 +850,12 @@ class Session:
         else:
             self.send_now(self.conn.send_raw_response(corr, code, result))
 
-    async def _publish_run(self, events: list[Request]) -> None:
+    async def _publish_run(self, requests: list[tuple[int, bytes, int]]) -> None:
         """Consecutive PUBLISH requests from what one read delivered (see
         :meth:`_publish_now`)."""
-        if not self._publish_now(events):
-            for event in events:
-                await self._handle(event)
+        if not self._publish_now(requests):
+            for request in requests:
+                await self._handle(_publish_request(request))
 
     async def _release_acks(self) -> None:
         """After a run of :data:`PUBLISH_RUN_BYTES` in the middle of a read: send its
@@ -867,33 +877,32 @@ class Session:
                 await trio.lowlevel.checkpoint()
             self._unchecked = 0
 
-    def _publish_now(self, events: list[Request]) -> bool:
-        """Consecutive PUBLISH requests from what one read delivered: one batch for
-        the broker (one append, one group-commit epoch) and their acks queued as one
-        write (``_publishing.publish_frames``); one alone goes straight to its
-        handler. False when they must go one at a time through :meth:`_handle` (the
+    def _publish_now(self, requests: list[tuple[int, bytes, int]]) -> bool:
+        """Consecutive PUBLISH requests from what one read delivered (``(correlation
+        id, payload, message count)``: ``ProtocolConnection.take_publish``): one
+        batch for the broker (one append, one group-commit epoch) and their acks
+        queued as one write (``_publishing.publish_frames``); one alone goes
+        straight to its handler. False when they must go one at a time through :meth:`_handle` (the
         broker is shutting down, or says they cannot be joined: a malformed one
         among them, or a compare-and-set, rollup or de-duplication header)."""
         broker = self.broker
         if broker.shutting_down:
             return False
-        if len(events) == 1:
+        if len(requests) == 1:
             handler = broker.sync_handlers.get(Publish)
             if handler is None:
                 return False
-            self._handle_now(events[0], handler)
+            self._handle_now(_publish_request(requests[0]), handler)
             return True
-        self.corr = events[-1].correlation_id
+        self.corr = requests[-1][0]
         try:
-            replies = publish_frames(broker, self, [e.command for e in events])  # type: ignore[misc]
+            replies = publish_frames(broker, self, requests)
         except Exception as exc:
-            self._failed([e.correlation_id for e in events], Command.PUBLISH, exc)
+            self._failed([corr for corr, _, _ in requests], Command.PUBLISH, exc)
             return True
         if replies is None:
             return False
-        payloads, epoch = replies
-        respond = self.conn.send_raw_response
-        frames = b"".join([respond(e.correlation_id, Command.PUBLISH, p) for e, p in zip(events, payloads)])
+        frames, epoch = replies
         committer = broker.committer
         if epoch and committer.acks_wait and epoch > committer.synced:
             self.send_durable(epoch, frames)

@@ -146,6 +146,16 @@ class ProtocolConnection:
             return self._server_event(code, flags, corr, payload)
         return self._client_event(code, flags, corr, status, payload)
 
+    def take_publish(self) -> tuple[int, bytes, int] | None:
+        """Server side, once the handshake is done: the next frame taken out if it is
+        a PUBLISH request that wants acks (``FrameDecoder.take_publish``: its
+        correlation id, payload and message count), the same request
+        :meth:`next_event` would give as ``Request(corr, Publish(count, payload))``.
+        None: anything else (call :meth:`next_event`)."""
+        if self.state is not State.READY:
+            return None
+        return self._decoder.take_publish()
+
     def _server_event(self, code: int, flags: int, corr: int, payload: bytes) -> Event:
         if flags:
             return self._protocol_error(f"a client may not send frames with flags {flags:#x}", corr)

@@ -23,6 +23,7 @@ import struct
 from collections.abc import Container
 from typing import NamedTuple
 
+from ._codes import Command
 from ._errors import ErrorCode, RemoteProtocolError
 
 __all__ = ["FRAME_HEADER", "FLAG_RESPONSE", "FLAG_PUSH", "Frame", "FrameDecoder", "encode_frame"]
@@ -33,6 +34,11 @@ MIN_LENGTH = HEADER_SIZE - 4  # a frame with an empty payload
 FLAG_RESPONSE = 0x1
 FLAG_PUSH = 0x2
 _KNOWN_FLAGS = FLAG_RESPONSE | FLAG_PUSH
+_PUBLISH = int(Command.PUBLISH)
+#: The head of a PUBLISH payload: u8 flags, u32 count (``_commands.Publish``).
+_PUBLISH_HEAD = struct.Struct("<BI")
+#: The fixed part of a message body, the least each message of a PUBLISH takes.
+_MIN_BODY = 14
 
 #: Default cap on a whole frame (header included): 16 MiB, room for a batch of a
 #: thousand 16 KiB messages. NATS caps one message at 1 MiB (max_payload) and Kafka a
@@ -131,6 +137,29 @@ class FrameDecoder:
             return None
         self._pos = end
         return corr, bytes(buf[pos + HEADER_SIZE : end])
+
+    def take_publish(self) -> tuple[int, bytes, int] | None:
+        """Server side: take the next frame out if it is complete and a PUBLISH
+        request that wants acks for one message or more (payload flags 0, a count,
+        room for that many bodies: what ``Publish.decode`` accepts with flags 0):
+        its correlation id, payload and message count. Anything else, an invalid
+        header included, is left for :meth:`next_frame` (None).
+
+        The server's one pass over what a pipelining client's read delivered: no
+        Frame, event or command object per request."""
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < HEADER_SIZE + _PUBLISH_HEAD.size or self._error is not None:
+            return None
+        length, code, flags, corr, _ = FRAME_HEADER.unpack_from(buf, pos)
+        end = pos + 4 + length
+        if code != _PUBLISH or flags or len(buf) < end or length + 4 > self.max_frame_size:
+            return None
+        pflags, count = _PUBLISH_HEAD.unpack_from(buf, pos + HEADER_SIZE)
+        if pflags or not count or length - MIN_LENGTH - _PUBLISH_HEAD.size < _MIN_BODY * count:
+            return None
+        self._pos = end
+        return corr, bytes(buf[pos + HEADER_SIZE : end]), count
 
     def _fail(self, message: str, code: ErrorCode, corr: int, frame_code: int) -> None:
         err = RemoteProtocolError(message, code)

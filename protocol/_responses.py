@@ -9,7 +9,7 @@ the PUSH flag, a :class:`PushKind` as its code, and correlation id 0.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -19,6 +19,7 @@ from ._codes import Command, PushKind
 from ._base import _Response
 from ._consumers import PullBatch
 from ._errors import BrokerError, ErrorCode
+from ._frames import FLAG_RESPONSE, encode_frame
 from ._records import Message, decode_records, encode_body, encode_record
 from ._wire import Reader, malformed, pack_map, short_str, u16, u32, u64
 
@@ -39,6 +40,7 @@ __all__ = [
     "Goodbye",
     "delivery_entry",
     "encode_uniform_acks",
+    "uniform_ack_frames",
     "encode_delivery",
     "RESPONSE_TYPES",
     "PUSH_TYPES",
@@ -266,6 +268,33 @@ _DUPLICATE = int(ErrorCode.DUPLICATE_MESSAGE)
 #: The Acks payload of one message without an error text (count, the five columns,
 #: error_count).
 _ONE_ACK = struct.Struct("<IIIIQHI")
+
+
+#: A response frame holding the acks of one message (frame header, then ``_ONE_ACK``).
+_ONE_ACK_FRAME = struct.Struct("<IHHII" + _ONE_ACK.format[1:])
+
+
+def uniform_ack_frames(
+    requests: Iterable[tuple[int, int]], stream_id: int, topic_id: int, partition: int, first_offset: int
+) -> bytes:
+    """The PUBLISH response frames of consecutive requests, ``(correlation id,
+    message count)`` each, whose messages were all stored, in order, in one
+    partition from ``first_offset`` on: what ``encode_uniform_acks`` in a response
+    frame gives for each, joined. One struct pack per frame for the usual request
+    of one message."""
+    pack = _ONE_ACK_FRAME.pack
+    length = _ONE_ACK_FRAME.size - 4
+    code = int(Command.PUBLISH)
+    out = []
+    offset = first_offset
+    for corr, count in requests:
+        if count == 1:
+            out.append(pack(length, code, FLAG_RESPONSE, corr, 0, 1, stream_id, topic_id, partition, offset, 0, 0))
+        else:
+            payload = encode_uniform_acks(stream_id, topic_id, partition, offset, count)
+            out.append(encode_frame(code, FLAG_RESPONSE, corr, 0, payload))
+        offset += count
+    return b"".join(out)
 
 
 def encode_uniform_acks(stream_id: int, topic_id: int, partition: int, first_offset: int, count: int) -> bytes:

@@ -1,7 +1,10 @@
 """Fast paths of the per-request path: the client's ``FrameDecoder.take_ok_response``
 and ``Acks.first`` give what ``next_frame`` and ``Acks.decode`` give, and leave
 everything else (other frames, errors, a partial frame, a bad header) to them; the
-broker's decoded name identifiers are remembered, within a bound."""
+server's ``ProtocolConnection.take_publish`` takes exactly the PUBLISH requests
+``next_event`` would decode as acked ones, and ``uniform_ack_frames`` is what
+encoding each request's acks in its response frame gives; the broker's decoded
+name identifiers are remembered, within a bound."""
 
 from __future__ import annotations
 
@@ -91,3 +94,90 @@ def test_decoded_names_are_remembered_within_a_bound_and_bad_ones_never() -> Non
     for i in range(_names._DECODED_NAMES_MAX + 10):
         P.Identifier.decode_from(P.Identifier.of(f"n{i}").encode(), 0)
     assert len(_names._DECODED_NAMES) <= _names._DECODED_NAMES_MAX
+
+
+def _publish_payload(flags: int, count: int, bodies: bytes) -> bytes:
+    return bytes([flags]) + count.to_bytes(4, "little") + bodies
+
+
+_BODY = P.encode_body("a.b", b"x")  # 14 bytes of fixed part, then subject and payload
+publish_frames = st.tuples(
+    st.sampled_from([P.Command.PUBLISH, P.Command.PUBLISH, P.Command.PUBLISH, P.Command.PING]),
+    st.sampled_from([0, 0, 0, P.FLAG_RESPONSE]),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([0, 0, 0, P.PUBLISH_NO_ACK, 0x80]),
+    st.integers(0, 3),
+    st.integers(0, 3),
+    st.booleans(),
+)
+
+
+@given(st.lists(publish_frames, max_size=20), st.lists(st.integers(1, 64), max_size=30), st.booleans())
+@settings(max_examples=300)
+def test_taking_publishes_gives_the_requests_next_event_would(items, cuts, handshaken) -> None:  # type: ignore[no-untyped-def]
+    """A server's connection fed in random pieces, with take_publish tried before
+    every next_event: what it takes is exactly the PUBLISH requests that want acks
+    for at least one message (as next_event decodes them), nothing before the
+    handshake; everything else comes from next_event, in order."""
+
+    def payload(flags: int, count: int, nbodies: int, raw: bool) -> bytes:
+        return _publish_payload(flags, count, b"\x00" * 20 if raw else _BODY * nbodies)
+
+    frames = [(code, fflags, corr, payload(pflags, count, n, raw)) for code, fflags, corr, pflags, count, n, raw in items]
+    data = b"".join(P.encode_frame(code, fflags, corr, 0, p) for code, fflags, corr, p in frames)
+
+    def fresh() -> P.ProtocolConnection:
+        conn = P.ProtocolConnection(P.Role.SERVER)
+        if handshaken:
+            conn.receive_data(P.encode_frame(P.Command.HANDSHAKE, 0, 1, 0, P.Handshake(P.PROTOCOL_VERSION, "", "t").encode()))
+            assert isinstance(conn.next_event(), P.Request)
+            conn.send_raw_response(1, P.Command.HANDSHAKE, b"")
+        return conn
+
+    def events(conn: P.ProtocolConnection, take: bool) -> list[object]:
+        out: list[object] = []
+        pos = 0
+        pieces = [*cuts, len(data)]
+        while pos < len(data):
+            step = pieces.pop(0) if len(pieces) > 1 else len(data)
+            conn.receive_data(data[pos : pos + step])
+            pos += step
+            while True:
+                took = conn.take_publish() if take else None
+                if took is not None:
+                    out.append(("taken", *took))
+                    continue
+                try:
+                    ev = conn.next_event()
+                except P.RemoteProtocolError as exc:
+                    out.append(("error", str(exc)))
+                    return out
+                if ev is P.NEED_DATA:
+                    break
+                out.append(ev)
+        return out
+
+    plain = events(fresh(), False)
+    taken = events(fresh(), True)
+    expected = []
+    for ev in plain:
+        cmd = getattr(ev, "command", None)
+        if handshaken and isinstance(cmd, P.Publish) and not cmd.flags and cmd.count:
+            assert cmd.body_pos == 5
+            expected.append(("taken", ev.correlation_id, cmd.data, cmd.count))  # type: ignore[union-attr]
+        else:
+            expected.append(ev)
+    assert [repr(e) for e in taken] == [repr(e) for e in expected]
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(1, 5)), max_size=20),
+       st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**60))
+@settings(max_examples=300)
+def test_uniform_ack_frames_are_the_acks_of_each_request_in_a_response_frame(requests, sid, tid, part, first) -> None:  # type: ignore[no-untyped-def]
+    expected = []
+    offset = first
+    for corr, count in requests:
+        payload = P.Acks([sid] * count, [tid] * count, [part] * count, list(range(offset, offset + count)), [0] * count, {}).encode()
+        expected.append(P.encode_frame(P.Command.PUBLISH, P.FLAG_RESPONSE, corr, 0, payload))
+        offset += count
+    assert P.uniform_ack_frames(requests, sid, tid, part, first) == b"".join(expected)
