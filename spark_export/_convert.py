@@ -109,7 +109,9 @@ class SegmentJob:
     count: int
     log_path: str
     del_path: str
-    positions: bytes  # array('I') of record positions, as bytes
+    #: The records' positions (u32, little-endian): bytes, or (the broker's snapshot)
+    #: a view of a sealed segment's own array, which never changes.
+    positions: bytes | memoryview
     states: bytes
     purged_through: int
     max_age: int
