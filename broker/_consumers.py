@@ -118,12 +118,12 @@ class ConsumerPartition:
             self._ids = index.matching_ids(c.matches)
             self._ids_version = index.version
         ids = self._ids
-        sid_at = index.sid_at
+        seq = index.seq  # ``index.sid_at`` written out: one call a record, not two
         base = index.base
         limit = index.end
         if only is None:
-            return lambda o: base <= o < limit and sid_at(o) in ids
-        return lambda o: base <= o < limit and sid_at(o) in ids and (o >= until or o in only)
+            return lambda o: base <= o < limit and seq[o - base] in ids
+        return lambda o: base <= o < limit and seq[o - base] in ids and (o >= until or o in only)
 
     def counts(self, offset: int, subject: bytes) -> bool:
         """Does a live message at ``offset`` count in ``npending``?"""

@@ -87,6 +87,9 @@ __all__ = ["NatsSession", "SERVER_ID", "TOO_MANY_CONNECTIONS"]
 
 log = get_logger(__name__)
 
+#: A read shorter than this held one or a few requests (:meth:`NatsSession._receive`).
+SHORT_READ = 4096
+
 #: This process's server id in INFO (nats-server's is a 56-character key).
 SERVER_ID = "TTLBROKER" + secrets.token_hex(12).upper()
 #: The nats-server version whose client protocol and JetStream API this listener
@@ -158,6 +161,9 @@ class NatsSession(Session):
         #: Messages for the publish path not yet handed to it: (body, reply, topic).
         self._batch: list[tuple[bytes, str | None, Any]] = []
         self._batch_bytes = 0
+        #: The last read was short and its answers wait for the group commit: the
+        #: next read waits for the socket first (:meth:`_receive`).
+        self._answers_wait = False
 
     # -- output ----------------------------------------------------------------------
 
@@ -268,6 +274,7 @@ class NatsSession(Session):
             if self._closing:
                 return
             parser.receive_data(data)
+            short = len(data) < SHORT_READ
             self._handling = True
             try:
                 while True:
@@ -311,6 +318,21 @@ class NatsSession(Session):
                     await self._send_ready()  # what the socket did not take at once
                 finally:
                     self._reader_sending = False
+            self._answers_wait = short and bool(self._durable)
+
+    async def _receive(self) -> bytes:
+        """``Session._receive``; but after a short read whose answers wait for the
+        group commit (one request, a publish or a KV put awaited by its client),
+        wait until the socket is readable before reading: the client sends nothing
+        more before its answer, so reading at once would only find nothing (a
+        system call and an exception a request)."""
+        if self._answers_wait:
+            self._answers_wait = False
+            sock = self._sock
+            if sock is not None and self.stream is self._sock_stream:
+                self._unchecked = 0
+                await trio.lowlevel.wait_readable(sock)
+        return await super()._receive()
 
     async def _open_tls(self) -> bool:
         """INFO then the client's TLS handshake, or, with ``[nats]
