@@ -595,13 +595,31 @@ class KvGet(_Request):
                 stream, topic = target
             end = pos + 1 + payload[pos]
             if end + 8 == len(payload):
-                return cls(stream, topic, payload[pos + 1 : end].decode(), _U64.unpack_from(payload, end)[0])
+                return _kv_get(stream, topic, payload[pos + 1 : end].decode(), _U64.unpack_from(payload, end)[0])
         except (IndexError, struct.error, UnicodeDecodeError):
             pass
         r = Reader(payload, cls.CODE.name)
         out = cls(r.ident(), r.ident(), r.short_str("subject"), r.u64())
         r.end()
         return out
+
+
+_new = object.__new__
+_set_stream, _set_topic, _set_subject, _set_revision = (
+    KvGet.stream.__set__, KvGet.topic.__set__, KvGet.subject.__set__, KvGet.revision.__set__,  # type: ignore[misc, attr-defined]
+)
+
+
+def _kv_get(stream: Identifier, topic: Identifier, subject: str, revision: int) -> KvGet:
+    """``KvGet(stream, topic, subject, revision)`` through its slots, without the
+    frozen dataclass's ``__init__`` (``object.__setattr__`` looked up per field):
+    the same object, in about half the time (once per KV get)."""
+    out = _new(KvGet)
+    _set_stream(out, stream)
+    _set_topic(out, topic)
+    _set_subject(out, subject)
+    _set_revision(out, revision)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,10 @@ exactly as the state table does."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -155,3 +157,13 @@ def test_kv_get_targets_are_remembered_within_a_bound() -> None:
         assert P.KvGet.decode(cmd.encode()) == cmd
         assert P.KvGet.decode(cmd.encode()) == cmd  # remembered, or forgotten at the bound
         assert len(_commands._KV_TARGETS) <= _commands._KV_TARGETS_MAX
+
+
+def test_the_fast_decode_builds_the_same_frozen_command() -> None:
+    """``KvGet.decode`` fills the slots itself (no dataclass ``__init__``): the object
+    is a KvGet like any other, equal, hashable and frozen."""
+    cmd = P.KvGet(P.Identifier.of("kv"), P.Identifier.of(7), "$KV.b.k", 2**64 - 1)
+    got = P.KvGet.decode(cmd.encode())
+    assert type(got) is P.KvGet and got == cmd and hash(got) == hash(cmd) and repr(got) == repr(cmd)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.subject = "x"  # type: ignore[misc]
