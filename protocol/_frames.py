@@ -119,24 +119,32 @@ class FrameDecoder:
         self._pos = end
         return Frame(code, flags, corr, status, payload)
 
-    def take_ok_response(self, codes: Container[int]) -> tuple[int, bytes] | None:
-        """Take the next frame out if it is complete and a successful response
-        (status 0) to one of the commands ``codes``: its correlation id and payload.
-        Anything else, an invalid header included, is left for :meth:`next_frame`
-        (None).
+    def take_ok_responses(self, codes: Container[int]) -> list[tuple[int, bytes]]:
+        """Take out the frames at the head of the buffer that are complete and
+        successful responses (status 0) to one of the commands ``codes``: their
+        correlation ids and payloads, in order. The first frame that is anything
+        else, an invalid header included, and what follows it are left for
+        :meth:`next_frame`.
 
         A client's one pass over what a read delivered: the answers it expects by
-        the thousand (acks) without a :class:`Frame` or an event each."""
+        the thousand (acks) without a :class:`Frame`, an event or a call each."""
+        out: list[tuple[int, bytes]] = []
+        if self._error is not None:
+            return out
         buf = self._buf
         pos = self._pos
-        if len(buf) - pos < HEADER_SIZE or self._error is not None:
-            return None
-        length, fcode, flags, corr, status = FRAME_HEADER.unpack_from(buf, pos)
-        end = pos + 4 + length
-        if fcode not in codes or flags != FLAG_RESPONSE or status or len(buf) < end or length < MIN_LENGTH or length + 4 > self.max_frame_size:
-            return None
-        self._pos = end
-        return corr, bytes(buf[pos + HEADER_SIZE : end])
+        size = len(buf)
+        limit = self.max_frame_size
+        unpack = FRAME_HEADER.unpack_from
+        while size - pos >= HEADER_SIZE:
+            length, fcode, flags, corr, status = unpack(buf, pos)
+            end = pos + 4 + length
+            if fcode not in codes or flags != FLAG_RESPONSE or status or size < end or length < MIN_LENGTH or length + 4 > limit:
+                break
+            out.append((corr, bytes(buf[pos + HEADER_SIZE : end])))
+            pos = end
+        self._pos = pos
+        return out
 
     def take_publish(self) -> tuple[int, bytes, int] | None:
         """Server side: take the next frame out if it is complete and a PUBLISH

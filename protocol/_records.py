@@ -289,8 +289,10 @@ def encode_body(
     headers: bytes = b"",
     ttl: int = TTL_NONE,
     flags: int = 0,
+    prefix: bytes = b"",
 ) -> bytes:
-    """Encode one message body. ``headers`` is an encoded header block.
+    """Encode one message body. ``headers`` is an encoded header block. ``prefix``
+    goes in front, in the same join (``PUBLISH_ONE``: a one-message PUBLISH payload).
 
     Callers validate subjects; this only checks lengths.
 
@@ -302,7 +304,7 @@ def encode_body(
         raise error_class(ErrorCode.INVALID_SUBJECT)("subject must be 1..255 bytes")
     if not 0 <= ttl <= TTL_NEVER:
         raise error_class(ErrorCode.INVALID_MSG_TTL)(f"TTL {ttl} does not fit the u32 TTL field")
-    return b"".join((BODY.pack(ttl, flags, len(subj), len(headers), len(payload)), subj, headers, payload))
+    return b"".join((prefix, BODY.pack(ttl, flags, len(subj), len(headers), len(payload)), subj, headers, payload))
 
 
 def replace_header(block: bytes, name: str, value: str) -> bytes:

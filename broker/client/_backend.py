@@ -385,10 +385,13 @@ class _AsyncioWaiter:
         self.deadline = math.inf
 
     def set_result(self, value: Any) -> None:
-        if not self._fut.done():
-            self._fut.set_result(value)
-        if self._due is not None:
-            self.cancel()
+        fut = self._fut
+        if not fut.done():
+            fut.set_result(value)
+        due = self._due
+        if due is not None:  # cancel() written out: one call per answer, not two
+            due.discard(self)
+            self._due = None
 
     def set_exception(self, exc: BaseException) -> None:
         if not self._fut.done():
@@ -554,7 +557,11 @@ class AsyncioBackend:
             deadlines = self._deadlines = _Deadlines(asyncio.get_running_loop())
         w = _AsyncioWaiter(deadlines.loop)
         if seconds is not None:
-            deadlines.add_waiter(seconds, w)
+            at, waiting = deadlines.set_at(seconds)
+            waiting.add(w)
+            w._due = waiting
+            w._seconds = seconds
+            w.deadline = at
         return w
 
     def queue(self, maxsize: int) -> _AsyncioQueue:
@@ -592,32 +599,38 @@ class _Deadlines:
     task (:class:`_AsyncioTimeout`, cancelled at the deadline) or a request's
     waiter (:class:`_AsyncioWaiter`, failed with TimeoutError at the deadline)."""
 
-    __slots__ = ("loop", "_due")
+    __slots__ = ("loop", "_due", "_last")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._due: dict[float, set[Any]] = {}
+        #: ``(now, seconds, at, set)`` of the last call of :meth:`set_at`.
+        self._last: tuple[float, float, float, set[Any]] = (math.nan, math.nan, 0.0, set())
 
-    def _set_at(self, seconds: float) -> tuple[float, set[Any]]:
+    def set_at(self, seconds: float) -> tuple[float, set[Any]]:
+        """The deadline for a timeout of ``seconds`` from now, and the set of what
+        ends then. The same as the last call's while the loop's clock has not moved
+        (uvloop's moves once per turn: a thousand requests made in one turn work it
+        out once); with ``seconds`` above 0 that deadline is still ahead, its set
+        still waiting."""
+        now = self.loop.time()
+        last = self._last
+        if last[0] == now and last[1] == seconds:
+            return last[2], last[3]
         step = min(0.1, seconds / 100) or 1e-3
-        at = math.ceil((self.loop.time() + seconds) / step) * step
+        at = math.ceil((now + seconds) / step) * step
         waiting = self._due.get(at)
         if waiting is None:
             waiting = self._due[at] = set()
             self.loop.call_at(at, self._fire, at)
+        if seconds > 0:
+            self._last = (now, seconds, at, waiting)
         return at, waiting
 
     def add(self, seconds: float, timeout: _AsyncioTimeout) -> float:
-        at, waiting = self._set_at(seconds)
+        at, waiting = self.set_at(seconds)
         waiting.add(timeout)
         return at
-
-    def add_waiter(self, seconds: float, waiter: _AsyncioWaiter) -> None:
-        at, waiting = self._set_at(seconds)
-        waiting.add(waiter)
-        waiter._due = waiting
-        waiter._seconds = seconds
-        waiter.deadline = at
 
     def discard(self, at: float, timeout: _AsyncioTimeout) -> None:
         waiting = self._due.get(at)

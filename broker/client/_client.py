@@ -241,9 +241,13 @@ def _ttl_field(ttl: int | str | None) -> int:
     return ttl
 
 
-def encode_msg(subject: str, payload: bytes | str = b"", headers: Mapping[str, str] | None = None, ttl: int | str | None = None) -> bytes:
+def encode_msg(
+    subject: str, payload: bytes | str = b"", headers: Mapping[str, str] | None = None, ttl: int | str | None = None,
+    *, prefix: bytes = b"",
+) -> bytes:
+    """A message body (``prefix`` in front of it, in the same join)."""
     raw = payload.encode() if isinstance(payload, str) else payload
-    return P.encode_body(subject, raw, P.encode_headers(headers) if headers else b"", _ttl_field(ttl))
+    return P.encode_body(subject, raw, P.encode_headers(headers) if headers else b"", _ttl_field(ttl), prefix=prefix)
 
 
 @dataclass(frozen=True)
@@ -702,17 +706,15 @@ class Client(ConsumersMixin):
         if conn.lost is not None:
             return
         proto = conn.proto
-        take = conn.frames.take_ok_response
+        take = conn.frames.take_ok_responses
         pending = conn.pending
         try:
             proto.receive_data(data)
             while True:
-                raw = take(RAW_RESPONSES)
-                if raw is not None:
-                    w = pending.pop(raw[0], None)
+                for corr, raw in take(RAW_RESPONSES):
+                    w = pending.pop(corr, None)
                     if w is not None:
-                        w.set_result(raw[1])
-                    continue
+                        w.set_result(raw)
                 event = proto.next_event()
                 if event is NEED_DATA:
                     return
@@ -1034,12 +1036,11 @@ class Client(ConsumersMixin):
             ConnectionLostError: the connection dropped with the publish in flight.
             TimeoutError: no ack (or no connection) within the client's timeout.
         """
-        body = encode_msg(subject, payload, headers, ttl)
         if not ack:
-            await self._send_no_ack(P.Publish.from_bodies([body], P.PUBLISH_NO_ACK))
+            await self._send_no_ack(P.Publish.from_bodies([encode_msg(subject, payload, headers, ttl)], P.PUBLISH_NO_ACK))
             return None
         retry = headers is not None and MSG_ID_HEADER in headers
-        a = Acks.first(await self._call(Command.PUBLISH, P.PUBLISH_ONE + body, retry))
+        a = Acks.first(await self._call(Command.PUBLISH, encode_msg(subject, payload, headers, ttl, prefix=P.PUBLISH_ONE), retry))
         if a.error is not None:
             raise a.error
         return a

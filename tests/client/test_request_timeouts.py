@@ -94,3 +94,63 @@ async def test_asyncio_requests_time_out_together_and_cancelled_ones_leave_nothi
             assert _due_waiters(c) == 0
 
     await in_asyncio(main)
+
+
+async def test_asyncio_publishes_cancelled_with_their_frames_queued_leave_the_rest_whole(runner: Runner, proxy: Proxy) -> None:
+    """Publishes made in one loop turn share one write; cancelling some of them
+    after their frames are queued (before that write) takes nothing out of it: every
+    frame goes whole, the broker stores all, the others get their own acks in order,
+    and the cancelled ones leave nothing in ``pending`` or the deadline sets."""
+
+    async def main() -> None:
+        async with aio.connect(proxy.address, timeout=5, **FAST) as c:
+            await setup_topic(c)
+            link = c._conn.link  # type: ignore[union-attr]
+            tasks = [asyncio.ensure_future(c.publish("t.x", b"%d" % i)) for i in range(40)]
+            await asyncio.sleep(0)  # their first steps ran: 40 frames queued, not yet written
+            assert len(link._out) == 40 % aio_flush_frames()  # (every FLUSH_FRAMES went at once)
+            cancelled = tasks[5:35:3]
+            for task in cancelled:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            kept = [r for t, r in zip(tasks, results) if t not in cancelled]
+            assert all(isinstance(r, asyncio.CancelledError) for t, r in zip(tasks, results) if t in cancelled)
+            assert [a.offset for a in kept] == sorted(a.offset for a in kept)  # type: ignore[union-attr]
+            assert c._conn is not None and c._conn.pending == {} and _due_waiters(c) == 0
+            after = await c.publish("t.x", b"after")
+            assert after is not None and after.offset == 41  # the 40 were all stored
+            f = await c.fetch("s", "t", 0, 1, 100)
+            assert [m.payload for m in f.messages] == [b"%d" % i for i in range(40)] + [b"after"]
+
+    await in_asyncio(main)
+
+
+def aio_flush_frames() -> int:
+    from broker.client import _backend
+
+    return _backend.FLUSH_FRAMES
+
+
+async def test_asyncio_requests_of_one_turn_share_a_deadline_and_a_zero_timeout_still_fires(runner: Runner, proxy: Proxy) -> None:
+    """The deadline worked out once per loop turn (``_Deadlines.set_at``) is each
+    request's own: requests of one turn share one set, a later turn's requests get a
+    later one, and a waiter with a timeout of 0 is never handed a set that already fired."""
+
+    async def main() -> None:
+        async with aio.connect(proxy.address, timeout=0.4, **FAST) as c:
+            await setup_topic(c)
+            backend = c._backend
+            first = [backend.waiter(0.4) for _ in range(3)]  # type: ignore[attr-defined]
+            assert len({id(w._due) for w in first}) == 1 and len({w.deadline for w in first}) == 1
+            await asyncio.sleep(0.05)
+            later = backend.waiter(0.4)  # type: ignore[attr-defined]
+            assert later.deadline > first[0].deadline and later._due is not first[0]._due
+            for _ in range(2):
+                zero = backend.waiter(0)  # type: ignore[attr-defined]
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(zero.wait(), 1)
+            for w in [*first, later]:
+                w.cancel()
+            assert _due_waiters(c) == 0
+
+    await in_asyncio(main)

@@ -1,4 +1,4 @@
-"""Fast paths of the per-request path: the client's ``FrameDecoder.take_ok_response``
+"""Fast paths of the per-request path: the client's ``FrameDecoder.take_ok_responses``
 and ``Acks.first`` give what ``next_frame`` and ``Acks.decode`` give, and leave
 everything else (other frames, errors, a partial frame, a bad header) to them; the
 server's ``ProtocolConnection.take_publish`` takes exactly the PUBLISH requests
@@ -27,7 +27,7 @@ frames = st.tuples(
 @given(st.lists(frames, max_size=20), st.lists(st.integers(1, 64), max_size=30), st.booleans())
 @settings(max_examples=300)
 def test_taking_responses_between_frames_changes_nothing(items, cuts, bad_tail) -> None:  # type: ignore[no-untyped-def]
-    """Fed in random pieces, with take_ok_response tried before every next_frame:
+    """Fed in random pieces, with take_ok_responses tried before every next_frame:
     the frames come out in the same order, the taken ones exactly the successful
     responses to the codes asked for; a bad header after them still raises."""
     data = b"".join(P.encode_frame(code, flags, corr, status, payload) for code, flags, corr, status, payload in items)
@@ -44,10 +44,8 @@ def test_taking_responses_between_frames_changes_nothing(items, cuts, bad_tail) 
         dec.feed(data[pos : pos + step])
         pos += step
         while True:
-            took = dec.take_ok_response(wanted)
-            if took is not None:
-                out.append(("taken", -1, took[0], took[1]))
-                continue
+            for corr, payload in dec.take_ok_responses(wanted):
+                out.append(("taken", -1, corr, payload))
             try:
                 f = dec.next_frame()
             except P.RemoteProtocolError as exc:
