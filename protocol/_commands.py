@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 _U64 = struct.Struct("<Q")
+#: ``u8`` length prefixes, made once (a client's KV get encodes one per request).
+_LENGTH_BYTE = tuple(bytes((n,)) for n in range(256))
 #: The (stream, topic) identifiers of KV_GET payloads by their encoded bytes: a
 #: client asks for the keys of a few buckets, each naming it the same way. Only
 #: identifiers that decoded are kept; at most ``_KV_TARGETS_MAX``, forgotten all at
@@ -572,7 +574,10 @@ class KvGet(_Request):
     def payload(target: bytes, subject: str, revision: int = 0) -> bytes:
         """The payload without the object; ``target``: the stream's and the topic's
         identifiers, encoded (a client's bucket keeps them)."""
-        return target + short_str(subject, "subject") + u64(revision)
+        raw = subject.encode()
+        if len(raw) > 255:
+            short_str(subject, "subject")  # raises, with the usual words
+        return b"".join((target, _LENGTH_BYTE[len(raw)], raw, _U64.pack(revision)))
 
     @classmethod
     def decode(cls, payload: bytes) -> KvGet:

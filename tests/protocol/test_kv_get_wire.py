@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import protocol as P
 from protocol._connection import ProtocolConnection, Role, State
 from protocol._state import command_allowed
+from protocol._wire import short_str, u64
 from protocol._wire import Reader
 
 texts = st.text(max_size=30)
@@ -167,3 +168,18 @@ def test_the_fast_decode_builds_the_same_frozen_command() -> None:
     assert type(got) is P.KvGet and got == cmd and hash(got) == hash(cmd) and repr(got) == repr(cmd)
     with pytest.raises(dataclasses.FrozenInstanceError):
         got.subject = "x"  # type: ignore[misc]
+
+
+@given(st.binary(max_size=12), st.text(max_size=300), st.integers(0, 2**64 - 1))
+def test_the_client_payload_is_the_layout(target: bytes, subject: str, revision: int) -> None:
+    """``KvGet.payload`` (a client's KV get) is ``target | str8 subject | u64
+    revision`` byte for byte, and a subject over 255 bytes is refused as before."""
+    try:
+        want: object = target + short_str(subject, "subject") + u64(revision)
+    except P.BrokerError as e:
+        want = (e.code, e.message)
+    try:
+        got: object = P.KvGet.payload(target, subject, revision)
+    except P.BrokerError as e:
+        got = (e.code, e.message)
+    assert got == want
