@@ -64,6 +64,7 @@ from protocol import (
     error_class,
 )
 
+from . import _commit
 from ._limits import ConnectionGuard
 from ._log import get_logger
 from ._publishing import publish_frames
@@ -863,11 +864,17 @@ class Session:
         checkpoint: the committer runs, and ``on_sync`` sends them). So a client
         that pipelines gets the acks of a read's first requests while the broker
         handles the rest of it, and can send more meanwhile, instead of the two
-        taking turns a whole read at a time."""
+        taking turns a whole read at a time.
+
+        Not on a slow disk (its last sync went to the sync thread): a sync of the
+        run alone would make the rest of the read wait for the one after it, and the
+        whole read goes with one sync instead."""
         if self._now:
             self._send_nowait()
         if self._durable:
             committer = self.broker.committer
+            if committer.last_sync_seconds >= _commit.INLINE_SYNC_SECONDS:
+                return
             epoch = committer.epoch
             await trio.lowlevel.checkpoint()
             if committer.epoch == epoch:

@@ -338,6 +338,31 @@ async def test_a_long_read_is_answered_a_run_at_a_time_each_after_its_fsync(
     await raw.aclose()
 
 
+async def test_on_a_slow_disk_a_long_read_goes_with_one_sync(
+    server: ServerHandle, client: Client, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """When syncs go to the sync thread (the last one was slow), the runs of a read
+    are not synced one by one: a sync of the first run alone would make the others
+    wait for the next sync. The read is stored, then one sync covers it all."""
+    await client.create_stream("slow")
+    await client.create_topic("slow", "s", partitions=1, subjects=["s.>"])
+    broker = server.broker
+    monkeypatch.setattr(_commit, "INLINE_SYNC_SECONDS", 0.0)
+    frames = [publish_frame(500 + i, P.encode_body("s.x", b"%d" % i)) for i in range(10)]
+    run_of_three(monkeypatch, frames[0])
+    runs = spy_on_runs(monkeypatch, broker)
+    raw = await RawPeer.open(server.address)
+    await raw.handshake()
+    fsyncs = broker.counters.fsyncs
+    await raw.send(b"".join(frames))
+    got = await answers(raw, len(frames))
+    assert [n for n, _, _, _ in runs] == [3, 3, 3]
+    assert len({epoch for _, epoch, _, _ in runs}) == 1  # no sync began in the read
+    assert broker.counters.fsyncs == fsyncs + 1
+    assert [got[500 + i].result[0].offset for i in range(10)] == list(range(1, 11))  # type: ignore[union-attr]
+    await raw.aclose()
+
+
 async def test_acks_of_a_long_read_wait_for_the_fsync_of_their_run(
     server: ServerHandle, client: Client, topic: tuple[str, str], monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
