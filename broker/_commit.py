@@ -8,6 +8,11 @@ write waiting when a sync starts shares it. Under ``always`` the loop runs whene
 there is something to sync; under an interval it runs on that interval and acks do
 not wait; under ``never`` it syncs only at shutdown.
 
+A write nobody waits for (*lazy*: a consumer's deliveries and the acks sent without
+asking for an answer) has no epoch: it goes with the next sync, and under ``always``
+one runs at the latest :data:`LAZY_SYNC_SECONDS` after it. Anything that waits for
+"everything written so far" (:meth:`Committer.durable_at`) includes it.
+
 A failed fsync is not retried: after one, the kernel may have dropped the dirty pages
 and a later successful fsync proves nothing (PostgreSQL's "fsyncgate", 2018). The
 committer raises, the broker stops, and no ack covering that data is ever sent.
@@ -38,6 +43,11 @@ log = get_logger(__name__)
 INLINE_SYNC_SECONDS = 0.002
 #: The sync thread ends after this long without work (the next sync starts another).
 SYNC_THREAD_IDLE_SECONDS = 10.0
+#: Writes nobody waits for (``note_write(..., lazy=True)``: a consumer's deliveries,
+#: acks sent without asking for an answer) go with the next sync, which under
+#: ``always`` runs at the latest this long after the first of them (nats-server
+#: writes a consumer's state at most ten times a second, ``consumerFileStore``).
+LAZY_SYNC_SECONDS = 0.05
 
 
 class SyncThread:
@@ -95,6 +105,9 @@ class Committer:
         #: Every write of an epoch up to this one is durable.
         self.synced = 0
         self._dirty: set[object] = set()
+        #: Sources written lazily since the last sync, and when they are due (0: none).
+        self._lazy: set[object] = set()
+        self._lazy_due = 0.0
         self._work = trio.Event()
         self._progress = trio.Event()
         self._watchers: set[object] = set()
@@ -109,11 +122,21 @@ class Committer:
     def acks_wait(self) -> bool:
         return self.policy.acks_wait_for_sync
 
-    def note_write(self, source: object) -> int:
+    def note_write(self, source: object, lazy: bool = False) -> int:
         """Record that ``source`` (anything with ``take_dirty_fds()``) was written.
 
-        Returns the epoch the write belongs to. Runtime complexity: O(1).
+        Returns the epoch the write belongs to. ``lazy``: nobody waits for this
+        write; it goes with the next sync (under ``always``, within
+        :data:`LAZY_SYNC_SECONDS`), and 0 is returned: no epoch to wait on.
+        Runtime complexity: O(1).
         """
+        if lazy and self.policy.mode == "always":
+            self._lazy.add(source)
+            if not self._lazy_due:
+                self._lazy_due = trio.current_time() + LAZY_SYNC_SECONDS
+                if not self._work.is_set():
+                    self._work.set()  # the loop arms the deadline
+            return 0
         self._dirty.add(source)
         if not self._work.is_set():
             self._work.set()
@@ -132,7 +155,13 @@ class Committer:
             self._after.append((epoch, action))
 
     def durable_at(self) -> int:
-        """The epoch after which everything written so far is durable (0: it is now)."""
+        """The epoch after which everything written so far is durable (0: it is now).
+        Lazy writes are included: someone waits for them now."""
+        if self._lazy:
+            self._dirty |= self._lazy
+            self._lazy = set()
+            if not self._work.is_set():
+                self._work.set()
         if self._dirty:
             return self.epoch
         if self.synced < self.epoch - 1:
@@ -152,6 +181,12 @@ class Committer:
             while True:
                 await self._work.wait()
                 self._work = trio.Event()
+                if self._lazy_due and not self._dirty:
+                    # Only lazy writes: they go with the next write someone waits
+                    # for, or when due.
+                    with trio.move_on_at(self._lazy_due):
+                        await self._work.wait()
+                    self._work = trio.Event()
                 await self.sync_now()
         elif self.policy.mode == "interval":
             while True:
@@ -164,7 +199,12 @@ class Committer:
         """Sync everything written so far (used by the loop and at shutdown)."""
         target = self.epoch
         self.epoch += 1
-        fds = self._take_fds(self._dirty)
+        sources = self._dirty
+        if self._lazy:
+            sources |= self._lazy
+            self._lazy = set()
+        self._lazy_due = 0.0
+        fds = self._take_fds(sources)
         self._dirty = set()
         if fds:
             started = time.perf_counter()

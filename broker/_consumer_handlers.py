@@ -225,7 +225,7 @@ def ack(broker: Broker, session: Any, cmd: P.AckMessages) -> Reply | None:
         if cmd.sync:
             raise
         return None  # an ack nobody waits for, of a consumer that is gone: harmless
-    epoch = broker.consumers.settle(c, cmd.entries)
+    epoch = broker.consumers.settle(c, cmd.entries, cmd.sync)
     if c.config.mode == "partitioned" and any_draining(c):
         rebalance(broker.consumers, c)
     if not cmd.sync:

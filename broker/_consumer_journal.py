@@ -3,7 +3,8 @@
 Each change of consumer state is one msgpack event appended to the topic's
 :class:`storage.Journal` (two checksummed, mirrored copies) and made durable by the
 group commit, like a message; a ``sync`` ack is answered once its event's epoch is
-durable. Events (``cid`` is the consumer's id within the topic)::
+durable. Deliveries and acks without ``sync`` are written lazily: nobody waits for them,
+so they go with the next sync (within ``LAZY_SYNC_SECONDS`` under ``always``). Events (``cid`` is the consumer's id within the topic)::
 
     ["c", cid, name, config, created_ns, [[cursor, only | None, only_until], ...]]   create
     ["u", cid, config]                                                           update
@@ -67,11 +68,13 @@ class TopicJournal:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def write(self, event: list[Any]) -> int:
-        """Append an event; returns the epoch that makes it durable."""
+    def write(self, event: list[Any], lazy: bool = False) -> int:
+        """Append an event; returns the epoch that makes it durable. ``lazy``: nobody
+        waits for it (deliveries, acks without an answer): it goes with the next sync
+        (``Committer.note_write``) and 0 is returned."""
         f = self._open()
         f.append(_pack(event))
-        epoch = self.engine.committer.note_write(f)
+        epoch = self.engine.committer.note_write(f, lazy)
         if f.size > self.limit:
             self.compact()
         return epoch

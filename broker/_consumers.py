@@ -33,6 +33,8 @@ pass of the event loop: nothing polls.
 
 **Durability** (decision 12.5): every change is an event in the topic's consumer
 journal (``_consumer_journal.py``), written through the group commit like messages.
+The events nobody waits for (deliveries, acks sent without sync) are *lazy*: they start
+no sync of their own and go with the next one (``Committer.note_write``).
 """
 
 from __future__ import annotations
@@ -472,10 +474,11 @@ class ConsumerEngine:
 
     # -- settling ------------------------------------------------------------------------
 
-    def settle(self, c: Consumer, entries: Iterable[tuple[int, int, int, int]]) -> int:
+    def settle(self, c: Consumer, entries: Iterable[tuple[int, int, int, int]], wait: bool = True) -> int:
         """Apply ack entries ``(kind, partition, offset, delay_ms)``; returns the
-        journal epoch (0 when nothing changed). Unknown or settled offsets are
-        ignored (settling twice is harmless, SEMANTICS 11.3)."""
+        journal epoch (0 when nothing changed, or when ``wait`` is False: nobody
+        waits for the answer, and the event goes with the next sync). Unknown or
+        settled offsets are ignored (settling twice is harmless, SEMANTICS 11.3)."""
         now = self.clock.now_ns()
         parts = c.parts
         n = len(parts)
@@ -542,4 +545,4 @@ class ConsumerEngine:
             self.kick(c)
         if not changes:
             return 0
-        return self.journal_of(c.topic).write(["a", c.id, changes])
+        return self.journal_of(c.topic).write(["a", c.id, changes], lazy=not wait)

@@ -231,9 +231,15 @@ class State:
         acks, self.acks = self.acks, {}
         replies, self.ack_replies = self.ack_replies, []
         epoch = 0
+        wait = bool(replies)  # acks without a reply: nobody waits, the events go with the next sync
         for c, entries in acks.items():
             if not c.deleted:
-                epoch = max(epoch, self.engine.settle(c, entries))
+                epoch = max(epoch, self.engine.settle(c, entries, wait))
+        if wait and not epoch:
+            # Nothing changed: the acks were settled by earlier ones sent without a
+            # reply, perhaps not durable yet. The answers wait until everything
+            # written so far is (as our ACK with SYNC does).
+            epoch = self.engine.committer.durable_at()
         for reply in replies:
             self.js.respond(reply, b"", epoch=epoch)
 

@@ -173,7 +173,7 @@ def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list
                 for o in offs:
                     out[o].fire = fire
             engine.counters.consumer_redelivered += len(redone)
-            journal.write(["r", c.id, cp.part.number, redone, now // MS, first_dseq])
+            journal.write(["r", c.id, cp.part.number, redone, now // MS, first_dseq], lazy=True)
         if hit:
             return parts, count, True
     # 2. new messages
@@ -226,7 +226,7 @@ def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list
                 cp.only.difference_update(offsets)
         engine.counters.consumer_delivered += len(offsets)
         if none:
-            journal.write(["d", c.id, cp.part.number, scan_from, cp.cursor, [], now // MS, first_dseq])
+            journal.write(["d", c.id, cp.part.number, scan_from, cp.cursor, [], now // MS, first_dseq], lazy=True)
             engine.broker_offsets_store(c, cp)
             continue
         deadline = now + wait
@@ -236,7 +236,7 @@ def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list
         for o in offsets:
             out[o] = Outstanding(1, dseq, deadline, fire)
             dseq += 1
-        journal.write(["d", c.id, cp.part.number, scan_from, cp.cursor, offsets, now // MS, first_dseq])
+        journal.write(["d", c.id, cp.part.number, scan_from, cp.cursor, offsets, now // MS, first_dseq], lazy=True)
     if count:
         engine.counters.messages_out += count
         engine.counters.bytes_out += used

@@ -779,3 +779,68 @@ async def test_a_run_of_acks_in_one_write_settles_each_as_sent_alone(nats_url: s
     # outstanding: 3 (redelivered), 6 (in progress); 5 terminated
     assert r["one"] == (2, 2, 0, 1)
     assert r["two"] == (0, 2, 6)
+
+
+async def test_deliveries_and_plain_acks_wait_for_no_sync_of_their_own_but_an_ack_sync_does(
+    mock_clock: Any, nats_server: Any, nats_url: str,
+) -> None:
+    """Under ``fsync = "always"`` nobody waits for a pull's deliveries or for acks sent
+    without a reply (``msg.ack()``): their consumer-journal events go with the next
+    sync, at the latest ``LAZY_SYNC_SECONDS`` later (nats-server writes a consumer's
+    state at most ten times a second). An ``ack_sync`` is answered after a sync that
+    covers it and every ack before it, also when it changes nothing (the message was
+    acked already, without a reply)."""
+    from broker._commit import LAZY_SYNC_SECONDS
+
+    broker = nats_server.broker
+    assert broker.committer.acks_wait
+
+    def journal_dirty() -> bool:
+        topic = broker.jetstream.topic(STREAM)
+        return bool(topic.consumer_journal.file.dirty)
+
+    def state() -> tuple[int, bool]:
+        return broker.counters.fsyncs, journal_dirty()
+
+    async def settled() -> tuple[int, bool]:
+        committer = broker.committer
+        while committer.synced < committer.epoch - 1:  # a sync under way (perhaps in the sync thread)
+            await committer.wait_progress()
+        return state()
+
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        await orders(js, 6)
+        psub = await js.pull_subscribe("orders.>", durable="lazy")
+        out: dict[str, Any] = {"start": trio.from_thread.run_sync(state)}
+        msgs = await psub.fetch(3, timeout=2)
+        for m in msgs:
+            await m.ack()
+        await nc.flush()  # the acks are read and settled
+        out["after_plain"] = trio.from_thread.run_sync(state)
+        # An ack_sync of a message acked already (nats-py refuses a second ack of a
+        # Msg, so the request is sent as ack_sync sends it): answered once
+        # everything before it is durable.
+        await nc.request(msgs[0].reply, b"", timeout=5)
+        out["after_sync"] = trio.from_thread.run_sync(state)
+        more = await psub.fetch(3, timeout=2)
+        for m in more:
+            await m.ack()
+        await nc.flush()
+        out["plain_again"] = trio.from_thread.run_sync(state)
+        jump(LAZY_SYNC_SECONDS)
+        out["due"] = trio.from_thread.run(settled)
+        out["info"] = await js.consumer_info(STREAM, "lazy")
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    fsyncs, dirty = r["start"]
+    assert not dirty  # the consumer's creation was synced before its answer
+    assert r["after_plain"] == (fsyncs, True)  # deliveries and plain acks: written, not synced
+    synced, dirty = r["after_sync"]
+    assert synced > fsyncs and not dirty  # the ack_sync's answer came after a sync of them all
+    assert r["plain_again"] == (synced, True)
+    assert r["due"] == (synced + 1, False)  # synced when due, once
+    info = r["info"]
+    assert (info.num_ack_pending, info.num_pending, info.ack_floor.stream_seq) == (0, 0, 6)
