@@ -111,8 +111,55 @@ def test_the_seal_files_of_a_segment_closed_meanwhile_are_not_written(tmp_path: 
     seg, crc = rolled
     seg.remove_files()  # a topic deleted (or a purge) before the worker thread ran
     assert seg.write_seal_files(crc) is False
-    assert sorted(os.listdir(tmp_path / "p")) == sorted(n for n in os.listdir(tmp_path / "p") if not n.startswith(f"{seg.base:020d}"))
     assert not any(n.startswith(f"{seg.base:020d}") for n in os.listdir(tmp_path / "p"))
+    log.close()
+
+
+def test_a_removal_while_the_seal_files_are_written_waits_for_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic deleted (or a segment removed) while a worker thread writes the seal's
+    files: the removal waits for the thread, then removes them with the rest."""
+    from storage import Segment
+
+    log, _ = PartitionLog.open(str(tmp_path / "p"), 1 << 20)
+    append(log, 0, 10)
+    rolled = log.roll_active()
+    assert rolled is not None
+    seg, crc = rolled
+    writing, go_on, closing = threading.Event(), threading.Event(), threading.Event()
+    order: list[str] = []
+    write_indexes, close_files, close = Segment._write_indexes, Segment._close, Segment.close
+
+    def held_write(self: Segment) -> None:
+        writing.set()
+        assert go_on.wait(30)
+        write_indexes(self)
+        order.append("indexes written")
+
+    def logged_close(self: Segment) -> None:
+        order.append("files closed")
+        close_files(self)
+
+    def announced_close(self: Segment) -> None:
+        closing.set()
+        close(self)
+
+    monkeypatch.setattr(Segment, "_write_indexes", held_write)
+    monkeypatch.setattr(Segment, "_close", logged_close)
+    monkeypatch.setattr(Segment, "close", announced_close)
+    wrote: list[bool] = []
+    writer = threading.Thread(target=lambda: wrote.append(seg.write_seal_files(crc)))
+    writer.start()
+    assert writing.wait(30)
+    remover = threading.Thread(target=seg.remove_files)
+    remover.start()
+    assert closing.wait(30)
+    go_on.set()
+    writer.join(30)
+    remover.join(30)
+    assert wrote == [True]
+    assert order == ["indexes written", "files closed"]
+    assert not any(n.startswith(f"{seg.base:020d}") for n in os.listdir(tmp_path / "p"))
+    monkeypatch.undo()
     log.close()
 
 
