@@ -181,6 +181,11 @@ def test_a_seal_in_steps_gives_the_files_a_seal_gives(tmp_path: Path) -> None:
     for ext in (".log", ".index", ".timeindex", ".summary"):
         name = f"{a.base:020d}{ext}"
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), ext
+    import struct
+
+    raw = (tmp_path / "b" / f"{a.base:020d}.timeindex").read_bytes()
+    entries = list(struct.iter_unpack("<IQ", raw[: 12 * len(b.time_rel)]))
+    assert len(b.time_rel) == 5 and entries == list(zip(b.time_rel, b.time_ts))
     assert steps.roll_active() is None  # the new active segment is empty
     whole.close()
     steps.close()
