@@ -1,4 +1,3 @@
-# LEAD NOTE TO HELPERS (the lead removes this line; never commit it): before any edit or git command read /tmp/notes/rules.md - shared tree, git rules, HARD DEADLINE 01:05 UTC.
 """One segment of a partition log: a ``.log`` file and its companions.
 
 Files, named by the segment's first offset zero-padded to 20 digits (Iggy's naming):
