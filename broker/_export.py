@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from protocol import BrokerError, ErrorCode, error_class
+from storage import Damage
 
 from ._log import get_logger
 
@@ -176,6 +177,7 @@ class Exporter:
                     if await self._seal(part):
                         sealed += 1
             jobs = self.snapshot(partitions)
+            segments = {self.key(p, s): s for p in partitions for s in p.log.segments[:-1]}
             started = time.perf_counter()
             done: list[dict[str, Any]] = []
             self.pass_segments, self.pass_done = len(jobs), 0
@@ -192,12 +194,22 @@ class Exporter:
                 self.counters.rows_exported += entry["rows"]
                 self.pass_segments, self.pass_done = of, n
 
+            def gone(key: str, path: str) -> None:  # its log file was not there for the worker
+                seg = segments.get(key)
+                if seg is None or seg.fileno() < 0:  # deleted with its topic while the pass ran
+                    log.info("export_segment_gone", segment=key, path=path)
+                else:
+                    self._report(Damage(
+                        "segment", path, None, "the log file of a sealed segment is missing",
+                        "left out of this export pass (the broker still reads it through its open file); the next pass tries again",
+                    ))
+
             try:
                 for attempt in range(CRASH_RETRIES + 1):
                     try:
                         await export_in_worker(
                             self.root, jobs, self._report, listed, exported, self.worker_command or WORKER_COMMAND,
-                            self.priority,
+                            self.priority, gone,
                         )
                         break
                     except WorkerCrashed as exc:

@@ -9,6 +9,7 @@ a fault-injection point for the crash tests, never set in operation.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -35,6 +36,7 @@ def export_segments(
     report: Report = ignore_damage,
     started: Callable[[list[str], int], None] | None = None,
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
+    gone: Callable[[str, str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Export every job not already in ``root``'s manifest; returns one entry per
     segment exported now (``key``, ``path``, ``rows``, ``bytes``, ``corrupt_records``,
@@ -42,7 +44,9 @@ def export_segments(
     not know of, go to ``report``; ``started``
     gets the keys of the jobs the manifest already lists and how many segments are
     left to export; ``progress`` each entry as its segment is in the manifest, with
-    how many are done of how many.
+    how many are done of how many. A segment whose log file is no longer there (its
+    topic deleted since the jobs were made) is left out and given to ``gone`` (key,
+    path) when there is one, else the pass fails with ``FileNotFoundError``.
 
     Raises:
         ManifestUnreadable: no copy of the manifest is valid; nothing is exported.
@@ -61,7 +65,15 @@ def export_segments(
         makedirs_durably(folder)
         tmp = final + ".tmp"
         _crash_point("before_write")
-        rows, corrupt = write_segment(job, tmp)
+        try:
+            rows, corrupt = write_segment(job, tmp)
+        except FileNotFoundError as exc:
+            if gone is None or exc.filename != job.log_path:
+                raise
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            gone(job.key, job.log_path)
+            continue
         damage = new_damage(job, corrupt)
         if damage is not None:
             report(damage)

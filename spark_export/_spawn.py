@@ -131,10 +131,12 @@ async def export_in_worker(
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
     command: Sequence[str] = WORKER_COMMAND,
     priority: str = "low",
+    gone: Callable[[str, str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`export_segments` in the worker process; the callbacks run on the loop.
     ``priority``: the worker's CPU priority (:func:`lower_priority`), set as it
     starts, before its imports (numpy, pyarrow: a quarter of a second of CPU).
+    ``gone``: (key, path) of each segment left out because its log file was gone.
 
     Raises:
         ManifestUnreadable: no copy of the manifest is valid; nothing is exported.
@@ -173,6 +175,9 @@ async def export_in_worker(
                     done.append(event["done"])
                     if progress is not None:
                         progress(event["done"], event["n"], event["of"])
+                elif "gone" in event:
+                    if gone is not None:
+                        gone(event["gone"]["key"], event["gone"]["path"])
                 else:
                     ending = event
     stderr = tail.decode(errors="replace")

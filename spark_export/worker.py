@@ -56,6 +56,7 @@ def run(root: str, jobs: list[SegmentJob], out: TextIO) -> int:
             report=lambda damage: emit(damage=dataclasses.asdict(damage)),
             started=lambda exported, todo: emit(started={"exported": exported, "todo": todo}),
             progress=lambda entry, n, of: emit(done=entry, n=n, of=of),
+            gone=lambda key, path: emit(gone={"key": key, "path": path}),
         )
     except ManifestUnreadable as exc:
         emit(unreadable=exc.message)

@@ -10,14 +10,14 @@ from spark_export import worker
 real = worker.export_segments
 
 
-def held(root, jobs, report, started, progress):  # type: ignore[no-untyped-def]
+def held(root, jobs, report, started, progress, **more):  # type: ignore[no-untyped-def]
     def step(entry, n, of):  # type: ignore[no-untyped-def]
         progress(entry, n, of)
         if n == 1:
             with open(sys.argv[1]) as fifo:
                 fifo.read()
 
-    return real(root, jobs, report=report, started=started, progress=step)
+    return real(root, jobs, report=report, started=started, progress=step, **more)
 
 
 worker.export_segments = held

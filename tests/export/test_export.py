@@ -378,6 +378,42 @@ async def test_stats_show_the_progress_of_the_pass_under_way(tmp_path: Path) -> 
         assert (stats["export_pass_segments"], stats["export_pass_done"], stats["segments_exported"]) == (0, 0, 3)
 
 
+async def test_segments_gone_while_the_worker_runs_are_left_out_and_the_pass_goes_on(tmp_path: Path) -> None:
+    """A segment whose log file is gone when the worker comes to it is left out and
+    the pass exports the rest: silently (a log line) when its topic was deleted
+    meanwhile, reported as damage when the broker still has the segment."""
+    import functools
+    import sys
+
+    go_on = tmp_path / "go_on"
+    os.mkfifo(go_on)
+    cfg = make_config(tmp_path / "data", **{"export.dir": str(tmp_path / "export"), "system.partition.fsync": "never"})
+    (tmp_path / "data").mkdir()
+    async with start_server(cfg, Clock()) as server, connect(server.address) as c, connect(server.address) as admin:
+        server.broker.exporter.worker_command = (sys.executable, str(Path(__file__).with_name("held_worker.py")), str(go_on))
+        await c.create_stream("s")
+        for name in ("t", "u", "v"):
+            await c.create_topic("s", name, subjects=[f"{name}.>"])
+            await c.publish_batch([(f"{name}.{i}", b"x") for i in range(5)])
+        logs = {p.topic.name: p.log for p in server.broker.all_partitions()}
+        res: dict[str, object] = {}
+
+        async def export() -> None:
+            res.update(await c.export(seal=True))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(export))
+            with trio.fail_after(30):
+                while (await admin.stats())["export_pass_done"] == 0:  # held after t's segment
+                    await trio.sleep(0.01)
+            await admin.delete_topic("s", "u")
+            os.unlink(logs["v"].segments[0].log_path)  # v is still there: this is damage
+            await trio.to_thread.run_sync(go_on.write_text, "go on")
+        stats = await admin.stats()
+    assert [e["topic"] for e in res["exported"]] == ["t"]  # type: ignore[union-attr]
+    assert stats["damage_detected"] == 1 and stats["export_failures"] == 0
+
+
 async def test_seal_syncs_each_segment_off_the_loop_and_skips_a_topic_deleted_meanwhile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
