@@ -147,6 +147,8 @@ class Broker:
             part, res, removed, epoch
         )
         self.exporter = Exporter(config.export.dir, config.export.interval, self.counters, config.export.worker_priority)
+        #: Finishes the seals of segment rolls off the event loop (``_sealing.py``).
+        self.sealer = self.exporter.sealer
         self.kv = KvReads(self.committer)
         self.consumers = ConsumerEngine(self)
         #: The NATS listener's JetStream API (``_jetstream.py``).
@@ -227,6 +229,7 @@ class Broker:
             )
             if recovering:
                 self._report_recovery(topic, n, plog, reports)
+            self.sealer.attach(plog)
             part = Partition(topic, n, plog)
             if recovering:
                 # Runs in the worker thread of open(), before the engine task starts:
@@ -277,6 +280,10 @@ class Broker:
         """Close every file and release the data directory (after a final sync)."""
         for topic in self.catalog.topics():
             for p in topic.partitions:
+                try:
+                    p.log.finish_seals()  # the sealer task's leftovers (a stop: the loop is done serving)
+                except OSError as exc:  # the next start rebuilds the index: not damage
+                    log.error("seal_files_failed", path=p.log.path, error=repr(exc))
                 p.log.close()
             if topic.consumers is not None:
                 topic.consumers.close()
@@ -287,11 +294,11 @@ class Broker:
     def background_tasks(self) -> list[Callable[[], Awaitable[None]]]:
         """Tasks the server runs beside the listeners for the broker's lifetime: the
         expiry engine, and the segment cleaner when enabled."""
-        tasks: list[Callable[[], Awaitable[None]]] = [self.retention.engine.run, self.consumers.run]
+        tasks: list[Callable[[], Awaitable[None]]] = [self.retention.engine.run, self.consumers.run, self.sealer.run]
         cleaner = self.config.message_cleaner
         if cleaner.enabled:
             keep = self.exporter.keeps if self.exporter.enabled else None
-            tasks.append(lambda: self.retention.run_cleaner(cleaner.interval, self.all_partitions, keep))
+            tasks.append(lambda: self.retention.run_cleaner(cleaner.interval, self.all_partitions, keep, self.sealer.finish))
         if self.exporter.enabled:
             tasks.append(lambda: self.exporter.run(self.all_partitions))
         return tasks

@@ -40,6 +40,7 @@ from protocol import BrokerError, ErrorCode, error_class
 from storage import Damage
 
 from ._log import get_logger
+from ._sealing import Sealer
 
 if TYPE_CHECKING:
     from storage import Report, Segment
@@ -80,6 +81,9 @@ class Exporter:
         self.pass_done = 0
         #: The worker's command line (tests put a wrapper there).
         self.worker_command: tuple[str, ...] | None = None
+        #: Finishes the seals the logs owe (the broker's, so the pass waits for the
+        #: seals its background task is finishing).
+        self.sealer = Sealer()
 
     @property
     def enabled(self) -> bool:
@@ -176,6 +180,8 @@ class Exporter:
                 for part in partitions:
                     if await self._seal(part):
                         sealed += 1
+            for part in partitions:  # segments rolled by appends or the cleaner: sealed first
+                await self.sealer.finish(part.log)
             jobs = self.snapshot(partitions)
             segments = {self.key(p, s): s for p in partitions for s in p.log.segments[:-1]}
             started = time.perf_counter()
@@ -237,28 +243,21 @@ class Exporter:
                 log.info("exported", segments=len(done), rows=rows, seconds=round(time.perf_counter() - started, 3), dir=self.root)
             return {"dir": self.root, "sealed": sealed, "exported": done, "segments_in_export": len(self.exported)}
 
-    @staticmethod
-    async def _seal(part: Partition) -> bool:
+    async def _seal(self, part: Partition) -> bool:
         """Seal ``part``'s active segment (if it holds records) with the event loop
         held only for the switch to a new active segment: the fdatasync of up to a
         segment of records (tens of ms) runs in a thread first, so that the switch's
         own sync has only what was appended meanwhile; the index and summary writes
         (three fsynced files, 1.5-20 ms) run in a thread after it
-        (``PartitionLog.roll_active``)."""
+        (``PartitionLog.begin_roll``, ``Sealer.finish``)."""
         if not part.log.active.count:
             return False
         await trio.to_thread.run_sync(part.log.flush_active)
         if part.log.active.fileno() < 0:
             return False  # its topic was deleted meanwhile
-        rolled = part.log.roll_active()
-        if rolled is None:
+        if not part.log.begin_roll():
             return False
-        seg, crc = rolled
-        wrote = False
-        try:
-            wrote = await trio.to_thread.run_sync(seg.write_seal_files, crc)
-        finally:
-            seg.end_seal(crc if wrote else None)
+        await self.sealer.finish(part.log)
         return True
 
     async def run(self, partitions: Any) -> None:

@@ -24,7 +24,7 @@ structure and the counters always agree:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import trio
@@ -327,10 +327,18 @@ class Retention:
         return segments, freed
 
     async def run_cleaner(
-        self, interval: float, partitions: Callable[[], list[Partition]], keep: Callable[[Partition, Any], bool] | None = None
+        self, interval: float, partitions: Callable[[], list[Partition]], keep: Callable[[Partition, Any], bool] | None = None,
+        settle: Callable[[Any], Awaitable[None]] | None = None,
     ) -> None:
-        """The cleaner task: a pass every ``interval`` seconds."""
+        """The cleaner task: a pass every ``interval`` seconds. ``settle(log)``
+        (``Sealer.finish``) first finishes, off the event loop, the seals a partition's
+        log owes: a segment after one whose seal is owed is not removable
+        (``PartitionLog.reclaimable``)."""
         while True:
             await trio.sleep(interval)
-            self.clean(partitions(), keep)
+            if settle is not None:
+                for part in partitions():
+                    if part.log.owed_seals:
+                        await settle(part.log)
+            self.clean(partitions(), keep)  # (a topic may have gone meanwhile)
 

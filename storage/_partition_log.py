@@ -132,6 +132,17 @@ class PartitionLog:
         self._state_unsynced = False
         #: Where damage found after opening (the startup scan) goes.
         self._report: Report = ignore_damage
+        #: A roll (a full active segment, :meth:`seal_active`, a purge) leaves the old
+        #: segment's seal owed instead of finishing it on the caller's thread: its
+        #: index and summary writes (``Segment.write_seal_files``, 2-19 ms of
+        #: fsyncs) are for the owner to run in a worker thread, then
+        #: ``Segment.end_seal``, then :meth:`seal_done`. Off: the seal is whole.
+        self.defer_seals = False
+        #: Seals begun (``roll_active``) whose files are not durable yet, oldest first
+        #: (a segment's entry stays until :meth:`seal_done`).
+        self.owed_seals: list[tuple[Segment, int | None]] = []
+        #: Called (on the caller's thread) when a roll leaves a seal owed.
+        self.on_seal_owed: Callable[[PartitionLog], None] | None = None
 
     @property
     def purged_through(self) -> int:
@@ -367,7 +378,15 @@ class PartitionLog:
     def reclaimable(self) -> list[Segment]:
         """Sealed segments in which no record is live and none is damaged (the
         cleaner removes them; damaged records are never proof of garbage)."""
-        return [s for s in self.segments[:-1] if not s.live_count and not s.corrupt_count]
+        segs = self.segments
+        owed = {id(o[0]) for o in self.owed_seals}
+        # Not the one after a segment whose seal is owed: the gap its removal leaves
+        # would, after a crash before that index is durable, make the rebuilt index
+        # expect records up to the next base, and report them missing.
+        return [
+            s for i, s in enumerate(segs[:-1])
+            if not s.live_count and not s.corrupt_count and (not i or id(segs[i - 1]) not in owed)
+        ]
 
     # -- writing -------------------------------------------------------------------
 
@@ -438,7 +457,42 @@ class PartitionLog:
         if fd >= 0:
             sync_fds([fd])
 
+    def begin_roll(self) -> bool:
+        """:meth:`roll_active` with the old segment's seal left owed (in
+        :attr:`owed_seals` until :meth:`seal_done`), for the owner to finish off its
+        thread. False if the active segment holds no record."""
+        rolled = self.roll_active()
+        if rolled is None:
+            return False
+        self.owed_seals.append(rolled)
+        if self.on_seal_owed is not None:
+            self.on_seal_owed(self)
+        return True
+
+    def seal_done(self, seg: Segment) -> None:
+        """``seg``'s owed seal is finished (``Segment.end_seal`` called)."""
+        self.owed_seals = [o for o in self.owed_seals if o[0] is not seg]
+
+    def finish_seals(self) -> None:
+        """Finish every owed seal on this thread (the broker's clean stop, before
+        :meth:`close`, which leaves what is still owed: a deleted topic's files are
+        not worth writing, and a start rebuilds a missing index without damage)."""
+        while self.owed_seals:
+            seg, crc = self.owed_seals[0]
+            seg.end_seal(crc if seg.write_seal_files(crc) else None)
+            self.seal_done(seg)
+
+    def _drop_owed_seals(self) -> None:
+        """Forget the owed seals of segments removed (their files are gone)."""
+        if self.owed_seals:
+            self.owed_seals = [o for o in self.owed_seals if o[0] in self.segments]
+
     def _roll(self) -> Segment:
+        if self.defer_seals:
+            # The seal in steps: on this thread only the switch and the syncs the new
+            # segment's records must follow; the index and summary writes are owed.
+            self.begin_roll()
+            return self.segments[-1]
         old = self.segments[-1]
         new = Segment.create(self.path, old.next_offset, self.segment_size)
         old.seal()
@@ -506,6 +560,7 @@ class PartitionLog:
                 keep.append(seg)
         self.segments = keep
         self._bases = [s.base for s in keep]
+        self._drop_owed_seals()
         fsync_dir(self.path)
         self.live_count -= removed
         return removed
@@ -534,6 +589,7 @@ class PartitionLog:
         freed = seg.remove_files()
         self.segments.remove(seg)
         self._bases = [s.base for s in self.segments]
+        self._drop_owed_seals()
         self.size_bytes -= seg.size
         fsync_dir(self.path)
         return freed

@@ -526,7 +526,9 @@ async def test_a_record_damaged_on_disk_is_left_out_counted_and_reported(tmp_pat
         await c.create_topic("s", "t", subjects=["a.>"], segment_size=4096)
         for _ in range(2):  # the second batch goes to a new segment: the first one is sealed
             await c.publish_batch([(f"a.{i}", str(i).encode() * 400) for i in range(10)])
-        seg = server.broker.catalog.topics()[0].partitions[0].log.segments[0]
+        plog = server.broker.catalog.topics()[0].partitions[0].log
+        await server.broker.sealer.finish(plog)  # the roll's seal, owed to the background task
+        seg = plog.segments[0]
         assert seg.sealed_crc is not None and seg.count == 10
         with open(seg.log_path, "r+b") as f:  # the payload of the record at offset 4
             f.seek(seg.positions[3] + 60)
