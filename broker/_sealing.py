@@ -33,7 +33,9 @@ log = get_logger(__name__)
 class Sealer:
     """One per broker: finishes the seals the partitions' logs owe (:meth:`run`, a
     background task, woken by :meth:`owe`), and lets the export wait for them
-    (:meth:`finish`)."""
+    (:meth:`finish`). Under fsync interval or never it also syncs a growing active
+    log ahead (``PartitionLog.flush_wanted``), so that the roll's own sync on the
+    loop has at most an eighth of a segment to write."""
 
     def __init__(self) -> None:
         self._owed: dict[PartitionLog, None] = {}
@@ -44,8 +46,7 @@ class Sealer:
 
     def attach(self, plog: PartitionLog) -> None:
         """Have ``plog`` leave its seals owed, to this sealer."""
-        plog.defer_seals = True
-        plog.on_seal_owed = self.owe
+        plog.defer(self.owe)
 
     def owe(self, plog: PartitionLog) -> None:
         """``plog`` owes a seal (called on the event loop, by its roll)."""
@@ -58,6 +59,9 @@ class Sealer:
         if lock is None:
             lock = self._locks[plog] = trio.Lock()
         async with lock:
+            if plog.flush_wanted:  # fsync interval or never: the active log synced ahead
+                plog.flush_wanted = False
+                await trio.to_thread.run_sync(plog.flush_active)
             while plog.owed_seals:
                 seg, crc = plog.owed_seals[0]
                 # Cancelled before the thread starts (a shutdown), or failed: still

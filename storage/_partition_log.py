@@ -141,8 +141,16 @@ class PartitionLog:
         #: Seals begun (``roll_active``) whose files are not durable yet, oldest first
         #: (a segment's entry stays until :meth:`seal_done`).
         self.owed_seals: list[tuple[Segment, int | None]] = []
-        #: Called (on the caller's thread) when a roll leaves a seal owed.
+        #: Called (on the caller's thread) when a roll leaves a seal owed, or when
+        #: :attr:`flush_wanted` is set.
         self.on_seal_owed: Callable[[PartitionLog], None] | None = None
+        #: With seals owed and acks not waiting for the disk (fsync interval, never):
+        #: the active log should be synced ahead in a worker thread
+        #: (:meth:`flush_active`), so that the roll's sync on the caller's thread has
+        #: at most the last eighth of a segment to write, not a whole one. Set by
+        #: :meth:`append` each time the active segment passes an eighth.
+        self.flush_wanted = False
+        self._flush_at = 1 << 62
 
     @property
     def purged_through(self) -> int:
@@ -418,7 +426,17 @@ class PartitionLog:
         seg.append(records, [base_pos + p for p in rel] if base_pos else rel, timestamp)
         self.live_count += len(starts)
         self.size_bytes += len(records)
+        if seg.size >= self._flush_at:
+            self._want_flush(seg.size)
         return AppendResult(first, timestamp, records, rel)
+
+    def _want_flush(self, size: int) -> None:
+        step = max(self.segment_size >> 3, 1)
+        self._flush_at = (size // step + 1) * step
+        if not self.flush_wanted:
+            self.flush_wanted = True
+            if self.on_seal_owed is not None:
+                self.on_seal_owed(self)
 
     def seal_active(self) -> bool:
         """Seal the active segment now and start a new one (if it holds records)."""
@@ -446,6 +464,8 @@ class PartitionLog:
         fsync_dir(self.path)
         self.segments.append(new)
         self._bases.append(new.base)
+        if self._flush_at < 1 << 62:
+            self._flush_at = max(self.segment_size >> 3, 1)
         return old, crc
 
     def flush_active(self) -> None:
@@ -456,6 +476,16 @@ class PartitionLog:
         fd = self.segments[-1].fileno()
         if fd >= 0:
             sync_fds([fd])
+
+    def defer(self, on_seal_owed: Callable[[PartitionLog], None]) -> None:
+        """Leave seals owed (:attr:`defer_seals`), calling ``on_seal_owed`` for each,
+        and, when acks do not wait for the disk, ask for the active log to be synced
+        ahead (:attr:`flush_wanted`)."""
+        self.defer_seals = True
+        self.on_seal_owed = on_seal_owed
+        if self._reserve:
+            step = max(self.segment_size >> 3, 1)
+            self._flush_at = (self.segments[-1].size // step + 1) * step
 
     def begin_roll(self) -> bool:
         """:meth:`roll_active` with the old segment's seal left owed (in

@@ -112,3 +112,26 @@ def test_owed_seals_at_a_close_and_with_a_removed_segment(tmp_path: Path, finish
     assert damage == [] and [r.index_rebuilt for r in reports] == [not finish, False]
     assert reopened.read(1, 1000, 1 << 20).count == 40
     reopened.close()
+
+
+@pytest.mark.parametrize("reserve", [False, True], ids=["always", "reserve"])
+def test_a_growing_active_log_asks_to_be_synced_ahead_only_when_acks_do_not_wait(tmp_path: Path, reserve: bool) -> None:
+    """Under fsync interval or never (``reserve``) nothing syncs the active log before
+    its roll, whose sync on the event loop would write the whole segment: each eighth
+    of a segment asks the owner to sync it ahead in a thread (``flush_active``)."""
+    log, _ = PartitionLog.open(str(tmp_path / "p"), 8000, reserve=reserve)
+    calls: list[PartitionLog] = []
+    log.defer(calls.append)
+    n = 0
+    while log.active.size + 200 < 1000:  # under an eighth
+        append(log, n, 1)
+        n += 1
+    assert not log.flush_wanted and calls == []
+    append(log, n, 3)  # past 1,000 bytes
+    assert log.active.size < 2000 and log.flush_wanted == reserve and calls == ([log] if reserve else [])
+    log.flush_wanted = False
+    append(log, n + 3, 1)  # the same eighth: no new request
+    assert not log.flush_wanted and log.active.size < 2000
+    append(log, n + 4, 12)
+    assert log.flush_wanted == reserve
+    log.close()
