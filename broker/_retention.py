@@ -312,13 +312,10 @@ class Retention:
             active = plog.active
             if active.count and not active.live_count:
                 plog.seal_active()
-            reclaimed = segments
-            for seg in plog.reclaimable():
-                if keep is not None and keep(part, seg):
-                    continue
-                freed += plog.remove_segment(seg)
-                segments += 1
-            if segments > reclaimed:
+            gone = [seg for seg in plog.reclaimable() if keep is None or not keep(part, seg)]
+            if gone:
+                freed += plog.remove_segments(gone)  # one directory fsync for them all
+                segments += len(gone)
                 part.trim_index()
         if segments:
             self.counters.segments_reclaimed += segments

@@ -285,3 +285,27 @@ def test_a_filtered_read_returns_the_wanted_records_and_reads_only_up_to_the_las
                 seen += res.offsets
                 offset = res.next_offset
             assert seen == [o for o in sorted(by_offset) if wanted(o)]
+
+
+def test_the_cleaner_removes_segments_together_with_one_directory_sync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from storage import _partition_log
+
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    for k in range(3):
+        append(log, 5, start=k * 5)
+        log.seal_active()
+    append(log, 5, start=15)
+    syncs: list[str] = []
+    monkeypatch.setattr(_partition_log, "fsync_dir", syncs.append)
+    with pytest.raises(ValueError, match="only a sealed segment without live records can be removed"):
+        log.remove_segments(log.segments[:2])  # live records: nothing is removed
+    assert len(log.segments) == 4 and syncs == []
+    log.delete_many(list(range(1, 11)))
+    gone = log.reclaimable()
+    assert [s.base for s in gone] == [1, 6]
+    size = log.size_bytes - sum(s.size for s in gone)
+    assert log.remove_segments(gone) > 0
+    assert [s.base for s in log.segments] == [11, 16] and log.size_bytes == size and syncs == [str(tmp_path)]
+    assert not any(os.path.exists(s.log_path) for s in gone)
+    assert log.read(1, 100, 1 << 20).offsets == list(range(11, 21))
+    log.close()
