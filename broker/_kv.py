@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from ._commit import Committer
     from ._partition import Partition
 
-__all__ = ["KvReads", "LEASE_PREFIX", "kv_get", "kv_keys", "kv_touch", "load_leases"]
+__all__ = ["KvReads", "LEASE_PREFIX", "kv_get", "kv_get_frames", "kv_keys", "kv_touch", "load_leases"]
 
 NS = 1_000_000_000
 LEASE_PREFIX = "$refresh."
@@ -239,6 +239,70 @@ def kv_get(broker: Broker, session: Any, cmd: P.KvGet) -> Reply:
     broker.counters.messages_out += 1
     payload = P.InfoMap.pack(entry)
     return (payload, epoch) if epoch else payload
+
+
+def kv_get_frames(broker: Broker, requests: list[tuple[int, bytes]], start: int) -> tuple[list[bytes], int, Exception | None]:
+    """KV_GET requests of one read (``(correlation id, payload)`` each, as
+    ``ProtocolConnection.take_requests`` takes them), from ``start`` on, answered as
+    one run: the bucket looked up once for consecutive requests naming it the same
+    way, the clock read once, no command object per request, each answer packed
+    straight into its frame (``protocol.info_map_frame``). Each answer is the frame
+    :func:`kv_get` gives for it, byte for byte.
+
+    Returns the answers' frames, the index of the first request not answered
+    (``len(requests)``: all were), and the error that request's handler raises (the
+    session answers it as any handler's error) or None: it must take the ordinary
+    path (its payload is not a well-formed KV_GET with a valid UTF-8 key, whose
+    refusal the decoder words; or its bucket refreshes keys on read, a get that
+    writes a lease and waits for its sync).
+    """
+    lookup = broker.catalog.topic
+    get = broker.kv.get
+    now = broker.clock.now_ns()
+    out: list[bytes] = []
+    target = None
+    topic: Topic | None = None
+    i = start
+    n = len(requests)
+    code = P.Command.KV_GET
+    frame = P.info_map_frame
+    try:
+        while i < n:
+            corr, payload = requests[i]
+            try:
+                pos = 4 + payload[1]
+                pos += payload[pos - 1]
+                end = pos + 1 + payload[pos]
+            except IndexError:
+                break
+            if end + 8 != len(payload):
+                break
+            if payload[:pos] != target:
+                # Another bucket, or another spelling of it: the decoder checks the
+                # identifiers, the catalog finds the topic (or refuses).
+                try:
+                    cmd = P.KvGet.decode(payload)
+                except Exception:
+                    break
+                target = None
+                topic = lookup(cmd.stream, cmd.topic)
+                kv = topic.config.kv
+                if kv is not None and kv["refresh"] == "on_read_and_write":
+                    break
+                target = payload[:pos]
+            try:
+                subject = payload[pos + 1 : end].decode()
+            except UnicodeDecodeError:
+                break
+            validate_subject(subject)
+            entry, _ = get(topic, subject, int.from_bytes(payload[end:], "little"), now)  # type: ignore[arg-type]
+            out.append(frame(code, corr, entry))
+            i += 1
+    except Exception as exc:
+        broker.counters.messages_out += i - start
+        return out, i, exc
+    broker.counters.messages_out += i - start
+    return out, i, None
 
 
 def kv_touch(broker: Broker, session: Any, cmd: P.KvTouch) -> Reply:

@@ -55,6 +55,7 @@ from protocol import (
     Handshake,
     HandshakeOk,
     InvalidRequest,
+    KvGet,
     ProtocolConnection,
     Publish,
     PushKind,
@@ -65,6 +66,7 @@ from protocol import (
 )
 
 from . import _commit
+from ._kv import kv_get_frames
 from ._limits import ConnectionGuard
 from ._log import get_logger
 from ._publishing import publish_frames
@@ -95,6 +97,11 @@ PUBLISH_RUN_BYTES = 32 * 1024
 #: answers and sends more requests while the broker handles the rest, instead of the
 #: two taking turns a whole read at a time.
 SEND_EARLY = 16 * 1024
+#: Consecutive KV_GET requests taken out of a read and answered as one run
+#: (:meth:`Session._kv_get_run`) before :data:`SEND_EARLY` and the output limits are
+#: looked at again.
+KV_GET_RUN = 32
+_KV_GET = int(Command.KV_GET)
 #: How a TLS connection starts (a handshake record, TLS 1.x); no frame before the
 #: handshake can start so (its length would be over MAX_HANDSHAKE_FRAME).
 TLS_RECORD_START = b"\x16\x03"
@@ -486,6 +493,7 @@ class Session:
     async def _read_loop(self) -> None:
         conn = self.conn
         take_publish = conn.take_publish
+        take_requests = conn.take_requests
         receive = self._receive
         budget = self.budget
         broker = self.broker
@@ -529,6 +537,21 @@ class Session:
                             publishes = []
                             run_bytes = 0
                             await self._release_acks()
+                            if self._stopped_or_full() and await self._ending():
+                                return
+                            continue
+                        # Consecutive KV_GET requests: (correlation id, payload) each.
+                        gets = take_requests(_KV_GET, KV_GET_RUN)
+                        if gets:
+                            if publishes:
+                                await self._publish_run(publishes)
+                                publishes = []
+                                run_bytes = 0
+                                if self._stopped_or_full() and await self._ending():
+                                    return
+                            self._kv_get_run(gets)
+                            if self._now_bytes >= SEND_EARLY:
+                                self._send_nowait()
                             if self._stopped_or_full() and await self._ending():
                                 return
                             continue
@@ -857,6 +880,43 @@ class Session:
         if not self._publish_now(requests):
             for request in requests:
                 await self._handle(_publish_request(request))
+
+    def _kv_get_run(self, requests: list[tuple[int, bytes]]) -> None:
+        """Consecutive KV_GET requests from what one read delivered (``(correlation
+        id, payload)``: ``ProtocolConnection.take_requests``), answered in order,
+        each as it would be alone: the run's answers by ``_kv.kv_get_frames``
+        (queued as one write), a handler's error by :meth:`_failed`, and a request
+        the run leaves to the ordinary path (a malformed payload, a bucket that
+        refreshes keys on read) as the event ``next_event`` would have made of it. All
+        of them the ordinary way while the broker shuts down. No checkpoint: the
+        KV_GET handler is synchronous."""
+        broker = self.broker
+        handler = broker.sync_handlers[KvGet]
+        n = len(requests)
+        i = 0
+        while i < n:
+            if broker.shutting_down:
+                j, exc = i, None
+            else:
+                frames, j, exc = kv_get_frames(broker, requests, i)
+                if frames:
+                    self.corr = requests[j - 1][0]
+                    self.send_now(frames[0] if len(frames) == 1 else b"".join(frames))
+                if j == n:
+                    return
+            corr, payload = requests[j]
+            if exc is not None:
+                self.corr = corr
+                self._failed([corr], _KV_GET, exc)
+            else:
+                event = self.conn.request_event(_KV_GET, corr, payload)
+                if event.__class__ is not Request:
+                    self._refuse(event)  # type: ignore[arg-type]
+                elif broker.shutting_down:
+                    self._failed([corr], _KV_GET, error_class(ErrorCode.SHUTTING_DOWN)("the broker is shutting down"))
+                else:
+                    self._handle_now(event, handler)  # type: ignore[arg-type]
+            i = j + 1
 
     async def _release_acks(self) -> None:
         """After a run of :data:`PUBLISH_RUN_BYTES` in the middle of a read: send its

@@ -159,6 +159,7 @@ from ._responses import TopicList as TopicList
 from ._responses import delivery_entry as delivery_entry
 from ._responses import encode_delivery as encode_delivery
 from ._responses import encode_uniform_acks as encode_uniform_acks
+from ._responses import info_map_frame as info_map_frame
 from ._responses import uniform_ack_frames as uniform_ack_frames
 from ._republish import HOPS_HEADER as HOPS_HEADER
 from ._republish import copy_plan as copy_plan

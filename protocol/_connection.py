@@ -156,6 +156,23 @@ class ProtocolConnection:
             return None
         return self._decoder.take_publish()
 
+    def take_requests(self, code: int, limit: int) -> list[tuple[int, bytes]]:
+        """Server side, once the handshake is done: up to ``limit`` frames taken out
+        while they are requests of command ``code`` (``FrameDecoder.take_requests``:
+        correlation id and payload each), in order; empty when the next frame is
+        anything else (call :meth:`next_event`). Each one is the event
+        :meth:`request_event` makes of it, the one :meth:`next_event` would have
+        given; ``code`` must be a command other than the handshake."""
+        if self.state is not State.READY:
+            return []
+        return self._decoder.take_requests(code, limit)
+
+    def request_event(self, code: int, correlation_id: int, payload: bytes) -> Event:
+        """Server side: the event :meth:`next_event` gives for a request frame of
+        ``code`` with this id and payload that :meth:`take_requests` took out (a
+        :class:`Request`, or the :class:`InvalidRequest` refusing it)."""
+        return self._server_event(code, 0, correlation_id, payload)
+
     def _server_event(self, code: int, flags: int, corr: int, payload: bytes) -> Event:
         if flags:
             return self._protocol_error(f"a client may not send frames with flags {flags:#x}", corr)

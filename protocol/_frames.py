@@ -44,6 +44,7 @@ _MIN_BODY = 14
 #: thousand 16 KiB messages. NATS caps one message at 1 MiB (max_payload) and Kafka a
 #: request at 100 MiB (socket.request.max.bytes); batches sit between the two.
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
+_NO_LIMIT = 1 << 62
 
 
 class Frame(NamedTuple):
@@ -128,21 +129,45 @@ class FrameDecoder:
 
         A client's one pass over what a read delivered: the answers it expects by
         the thousand (acks) without a :class:`Frame`, an event or a call each."""
+        return self._take_run(codes, FLAG_RESPONSE, True, _NO_LIMIT)
+
+    def take_requests(self, code: int, limit: int) -> list[tuple[int, bytes]]:
+        """Server side: take out up to ``limit`` frames at the head of the buffer
+        that are complete requests (flags 0) of command ``code``: their correlation
+        ids and payloads, in order, the frames :meth:`next_frame` would give (a
+        request's status field is not looked at, as there). The first frame that is
+        anything else, an invalid header included, and what follows it are left
+        for :meth:`next_frame`.
+
+        The server's one pass over a pipelining client's read of requests of one
+        kind (KV gets): no :class:`Frame` or event each."""
+        return self._take_run((code,), 0, False, limit)
+
+    def _take_run(self, codes: Container[int], want_flags: int, ok_only: bool, limit: int) -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = []
         if self._error is not None:
             return out
         buf = self._buf
         pos = self._pos
         size = len(buf)
-        limit = self.max_frame_size
+        max_size = self.max_frame_size
         unpack = FRAME_HEADER.unpack_from
         while size - pos >= HEADER_SIZE:
             length, fcode, flags, corr, status = unpack(buf, pos)
             end = pos + 4 + length
-            if fcode not in codes or flags != FLAG_RESPONSE or status or size < end or length < MIN_LENGTH or length + 4 > limit:
+            if (
+                fcode not in codes
+                or flags != want_flags
+                or (status and ok_only)
+                or size < end
+                or length < MIN_LENGTH
+                or length + 4 > max_size
+            ):
                 break
             out.append((corr, bytes(buf[pos + HEADER_SIZE : end])))
             pos = end
+            if len(out) >= limit:
+                break
         self._pos = pos
         return out
 

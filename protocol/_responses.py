@@ -41,6 +41,7 @@ __all__ = [
     "delivery_entry",
     "encode_uniform_acks",
     "uniform_ack_frames",
+    "info_map_frame",
     "encode_delivery",
     "RESPONSE_TYPES",
     "PUSH_TYPES",
@@ -272,6 +273,23 @@ _ONE_ACK = struct.Struct("<IIIIQHI")
 
 #: A response frame holding the acks of one message (frame header, then ``_ONE_ACK``).
 _ONE_ACK_FRAME = struct.Struct("<IHHII" + _ONE_ACK.format[1:])
+
+
+#: A response frame's header followed by an ``InfoMap`` payload's length prefix.
+_MAP_FRAME_HEAD = struct.Struct("<IHHIII")
+
+
+def info_map_frame(code: int, correlation_id: int, values: dict[str, object]) -> bytes:
+    """The successful response frame to request ``code`` whose payload is
+    ``InfoMap(values)``: ``encode_frame(code, FLAG_RESPONSE, correlation_id, 0,
+    InfoMap.pack(values))``, byte for byte, with one struct pack for the frame's
+    header and the map's length (a KV get's answer in a run of gets). For the maps
+    :meth:`InfoMap.pack` takes."""
+    if not values:
+        return encode_frame(code, FLAG_RESPONSE, correlation_id, 0, _EMPTY_MAP)
+    raw = _PACKER.pack(values)
+    n = len(raw)
+    return _MAP_FRAME_HEAD.pack(n + 16, code, FLAG_RESPONSE, correlation_id, 0, n) + raw
 
 
 def uniform_ack_frames(
