@@ -241,7 +241,9 @@ def kv_get(broker: Broker, session: Any, cmd: P.KvGet) -> Reply:
     return (payload, epoch) if epoch else payload
 
 
-def kv_get_frames(broker: Broker, requests: list[tuple[int, bytes]], start: int) -> tuple[list[bytes], int, Exception | None]:
+def kv_get_frames(
+    broker: Broker, requests: list[tuple[int, bytes]], start: int, max_bytes: int
+) -> tuple[list[bytes], int, int, Exception | None]:
     """KV_GET requests of one read (``(correlation id, payload)`` each, as
     ``ProtocolConnection.take_requests`` takes them), from ``start`` on, answered as
     one run: the bucket looked up once for consecutive requests naming it the same
@@ -249,17 +251,20 @@ def kv_get_frames(broker: Broker, requests: list[tuple[int, bytes]], start: int)
     straight into its frame (``protocol.info_map_frame``). Each answer is the frame
     :func:`kv_get` gives for it, byte for byte.
 
-    Returns the answers' frames, the index of the first request not answered
-    (``len(requests)``: all were), and the error that request's handler raises (the
-    session answers it as any handler's error) or None: it must take the ordinary
-    path (its payload is not a well-formed KV_GET with a valid UTF-8 key, whose
-    refusal the decoder words; or its bucket refreshes keys on read, a get that
-    writes a lease and waits for its sync).
+    Returns the answers' frames, their size in bytes, the index of the first request
+    not answered (``len(requests)``: all were) and, when it stopped before the end:
+    the error that request's handler raises (the session answers it as any
+    handler's error); or None: the answers reached ``max_bytes`` (the session
+    looks at its output limits before it goes on), or else that request must take
+    the ordinary path (its payload is not a well-formed KV_GET with a valid UTF-8
+    key, whose refusal the decoder words; or its bucket refreshes keys on read, a
+    get that writes a lease and waits for its sync).
     """
     lookup = broker.catalog.topic
     get = broker.kv.get
     now = broker.clock.now_ns()
     out: list[bytes] = []
+    size = 0
     target = None
     topic: Topic | None = None
     i = start
@@ -296,13 +301,17 @@ def kv_get_frames(broker: Broker, requests: list[tuple[int, bytes]], start: int)
                 break
             validate_subject(subject)
             entry, _ = get(topic, subject, int.from_bytes(payload[end:], "little"), now)  # type: ignore[arg-type]
-            out.append(frame(code, corr, entry))
+            answer = frame(code, corr, entry)
+            out.append(answer)
             i += 1
+            size += len(answer)
+            if size >= max_bytes:
+                break
     except Exception as exc:
         broker.counters.messages_out += i - start
-        return out, i, exc
+        return out, size, i, exc
     broker.counters.messages_out += i - start
-    return out, i, None
+    return out, size, i, None
 
 
 def kv_touch(broker: Broker, session: Any, cmd: P.KvTouch) -> Reply:

@@ -97,9 +97,9 @@ PUBLISH_RUN_BYTES = 32 * 1024
 #: answers and sends more requests while the broker handles the rest, instead of the
 #: two taking turns a whole read at a time.
 SEND_EARLY = 16 * 1024
-#: Consecutive KV_GET requests taken out of a read and answered as one run
-#: (:meth:`Session._kv_get_run`) before :data:`SEND_EARLY` and the output limits are
-#: looked at again.
+#: Consecutive KV_GET requests taken out of a read at a time and answered as one
+#: run (:meth:`Session._kv_get_run`, which looks at :data:`SEND_EARLY` and the output
+#: limits after each :data:`SEND_EARLY` bytes of answers).
 KV_GET_RUN = 32
 _KV_GET = int(Command.KV_GET)
 #: How a TLS connection starts (a handshake record, TLS 1.x); no frame before the
@@ -549,10 +549,7 @@ class Session:
                                 run_bytes = 0
                                 if self._stopped_or_full() and await self._ending():
                                     return
-                            self._kv_get_run(gets)
-                            if self._now_bytes >= SEND_EARLY:
-                                self._send_nowait()
-                            if self._stopped_or_full() and await self._ending():
+                            if await self._kv_get_run(gets):
                                 return
                             continue
                     try:
@@ -881,42 +878,56 @@ class Session:
             for request in requests:
                 await self._handle(_publish_request(request))
 
-    def _kv_get_run(self, requests: list[tuple[int, bytes]]) -> None:
+    async def _kv_get_run(self, requests: list[tuple[int, bytes]]) -> bool:
         """Consecutive KV_GET requests from what one read delivered (``(correlation
         id, payload)``: ``ProtocolConnection.take_requests``), answered in order,
-        each as it would be alone: the run's answers by ``_kv.kv_get_frames``
-        (queued as one write), a handler's error by :meth:`_failed`, and a request
-        the run leaves to the ordinary path (a malformed payload, a bucket that
-        refreshes keys on read) as the event ``next_event`` would have made of it. All
-        of them the ordinary way while the broker shuts down. No checkpoint: the
-        KV_GET handler is synchronous."""
+        each as it would be alone: stretches of them by ``_kv.kv_get_frames``
+        (queued as one write each), a handler's error by :meth:`_failed`, and a
+        request the run leaves to the ordinary path (a malformed payload, a bucket
+        that refreshes keys on read) as the event ``next_event`` would have made of
+        it; all of them the ordinary way while the broker shuts down. After each
+        stretch (at most :data:`SEND_EARLY` bytes of answers, and one more) and each
+        request on its own, what the read loop does after a request: send early,
+        and wait while over the output limits. True: the connection is ending."""
         broker = self.broker
         handler = broker.sync_handlers[KvGet]
         n = len(requests)
         i = 0
         while i < n:
             if broker.shutting_down:
-                j, exc = i, None
+                self._kv_get_alone(requests[i], handler, None)
+                i += 1
             else:
-                frames, j, exc = kv_get_frames(broker, requests, i)
+                frames, size, i, exc = kv_get_frames(broker, requests, i, SEND_EARLY)
                 if frames:
-                    self.corr = requests[j - 1][0]
+                    self.corr = requests[i - 1][0]
                     self.send_now(frames[0] if len(frames) == 1 else b"".join(frames))
-                if j == n:
-                    return
-            corr, payload = requests[j]
-            if exc is not None:
-                self.corr = corr
-                self._failed([corr], _KV_GET, exc)
-            else:
-                event = self.conn.request_event(_KV_GET, corr, payload)
-                if event.__class__ is not Request:
-                    self._refuse(event)  # type: ignore[arg-type]
-                elif broker.shutting_down:
-                    self._failed([corr], _KV_GET, error_class(ErrorCode.SHUTTING_DOWN)("the broker is shutting down"))
-                else:
-                    self._handle_now(event, handler)  # type: ignore[arg-type]
-            i = j + 1
+                if i < n and (exc is not None or size < SEND_EARLY):
+                    self._kv_get_alone(requests[i], handler, exc)
+                    i += 1
+            if self._now_bytes >= SEND_EARLY:
+                self._send_nowait()
+            if self._stopped_or_full() and await self._ending():
+                return True
+        return False
+
+    def _kv_get_alone(self, request: tuple[int, bytes], handler: Any, exc: Exception | None) -> None:
+        """One KV_GET request of a run answered as the read loop answers it: the
+        error its handler raised in the run (``exc``), or else the event
+        ``next_event`` would have made of it, refused or handled (or refused while
+        the broker shuts down, as :meth:`_handle` does)."""
+        corr, payload = request
+        if exc is not None:
+            self.corr = corr
+            self._failed([corr], _KV_GET, exc)
+            return
+        event = self.conn.request_event(_KV_GET, corr, payload)
+        if event.__class__ is not Request:
+            self._refuse(event)  # type: ignore[arg-type]
+        elif self.broker.shutting_down:
+            self._failed([corr], _KV_GET, error_class(ErrorCode.SHUTTING_DOWN)("the broker is shutting down"))
+        else:
+            self._handle_now(event, handler)  # type: ignore[arg-type]
 
     async def _release_acks(self) -> None:
         """After a run of :data:`PUBLISH_RUN_BYTES` in the middle of a read: send its

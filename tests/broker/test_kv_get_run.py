@@ -8,6 +8,7 @@ takes the ordinary path and still writes its lease."""
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -73,9 +74,9 @@ def spy_on_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """(first, end) of each stretch ``kv_get_frames`` answered."""
     runs: list[tuple[int, int]] = []
 
-    def spy(broker: Any, requests: Any, start: int) -> Any:
-        out = kv_get_frames(broker, requests, start)
-        runs.append((start, out[1]))
+    def spy(broker: Any, requests: Any, start: int, max_bytes: int) -> Any:
+        out = kv_get_frames(broker, requests, start, max_bytes)
+        runs.append((start, out[2]))
         return out
 
     monkeypatch.setattr(_session, "kv_get_frames", spy)
@@ -219,6 +220,10 @@ async def test_runs_answer_byte_for_byte_what_each_request_gets_alone(mock_clock
             s.conn.state = P.State.READY
             s.id = 0
             s.corr = 0
+            s._closing = False
+            s._now_bytes = s.pending_bytes = 0
+            s._limit = 1 << 60
+            s.budget = types.SimpleNamespace(total=0, limit=1)
             out: list[bytes] = []
             s.send_now = out.append  # type: ignore[method-assign]
             return s, out
@@ -260,7 +265,28 @@ async def test_runs_answer_byte_for_byte_what_each_request_gets_alone(mock_clock
             run.conn.receive_data(data)
             requests = run.conn.take_requests(KV_GET, 1000)
             assert len(requests) == len(items)
-            run._kv_get_run(requests)
+            with pytest.raises(StopIteration):  # no checkpoint: nothing is over a limit
+                run._kv_get_run(requests).send(None)
             assert b"".join(got) == b"".join(expected)
 
         check()
+
+
+async def test_a_run_looks_at_its_output_every_send_early_bytes(mock_clock, data_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Large values: a run's stretches end once their answers reach SEND_EARLY
+    bytes (the session sends them and looks at its output limits before the
+    next), and every answer is still there, in order."""
+    async with broker_and_client(data_dir) as (h, c):
+        kv = await c.kv_create("big")
+        value = b"v" * 6000
+        for i in range(10):
+            await kv.put(f"k{i}", value)
+        runs = spy_on_runs(monkeypatch)
+        raw = await Raw.open(h.address)
+        async with raw.stream:
+            await raw.stream.send_all(b"".join(get_frame(i, "big", f"k{i}") for i in range(10)))
+            got = await raw.frames(10)
+        assert [f.correlation_id for f in got] == list(range(10))
+        assert all(f.status == 0 and P.InfoMap.values_of(f.payload)["value"] == value for f in got)
+        assert _session.SEND_EARLY == 16 * 1024
+        assert runs == [(0, 3), (3, 6), (6, 9), (9, 10)]
