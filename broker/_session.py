@@ -927,7 +927,7 @@ class Session:
         elif self.broker.shutting_down:
             self._failed([corr], _KV_GET, error_class(ErrorCode.SHUTTING_DOWN)("the broker is shutting down"))
         else:
-            self._handle_now(event, handler)  # type: ignore[arg-type]
+            self._handle_now(event, handler)
 
     async def _release_acks(self) -> None:
         """After a run of :data:`PUBLISH_RUN_BYTES` in the middle of a read: send its
