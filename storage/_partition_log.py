@@ -727,15 +727,15 @@ class PartitionLog:
             MessageNotFoundError: no live record has that offset.
             CorruptedRecord: it is there but unreadable.
         """
-        # A live record (the usual case) straight to Segment.read_one: the checks
-        # below hold for it (a live slot lies below next_offset and above the purge
-        # watermark); anything else takes them, for their errors.
+        # A live record (the usual case): the checks below hold for it (a live slot
+        # lies below next_offset and above the purge watermark); anything else
+        # takes them, for their errors.
+        record = self.read_live(offset)
+        if record is not None:
+            return record
         i = bisect_right(self._bases, offset) - 1
         seg = self.segments[i if i > 0 else 0]
         rel = offset - seg.base
-        state = seg.state
-        if 0 <= rel < len(state) and state[rel] == LIVE and offset > self._state.state.purged_through:
-            return seg.read_one(rel, self._corrupt)
         if offset < 1 or offset >= self.next_offset or offset <= self.purged_through:
             raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(f"no message at offset {offset}")
         if rel < 0 or rel >= seg.count or seg.state[rel] != LIVE:
