@@ -117,6 +117,9 @@ class Committer:
         self.on_synced: list[Callable[[int], None]] = []
         self.last_sync_seconds = 0.0
         self._thread = SyncThread()
+        #: A sync that failed outside the committer task (:meth:`sync_if_idle`): the
+        #: task raises it.
+        self._failed: OSError | None = None
 
     @property
     def acks_wait(self) -> bool:
@@ -195,8 +198,8 @@ class Committer:
         else:
             await trio.sleep_forever()
 
-    async def sync_now(self) -> None:
-        """Sync everything written so far (used by the loop and at shutdown)."""
+    def _begin(self) -> tuple[int, list[int]]:
+        """A sync starts: the epoch it makes durable, and the descriptors to sync."""
         target = self.epoch
         self.epoch += 1
         sources = self._dirty
@@ -206,6 +209,13 @@ class Committer:
         self._lazy_due = 0.0
         fds = self._take_fds(sources)
         self._dirty = set()
+        return target, fds
+
+    async def sync_now(self) -> None:
+        """Sync everything written so far (used by the loop and at shutdown)."""
+        if self._failed is not None:
+            raise self._failed
+        target, fds = self._begin()
         if fds:
             started = time.perf_counter()
             try:
@@ -221,17 +231,7 @@ class Committer:
                 raise
             self.last_sync_seconds = time.perf_counter() - started
             self.counters.fsyncs += 1
-        self.synced = target
-        progress, self._progress = self._progress, trio.Event()
-        progress.set()
-        watchers, self._watchers = self._watchers, set()
-        for w in watchers:
-            w.on_sync()  # type: ignore[attr-defined]
-        for hook in self.on_synced:
-            try:
-                hook(target)
-            except Exception as exc:  # a failed hook must not stop durability
-                log.error("after_sync_failed", error=repr(exc), exc_info=True)
+        self._released(target)
         if self._after:
             # Let the sessions send the acks this sync released before the actions
             # (republished copies) take the loop.
@@ -243,6 +243,49 @@ class Committer:
                     action()
                 except Exception as exc:  # one failed action must not stop durability
                     log.error("after_sync_failed", error=repr(exc))
+
+    def sync_if_idle(self) -> bool:
+        """Sync now, on the event loop, when that is all the committer task would do
+        at its next turn: under ``always``, with writes waiting, the disk fast (the
+        last sync ran inline), no after-action due, and no task but the committer
+        queued to run (none whose writes would join the group). A session calls it
+        after a short read whose answers wait for a sync (one request awaited by its
+        client): the answers go a turn of the event loop sooner. True if it synced.
+        A failed sync is raised by the committer task, as its own would be."""
+        if (
+            self.policy.mode != "always" or not self._dirty or self._after or self._failed is not None
+            or self.last_sync_seconds >= INLINE_SYNC_SECONDS
+            or trio.lowlevel.current_statistics().tasks_runnable > 1
+        ):
+            return False
+        target, fds = self._begin()
+        if fds:
+            started = time.perf_counter()
+            try:
+                sync_fds(fds)
+            except OSError as exc:
+                log.error("fsync_failed", error=str(exc))
+                self._failed = exc
+                self._work.set()
+                return False
+            self.last_sync_seconds = time.perf_counter() - started
+            self.counters.fsyncs += 1
+        self._released(target)
+        return True
+
+    def _released(self, target: int) -> None:
+        """Epoch ``target`` is durable: wake who waits for it."""
+        self.synced = target
+        progress, self._progress = self._progress, trio.Event()
+        progress.set()
+        watchers, self._watchers = self._watchers, set()
+        for w in watchers:
+            w.on_sync()  # type: ignore[attr-defined]
+        for hook in self.on_synced:
+            try:
+                hook(target)
+            except Exception as exc:  # a failed hook must not stop durability
+                log.error("after_sync_failed", error=repr(exc), exc_info=True)
 
     @staticmethod
     def _take_fds(sources: Iterable[object]) -> list[int]:

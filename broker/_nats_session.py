@@ -76,7 +76,7 @@ from ._info import VERSION
 from ._log import get_logger
 from ._nats_core import NatsSubscription, send_core
 from ._routing import NO_TOPIC
-from ._session import GOODBYE_SECONDS, Session
+from ._session import GOODBYE_SECONDS, SHORT_READ, Session
 
 if TYPE_CHECKING:
     from ._broker import Broker
@@ -86,9 +86,6 @@ if TYPE_CHECKING:
 __all__ = ["NatsSession", "SERVER_ID", "TOO_MANY_CONNECTIONS"]
 
 log = get_logger(__name__)
-
-#: A read shorter than this held one or a few requests (:meth:`NatsSession._receive`).
-SHORT_READ = 4096
 
 #: This process's server id in INFO (nats-server's is a 56-character key).
 SERVER_ID = "TTLBROKER" + secrets.token_hex(12).upper()
@@ -319,6 +316,8 @@ class NatsSession(Session):
                 finally:
                     self._reader_sending = False
             self._answers_wait = short and bool(self._durable)
+            if self._answers_wait:
+                self.broker.committer.sync_if_idle()  # their client sends nothing more before them
 
     async def _receive(self) -> bytes:
         """``Session._receive``; but after a short read whose answers wait for the

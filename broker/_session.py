@@ -92,6 +92,9 @@ WRITE_CHUNK = 1024 * 1024
 #: Bytes of consecutive PUBLISH requests handled as one batch before their acks are
 #: let out (:meth:`Session._release_acks`), when one read delivered more.
 PUBLISH_RUN_BYTES = 32 * 1024
+#: A read shorter than this held one request or a few: when their answers wait for
+#: a sync, the client is waiting for them (``Committer.sync_if_idle``).
+SHORT_READ = 4096
 #: Bytes of answers queued in the middle of a read that are sent before the rest of
 #: the read is handled: a client that pipelines (500 KV gets in flight) gets the first
 #: answers and sends more requests while the broker handles the rest, instead of the
@@ -593,6 +596,10 @@ class Session:
                     await self._send_ready()  # answer without waking the writer task
                 finally:
                     self._reader_sending = False
+            if self._durable and len(data) < SHORT_READ:
+                # One request (or a few) whose answers wait for a sync: its client
+                # sends nothing more before them.
+                broker.committer.sync_if_idle()
 
     def _stopped_or_full(self) -> bool:
         """The connection is ending, or it or the broker is over its output limit

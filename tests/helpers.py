@@ -171,5 +171,6 @@ def held_commit(monkeypatch: Any) -> Iterator[trio.Event]:
         await sync_now(self)
 
     monkeypatch.setattr(Committer, "sync_now", held)
+    monkeypatch.setattr(Committer, "sync_if_idle", lambda self: False)  # no sync but the held one
     yield gate
 

@@ -1,0 +1,150 @@
+"""``Committer.sync_if_idle``: after a short read whose answers wait for a sync, a
+session syncs at once, on the event loop, when that is all the committer task would
+do at its next turn; otherwise it leaves the sync to the committer (whose group the
+other writers join)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from test_lazy_commit import Source, _committer, _recording
+from ttl_helpers import broker_and_client
+
+from broker import _commit
+
+
+class Watcher:
+    def __init__(self) -> None:
+        self.synced = 0
+
+    def on_sync(self) -> None:
+        self.synced += 1
+
+
+async def test_a_lone_write_is_synced_at_once_and_its_watchers_told(monkeypatch: Any) -> None:
+    synced = _recording(monkeypatch)
+    async with trio.open_nursery() as nursery:
+        committer = await _committer(nursery)
+        src, watcher = Source(5), Watcher()
+        src.dirty = True
+        epoch = committer.note_write(src)
+        committer.watch(watcher)
+        assert committer.sync_if_idle() is True
+        assert synced == [[5]] and committer.is_durable(epoch) and watcher.synced == 1
+        assert committer.counters.fsyncs == 1
+        assert committer.sync_if_idle() is False  # nothing waits
+        await trio.testing.wait_all_tasks_blocked()
+        assert synced == [[5]]  # the committer's own turn found nothing to sync
+        nursery.cancel_scope.cancel()
+
+
+async def test_left_to_the_committer_when_others_would_join_or_the_disk_is_slow(monkeypatch: Any) -> None:
+    synced = _recording(monkeypatch)
+    async with trio.open_nursery() as nursery:
+        committer = await _committer(nursery)
+        src = Source(5)
+
+        def write() -> int:
+            src.dirty = True
+            return committer.note_write(src)
+
+        # Another task queued to run besides the committer: its writes would join.
+        write()
+        nursery.start_soon(trio.sleep, 0)
+        assert committer.sync_if_idle() is False
+        await trio.testing.wait_all_tasks_blocked()
+        assert synced == [[5]]  # the committer synced it, one turn later
+        # The last sync was slow: the sync thread's, not the loop's.
+        committer.last_sync_seconds = _commit.INLINE_SYNC_SECONDS
+        write()
+        assert committer.sync_if_idle() is False
+        await trio.testing.wait_all_tasks_blocked()
+        committer.last_sync_seconds = 0.0
+        # An after-action is due: the committer runs it after a checkpoint.
+        epoch = write()
+        committer.after(epoch, lambda: None)
+        assert committer.sync_if_idle() is False
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    for mode in ("interval", "never"):
+        async with trio.open_nursery() as nursery:
+            committer = await _committer(nursery, mode)
+            src.dirty = True
+            committer.note_write(src)
+            assert committer.sync_if_idle() is False
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_sync_is_raised_by_the_committer_task(monkeypatch: Any) -> None:
+    def failing(fds: list[int]) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(_commit, "sync_fds", failing)
+    with pytest.raises(BaseException) as raised:
+        async with trio.open_nursery() as nursery:
+            committer = await _committer(nursery)
+            src = Source(5)
+            src.dirty = True
+            epoch = committer.note_write(src)
+            assert committer.sync_if_idle() is False
+            assert not committer.is_durable(epoch)  # nothing released
+            await trio.sleep_forever()
+    group = raised.value
+    assert isinstance(group, BaseExceptionGroup) and isinstance(group.exceptions[0], OSError)
+
+
+async def test_an_awaited_publish_is_answered_after_one_sync_made_by_its_reader(data_dir: Any, monkeypatch: Any) -> None:
+    """Over a real socket, fsync ``always``: each publish awaited one by one is
+    answered after exactly one sync, made by its session's reader."""
+    calls: list[bool] = []
+    real = _commit.Committer.sync_if_idle
+
+    def spy(self: _commit.Committer) -> bool:
+        calls.append(real(self))
+        return calls[-1]
+
+    monkeypatch.setattr(_commit.Committer, "sync_if_idle", spy)
+    async with broker_and_client(data_dir, **{"system.partition.fsync": "always"}) as (h, c):
+        await c.create_stream("s")
+        await c.create_topic("s", "t", subjects=["t.>"])
+        fsyncs = h.broker.counters.fsyncs
+        calls.clear()
+        offsets = [(await c.publish("t.x", b"%d" % i)).offset for i in range(5)]
+        assert offsets == [1, 2, 3, 4, 5]
+        assert h.broker.counters.fsyncs - fsyncs == 5
+        assert len(calls) == 5 and sum(calls) >= 4  # (the committer may have been queued beside the first)
+
+
+async def test_a_nats_awaited_publish_and_kv_put_are_synced_by_their_reader(nats_server: Any, monkeypatch: Any) -> None:
+    """The NATS listener does the same: nats-py's ``js.publish`` and ``kv.put``,
+    awaited one by one, each answered after one sync made by its session's reader."""
+    from helpers import in_asyncio
+
+    calls: list[bool] = []
+    real = _commit.Committer.sync_if_idle
+
+    def spy(self: _commit.Committer) -> bool:
+        calls.append(real(self))
+        return calls[-1]
+
+    async def scenario(url: str) -> tuple[list[int], list[int]]:
+        import nats
+
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        await js.add_stream(name="S", subjects=["s.>"])
+        kv = await js.create_key_value(bucket="b")
+        calls.clear()
+        seqs = [(await js.publish("s.x", b"%d" % i)).seq for i in range(3)]
+        revs = [await kv.put(f"k{i}", b"v") for i in range(3)]
+        await nc.close()
+        return seqs, revs
+
+    monkeypatch.setattr(_commit.Committer, "sync_if_idle", spy)
+    fsyncs = nats_server.broker.counters.fsyncs
+    seqs, revs = await in_asyncio(scenario, nats_server.nats_url)
+    assert seqs == [1, 2, 3] and revs == [1, 2, 3]
+    assert sum(calls) >= 5 and nats_server.broker.counters.fsyncs - fsyncs >= 6
