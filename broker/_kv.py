@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 import protocol as P
 from protocol import (
-    RECORD_FIXED,
     TTL_NEVER,
     ErrorCode,
     decode_headers,
     error_class,
     read_record_info,
+    record_spans,
     validate_filter,
     validate_subject,
 )
@@ -57,9 +57,6 @@ __all__ = ["KvReads", "LEASE_PREFIX", "kv_get", "kv_get_frames", "kv_keys", "kv_
 NS = 1_000_000_000
 LEASE_PREFIX = "$refresh."
 _NotFound = error_class(ErrorCode.MESSAGE_NOT_FOUND)
-#: A record's fixed fields (header and body header), then the subject, the headers and the payload.
-_FIXED = RECORD_FIXED
-_FIXED_SIZE = RECORD_FIXED.size
 
 
 def load_leases(topic: Topic) -> None:
@@ -134,9 +131,8 @@ class KvReads:
         offset = revision or latest
         rec = part.log.read_live(offset) if offset > 0 else None
         if rec is not None:
-            _, _, _, created, ttl, _, sl, hl, pl = _FIXED.unpack_from(rec)
-            at = _FIXED_SIZE + sl
-            if rec[_FIXED_SIZE:at] != raw:
+            created, ttl, subject_at, headers_at, payload_at, end = record_spans(rec)
+            if rec[subject_at:headers_at] != raw:
                 rec = None  # another key's revision
         if rec is None:
             what = f"revision {revision} of" if revision else "key"
@@ -144,19 +140,18 @@ class KvReads:
         deadline = 0 if not ttl or ttl == TTL_NEVER else max(created + ttl * NS, part.refreshed.get(offset, 0))
         if deadline and now_ns >= deadline and kv["visibility"] == "never_return_expired":
             raise _NotFound(f"key {subject!r} expired in bucket {topic.name!r}")
-        headers = decode_headers(rec[at : at + hl]) if hl else {}
+        headers = decode_headers(rec[headers_at:payload_at]) if payload_at > headers_at else {}
         flags = index.flags_at(offset)
         op = _operation(flags, headers) if flags & (MARKER | TOMBSTONE) else "PUT"
         epoch = 0
         if op == "PUT" and offset == latest and kv["refresh"] == "on_read_and_write" and deadline and now_ns < deadline:
             deadline, epoch = self.refresh(topic, part, offset, ttl, now_ns)
-        at += hl
         entry = {
             "subject": subject,
             "revision": offset,
             "latest": offset == latest,
             "operation": op,
-            "value": bytes(rec[at : at + pl]),
+            "value": bytes(rec[payload_at:end]),
             "headers": headers,
             "created": created,
             "ttl": ttl,
@@ -271,18 +266,15 @@ def kv_get_frames(
     n = len(requests)
     code = P.Command.KV_GET
     frame = P.info_map_frame
+    split = P.KvGet.split
     try:
         while i < n:
             corr, payload = requests[i]
-            try:
-                pos = 4 + payload[1]
-                pos += payload[pos - 1]
-                end = pos + 1 + payload[pos]
-            except IndexError:
+            parts = split(payload)
+            if parts is None:
                 break
-            if end + 8 != len(payload):
-                break
-            if payload[:pos] != target:
+            here, key, revision = parts
+            if here != target:
                 # Another bucket, or another spelling of it: the decoder checks the
                 # identifiers, the catalog finds the topic (or refuses).
                 try:
@@ -294,13 +286,13 @@ def kv_get_frames(
                 kv = topic.config.kv
                 if kv is not None and kv["refresh"] == "on_read_and_write":
                     break
-                target = payload[:pos]
+                target = here
             try:
-                subject = payload[pos + 1 : end].decode()
+                subject = key.decode()
             except UnicodeDecodeError:
                 break
             validate_subject(subject)
-            entry, _ = get(topic, subject, int.from_bytes(payload[end:], "little"), now)  # type: ignore[arg-type]
+            entry, _ = get(topic, subject, revision, now)  # type: ignore[arg-type]
             answer = frame(code, corr, entry)
             out.append(answer)
             i += 1

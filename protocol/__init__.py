@@ -136,6 +136,7 @@ from ._records import encode_record as encode_record
 from ._records import find_header as find_header
 from ._records import header_values as header_values
 from ._records import read_record_info as read_record_info
+from ._records import record_spans as record_spans
 from ._records import replace_header as replace_header
 from ._records import restamp_body as restamp_body
 from ._records import scan_bodies as scan_bodies

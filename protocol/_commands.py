@@ -579,6 +579,23 @@ class KvGet(_Request):
             short_str(subject, "subject")  # raises, with the usual words
         return b"".join((target, _LENGTH_BYTE[len(raw)], raw, _U64.pack(revision)))
 
+    @staticmethod
+    def split(payload: bytes) -> tuple[bytes, bytes, int] | None:
+        """A payload's parts read in place, with no object: the stream's and the
+        topic's identifiers as sent (a bucket's are the same bytes every time), the
+        subject's bytes and the revision; None when its lengths do not add up
+        (:meth:`decode` then says what is wrong). The identifiers and the subject are
+        not checked here (:meth:`decode` and ``validate_subject`` do)."""
+        try:
+            pos = 4 + payload[1]
+            pos += payload[pos - 1]  # after the two identifiers, if they are what they say
+            end = pos + 1 + payload[pos]
+        except IndexError:
+            return None
+        if end + 8 != len(payload):
+            return None
+        return payload[:pos], payload[pos + 1 : end], int.from_bytes(payload[end:], "little")
+
     @classmethod
     def decode(cls, payload: bytes) -> KvGet:
         """One pass with no Reader when the subject's length leaves exactly the

@@ -69,6 +69,7 @@ __all__ = [
     "encode_record",
     "RecordInfo",
     "read_record_info",
+    "record_spans",
     "check_record",
     "Message",
     "decode_records",
@@ -500,6 +501,16 @@ def check_record(buf: bytes | bytearray | memoryview, pos: int, end: int) -> int
     if FIXED_SIZE + sl + hl + pl != total or not sl:
         return -1
     return total
+
+
+def record_spans(buf: bytes | bytearray | memoryview) -> tuple[int, int, int, int, int, int]:
+    """An already verified record's timestamp and TTL, and where its subject,
+    headers and payload lie in ``buf``: ``(timestamp, ttl, subject_at, headers_at,
+    payload_at, end)``, read in place (no :class:`RecordInfo`, nothing copied)."""
+    _, _, _, ts, ttl, _, sl, hl, pl = RECORD_FIXED.unpack_from(buf)
+    headers_at = FIXED_SIZE + sl
+    payload_at = headers_at + hl
+    return ts, ttl, FIXED_SIZE, headers_at, payload_at, payload_at + pl
 
 
 def read_record_info(buf: bytes | bytearray | memoryview, pos: int) -> RecordInfo:

@@ -183,3 +183,31 @@ def test_the_client_payload_is_the_layout(target: bytes, subject: str, revision:
     except P.BrokerError as e:
         got = (e.code, e.message)
     assert got == want
+
+
+@given(payloads)
+@settings(max_examples=500)
+def test_kv_get_split_gives_the_parts_decode_reads(payload: bytes) -> None:
+    """``KvGet.split`` (the session's run of gets) reads what ``decode`` reads, in
+    place: the identifiers' bytes, the subject's bytes and the revision of any payload
+    that decode accepts (the identifiers as sent, which may be spelled another way
+    than their encoding)."""
+    parts = P.KvGet.split(payload)
+    try:
+        r = Reader(payload, "KV_GET")
+        stream, topic, subject, revision = r.ident(), r.ident(), r.short_str("subject"), r.u64()
+        r.end()
+    except P.BrokerError:
+        return  # decode refuses it: split may still have found lengths that add up
+    assert parts is not None
+    target, key, rev = parts
+    assert (key, rev) == (subject.encode(), revision)
+    assert target + bytes([len(key)]) + key + rev.to_bytes(8, "little") == payload
+    assert P.KvGet.decode(target + P.KvGet.payload(b"", subject, revision)) == P.KvGet(stream, topic, subject, revision)
+
+
+def test_kv_get_split_refuses_what_does_not_add_up() -> None:
+    payload = P.KvGet(P.Identifier.of("kv"), P.Identifier.of("b"), "$KV.b.k", 9).encode()
+    assert P.KvGet.split(payload) == (P.Identifier.of("kv").encode() + P.Identifier.of("b").encode(), b"$KV.b.k", 9)
+    assert P.KvGet.split(payload[:-1]) is None and P.KvGet.split(payload + b"\x00") is None
+    assert P.KvGet.split(b"") is None and P.KvGet.split(payload[:3]) is None
