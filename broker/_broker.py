@@ -56,6 +56,7 @@ from ._log import get_logger
 from ._partition import Partition
 from ._republish import Republisher
 from ._retention import Retention
+from ._sealing import Sealer
 from ._routing import Router
 from ._stats import Counters
 from ._subscriptions import SubscriptionIndex
@@ -146,9 +147,11 @@ class Broker:
         self.retention.on_markers = lambda part, res, epoch, removed: self.republisher.after_append(
             part, res, removed, epoch
         )
-        self.exporter = Exporter(config.export.dir, config.export.interval, self.counters, config.export.worker_priority)
         #: Finishes the seals of segment rolls off the event loop (``_sealing.py``).
-        self.sealer = self.exporter.sealer
+        self.sealer = Sealer()
+        self.exporter = Exporter(
+            config.export.dir, config.export.interval, self.counters, self.sealer, config.export.worker_priority
+        )
         self.kv = KvReads(self.committer)
         self.consumers = ConsumerEngine(self)
         #: The NATS listener's JetStream API (``_jetstream.py``).

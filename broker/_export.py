@@ -40,10 +40,11 @@ from protocol import BrokerError, ErrorCode, error_class
 from storage import Damage
 
 from ._log import get_logger
-from ._sealing import Sealer
 
 if TYPE_CHECKING:
     from storage import Report, Segment
+
+    from ._sealing import Sealer
 
     from ._partition import Partition
     from ._stats import Counters
@@ -64,7 +65,7 @@ class Exporter:
     priority: the worker's CPU priority (``[export] worker_priority``).
     """
 
-    def __init__(self, root: str, interval: float, counters: Counters, priority: str = "idle") -> None:
+    def __init__(self, root: str, interval: float, counters: Counters, sealer: Sealer, priority: str = "idle") -> None:
         self.root = root
         self.interval = interval
         self.counters = counters
@@ -81,9 +82,8 @@ class Exporter:
         self.pass_done = 0
         #: The worker's command line (tests put a wrapper there).
         self.worker_command: tuple[str, ...] | None = None
-        #: Finishes the seals the logs owe (the broker's, so the pass waits for the
-        #: seals its background task is finishing).
-        self.sealer = Sealer()
+        #: The broker's sealer: a pass first waits for the seals the logs owe.
+        self.sealer = sealer
 
     @property
     def enabled(self) -> bool:
