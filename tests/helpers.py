@@ -38,6 +38,16 @@ def feed_bytewise(conn: P.ProtocolConnection, data: bytes) -> list[object]:
     return events
 
 
+def server_connection(handshaken: bool) -> P.ProtocolConnection:
+    """A server-side connection, fresh or past a handshake (its answer sent)."""
+    conn = P.ProtocolConnection(P.Role.SERVER)
+    if handshaken:
+        conn.receive_data(P.encode_frame(P.Command.HANDSHAKE, 0, 1, 0, P.Handshake(P.PROTOCOL_VERSION, "", "t").encode()))
+        assert isinstance(conn.next_event(), P.Request)
+        conn.send_raw_response(1, P.Command.HANDSHAKE, b"")
+    return conn
+
+
 def handshaken_pair() -> tuple[P.ProtocolConnection, P.ProtocolConnection]:
     """A client and a server protocol object, back to back, past the handshake."""
     client = P.ProtocolConnection(P.Role.CLIENT)

@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import server_connection
+
 import protocol as P
 
 CODES = [P.Command.PUBLISH, P.Command.KV_GET, P.Command.PING, P.Command.FETCH]
@@ -124,14 +126,6 @@ def test_taking_publishes_gives_the_requests_next_event_would(items, cuts, hands
     frames = [(code, fflags, corr, payload(pflags, count, n, raw)) for code, fflags, corr, pflags, count, n, raw in items]
     data = b"".join(P.encode_frame(code, fflags, corr, 0, p) for code, fflags, corr, p in frames)
 
-    def fresh() -> P.ProtocolConnection:
-        conn = P.ProtocolConnection(P.Role.SERVER)
-        if handshaken:
-            conn.receive_data(P.encode_frame(P.Command.HANDSHAKE, 0, 1, 0, P.Handshake(P.PROTOCOL_VERSION, "", "t").encode()))
-            assert isinstance(conn.next_event(), P.Request)
-            conn.send_raw_response(1, P.Command.HANDSHAKE, b"")
-        return conn
-
     def events(conn: P.ProtocolConnection, take: bool) -> list[object]:
         out: list[object] = []
         pos = 0
@@ -155,8 +149,8 @@ def test_taking_publishes_gives_the_requests_next_event_would(items, cuts, hands
                 out.append(ev)
         return out
 
-    plain = events(fresh(), False)
-    taken = events(fresh(), True)
+    plain = events(server_connection(handshaken), False)
+    taken = events(server_connection(handshaken), True)
     expected = []
     for ev in plain:
         cmd = getattr(ev, "command", None)

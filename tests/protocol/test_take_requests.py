@@ -9,6 +9,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import server_connection
+
 import protocol as P
 
 _KV_GET = int(P.Command.KV_GET)
@@ -59,14 +61,6 @@ def test_taking_requests_gives_the_events_next_event_would(items, cuts, limit, h
     if bad_tail:
         data += P.FRAME_HEADER.pack(3, 0, 0, 0, 0)  # a length below the header's: MALFORMED_FRAME
 
-    def fresh() -> P.ProtocolConnection:
-        conn = P.ProtocolConnection(P.Role.SERVER)
-        if handshaken:
-            conn.receive_data(P.encode_frame(P.Command.HANDSHAKE, 0, 1, 0, P.Handshake(P.PROTOCOL_VERSION, "", "t").encode()))
-            assert isinstance(conn.next_event(), P.Request)
-            conn.send_raw_response(1, P.Command.HANDSHAKE, b"")
-        return conn
-
     def events(conn: P.ProtocolConnection, take: bool) -> list[object]:
         out: list[object] = []
         pos = 0
@@ -91,8 +85,8 @@ def test_taking_requests_gives_the_events_next_event_would(items, cuts, limit, h
                 out.append(ev)
         return out
 
-    plain = events(fresh(), False)
-    taken = events(fresh(), True)
+    plain = events(server_connection(handshaken), False)
+    taken = events(server_connection(handshaken), True)
     expected = []
     for ev in plain:
         code = getattr(ev, "code", None) if isinstance(ev, P.InvalidRequest) else None
