@@ -16,12 +16,20 @@ ttlbroker: the topic ``nats/bench``, one partition), payloads are ``--size`` byt
 
 Durability is equal on both: ``--sync always`` (default; ttlbroker ``--fsync always``,
 nats ``sync_interval: always``: every ack after an fsync) or a duration for both
-(``--sync 2m``). The table gives messages per second on each and the ratio
-ttlbroker / nats-server (above 1: ttlbroker faster), and each server's CPU
-microseconds per message. Run from the repository root::
+(``--sync 2m``).
 
-    .venv/bin/python bench/nats_compat.py            # 20,000 messages: about a minute
-    .venv/bin/python bench/nats_compat.py --quick    # 2,000 messages
+Rounds (``--rounds``, default 5): each round runs every workload on a fresh
+nats-server and on a fresh ttlbroker, one right after the other, the order swapped
+from round to round (nats first in rounds 1, 3, 5). Each round gives one ratio per
+workload from two runs made seconds apart, so a slow stretch of the shared machine
+weighs on both sides of it. The verdict is the median of the rounds' ratios; the
+table also gives each server's median rate, the range of the ratios, and each
+server's CPU microseconds per message (its median round). Run from the repository
+root::
+
+    .venv/bin/python bench/nats_compat.py                # 5 rounds of 20,000 messages: about 2 minutes
+    .venv/bin/python bench/nats_compat.py --quick        # 2,000 messages
+    .venv/bin/python bench/nats_compat.py --rounds 1     # one pass on each server
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -44,7 +53,6 @@ from _harness import (
     Rate,
     environment,
     fmt_rate,
-    fmt_ratio,
     format_table,
     log,
     log_environment,
@@ -132,6 +140,23 @@ async def run_workloads(url: str, pid: int, args: argparse.Namespace) -> dict[st
     return rates
 
 
+def _median_round(runs: list[Rate]) -> Rate:
+    """The run with the median rate (the lower middle one of an even count)."""
+    ranked = sorted(runs, key=lambda r: r.per_second)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def _ratios(rounds: list[dict[str, dict[str, Rate]]], key: str) -> list[float]:
+    """Each round's ttlbroker / nats-server rate for ``key`` (rounds where either failed
+    are left out)."""
+    out = []
+    for rnd in rounds:
+        t, n = rnd["ttlbroker"].get(key), rnd["nats"].get(key)
+        if t and n and t.messages and n.messages and n.per_second:
+            out.append(t.per_second / n.per_second)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--messages", type=int, default=20_000, help="publish_async and consume messages")
@@ -140,44 +165,70 @@ def main() -> None:
     p.add_argument("--size", type=int, default=128, help="payload bytes")
     p.add_argument("--batch", type=int, default=100, help="fetch batch of the pull consumer")
     p.add_argument("--sync", default="always", help="durability on both: always, or a duration such as 2m")
+    p.add_argument("--rounds", type=int, default=5, help="rounds, each a fresh run on both servers (order swapped each round)")
     p.add_argument("--quick", action="store_true", help="2,000 messages, 500 serial, 500 keys")
     p.add_argument("--json", default=str(RESULTS_DIR / "nats_compat.json"), help="write the results here as JSON")
     args = p.parse_args()
     if args.quick:
         args.messages, args.serial, args.keys = 2_000, 500, 500
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     env = environment()
     log_environment(env)
     cpu = CpuWatch()
-    results: dict[str, dict[str, Rate]] = {}
+    rounds: list[dict[str, dict[str, Rate]]] = []
     with Harness("nats_compat") as h:
-        with h.nats(sync_interval=args.sync) as srv:
-            log(f"nats-server sync_interval={args.sync}")
-            results["nats"] = run_uvloop(run_workloads(srv.url, srv.proc.pid, args))
-        with h.ttlbroker(fsync=args.sync, nats=True) as srv:
-            log(f"ttlbroker --fsync {args.sync}, NATS listener {srv.nats_url}")
-            assert srv.nats_url is not None
-            results["ttlbroker"] = run_uvloop(run_workloads(srv.nats_url, srv.proc.pid, args))
+        for r in range(args.rounds):
+            order = ("nats", "ttlbroker") if r % 2 == 0 else ("ttlbroker", "nats")
+            log(f"round {r + 1} of {args.rounds}: {order[0]} first")
+            rnd: dict[str, dict[str, Rate]] = {}
+            for side in order:
+                if side == "nats":
+                    with h.nats(sync_interval=args.sync) as srv:
+                        log(f"nats-server sync_interval={args.sync}")
+                        rnd["nats"] = run_uvloop(run_workloads(srv.url, srv.proc.pid, args))
+                else:
+                    with h.ttlbroker(fsync=args.sync, nats=True) as srv:
+                        log(f"ttlbroker --fsync {args.sync}, NATS listener {srv.nats_url}")
+                        assert srv.nats_url is not None
+                        rnd["ttlbroker"] = run_uvloop(run_workloads(srv.nats_url, srv.proc.pid, args))
+            rounds.append(rnd)
     others = cpu.stop()
+    results: dict[str, dict[str, Rate]] = {"ttlbroker": {}, "nats": {}}
+    ratios: dict[str, dict[str, Any]] = {}
     rows = []
     for key, label in WORKLOADS.items():
+        for side in ("ttlbroker", "nats"):
+            runs = [rnd[side][key] for rnd in rounds if key in rnd[side]]
+            if runs:
+                results[side][key] = _median_round(runs)
         t, n = results["ttlbroker"].get(key), results["nats"].get(key)
         tr = t.per_second if t and t.messages else None
         nr = n.per_second if n and n.messages else None
+        each = _ratios(rounds, key)
+        med = statistics.median(each) if each else None
+        ratios[key] = {"median": None if med is None else round(med, 4), "rounds": [round(x, 4) for x in each]}
         tcpu = t.cpu_us_per_msg()[1] if t else None
         ncpu = n.cpu_us_per_msg()[1] if n else None
         rows.append([
-            label, fmt_rate(tr), fmt_rate(nr), fmt_ratio(tr, nr),
+            label, fmt_rate(tr), fmt_rate(nr), "" if med is None else f"{med:.2f}x",
+            f"{min(each):.2f}-{max(each):.2f}" if each else "",
             "" if tcpu is None else f"{tcpu:.1f}", "" if ncpu is None else f"{ncpu:.1f}",
         ])
-    print(f"\nnats-py against both servers, --sync {args.sync}, {args.size}-byte payloads, load {os.getloadavg()[0]:.2f}\n")
+    print(f"\nnats-py against both servers, --sync {args.sync}, {args.size}-byte payloads, "
+          f"{args.rounds} round(s), load {os.getloadavg()[0]:.2f}\n")
     print(format_table(
-        ["workload", "ttlbroker msgs/s", "nats-server msgs/s", "ratio", "ttlbroker CPU us/msg", "nats CPU us/msg"],
-        rows, right=(1, 2, 3, 4, 5),
+        ["workload", "ttlbroker msgs/s", "nats-server msgs/s", "ratio (median)", "ratio range",
+         "ttlbroker CPU us/msg", "nats CPU us/msg"],
+        rows, right=(1, 2, 3, 4, 5, 6),
     ))
     print_cpu_share(others)
     data: dict[str, Any] = {
         "environment": env, "args": vars(args), "other_cpu": others,
+        # Each server's median round per workload (what the table shows).
         "results": {k: {w: r.as_dict() for w, r in v.items()} for k, v in results.items()},
+        "ratios": ratios,
+        "rounds": [{k: {w: r.as_dict() for w, r in v.items()} for k, v in rnd.items()} for rnd in rounds],
     }
     log(f"wrote {write_json(args.json, data)}")
 
