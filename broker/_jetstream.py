@@ -85,6 +85,9 @@ class JetStream:
         self._released: list[Session] = []
         #: NATS stream name -> its topic (:meth:`topic`).
         self._topics: dict[str, Topic] = {}
+        #: The NATS session whose request is being handled, and its subject.
+        self._origin: Any = None
+        self._subject = ""
         broker.committer.on_synced.append(self._synced)  # after the consumer engine's hook
 
     # -- the session's entry points ----------------------------------------------------
@@ -93,9 +96,13 @@ class JetStream:
     def handles(subject: str) -> bool:
         return subject.startswith(_PREFIXES)
 
-    def request(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
-        """One PUB/HPUB on a subject :meth:`handles`. Never raises: a failure is
-        answered (or logged when there is no reply subject)."""
+    def request(
+        self, subject: str, reply: str | None, headers: bytes | None, payload: bytes, origin: Any = None,
+    ) -> None:
+        """One PUB/HPUB on a subject :meth:`handles`, from the NATS session ``origin``.
+        Never raises: a failure is answered (or logged when there is no reply
+        subject)."""
+        self._origin, self._subject = origin, subject
         try:
             if subject.startswith(API_PREFIX):
                 tokens = subject[len(API_PREFIX) :].split(".")
@@ -110,6 +117,16 @@ class JetStream:
         except Exception as exc:  # a bug must not end the connection, nor pass silently
             log.error("jetstream_request_failed", subject=subject, error=repr(exc))
             self.respond(reply, api_error("error", JSError(500, 10077, f"internal error: {exc}")))
+        finally:
+            self._origin = None
+
+    def no_responders(self, reply: str | None) -> None:
+        """The request being handled is on a subject nothing serves (no such API, a
+        consumer or a direct get that is not there): its client gets the core
+        no-responders status, as from nats-server, where no subscription takes it."""
+        origin = self._origin
+        if reply and origin is not None:
+            origin.no_responders(reply, self._subject)
 
     def pub_ack(self, topic: Topic, offset: int, duplicate: bool) -> bytes:
         """The PubAck JSON for a message the publish path stored at ``offset`` (for a

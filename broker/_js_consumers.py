@@ -95,7 +95,6 @@ LIST_LIMIT = 256
 #: What a durable or natively created consumer has of the NATS settings.
 _DURABLE = PushSettings(durable=True)
 _SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(PushSettings))
-_NO_RESPONDERS = status_message(503, "")
 #: A v1 ack subject as ``parse_ack_subject`` reads it (nine tokens; delivered count,
 #: stream and consumer sequences ASCII digits): its ``$JS.ACK.<stream>.<consumer>``
 #: (the key of ``State.by_ack``) and its stream sequence.
@@ -631,15 +630,13 @@ def consumer_api(js: JetStream, op: str, tokens: list[str], reply: str | None, h
     if op == "MSG.NEXT":
         c = _lookup(st, tokens)
         if c is None:
-            if reply:
-                st.send(reply, None, _NO_RESPONDERS)  # no consumer: nobody listens there
+            js.no_responders(reply)  # no consumer: nobody listens there
             return
         _next(st, c, reply, payload)
         return
     handler = _API.get(op)
     if handler is None:
-        if reply:
-            st.send(reply, None, _NO_RESPONDERS)
+        js.no_responders(reply)
         return
     kind, fn = handler
     try:

@@ -61,7 +61,7 @@ def api(js: JetStream, tokens: list[str], reply: str | None, headers: bytes | No
         _direct_get(js, tokens[2], ".".join(tokens[3:]), reply, payload)
         return
     if head != "STREAM" or len(tokens) < 2:
-        _no_responders(js, reply)
+        js.no_responders(reply)
         return
     op = tokens[1]
     if op == "MSG" and len(tokens) == 4 and tokens[2] in ("GET", "DELETE"):
@@ -71,7 +71,7 @@ def api(js: JetStream, tokens: list[str], reply: str | None, headers: bytes | No
     elif op in ("CREATE", "UPDATE", "INFO", "DELETE", "PURGE") and len(tokens) == 3:
         kind, name = f"stream_{op.lower()}", tokens[2]
     else:
-        _no_responders(js, reply)
+        js.no_responders(reply)
         return
     try:
         req = parse_request(payload)
@@ -101,11 +101,6 @@ async def _run_async(js: JetStream, handler: Any, kind: str, name: str, req: dic
 def _fail(js: JetStream, reply: str | None, kind: str, err: BrokerError | JSError) -> None:
     js.api_errors += 1
     js.respond(reply, api_error(kind, err))
-
-
-def _no_responders(js: JetStream, reply: str | None) -> None:
-    """What a client sees for an API subject the server does not serve."""
-    js.respond(reply, b"", headers=encode_nats_headers([], 503))
 
 
 # -- account and streams -------------------------------------------------------------
@@ -433,10 +428,10 @@ def _direct_get(js: JetStream, name: str, subject: str, reply: str | None, paylo
     try:
         topic = js.topic(name)
     except JSError:
-        _no_responders(js, reply)
+        js.no_responders(reply)
         return
     if not (topic.config.nats or {}).get("allow_direct", topic.stream.name == KV_STREAM):
-        _no_responders(js, reply)
+        js.no_responders(reply)
         return
     try:
         req = {"last_by_subj": subject} if subject else parse_request(payload)

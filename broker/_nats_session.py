@@ -24,9 +24,9 @@ The conversation, as nats-server holds it:
   broker's one publish path (``_publishing.publish``), and a reply subject gets the
   PubAck (``broker.jetstream.pub_ack``/``pub_error``) once the message is durable
   as an ack is; any other subject is a core message (``_nats_core.send_core``),
-  and a request (a reply subject) that reaches nobody gets a ``NATS/1.0 503``
-  status message on its reply subject when the client asked for
-  ``no_responders``;
+  and a request (a reply subject) that reaches nobody gets nats-server's
+  ``NATS/1.0 503`` status message (:meth:`NatsSession.no_responders`) when the
+  client asked for ``no_responders``;
 * ``SUB``/``UNSUB`` (with queue groups and a maximum) manage this connection's
   subscriptions (``_nats_core.NatsSubscription``), at most
   ``limits.max_subscriptions_per_connection`` (``-ERR 'maximum subscriptions
@@ -68,7 +68,6 @@ from protocol._nats import (
     encode_err,
     encode_info,
     encode_msg,
-    encode_nats_headers,
     valid_nats_subject,
 )
 
@@ -115,7 +114,6 @@ BATCH_MESSAGES = 1000
 BATCH_BYTES = 1024 * 1024
 #: A client on a TLS listener that does not start TLS after INFO.
 TLS_REQUIRED = "Secure Connection - TLS Required"
-_NO_RESPONDERS = encode_nats_headers([], 503)
 #: What a NATS client the broker cannot take is told (then closed).
 TOO_MANY_CONNECTIONS = encode_err(MAX_CONNECTIONS)
 
@@ -152,7 +150,7 @@ class NatsSession(Session):
         self.verbose = False
         self.pedantic = False
         self.headers = False
-        self.no_responders = False
+        self.no_responders_wanted = False
         self.echo = True
         self.pings_out = 0
         #: Messages for the publish path not yet handed to it: (body, reply, topic).
@@ -445,7 +443,7 @@ class NatsSession(Session):
                     break
             subject, reply, payload, _, _ = acks[i]
             i += 1
-            js.request(subject, reply, None, payload)
+            js.request(subject, reply, None, payload, self)
             state = js.consumer_state
             if self._stopped_or_full() and await self._ending():
                 return False
@@ -466,10 +464,10 @@ class NatsSession(Session):
         self.verbose = bool(options.get("verbose", False))
         self.pedantic = bool(options.get("pedantic", False))
         self.headers = bool(options.get("headers", False))
-        self.no_responders = bool(options.get("no_responders", False))
+        self.no_responders_wanted = bool(options.get("no_responders", False))
         self.echo = bool(options.get("echo", True))
         self.client_name = str(options.get("name", ""))[:256]
-        if self.no_responders and not self.headers:
+        if self.no_responders_wanted and not self.headers:
             self._fail("no responders requires headers support", "protocol_error")
 
     def _subscribe(self, ev: NatsSub) -> bool:
@@ -519,7 +517,7 @@ class NatsSession(Session):
             return
         if handled:
             self._flush()
-            js.request(subject, ev.reply, ev.headers, ev.payload)
+            js.request(subject, ev.reply, ev.headers, ev.payload, self)
             return
         if not valid:
             return
@@ -530,19 +528,25 @@ class NatsSession(Session):
         if route is NO_TOPIC:
             self._flush()
             broker.counters.messages_unrouted += 1  # as an unrouted publish of ours
-            if not send_core(broker, subject, ev.reply, ev.headers, ev.payload, origin=self) and ev.reply and self.no_responders:
-                self._no_responders(ev.reply)
+            if not send_core(broker, subject, ev.reply, ev.headers, ev.payload, origin=self) and ev.reply:
+                self.no_responders(ev.reply, subject)
             return
         self._store(ev, route)
 
-    def _no_responders(self, reply: str) -> None:
-        """A ``NATS/1.0 503`` status message to this client's subscriptions that match
-        the reply subject (its request's inbox), as nats-server sends it."""
-        subj = reply.encode()
+    def no_responders(self, reply: str, subject: str) -> None:
+        """A request on ``subject`` reached nobody: when this client's CONNECT asked
+        for ``no_responders``, a ``NATS/1.0 503`` status message carrying
+        ``Nats-Subject: <subject>`` to the first of its own subscriptions that match
+        the reply subject (in the order nats-server's sublist finds them), as
+        nats-server sends it (``client.processMsgResults``). Nobody else gets it."""
+        if not self.no_responders_wanted:
+            return
         tokens = reply.split(".")
-        for sub in list(self.subs.values()):
-            if P.subject_matches(sub.tokens, tokens):
-                self.push_nats(encode_msg(subj, sub.sid_bytes, None, _NO_RESPONDERS, b""))
+        matching = [sub for sub in self.subs.values() if P.subject_matches(sub.tokens, tokens)]
+        if not matching:
+            return
+        sub = min(matching, key=lambda s: P.match_order(s.tokens))
+        self.push_nats(encode_msg(reply.encode(), sub.sid_bytes, None, P.no_responders_status(subject), b""))
 
     def _store(self, ev: NatsPub, route: Any) -> None:
         """A message a topic captures: queued for the broker's one publish path,

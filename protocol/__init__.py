@@ -109,6 +109,7 @@ from ._nats import NatsSub as NatsSub
 from ._nats import NatsUnsub as NatsUnsub
 from ._nats import decode_nats_headers as decode_nats_headers
 from ._nats import encode_nats_headers as encode_nats_headers
+from ._nats import no_responders_status as no_responders_status
 from ._nats import nats_message_of_record as nats_message_of_record
 from ._nats import nats_to_record_headers as nats_to_record_headers
 from ._nats import record_to_nats_headers as record_to_nats_headers
@@ -183,6 +184,7 @@ from ._state import State as State
 from ._subjects import filter_is_subset as filter_is_subset
 from ._subjects import filters_overlap as filters_overlap
 from ._subjects import is_literal as is_literal
+from ._subjects import match_order as match_order
 from ._subjects import subject_matches as subject_matches
 from ._subjects import validate_filter as validate_filter
 from ._subjects import validate_subject as validate_subject

@@ -34,6 +34,7 @@ __all__ = [
     "NatsProtocolError", "NatsParser", "NATS_NEED_DATA", "NatsConnect", "NatsPub", "NatsSub", "NatsUnsub", "NatsPing",
     "NatsPong", "NatsInfo", "NatsMsg", "NatsOk", "NatsErr", "PING", "PONG", "OK", "encode_info", "encode_connect",
     "encode_pub", "encode_sub", "encode_unsub", "encode_msg", "encode_err", "encode_nats_headers", "decode_nats_headers",
+    "no_responders_status",
     "nats_to_record_headers", "record_to_nats_headers", "nats_message_of_record", "MAX_CONTROL_LINE",
     "valid_nats_subject",
 ]
@@ -514,6 +515,13 @@ def encode_nats_headers(pairs: list[tuple[str, str]], status: int | None = None,
     for name, value in pairs:
         out.append(_check_header_name(name) + b": " + _check_header_value(name, value))
     return b"\r\n".join(out) + b"\r\n\r\n"
+
+
+def no_responders_status(subject: str) -> bytes:
+    """The header block of nats-server's no-responders status message for a request
+    on ``subject``: ``NATS/1.0 503``, then ``Nats-Subject: <subject>`` (the subject as
+    the client sent it: it holds no space, CR or LF, so the block stays well formed)."""
+    return b"NATS/1.0 503\r\nNats-Subject: " + subject.encode() + b"\r\n\r\n"
 
 
 def decode_nats_headers(block: bytes) -> tuple[int | None, str, list[tuple[str, str]]]:

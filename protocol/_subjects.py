@@ -20,6 +20,7 @@ __all__ = [
     "validate_subject",
     "validate_filter",
     "filter_tokens",
+    "match_order",
     "subject_matches",
     "filters_overlap",
     "filter_is_subset",
@@ -96,6 +97,18 @@ def filter_tokens(subject_filter: str) -> tuple[str, ...]:
 def is_literal(subject_filter: str) -> bool:
     """True when the filter has no wildcard token (it names exactly one subject)."""
     return not any(t == "*" or t == ">" for t in subject_filter.split("."))
+
+
+#: Where a token puts a filter in nats-server's match order (its sublist visits, at
+#: each level, ``>`` then ``*`` then the literal token).
+_MATCH_RANK = {">": 0, "*": 1}
+
+
+def match_order(ftokens: tuple[str, ...]) -> list[int]:
+    """The sort key that puts filters matching one subject in the order nats-server's
+    sublist returns them: at the first token where two differ, ``>`` before ``*``
+    before a literal (two filters matching one subject have the same literal there)."""
+    return [_MATCH_RANK.get(t, 2) for t in ftokens]
 
 
 def subject_matches(ftokens: tuple[str, ...], stokens: list[str] | tuple[str, ...]) -> bool:

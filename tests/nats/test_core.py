@@ -157,11 +157,51 @@ async def test_no_responders(nats_url: str) -> None:
     assert await in_asyncio(scenario) == "no responders"
 
 
+def no_responders(reply: str, sid: str, subject: str) -> P.NatsMsg:
+    """The status message nats-server 2.15 sends for a request on ``subject``."""
+    return P.NatsMsg(reply, sid, None, b"NATS/1.0 503\r\nNats-Subject: " + subject.encode() + b"\r\n\r\n", b"")
+
+
 async def test_no_responders_status_message_bytes(nats_url: str) -> None:
     peer = await RawNats.open(nats_url)
     await peer.connect(headers=True, no_responders=True)
     await peer.send(b"SUB _INBOX.x.* 9\r\nPUB nobody _INBOX.x.1 2\r\nhi\r\nPING\r\n")
-    assert await peer.next_event() == P.NatsMsg("_INBOX.x.1", "9", None, b"NATS/1.0 503\r\n\r\n", b"")
+    # Byte for byte what nats-server 2.15.1 sends (client.go, processMsgResults).
+    assert await peer.next_event() == no_responders("_INBOX.x.1", "9", "nobody")
+    assert await peer.next_event() is PONG
+
+
+async def test_no_responders_goes_to_one_own_subscription_in_the_servers_order(nats_url: str) -> None:
+    """One status message, to the requester's first matching subscription as
+    nats-server's sublist orders them (``>`` before ``*`` before a literal token);
+    another client subscribed to the reply subject gets nothing."""
+    other = await RawNats.open(nats_url)
+    await other.connect(headers=True, no_responders=True)
+    await other.send(b"SUB _INBOX.> 1\r\nPING\r\n")
+    assert await other.next_event() is PONG
+    peer = await RawNats.open(nats_url)
+    await peer.connect(headers=True, no_responders=True)
+    await peer.send(b"SUB _INBOX.x.1 1\r\nSUB _INBOX.x.* 2\r\nSUB _INBOX.*.1 3\r\nSUB _INBOX.> 4\r\nSUB _INBOX.y.* 5\r\n"
+                    b"PUB nobody.home _INBOX.x.1 0\r\n\r\nPING\r\n")
+    assert await peer.next_event() == no_responders("_INBOX.x.1", "4", "nobody.home")
+    assert await peer.next_event() is PONG
+    await peer.send(b"UNSUB 4\r\nPUB nobody.home _INBOX.x.1 0\r\n\r\nPING\r\n")
+    assert await peer.next_event() == no_responders("_INBOX.x.1", "3", "nobody.home")
+    assert await peer.next_event() is PONG
+    await other.send(b"PING\r\n")
+    assert await other.next_event() is PONG  # nothing before it
+
+
+async def test_no_status_without_no_responders_or_own_subscription(nats_url: str) -> None:
+    peer = await RawNats.open(nats_url)
+    await peer.connect(headers=True)  # no_responders not asked for
+    await peer.send(b"SUB _INBOX.x.* 1\r\nPUB nobody _INBOX.x.1 0\r\n\r\nPING\r\n")
+    assert await peer.next_event() is PONG
+    asker = await RawNats.open(nats_url)
+    await asker.connect(headers=True, no_responders=True)
+    await asker.send(b"SUB other.* 1\r\nPUB nobody _INBOX.x.1 0\r\n\r\nPING\r\n")  # no subscription of its own matches
+    assert await asker.next_event() is PONG
+    await peer.send(b"PING\r\n")
     assert await peer.next_event() is PONG
 
 

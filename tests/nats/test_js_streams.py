@@ -15,9 +15,10 @@ import pytest
 import trio
 import trio.testing
 from conftest import make_config, start_server
-from helpers import in_asyncio, run_cli
+from helpers import RawNats, in_asyncio, run_cli
 from nats.js.api import RePublish, StreamConfig
 
+import protocol as P
 from broker import ServerHandle
 from broker.client import connect
 from protocol import BrokerError
@@ -489,3 +490,31 @@ async def test_nats_ttl_expires_in_virtual_time(nats_url: str, mock_clock: trio.
     assert out[0] == (404, 10037, "no message found")
     assert out[1] == (2, None, {"Nats-Marker-Reason": "MaxAge", "Nats-TTL": "5s", "Nats-Rollup": "sub"})
     assert out[2] == 1
+
+
+async def test_api_no_responders_bytes_go_to_the_requester_only(nats_url: str) -> None:
+    """What JetStream does not serve (a direct get of a stream without
+    ``allow_direct``, an unknown consumer's MSG.NEXT, an unknown API) answers as
+    nats-server's core does for a subject nobody serves: one ``NATS/1.0 503`` with
+    ``Nats-Subject``, to the requester's own subscription, and only when its CONNECT
+    asked for no_responders. Another client subscribed to the inbox gets nothing."""
+    await _js(nats_url, lambda nc, js: js.add_stream(name="ND", subjects=["nd.>"]))
+    other = await RawNats.open(nats_url)
+    await other.connect(headers=True, no_responders=True)
+    await other.send(b"SUB _INBOX.> 1\r\nPING\r\n")
+    assert await other.next_event() is P.NatsPong
+    peer = await RawNats.open(nats_url)
+    await peer.connect(headers=True, no_responders=True)
+    await peer.send(b"SUB _INBOX.r.* 7\r\nPING\r\n")
+    assert await peer.next_event() is P.NatsPong
+    for subject in ("$JS.API.DIRECT.GET.ND.nd.a", "$JS.API.DIRECT.GET.NOPE", "$JS.API.CONSUMER.MSG.NEXT.ND.nope",
+                    "$JS.API.CONSUMER.FOO.ND", "$JS.API.STREAM.BOGUS"):
+        await peer.send(b"PUB %s _INBOX.r.1 0\r\n\r\n" % subject.encode())
+        status = b"NATS/1.0 503\r\nNats-Subject: " + subject.encode() + b"\r\n\r\n"
+        assert await peer.next_event() == P.NatsMsg("_INBOX.r.1", "7", None, status, b""), subject
+    quiet = await RawNats.open(nats_url)
+    await quiet.connect(headers=True)  # no_responders not asked for: no status
+    await quiet.send(b"SUB _INBOX.q.* 1\r\nPUB $JS.API.DIRECT.GET.ND.nd.a _INBOX.q.1 0\r\n\r\nPING\r\n")
+    assert await quiet.next_event() is P.NatsPong
+    await other.send(b"PING\r\n")
+    assert await other.next_event() is P.NatsPong  # nothing reached it before

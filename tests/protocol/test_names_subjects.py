@@ -132,3 +132,34 @@ def test_subset_implies_matching(inner: list[str], outer: list[str], subject: li
 def test_literal_filters(text: str) -> None:
     if text and "*" not in text:
         assert P.is_literal(text)
+
+
+def _sublist_order(filters: list[tuple[str, ...]], subject: list[str]) -> list[tuple[str, ...]]:
+    """The order nats-server's sublist (``matchLevel``) finds the filters matching
+    ``subject`` in: a trie walk that, at each level, takes the ``>`` node's
+    subscriptions, then descends into ``*``, then into the literal token."""
+    found: list[tuple[str, ...]] = []
+
+    def walk(prefix: tuple[str, ...], level: int) -> None:
+        if level == len(subject):
+            found.extend(f for f in filters if f == prefix)
+            return
+        found.extend(f for f in filters if f == (*prefix, ">"))
+        for token in ("*", subject[level]):
+            if any(f[: level + 1] == (*prefix, token) for f in filters):
+                walk((*prefix, token), level + 1)
+
+    walk((), 0)
+    return found
+
+
+@given(st.lists(filter_st, min_size=1, max_size=8), subject_st)
+def test_match_order_is_the_sublist_order(filters: list[list[str]], subject: list[str]) -> None:
+    """The first of the matching filters by ``match_order`` is the one nats-server's
+    sublist returns first (the subscription its no-responders status goes to)."""
+    tupled = list(dict.fromkeys(tuple(f) for f in filters))
+    matching = [f for f in tupled if P.subject_matches(f, subject)]
+    if not matching:
+        return
+    assert min(matching, key=P.match_order) == _sublist_order(matching, subject)[0]
+    assert sorted(matching, key=P.match_order) == _sublist_order(matching, subject)
