@@ -778,7 +778,7 @@ def _check_update(st: State, old: PushSettings, new: PushSettings, was: Consumer
 def _info(st: State, c: Consumer) -> dict[str, Any]:
     cp = c.parts[0]
     settings = st.settings_of(c)
-    return {
+    info = {
         "stream_name": st.js.stream_name(c.topic),
         "name": c.name,
         "created": rfc3339(c.created_ns),
@@ -789,9 +789,11 @@ def _info(st: State, c: Consumer) -> dict[str, Any]:
         "num_redelivered": c.num_redelivered,
         "num_waiting": sum(1 for r in c.waiting if not isinstance(r, PushWindow)),
         "num_pending": c.num_pending,
-        "push_bound": bool(settings.deliver_subject) and bool(st.broker.subs.match(settings.deliver_subject.encode())) or None,
-        "ts": rfc3339(st.broker.clock.now_ns()),
     }
+    if settings.deliver_subject and st.broker.subs.match(settings.deliver_subject.encode()):
+        info["push_bound"] = True  # the server's omitempty: absent unless bound
+    info["ts"] = rfc3339(st.broker.clock.now_ns())
+    return info
 
 
 def _api_create(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:

@@ -24,7 +24,7 @@ import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
 from protocol import RemovalReason as R
 from protocol._jetstream import (
-    BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, STREAM_MISMATCH,
+    BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
     stream_config, parse_request, stream_config_to_topic,
 )
@@ -46,6 +46,8 @@ log = get_logger(__name__)
 #: nats-server's page sizes for STREAM.NAMES and STREAM.LIST.
 NAMES_LIMIT = 1024
 LIST_LIMIT = 256
+#: nats-server's ``JSMaxSubjectDetails``: the subjects one STREAM.INFO page holds.
+SUBJECTS_LIMIT = 100_000
 #: The JetStream API level we report (ADR-43's per-message TTLs and markers are level 1).
 API_LEVEL = 1
 
@@ -129,6 +131,17 @@ def _max_age(topic: Topic) -> int:
     return key_ttl or topic.config.message_expiry
 
 
+def _first_last(topic: Topic) -> tuple[int, int]:
+    """The stream's ``first_seq`` and ``last_seq`` as the server reports them: the
+    first live sequence, or, with none, the one after the last (0 for a stream that
+    never held a message)."""
+    part = topic.partitions[0] if topic.partitions else None
+    last = max((p.log.last_offset for p in topic.partitions), default=0)
+    if part is not None and topic.messages_count:
+        return part.log.first_offset, last
+    return (last + 1 if last else 0), last
+
+
 def stream_info(js: JetStream, topic: Topic, subjects_filter: str | None = None) -> dict[str, Any]:
     """A topic as the server's StreamInfo (config, created, state, ts)."""
     options = topic.config.options()
@@ -137,8 +150,7 @@ def stream_info(js: JetStream, topic: Topic, subjects_filter: str | None = None)
     cfg = stream_config(options, _max_age(topic), js.stream_name(topic))
     part = topic.partitions[0] if topic.partitions else None
     messages = topic.messages_count
-    last = max((p.log.last_offset for p in topic.partitions), default=0)
-    first = part.log.first_offset if part is not None and messages else last + 1
+    first, last = _first_last(topic)
     state: dict[str, Any] = {
         "messages": messages,
         "bytes": topic.size_bytes,
@@ -247,11 +259,26 @@ async def _update(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
 
 
 def _info(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """STREAM.INFO, paged as the server pages it: with ``subjects_filter`` matching
+    subjects, ``total`` is their count, ``offset`` the request's and ``limit``
+    :data:`SUBJECTS_LIMIT`; a page other than the whole is taken from the sorted
+    subjects. Otherwise all three are 0."""
     topic = js.topic(name)
     flt = req.get("subjects_filter")
-    if flt is not None and not isinstance(flt, str):
+    offset = req.get("offset") or 0
+    if (flt is not None and not isinstance(flt, str)) or not isinstance(offset, int) or isinstance(offset, bool):
         raise js_error(BAD_REQUEST)
-    return stream_info(js, topic, flt), 0
+    info = stream_info(js, topic, flt)
+    subjects = info["state"].get("subjects")
+    if not subjects:
+        return {"total": 0, "offset": 0, "limit": 0, **info}, 0
+    offset = max(offset, 0)
+    page = sorted(subjects)[offset : offset + SUBJECTS_LIMIT]  # sorted: Go writes a map's keys so
+    if page:
+        info["state"]["subjects"] = {s: subjects[s] for s in page}
+    else:
+        del info["state"]["subjects"]
+    return {"total": len(subjects), "offset": offset, "limit": SUBJECTS_LIMIT, **info}, 0
 
 
 async def _delete(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, Any]:
@@ -402,18 +429,27 @@ def _msg_get(js: JetStream, name: str, req: dict[str, Any]) -> tuple[bytes, int]
 
 def _msg_delete(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
     topic = js.topic(name)
-    seq = req.get("seq")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+    seq = req.get("seq", 0)
+    if not req or not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
         raise js_error(BAD_REQUEST)
     nats = topic.config.nats or {}
     if nats.get("deny_delete") or topic.config.deny_purge:
         raise js_error(MSG_DELETE_FAILED, "message delete not permitted")
+    if seq == 0:
+        raise js_error(MSG_DELETE_FAILED, "no message found")  # before the first, as the server
     try:
         reply = _removing.delete_message(
             js.broker, None, P.DeleteMessage(Identifier.of(topic.stream.id), Identifier.of(topic.id), 0, seq)
         )
     except BrokerError as err:
         if err.code == ErrorCode.MESSAGE_NOT_FOUND:
+            # As the server's file store tells the three apart: past the last
+            # sequence, removed from between the first and the last, before the first.
+            first, last = _first_last(topic)
+            if seq > last:
+                raise js_error(MSG_DELETE_FAILED, "stream store EOF") from None
+            if seq >= first:
+                raise js_error(SEQUENCE_NOT_FOUND, f"sequence {seq} not found") from None
             raise js_error(MSG_DELETE_FAILED, "no message found") from None
         raise
     _, epoch = reply if isinstance(reply, tuple) else (reply, 0)

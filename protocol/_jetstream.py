@@ -78,6 +78,7 @@ NO_MESSAGE_FOUND = (404, 10037, "no message found")
 BAD_REQUEST = (400, 10003, "bad request")
 INVALID_JSON = (400, 10025, None)  # "invalid JSON: {err}"
 MSG_DELETE_FAILED = (500, 10057, None)
+SEQUENCE_NOT_FOUND = (400, 10043, None)  # "sequence {seq} not found"
 PURGE_FAILED = (500, 10110, None)
 STREAM_NOT_MATCH = (400, 10060, "expected stream does not match")
 WRONG_LAST_MSG_ID = (400, 10070, None)  # "wrong last msg ID: {id}"
@@ -191,9 +192,26 @@ def msg_get_response(subject: str, seq: int, headers: bytes | None, payload: byt
 _MSG_GET_HEAD = b'{"type":"io.nats.jetstream.api.v1.stream_msg_get_response","message":{"subject":'
 
 
+#: The paged responses (the server's ``ApiPaged``, whose fields have no
+#: ``omitempty``): what their error responses carry after the error.
+_PAGED_ERROR_TAIL: dict[str, dict[str, Any]] = {
+    "stream_info": {},
+    "stream_names": {"streams": None},
+    "stream_list": {"streams": []},
+    "consumer_names": {"consumers": []},
+    "consumer_list": {"consumers": []},
+}
+
+
 def api_error(kind: str, err: BrokerError | JSError) -> bytes:
-    """The API's error response: ``{"type": ..., "error": {code, err_code, description}}``."""
-    return api_response(kind, {"error": nats_error(err).as_json()})
+    """The API's error response: ``{"type": ..., "error": {code, err_code,
+    description}}``, then, for a paged response, ``total``, ``offset`` and ``limit``
+    at 0 and its empty list, as the server writes them."""
+    body: dict[str, Any] = {"error": nats_error(err).as_json()}
+    tail = _PAGED_ERROR_TAIL.get(kind)
+    if tail is not None:
+        body.update(total=0, offset=0, limit=0, **tail)
+    return api_response(kind, body)
 
 
 def pub_ack(stream: str, seq: int, duplicate: bool = False) -> bytes:

@@ -844,3 +844,21 @@ async def test_deliveries_and_plain_acks_wait_for_no_sync_of_their_own_but_an_ac
     assert r["due"] == (synced + 1, False)  # synced when due, once
     info = r["info"]
     assert (info.num_ack_pending, info.num_pending, info.ack_floor.stream_seq) == (0, 0, 6)
+
+
+async def test_consumer_info_has_push_bound_only_when_bound(nats_url: str) -> None:
+    """``push_bound`` is the server's ``omitempty`` bool: absent from a pull consumer's
+    info (and an unbound push consumer's), never ``null``."""
+
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        try:
+            await orders(js, 1)
+            await js.pull_subscribe("orders.>", durable="pb", stream=STREAM)
+            return await api_request(nc, f"$JS.API.CONSUMER.INFO.{STREAM}.pb", b"")
+        finally:
+            await nc.close()
+
+    info = await in_asyncio(scenario)
+    assert "push_bound" not in info
+    assert list(info)[-2:] == ["num_pending", "ts"]

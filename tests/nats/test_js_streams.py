@@ -233,7 +233,7 @@ async def test_get_delete_purge(nats_url: str) -> None:
     assert out[4] == (404, 10037, "no message found")
     assert out[5] is True
     assert out[6] == (404, 10037, "no message found")
-    assert out[7] == (500, 10057, "no message found")
+    assert out[7] == (400, 10043, "sequence 2 not found")  # between the first and the last: nats-server 2.15
     assert out[8] == {"type": "io.nats.jetstream.api.v1.stream_purge_response", "success": True, "purged": 2}
     assert out[9] == 3
     assert out[10] == 1  # of g.2's seq 3 and 6, the newest is kept
@@ -518,3 +518,91 @@ async def test_api_no_responders_bytes_go_to_the_requester_only(nats_url: str) -
     assert await quiet.next_event() is P.NatsPong
     await other.send(b"PING\r\n")
     assert await other.next_event() is P.NatsPong  # nothing reached it before
+
+
+async def _raw_api(nc: Any, subject: str, body: Any) -> dict[str, Any]:
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return json.loads((await nc.request(subject, payload, timeout=5)).data)
+
+
+async def test_msg_delete_refusals_as_the_servers_file_store(nats_url: str) -> None:
+    """A sequence nothing is at: before the first (or 0) "no message found", past the
+    last "stream store EOF" (both 500 10057), removed from between the first and the
+    last 400 10043 "sequence N not found": nats-server 2.15.1's answers."""
+
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        await js.add_stream(name="MD", subjects=["md.>"])
+        for i in range(5):
+            await js.publish(f"md.{i}", b"x")
+        await _raw_api(nc, "$JS.API.STREAM.PURGE.MD", {"seq": 2})  # seq 1 gone: first is 2
+        await js.delete_msg("MD", 3)
+        out = []
+        for seq in (0, 1, 3, 6, 99):
+            out.append((await _raw_api(nc, "$JS.API.STREAM.MSG.DELETE.MD", {"seq": seq}))["error"])
+        out.append((await _raw_api(nc, "$JS.API.STREAM.MSG.DELETE.MD", {}))["error"])
+        out.append(await _raw_api(nc, "$JS.API.STREAM.MSG.DELETE.MD", {"seq": 5}))
+        return out
+
+    out = await _js(nats_url, fn)
+    e = lambda code, err_code, text: {"code": code, "err_code": err_code, "description": text}  # noqa: E731
+    assert out == [
+        e(500, 10057, "no message found"),
+        e(500, 10057, "no message found"),
+        e(400, 10043, "sequence 3 not found"),
+        e(500, 10057, "stream store EOF"),
+        e(500, 10057, "stream store EOF"),
+        e(400, 10003, "bad request"),
+        {"type": "io.nats.jetstream.api.v1.stream_msg_delete_response", "success": True},
+    ]
+
+
+async def test_stream_info_paging_and_first_seq_as_the_server(nats_url: str) -> None:
+    """STREAM.INFO carries ``total``, ``offset`` and ``limit`` (0 without matching
+    subjects; the subject count, the request's offset and 100,000 with them), the
+    subjects sorted and paged; an empty stream that never held a message has
+    ``first_seq`` 0 (after a purge: the one after the last)."""
+
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        await js.add_stream(name="PG", subjects=["pg.>"])
+        out: list[Any] = []
+        d = await _raw_api(nc, "$JS.API.STREAM.INFO.PG", b"")
+        out.append((list(d)[:4], d["total"], d["offset"], d["limit"], d["state"]["first_seq"], d["state"]["last_seq"]))
+        for s in ("pg.c", "pg.a", "pg.b", "pg.a"):
+            await js.publish(s, b"x")
+        for body in ({"subjects_filter": ">"}, {"subjects_filter": ">", "offset": 1}, {"subjects_filter": ">", "offset": 5},
+                     {"subjects_filter": "none"}):
+            d = await _raw_api(nc, "$JS.API.STREAM.INFO.PG", body)
+            out.append((d["total"], d["offset"], d["limit"], d["state"].get("subjects")))
+        await js.purge_stream("PG")
+        d = await _raw_api(nc, "$JS.API.STREAM.INFO.PG", b"")
+        out.append((d["state"]["first_seq"], d["state"]["last_seq"]))
+        return out
+
+    out = await _js(nats_url, fn)
+    assert out[0] == (["type", "total", "offset", "limit"], 0, 0, 0, 0, 0)
+    assert out[1] == (3, 0, 100_000, {"pg.a": 2, "pg.b": 1, "pg.c": 1})
+    assert list(out[1][3]) == ["pg.a", "pg.b", "pg.c"]  # sorted, as Go writes a map
+    assert out[2] == (3, 1, 100_000, {"pg.b": 1, "pg.c": 1})
+    assert out[3] == (3, 5, 100_000, None)
+    assert out[4] == (0, 0, 0, None)
+    assert out[5] == (5, 4)
+
+
+@pytest.mark.parametrize(
+    ("subject", "body", "tail"),
+    [
+        ("$JS.API.STREAM.INFO.NOPE", b"", {}),
+        ("$JS.API.STREAM.NAMES", b"{bad", {"streams": None}),
+        ("$JS.API.STREAM.LIST", b"{bad", {"streams": []}),
+        ("$JS.API.CONSUMER.NAMES.NOPE", b"", {"consumers": []}),
+        ("$JS.API.CONSUMER.LIST.NOPE", b"", {"consumers": []}),
+    ],
+)
+async def test_paged_error_responses_keep_their_page_fields(nats_url: str, subject: str, body: bytes, tail: dict[str, Any]) -> None:
+    """A paged response's error carries ``total``, ``offset``, ``limit`` at 0 and its
+    empty list after the error, as nats-server writes them."""
+    d = await _js(nats_url, lambda nc, js: _raw_api(nc, subject, body))
+    assert list(d) == ["type", "error", "total", "offset", "limit", *tail]
+    assert (d["total"], d["offset"], d["limit"]) == (0, 0, 0)
+    assert {k: d[k] for k in tail} == tail
+    assert d["error"]["code"] in (400, 404)
