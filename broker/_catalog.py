@@ -87,6 +87,12 @@ class Topic:
     def size_bytes(self) -> int:
         return sum(p.log.size_bytes for p in self.partitions)
 
+    @property
+    def live_bytes(self) -> int:
+        """The bytes of the live messages' records (what ``size_bytes`` holds less
+        what was removed and not yet cleaned away)."""
+        return sum(p.log.live_bytes() for p in self.partitions)
+
     def details(self, extra: dict[str, Any] | None = None) -> TopicDetails:
         info: dict[str, Any] = {
             "stream_id": self.stream.id,

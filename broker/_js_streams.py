@@ -153,7 +153,7 @@ def stream_info(js: JetStream, topic: Topic, subjects_filter: str | None = None)
     first, last = _first_last(topic)
     state: dict[str, Any] = {
         "messages": messages,
-        "bytes": topic.size_bytes,
+        "bytes": topic.live_bytes,
         "first_seq": first,
         "first_ts": rfc3339(part.log.timestamp_of(first) if messages and part is not None else 0),
         "last_seq": last,

@@ -632,6 +632,12 @@ class PartitionLog:
         fsync_dir(self.path)
         return freed
 
+    def live_bytes(self) -> int:
+        """The bytes of the live records (``size_bytes`` less what is deleted, purged
+        or put aside but still on disk). Runtime complexity: O(segments) while only
+        appends and deletions happened since the last call."""
+        return sum(seg.live_bytes() for seg in self.segments)
+
     def take_dirty_fds(self) -> list[int]:
         """Descriptors with writes to sync (the group commit calls this as it starts a
         sync). What the previous sync covered is durable by now: the trailing

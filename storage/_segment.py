@@ -112,6 +112,8 @@ from ._files import AppendFile, atomic_write, keep_aside, open_file
 __all__ = ["Segment", "RecoveryReport", "Opening", "LIVE", "DELETED", "CORRUPT", "segment_name", "read_deletion_tags"]
 
 LIVE = 1
+#: ``bytes.translate`` table: LIVE stays 1, every other state becomes 0.
+_LIVE_ONLY = bytes(1 if i == LIVE else 0 for i in range(256))
 DELETED = 0
 CORRUPT = 2
 
@@ -294,6 +296,11 @@ class Segment:
         self.time_ts = array("Q")
         self.size = 0
         self.live_count = 0
+        #: The bytes of the live records (:meth:`live_bytes`) and what the state was
+        #: when that was known: ``(live_count, records, size)``; another state means
+        #: it is counted again.
+        self._live_bytes = 0
+        self._live_key: tuple[int, int, int] | None = None
         self.sealed = False
         self._fd = -1
         self._del_fd = -1
@@ -635,11 +642,55 @@ class Segment:
         self.time_ts = array("Q", time_ts)
         self.size = size
         self.live_count = n
+        self._live_key = None
 
     def _mark_corrupt(self, rel: int) -> None:
         if self.state[rel] == LIVE:
-            self.live_count -= 1
+            self._lose_live([rel])
         self.state[rel] = CORRUPT
+
+    # -- live bytes ----------------------------------------------------------------
+
+    def live_bytes(self) -> int:
+        """The bytes of the live records (deleted and corrupt ones left out): kept up
+        to date by appends and deletions, counted again (at C speed, a step a run of
+        live records) after anything else changed the segment."""
+        key = (self.live_count, len(self.state), self.size)
+        if self._live_key != key:
+            self._live_bytes = self._count_live_bytes()
+            self._live_key = key
+        return self._live_bytes
+
+    def _count_live_bytes(self) -> int:
+        state, pos = self.state, self.positions
+        n = len(state)
+        if not self.live_count or not n:
+            return 0
+        if self.live_count == n:
+            return self.size - pos[0]
+        live = state.translate(_LIVE_ONLY)
+        total = 0
+        i = live.find(1)
+        while i >= 0:
+            j = live.find(0, i)
+            if j < 0:
+                return total + self.size - pos[i]
+            total += pos[j] - pos[i]
+            i = live.find(1, j)
+        return total
+
+    def _record_length(self, rel: int) -> int:
+        pos = self.positions
+        return (pos[rel + 1] if rel + 1 < len(pos) else self.size) - pos[rel]
+
+    def _lose_live(self, rels: list[int]) -> None:
+        """Live records ``rels`` stop being live (their state is changed by the
+        caller): the count, and the live bytes when they are known."""
+        known = self._live_key == (self.live_count, len(self.state), self.size)
+        self.live_count -= len(rels)
+        if known:
+            self._live_bytes -= sum(self._record_length(rel) for rel in rels)
+            self._live_key = (self.live_count, len(self.state), self.size)
 
     def _apply_deletions(self, opening: Opening) -> None:
         """Apply the recorded deletions: the union of both copies' valid entries.
@@ -674,7 +725,7 @@ class Segment:
             rel = word & _REL_MASK
             if rel < n and self.state[rel] != DELETED:
                 if self.state[rel] == LIVE:
-                    self.live_count -= 1
+                    self._lose_live([rel])
                 self.state[rel] = DELETED
         if uncertain:
             self.uncertain = True
@@ -749,10 +800,14 @@ class Segment:
         if timestamp != (self.time_ts[-1] if self.time_ts else -1):
             self.time_rel.append(len(self.positions))
             self.time_ts.append(timestamp)
+        known = self._live_key == (self.live_count, len(self.state), self.size)
         self.positions.extend(positions)
         self.state += _ONES[:n] if n <= 4096 else b"\x01" * n
         self.size += len(records)
         self.live_count += n
+        if known:
+            self._live_bytes += len(records)
+            self._live_key = (self.live_count, len(self.state), self.size)
         self.dirty = True
 
     def _release_preallocation(self) -> bool:
@@ -789,10 +844,10 @@ class Segment:
             ]
         for out in self._deletions:
             out.append(entries)
+        if not corrupt:
+            self._lose_live(doomed)
         for rel in doomed:
             state[rel] = DELETED
-        if not corrupt:
-            self.live_count -= done
         self.del_dirty = True
         return done
 

@@ -606,3 +606,30 @@ async def test_paged_error_responses_keep_their_page_fields(nats_url: str, subje
     assert (d["total"], d["offset"], d["limit"]) == (0, 0, 0)
     assert {k: d[k] for k in tail} == tail
     assert d["error"]["code"] in (400, 404)
+
+
+async def test_stream_bytes_follow_the_live_messages(nats_url: str) -> None:
+    """``state.bytes`` counts the live messages (ttlbroker's record sizes): a deletion
+    and a filtered purge take theirs away at once, and no messages is no bytes."""
+
+    async def fn(nc: Any, js: Any) -> list[tuple[int, int]]:
+        await js.add_stream(name="BY", subjects=["by.>"])
+        out = []
+        for s in ("by.a", "by.b", "by.a"):
+            await js.publish(s, b"payload")
+            st = (await js.stream_info("BY")).state
+            out.append((st.messages, st.bytes))
+        await js.delete_msg("BY", 2)
+        st = (await js.stream_info("BY")).state
+        out.append((st.messages, st.bytes))
+        await _raw_api(nc, "$JS.API.STREAM.PURGE.BY", {"filter": "by.a"})
+        st = (await js.stream_info("BY")).state
+        out.append((st.messages, st.bytes))
+        return out
+
+    out = await _js(nats_url, fn)
+    one = out[0][1]
+    assert one > 0
+    assert out[:3] == [(1, one), (2, 2 * one), (3, 3 * one)]  # same-sized records
+    assert out[3] == (2, 2 * one)
+    assert out[4] == (0, 0)
