@@ -28,6 +28,7 @@ the export read one field and never parse headers again. Headers are stored as s
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 
 from protocol import (
@@ -137,7 +138,8 @@ def admit(
             raise _RollupDenied("rollup not permitted")
         rollup = _ROLLUPS.get(raw_rollup, -1)
         if rollup < 0:
-            raise _RollupInvalid(f"rollup value invalid: {raw_rollup.decode(errors='replace')!r}")
+            # The server's %q: the value double-quoted, quotes and backslashes escaped.
+            raise _RollupInvalid(f"rollup value invalid: {json.dumps(raw_rollup.decode(errors='replace'), ensure_ascii=False)}")
     if header_ttl == TTL_INVALID:
         raise _Invalid("invalid per-message TTL")
     if field_ttl != TTL_NONE and header_ttl != TTL_NONE and field_ttl != header_ttl:

@@ -196,7 +196,7 @@ async def test_rollup_errors(mock_clock, data_dir) -> None:
         await c.update_topic("s", "t", allow_rollup=True)
         with pytest.raises(InvalidRollupError) as exc2:
             await c.publish("a.x", b"", headers={"Nats-Rollup": "everything"})
-        assert exc2.value.code == 6011 and exc2.value.message == "rollup value invalid: 'everything'"
+        assert exc2.value.code == 6011 and exc2.value.message == 'rollup value invalid: "everything"'
         # An empty value is an absent header (SEMANTICS 1).
         assert (await c.publish("a.x", b"", headers={"Nats-Rollup": ""})).offset == 1
 

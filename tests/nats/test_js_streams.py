@@ -633,3 +633,15 @@ async def test_stream_bytes_follow_the_live_messages(nats_url: str) -> None:
     assert out[:3] == [(1, one), (2, 2 * one), (3, 3 * one)]  # same-sized records
     assert out[3] == (2, 2 * one)
     assert out[4] == (0, 0)
+
+
+async def test_invalid_rollup_is_worded_as_the_server(nats_url: str) -> None:
+    async def fn(nc: Any, js: Any) -> dict[str, Any]:
+        await js.add_stream(name="RU", subjects=["ru.>"], allow_rollup_hdrs=True)
+        msg = await nc.request("ru.a", b"x", headers={"Nats-Rollup": 'bo"gus'}, timeout=5)
+        return json.loads(msg.data)  # type: ignore[no-any-return]
+
+    assert await _js(nats_url, fn) == {
+        "error": {"code": 500, "err_code": 10111, "description": 'rollup value invalid: "bo\\"gus"'},
+        "stream": "RU", "seq": 0,
+    }
