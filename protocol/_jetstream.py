@@ -459,8 +459,11 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
     )
     if options["subject_delete_marker_ttl"]:
         out["subject_delete_marker_ttl"] = options["subject_delete_marker_ttl"] * NS
-    if options.get("republish"):
-        out["republish"] = dict(options["republish"])
+    rp = options.get("republish")
+    if rp:
+        # The server's RePublish: src and headers_only are omitempty, dest is not.
+        out["republish"] = {k: v for k, v in (("src", rp.get("src")), ("dest", rp.get("dest", "")),
+                                              ("headers_only", rp.get("headers_only"))) if v or k == "dest"}
     if nats.get("metadata"):
         out["metadata"] = dict(nats["metadata"])
     return out

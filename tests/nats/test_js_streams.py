@@ -645,3 +645,21 @@ async def test_invalid_rollup_is_worded_as_the_server(nats_url: str) -> None:
         "error": {"code": 500, "err_code": 10111, "description": 'rollup value invalid: "bo\\"gus"'},
         "stream": "RU", "seq": 0,
     }
+
+
+async def test_republish_config_omits_what_the_server_omits(nats_url: str) -> None:
+    """The server's RePublish JSON: ``src`` and ``headers_only`` are ``omitempty``."""
+
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        out = []
+        for name, rp in (("RA", {"src": "ra.>", "dest": "x.ra.>"}), ("RB", {"src": "rb.>", "dest": "x.rb.>", "headers_only": True}),
+                         ("RC", {"src": "rc.>", "dest": "x.rc.>", "headers_only": False})):
+            d = await _raw_api(nc, f"$JS.API.STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name.lower()}.>"], "republish": rp})
+            out.append(d["config"]["republish"])
+        return out
+
+    assert await _js(nats_url, fn) == [
+        {"src": "ra.>", "dest": "x.ra.>"},
+        {"src": "rb.>", "dest": "x.rb.>", "headers_only": True},
+        {"src": "rc.>", "dest": "x.rc.>"},
+    ]
