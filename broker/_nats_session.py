@@ -147,8 +147,9 @@ class NatsSession(Session):
         self.parser = NatsParser(server=True, max_payload=broker.max_payload)
         self.subs: dict[str, NatsSubscription] = {}  # type: ignore[assignment]
         self.tls = tls
-        self.verbose = False
-        self.pedantic = False
+        # nats-server's defaults (``defaultOpts``), for what CONNECT leaves out.
+        self.verbose = True
+        self.pedantic = True
         self.headers = False
         self.no_responders_wanted = False
         self.echo = True
@@ -409,8 +410,8 @@ class NatsSession(Session):
                 self._connect(event.options)
                 if self._closing:
                     return
-        if self.verbose:
-            self.send_now(OK)
+            if self.verbose:
+                self.send_now(OK)
 
     def _ack_run(self, key: str, seqs: list[int], end: int) -> bool:
         """A run of plain acks of one consumer (``NatsParser.ack_run``), queued for one
@@ -461,13 +462,20 @@ class NatsSession(Session):
         await super()._wait_room()
 
     def _connect(self, options: dict[str, Any]) -> None:
-        self.verbose = bool(options.get("verbose", False))
-        self.pedantic = bool(options.get("pedantic", False))
-        self.headers = bool(options.get("headers", False))
-        self.no_responders_wanted = bool(options.get("no_responders", False))
-        self.echo = bool(options.get("echo", True))
+        """CONNECT, as nats-server reads it into the options it has: a field left out
+        keeps its value (at first the server's defaults: verbose, pedantic and echo
+        on); then the protocol version and the no-responders/headers pairing are
+        checked, each refusal closing the connection."""
+        self.verbose = bool(options.get("verbose", self.verbose))
+        self.pedantic = bool(options.get("pedantic", self.pedantic))
+        self.headers = bool(options.get("headers", self.headers))
+        self.no_responders_wanted = bool(options.get("no_responders", self.no_responders_wanted))
+        self.echo = bool(options.get("echo", self.echo))
         self.client_name = str(options.get("name", ""))[:256]
-        if self.no_responders_wanted and not self.headers:
+        proto = options.get("protocol", 0)
+        if proto.__class__ is not int or not 0 <= proto <= 1:
+            self._fail("invalid client protocol", "protocol_error")
+        elif self.no_responders_wanted and not self.headers:
             self._fail("no responders requires headers support", "protocol_error")
 
     def _subscribe(self, ev: NatsSub) -> bool:
@@ -502,6 +510,10 @@ class NatsSession(Session):
             self.broker.subs.remove(sub)
 
     def _publish(self, ev: NatsPub) -> None:
+        if ev.headers is not None and not self.headers:
+            # nats-server's parser knows HPUB only from a client whose CONNECT said headers.
+            self._fail("Unknown Protocol Operation", "protocol_error")
+            return
         broker = self.broker
         subject = ev.subject
         js = broker.jetstream
@@ -514,6 +526,9 @@ class NatsSession(Session):
         if not valid and self.pedantic:
             broker.counters.request_errors += 1
             self.send_now(encode_err("Invalid Publish Subject"))
+        if self.verbose:
+            self.send_now(OK)  # as nats-server: after the header line's check, before any delivery
+        if not valid and self.pedantic:
             return
         if handled:
             self._flush()

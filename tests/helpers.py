@@ -153,10 +153,12 @@ class RawNats(RawPeer):
         self.conn = P.NatsParser(server=False, max_payload=1 << 30)
 
     async def connect(self, **options: Any) -> dict[str, Any]:
-        """Read INFO, send CONNECT with ``options``; returns the INFO."""
+        """Read INFO, send CONNECT with ``options`` (``verbose`` and ``pedantic`` off
+        unless given, as every NATS client library sends them: the server's defaults
+        are on); returns the INFO."""
         info = await self.next_event()
         assert isinstance(info, P.NatsInfo), info
-        await self.send(b"CONNECT " + json.dumps(options).encode() + b"\r\n")
+        await self.send(b"CONNECT " + json.dumps({"verbose": False, "pedantic": False, **options}).encode() + b"\r\n")
         return info.info
 
     async def until_closed(self, timeout: float = 5) -> list[object]:

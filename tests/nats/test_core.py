@@ -226,9 +226,40 @@ async def test_headers(nats_url: str) -> None:
 async def test_a_client_without_header_support_gets_the_payload(nats_url: str) -> None:
     peer = await RawNats.open(nats_url)
     await peer.connect(headers=False)
-    await peer.send(b"SUB h 1\r\nHPUB h 18 20\r\nNATS/1.0\r\nA: b\r\n\r\nhi\r\nPING\r\n")
-    assert await peer.next_event() == P.NatsMsg("h", "1", None, None, b"hi")
+    await peer.send(b"SUB h 1\r\nPING\r\n")
     assert await peer.next_event() is PONG
+    publisher = await RawNats.open(nats_url)
+    await publisher.connect(headers=True)
+    await publisher.send(b"HPUB h 18 20\r\nNATS/1.0\r\nA: b\r\n\r\nhi\r\nPING\r\n")
+    assert await publisher.next_event() is PONG
+    assert await peer.next_event() == P.NatsMsg("h", "1", None, None, b"hi")
+
+
+async def test_hpub_needs_headers_in_connect(nats_url: str) -> None:
+    """nats-server's parser takes HPUB only from a client whose CONNECT said headers."""
+    peer = await RawNats.open(nats_url)
+    await peer.connect(headers=False)
+    await peer.send(b"HPUB h 12 14\r\nNATS/1.0\r\n\r\nhi\r\nPING\r\n")
+    assert await peer.until_closed() == [err("Unknown Protocol Operation")]
+
+
+async def test_connect_defaults_are_the_servers(nats_url: str) -> None:
+    """What CONNECT leaves out takes nats-server's defaults: verbose and pedantic on
+    (a +OK for each operation, wildcards refused in a PUB subject); a later CONNECT
+    changes only the fields it has."""
+    peer = await RawNats.open(nats_url)
+    assert isinstance(await peer.next_event(), P.NatsInfo)
+    await peer.send(b"CONNECT {}\r\nSUB a 1\r\nPUB a.* 1\r\nx\r\nUNSUB 99\r\nPING\r\n")
+    assert [await peer.next_event() for _ in range(6)] == [OK, OK, err("Invalid Publish Subject"), OK, OK, PONG]
+    await peer.send(b'CONNECT {"verbose": false}\r\nPUB a.* 1\r\nx\r\nPING\r\n')
+    assert [await peer.next_event() for _ in range(2)] == [err("Invalid Publish Subject"), PONG]  # still pedantic
+
+
+@pytest.mark.parametrize("proto", [2, -1, "1"])
+async def test_connect_with_an_unknown_protocol_is_refused(nats_url: str, proto: object) -> None:
+    peer = await RawNats.open(nats_url)
+    await peer.connect(protocol=proto)
+    assert await peer.until_closed() == [err("invalid client protocol")]
 
 
 async def test_echo_false_skips_own_subscriptions(nats_url: str) -> None:
@@ -330,8 +361,9 @@ async def test_verbose_answers_ok(nats_url: str) -> None:
     peer = await RawNats.open(nats_url)
     await peer.connect(verbose=True)
     await peer.send(b"SUB a 1\r\nPUB a 1\r\nx\r\nUNSUB 1\r\nPING\r\n")
+    # As nats-server: a PUB's +OK goes before the message it delivers.
     assert [await peer.next_event() for _ in range(6)] == [
-        OK, OK, P.NatsMsg("a", "1", None, None, b"x"), OK, OK, PONG]
+        OK, OK, OK, P.NatsMsg("a", "1", None, None, b"x"), OK, PONG]
 
     async def with_nats_py() -> bool:
         nc = await nats.connect(nats_url, verbose=True)
