@@ -700,6 +700,7 @@ def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple
         raise JSError(400, 10127, "Consumer name can not contain path separators")
     durable = cfg.get("durable_name") or ""
     given = cfg.get("name") or ""
+    named = bool(name or given or durable)  # else a made-up name the config leaves out, as the server
     if legacy:
         if not durable:
             raise JSError(400, 10018, "consumer expected to be durable but a durable name was not set")
@@ -721,6 +722,8 @@ def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple
             raise JSError(400, 10131, "Consumer create request did not match filtered subject from create subject")
     topic = _topic_for_consumers(st, stream)
     ours, settings = consumer_config_from_nats(cfg, durable=bool(durable))
+    if not named:
+        settings = dataclasses.replace(settings, named=False)
     if settings != _DURABLE:
         ours["nats"] = dataclasses.asdict(settings)
     try:

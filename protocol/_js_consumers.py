@@ -54,6 +54,21 @@ NS = 1_000_000_000
 ACK_NEXT = 100
 
 
+#: Each deliver policy as the server's start-position errors name it.
+_POLICY_WORDS = {
+    "all": "all", "last": "last", "new": "new", "last_per_subject": "last per subject",
+    "by_start_sequence": "by start sequence", "by_start_time": "by start time",
+}
+
+
+def _bad_start(policy: str, start: str) -> str:
+    return f"consumer delivery policy is deliver {policy}, but optional start {start} is also set"
+
+
+def _not_set(policy: str, missing: str) -> str:
+    return f"consumer delivery policy is deliver {policy}, but optional {missing} is not set"
+
+
 def _invalid(description: str) -> JSError:
     """A refused setting: the server's ``JSConsumerInvalidPolicyErrF`` (10094), whose
     description is the reason."""
@@ -102,6 +117,14 @@ class PushSettings:
     inactive_threshold_ns: int = 0
     mem_storage: bool = False
     num_replicas: int = 0
+    #: An ``ack_policy`` none consumer's ``max_deliver`` of 1 and ``ack_wait``, as
+    #: given (the engine delivers such a consumer's messages once and never waits for
+    #: an ack, so it keeps neither; the server reports both as set).
+    max_deliver: int = 0
+    ack_wait_ns: int = 0
+    #: Created with a name (in the subject or the config): the config shows it. An
+    #: ephemeral created without one has a made-up name the config leaves out.
+    named: bool = True
 
 
 #: Settings the server has and the engine does not: refused when set to anything but
@@ -168,29 +191,36 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
         raise JSError(400, 10139, "consumer filter in FilterSubjects cannot be empty")
     out["filter_subjects"] = list(filters) if filters else ([single] if single and single != ">" else [])
     dp = raw.get("deliver_policy") or "all"
+    # The server's start-position checks (``checkConsumerCfg``), in its order and words.
+    seq, t = raw.get("opt_start_seq") or 0, raw.get("opt_start_time")
+    words = _POLICY_WORDS.get(dp)
+    if words is None:
+        raise _invalid(f"consumer deliver policy {dp!r} is not valid")
     if dp == "by_start_sequence":
-        seq = raw.get("opt_start_seq") or 0
         if not seq:
-            raise _invalid("consumer deliver policy by_start_sequence requires opt_start_seq")
+            raise _invalid(_not_set(words, "start sequence"))
+        if t:
+            raise _invalid(_bad_start(words, "time"))
         out["deliver_policy"] = "by_start_offset"
         out["opt_start_offset"] = seq
     elif dp == "by_start_time":
-        t = raw.get("opt_start_time")
         if not t:
-            raise _invalid("consumer deliver policy by_start_time requires opt_start_time")
+            raise _invalid(_not_set(words, "start time"))
+        if seq:
+            raise _invalid(_bad_start(words, "start sequence"))
         try:
             out["opt_start_time"] = max(parse_rfc3339(t), 0)
         except ValueError:
             raise JSError(400, 10025, f"invalid JSON: opt_start_time {t!r} is not an RFC 3339 time") from None
         out["deliver_policy"] = dp
-    elif dp in ("all", "last", "new", "last_per_subject"):
-        if raw.get("opt_start_seq"):
-            raise _invalid("consumer opt_start_seq requires deliver policy by_start_sequence")
-        if raw.get("opt_start_time"):
-            raise _invalid("consumer opt_start_time requires deliver policy by_start_time")
-        out["deliver_policy"] = dp
     else:
-        raise _invalid(f"consumer deliver policy {dp!r} is not valid")
+        if seq:
+            raise _invalid(_bad_start(words, "sequence"))
+        if t:
+            raise _invalid(_bad_start(words, "time"))
+        if dp == "last_per_subject" and not out["filter_subjects"] and not single:
+            raise _invalid(_not_set(words, "filter subject"))
+        out["deliver_policy"] = dp
     ap = raw.get("ack_policy") or "none"  # the server's zero value
     if ap not in ("none", "all", "explicit"):
         raise JSError(400, 10181, "consumer ack policy invalid")
@@ -251,6 +281,7 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
         durable=durable, deliver_subject=deliver, flow_control=fc, idle_heartbeat_ns=hb,
         headers_only=bool(raw.get("headers_only")), inactive_threshold_ns=inactive if not durable else 0,
         mem_storage=bool(raw.get("mem_storage")), num_replicas=replicas,
+        max_deliver=1 if ap == "none" and md == 1 else 0, ack_wait_ns=wait if ap == "none" else 0,
     )
     if settings.headers_only and durable:
         raise _invalid("headers_only on a durable consumer is not supported by ttlbroker")
@@ -260,9 +291,11 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
 def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettings, default_inactive_ns: int) -> dict[str, Any]:
     """The engine's config map (``ConsumerConfig.to_map``) and the NATS settings as the
     server's ``ConsumerConfig`` JSON."""
-    out: dict[str, Any] = {"name": name}
+    out: dict[str, Any] = {}
     if settings.durable:
         out["durable_name"] = name
+    if settings.named or settings.durable:
+        out["name"] = name
     if cfg.get("description"):
         out["description"] = cfg["description"]
     if settings.deliver_subject:
@@ -277,8 +310,11 @@ def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettin
         if dp == "by_start_time":
             out["opt_start_time"] = rfc3339(cfg["opt_start_time"])
     out["ack_policy"] = cfg["ack_policy"]
-    out["ack_wait"] = int(cfg["ack_wait"] * NS)
-    out["max_deliver"] = cfg["max_deliver"]
+    if cfg["ack_policy"] != "none":
+        out["ack_wait"] = int(cfg["ack_wait"] * NS)
+    elif settings.ack_wait_ns:
+        out["ack_wait"] = settings.ack_wait_ns  # the server defaults it only when acks are wanted
+    out["max_deliver"] = settings.max_deliver or cfg["max_deliver"]
     if cfg["backoff"]:
         out["backoff"] = [int(b * NS) for b in cfg["backoff"]]
     filters = cfg["filter_subjects"]

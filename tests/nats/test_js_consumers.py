@@ -862,3 +862,57 @@ async def test_consumer_info_has_push_bound_only_when_bound(nats_url: str) -> No
     info = await in_asyncio(scenario)
     assert "push_bound" not in info
     assert list(info)[-2:] == ["num_pending", "ts"]
+
+
+@pytest.mark.parametrize(
+    ("config", "description"),
+    [
+        ({"deliver_policy": "last_per_subject"}, "consumer delivery policy is deliver last per subject, but optional filter subject is not set"),
+        ({"deliver_policy": "all", "opt_start_seq": 2}, "consumer delivery policy is deliver all, but optional start sequence is also set"),
+        ({"deliver_policy": "new", "opt_start_time": "2026-01-01T00:00:00Z"}, "consumer delivery policy is deliver new, but optional start time is also set"),
+        ({"deliver_policy": "by_start_sequence"}, "consumer delivery policy is deliver by start sequence, but optional start sequence is not set"),
+        ({"deliver_policy": "by_start_sequence", "opt_start_seq": 1, "opt_start_time": "2026-01-01T00:00:00Z"},
+         "consumer delivery policy is deliver by start sequence, but optional start time is also set"),
+        ({"deliver_policy": "by_start_time"}, "consumer delivery policy is deliver by start time, but optional start time is not set"),
+        ({"deliver_policy": "by_start_time", "opt_start_time": "2026-01-01T00:00:00Z", "opt_start_seq": 1},
+         "consumer delivery policy is deliver by start time, but optional start start sequence is also set"),  # sic: the server's words
+    ],
+)
+async def test_start_position_refusals_in_the_servers_words(nats_url: str, config: dict[str, Any], description: str) -> None:
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        try:
+            await orders(js, 1)
+            return await api_request(nc, f"$JS.API.CONSUMER.CREATE.{STREAM}", {"stream_name": STREAM, "config": config})
+        finally:
+            await nc.close()
+
+    assert (await in_asyncio(scenario))["error"] == {"code": 400, "err_code": 10094, "description": description}
+
+
+async def test_ack_none_and_unnamed_consumer_configs_as_the_server(nats_url: str) -> None:
+    """An ``ack_policy`` none consumer shows ``ack_wait`` only when it was given and its
+    ``max_deliver`` as given; an ephemeral created without a name has none in its
+    config (its made-up name is the info's ``name``)."""
+
+    async def scenario() -> list[dict[str, Any]]:
+        nc, js = await connect(nats_url)
+        try:
+            await orders(js, 1)
+            out = []
+            for subject, config in (
+                (f"$JS.API.CONSUMER.CREATE.{STREAM}", {"deliver_subject": "_INBOX.o", "ack_policy": "none", "max_deliver": 1,
+                                                       "flow_control": True, "idle_heartbeat": 5_000_000_000}),
+                (f"$JS.API.CONSUMER.CREATE.{STREAM}", {"ack_policy": "none", "ack_wait": 7_000_000_000}),
+                (f"$JS.API.CONSUMER.CREATE.{STREAM}.named", {"name": "named", "ack_policy": "explicit"}),
+            ):
+                out.append(await api_request(nc, subject, {"stream_name": STREAM, "config": config}))
+            return out
+        finally:
+            await nc.close()
+
+    push, pull, named = await in_asyncio(scenario)
+    assert "name" not in push["config"] and push["name"]
+    assert "ack_wait" not in push["config"] and push["config"]["max_deliver"] == 1
+    assert "name" not in pull["config"] and pull["config"]["ack_wait"] == 7_000_000_000 and pull["config"]["max_deliver"] == -1
+    assert named["config"]["name"] == "named" and named["config"]["ack_wait"] == 30_000_000_000
