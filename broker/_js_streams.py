@@ -24,7 +24,7 @@ import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
 from protocol import RemovalReason as R
 from protocol._jetstream import (
-    BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_MISMATCH,
+    BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
     stream_config, parse_request, stream_config_to_topic,
 )
@@ -33,7 +33,7 @@ from protocol._nats import decode_nats_headers, encode_nats_headers, nats_messag
 from . import _admin, _removing
 from ._jetstream import KV_STREAM
 from ._log import get_logger
-from ._topic_config import TopicConfig, check_option_types, resolve
+from ._topic_config import DEFAULT_DUPLICATE_WINDOW, TopicConfig, check_option_types, resolve
 
 if TYPE_CHECKING:
     from ._catalog import Topic
@@ -247,8 +247,14 @@ def _same(broker: Any, topic: Topic, options: dict[str, Any], max_age: int, peda
 
 
 async def _update(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, Any]:
+    """STREAM.UPDATE: the request is the whole new config, as for the server (what it
+    leaves out takes its default, not the old value)."""
     topic = js.topic(name)
+    if req.get("storage") not in (None, "file"):
+        raise js_error(STREAM_INVALID_CONFIG, "stream configuration update can not change storage type")
     _, _, options, max_age, pedantic = _topic_request(js, name, req)
+    if "duplicate_window" not in options:
+        options["duplicate_window"] = min(DEFAULT_DUPLICATE_WINDOW, max_age) if max_age else DEFAULT_DUPLICATE_WINDOW
     if options.get("kv") is not None and topic.config.kv is not None:
         options["kv"] = {**topic.config.kv, **options["kv"]}  # keep our refresh and visibility
     changes = {**options, "message_expiry": max_age}

@@ -663,3 +663,25 @@ async def test_republish_config_omits_what_the_server_omits(nats_url: str) -> No
         {"src": "rb.>", "dest": "x.rb.>", "headers_only": True},
         {"src": "rc.>", "dest": "x.rc.>"},
     ]
+
+
+async def test_update_is_a_whole_config(nats_url: str) -> None:
+    """STREAM.UPDATE takes the request as the whole new config, as the server: a
+    duplicate window it leaves out is the default again (2 minutes, or the max age
+    when shorter), not the old value; a storage other than file is "can not change
+    storage type"."""
+
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        base = {"name": "UP", "subjects": ["up.>"]}
+        await _raw_api(nc, "$JS.API.STREAM.CREATE.UP", base)
+        out = []
+        for change in ({"max_age": 30_000_000_000}, {"allow_msg_ttl": True}, {"allow_msg_ttl": True, "duplicate_window": 5_000_000_000},
+                       {"storage": "memory"}):
+            d = await _raw_api(nc, "$JS.API.STREAM.UPDATE.UP", {**base, **change})
+            out.append(d.get("error") or d["config"]["duplicate_window"])
+        return out
+
+    assert await _js(nats_url, fn) == [
+        30_000_000_000, 120_000_000_000, 5_000_000_000,
+        {"code": 500, "err_code": 10052, "description": "stream configuration update can not change storage type"},
+    ]
