@@ -13,6 +13,13 @@ clients, each to a subject of its own, do not each scan them all), by their firs
 token when only it is, and apart when it is a wildcard. With no subscription at
 all, publishing skips this entirely.
 
+Replies go to subjects seen once (nats-py's ``_INBOX.<id>.<n>``, one ``n`` per
+request), so the cache per subject would only miss. When every subscription that
+could match a subject has nothing but wildcards after its first two tokens (the
+inbox's ``_INBOX.<id>.*``), the answer depends on the subject's first two tokens and
+its number of tokens alone: it is cached under that *shape* too, and a subject of the
+same shape takes it from there (no queue groups; cleared with the other cache).
+
 The SUBSCRIBE and UNSUBSCRIBE handlers are here too, and ``deliver``, which pushes
 published (and republished or marker) records to the matching subscriptions.
 """
@@ -58,6 +65,9 @@ class SubscriptionIndex:
         #: Members of NATS queue groups (also in ``_all``).
         self._queued = 0
         self._cache: dict[bytes, tuple[Any, ...]] = {}
+        #: (first token, second token, number of tokens) -> the answer for any subject
+        #: of that shape, when no subscription that could match it looks further.
+        self._shapes: dict[tuple[bytes, bytes, int], tuple[Any, ...]] = {}
         #: subject -> its queue groups' matching members (only with queue groups).
         self._groups: dict[bytes, tuple[tuple[Any, ...], ...]] = {}
         #: Called with each subscription added (a NATS push consumer starts delivering
@@ -84,6 +94,7 @@ class SubscriptionIndex:
         if getattr(sub, "queue", None):
             self._queued += 1
         self._cache = {}
+        self._shapes = {}
         self._groups = {}
         for fn in self.on_add:
             fn(sub)
@@ -102,39 +113,72 @@ class SubscriptionIndex:
             if getattr(sub, "queue", None):
                 self._queued -= 1
         self._cache = {}
+        self._shapes = {}
         self._groups = {}
 
     def match(self, subject: bytes) -> tuple[Any, ...]:
         """Subscriptions that get a message on ``subject``: those whose filter
         matches, with one member of each queue group. Runtime complexity: O(1) on a
-        cache hit (plus O(groups) with queue groups), O(subscriptions) on a miss."""
+        cache hit, of the subject or of its shape (plus O(groups) with queue
+        groups), O(subscriptions) on a miss."""
         hit = self._cache.get(subject)
         if hit is None:
-            if len(self._cache) >= CACHE_LIMIT:
-                self._cache = {}
-                self._groups = {}
-            tokens = subject.decode(errors="replace").split(".")
-            found = [s for s in self._wild if subject_matches(s.tokens, tokens)]
-            one = self._by_one.get(tokens[0])
-            if one:
-                found += [s for s in one if subject_matches(s.tokens, tokens)]
-            two = self._by_two.get((tokens[0], tokens[1])) if len(tokens) > 1 else None
-            if two:
-                found += [s for s in two if subject_matches(s.tokens, tokens)]
-            if self._queued:
-                groups: dict[str, list[Any]] = {}
-                for s in found:
-                    if getattr(s, "queue", None):
-                        groups.setdefault(s.queue, []).append(s)
-                if groups:
-                    found = [s for s in found if not getattr(s, "queue", None)]
-                    self._groups[subject] = tuple(tuple(g) for g in groups.values())
-            self._cache[subject] = hit = tuple(found)
+            shape = None
+            if not self._queued:
+                parts = subject.split(b".", 2)
+                if len(parts) == 3:
+                    shape = (parts[0], parts[1], parts[2].count(b".") + 3)
+                    hit = self._shapes.get(shape)
+                    if hit is not None:
+                        return hit
+            return self._miss(subject, shape)
         if self._queued:
             groups_of = self._groups.get(subject)
             if groups_of:
                 return hit + tuple(random.choice(g) for g in groups_of)
         return hit
+
+    def _miss(self, subject: bytes, shape: tuple[bytes, bytes, int] | None) -> tuple[Any, ...]:
+        """:meth:`match` of a subject in neither cache: look at the subscriptions that
+        can match, and cache the answer under the subject, or under its ``shape``
+        when none of them has anything but wildcards after its second token."""
+        if len(self._cache) >= CACHE_LIMIT or len(self._shapes) >= CACHE_LIMIT:
+            self._cache = {}
+            self._shapes = {}
+            self._groups = {}
+        tokens = subject.decode(errors="replace").split(".")
+        candidates = list(self._wild)
+        one = self._by_one.get(tokens[0])
+        if one:
+            candidates += one
+        two = self._by_two.get((tokens[0], tokens[1])) if len(tokens) > 1 else None
+        if two:
+            candidates += two
+        found = [s for s in candidates if subject_matches(s.tokens, tokens)]
+        if shape is not None and all(_wild_after_two(s.tokens) for s in candidates):
+            self._shapes[shape] = hit = tuple(found)
+            return hit
+        if self._queued:
+            groups: dict[str, list[Any]] = {}
+            for s in found:
+                if getattr(s, "queue", None):
+                    groups.setdefault(s.queue, []).append(s)
+            if groups:
+                found = [s for s in found if not getattr(s, "queue", None)]
+                self._groups[subject] = groups_of = tuple(tuple(g) for g in groups.values())
+                self._cache[subject] = hit = tuple(found)
+                return hit + tuple(random.choice(g) for g in groups_of)
+        self._cache[subject] = hit = tuple(found)
+        return hit
+
+
+def _wild_after_two(tokens: tuple[str, ...]) -> bool:
+    """Does a filter with these tokens match a subject whatever the subject's tokens
+    after its second (given their number)?"""
+    for t in tokens[2:]:
+        if t != "*" and t != ">":
+            return False
+    return True
 
 
 # -- handlers ------------------------------------------------------------------

@@ -56,3 +56,60 @@ def test_a_queue_group_gets_each_message_at_one_member() -> None:
         seen.add(a1 in got)
     assert seen == {True, False}  # both members of group a get some
     assert index.match(b"work.y.z") == (plain, b1)
+
+
+TAIL = st.sampled_from(["1", "2", "17", "x1", "*", ">"])
+SHAPED_FILTER = st.tuples(
+    st.sampled_from(["_INBOX", "a", "*"]), st.sampled_from(["id1", "id2", "*", ">"]),
+    st.lists(TAIL, max_size=2),
+).map(lambda t: ".".join([t[0], t[1], *t[2]]) if t[1] != ">" else f"{t[0]}.>")
+SHAPED_SUBJECT = st.tuples(
+    st.sampled_from(["_INBOX", "a"]), st.sampled_from(["id1", "id2"]),
+    st.lists(st.sampled_from(["1", "2", "17", "x1", "99"]), min_size=0, max_size=3),
+).map(lambda t: ".".join([t[0], t[1], *t[2]]))
+
+
+@given(st.lists(st.tuples(SHAPED_FILTER, st.booleans(), st.lists(SHAPED_SUBJECT, max_size=8)), max_size=20))
+def test_answers_cached_by_shape_are_what_checking_every_subscription_gives(
+    steps: list[tuple[str, bool, list[str]]],
+) -> None:
+    """Inbox-like subjects, many of one shape (first two tokens, number of tokens):
+    the answer taken from the shape cache is the subscriptions that match that very
+    subject, as subscriptions come and go."""
+    index = SubscriptionIndex()
+    live: list[Sub] = []
+    for subject_filter, remove_one, subjects in steps:
+        sub = Sub(subject_filter)
+        index.add(sub)
+        live.append(sub)
+        if remove_one:
+            index.remove(live.pop(0))
+        for subject in subjects:
+            want = {s for s in live if subject_matches(s.tokens, subject.split("."))}
+            assert set(index.match(subject.encode())) == want
+
+
+def test_an_inbox_subscription_answers_every_reply_subject_from_one_entry() -> None:
+    """nats-py's ``_INBOX.<id>.*``: one shape entry for all its replies, none per
+    subject; a subscription with a literal third token (or a queue group) keeps
+    answers per subject, and any change of subscriptions clears them."""
+    index = SubscriptionIndex()
+    inbox = Sub("_INBOX.abc.*")
+    index.add(inbox)
+    for n in range(50):
+        assert index.match(b"_INBOX.abc.%d" % n) == (inbox,)
+    assert index.match(b"_INBOX.abc.1.2") == ()
+    assert len(index._shapes) == 2 and not index._cache
+    one = Sub("_INBOX.abc.7")
+    index.add(one)
+    assert not index._shapes
+    assert set(index.match(b"_INBOX.abc.7")) == {inbox, one}
+    assert index.match(b"_INBOX.abc.8") == (inbox,)
+    assert not index._shapes and len(index._cache) == 2
+    index.remove(one)
+    assert index.match(b"_INBOX.abc.7") == (inbox,)
+    assert len(index._shapes) == 1
+    queued = Sub("_INBOX.xyz.*", "q")
+    index.add(queued)
+    assert index.match(b"_INBOX.xyz.1") == (queued,)
+    assert not index._shapes and list(index._cache) == [b"_INBOX.xyz.1"]
