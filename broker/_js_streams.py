@@ -374,10 +374,12 @@ class _Found:
         return cls(seq, subject.decode(), headers, bytes(payload), read_record_info(record, 0).timestamp)
 
     @classmethod
-    def of_kv_entry(cls, entry: dict[str, Any]) -> _Found:
-        """From a KV read (``KvReads.get``), which has read the record already."""
-        headers = encode_nats_headers(list(entry["headers"].items())) if entry["headers"] else None
-        return cls(entry["revision"], entry["subject"], headers, entry["value"], entry["created"])
+    def of_kv_read(cls, subject: str, read: tuple[Any, ...]) -> _Found:
+        """From a KV read (``KvReads.read``, what ``KvReads.get`` puts in its entry),
+        which has read the record already."""
+        offset, _, rec, created, _, payload_at, end, headers, _, _, _ = read
+        return cls(offset, subject, encode_nats_headers(list(headers.items())) if headers else None,
+                   bytes(rec[payload_at:end]), created)
 
 
 def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int]:
@@ -402,14 +404,13 @@ def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int
     if last_by:
         if not P.is_literal(last_by):
             raise js_error(NO_MESSAGE_FOUND)
-        raw = last_by.encode()
         if topic.config.kv is not None:
             try:
-                entry, epoch = js.broker.kv.get(topic, last_by, 0, js.broker.clock.now_ns())
+                read = js.broker.kv.read(topic, last_by, 0, js.broker.clock.now_ns())
             except BrokerError:
                 raise js_error(NO_MESSAGE_FOUND) from None
-            return _Found.of_kv_entry(entry), epoch
-        st = part.index.get(raw)
+            return _Found.of_kv_read(last_by, read), read[-1]
+        st = part.index.get(last_by.encode())
         if st is None or not st.count:
             raise js_error(NO_MESSAGE_FOUND)
         return _Found.of_record(st.last, part.log.get(st.last)), 0

@@ -108,8 +108,38 @@ class KvReads:
 
     def get(self, topic: Topic, subject: str, revision: int, now_ns: int) -> tuple[dict[str, Any], int]:
         """The entry of ``subject`` (its latest revision, or ``revision``), with the
-        bucket's visibility and refresh rules; returns it and the epoch the reply must
-        wait for (0: none). (:meth:`bucket`, :meth:`deadline`, :func:`_operation` and
+        bucket's visibility and refresh rules (:meth:`read`); returns it and the
+        epoch the reply must wait for (0: none).
+
+        Raises:
+            NotABucketError, MessageNotFoundError (absent, or expired and hidden),
+            CorruptedRecord (the record fails its checks on this read).
+        """
+        offset, latest, rec, created, ttl, payload_at, end, headers, op, deadline, epoch = self.read(
+            topic, subject, revision, now_ns
+        )
+        entry = {
+            "subject": subject,
+            "revision": offset,
+            "latest": latest,
+            "operation": op,
+            "value": bytes(rec[payload_at:end]),
+            "headers": headers,
+            "created": created,
+            "ttl": ttl,
+            "deadline": deadline,
+            "ttl_remaining_ms": max(0, (deadline - now_ns) // 1_000_000) if deadline else None,
+        }
+        return entry, epoch
+
+    def read(
+        self, topic: Topic, subject: str, revision: int, now_ns: int
+    ) -> tuple[int, bool, memoryview, int, int, int, int, dict[str, str], str, int, int]:
+        """What :meth:`get` answers, before it is put in a dictionary: ``(revision,
+        latest, record, created, ttl, payload start, payload end, headers, operation,
+        deadline, epoch)``, the value being ``record[payload start:payload end]``
+        (a JetStream get builds its answer from these without the entry).
+        (:meth:`bucket`, :meth:`deadline`, :func:`_operation` and
         ``read_record_info`` are written out here: this runs once per get.)
 
         The record comes from one storage call (``PartitionLog.read_live``: the live,
@@ -117,8 +147,7 @@ class KvReads:
         of another key, or an offset no live record holds, is "not found".
 
         Raises:
-            NotABucketError, MessageNotFoundError (absent, or expired and hidden),
-            CorruptedRecord (the record fails its checks on this read).
+            as :meth:`get`.
         """
         kv = topic.config.kv
         if kv is None:
@@ -146,19 +175,7 @@ class KvReads:
         epoch = 0
         if op == "PUT" and offset == latest and kv["refresh"] == "on_read_and_write" and deadline and now_ns < deadline:
             deadline, epoch = self.refresh(topic, part, offset, ttl, now_ns)
-        entry = {
-            "subject": subject,
-            "revision": offset,
-            "latest": offset == latest,
-            "operation": op,
-            "value": bytes(rec[payload_at:end]),
-            "headers": headers,
-            "created": created,
-            "ttl": ttl,
-            "deadline": deadline,
-            "ttl_remaining_ms": max(0, (deadline - now_ns) // 1_000_000) if deadline else None,
-        }
-        return entry, epoch
+        return offset, offset == latest, rec, created, ttl, payload_at, end, headers, op, deadline, epoch
 
     def refresh(self, topic: Topic, part: Partition, offset: int, ttl: int, now_ns: int) -> tuple[int, int]:
         """Push the key's deadline to ``now + ttl`` (O(1); no new deadline entry).
