@@ -274,7 +274,7 @@ class NatsSession(Session):
             self._handling = True
             try:
                 while True:
-                    if self.ready and not self.verbose and not self.pedantic:
+                    if self.ready and not self.verbose and not self.pedantic and parser.at_ack():
                         run = parser.ack_run()  # nats-py: one PUB per msg.ack(), many per read
                         if run is not None and self._ack_run(*run):
                             acked = True

@@ -304,6 +304,12 @@ class NatsParser:
         self._pos = pos
         return out
 
+    def at_ack(self) -> bool:
+        """Does a PUB on a v1 ack subject come next (so :meth:`ack_run` or
+        :meth:`ack_pubs` may take something)? One look for the other operations,
+        which both would only refuse."""
+        return self._pending is None and self.server and self._buf.startswith(b"PUB $JS.ACK.", self._pos)
+
     def ack_run(self) -> tuple[str, list[int], int] | None:
         """The run of whole acks of one consumer as nats-py writes ``msg.ack()``
         (``PUB <v1 ack subject>  0``, no reply, empty payload) at the read position,

@@ -432,13 +432,16 @@ def test_ack_pubs_takes_the_v1_acks_nats_py_sends() -> None:
 def _ack_run_outcome(parser: P.NatsParser, data: bytes) -> tuple[list[object], str | None]:
     """What ``parser`` gives reading ``data`` as the NATS session does: a run of
     nats-py's plain acks (:meth:`NatsParser.ack_run`) first, then ``ack_pubs``, then the
-    general path; each run's key and sequences checked against the broker's v1 match
+    general path (the first two only where ``at_ack`` says so: elsewhere they give
+    nothing); each run's key and sequences checked against the broker's v1 match
     of the subjects the general path reads there."""
     parser.receive_data(data)
     events: list[object] = []
     try:
         while True:
             before = bytes(parser._buf[parser._pos:])
+            if not parser.at_ack():  # the session then asks neither
+                assert parser.ack_run() is None and parser.ack_pubs() == []
             run = parser.ack_run()
             if run is not None:
                 key, seqs, end = run
