@@ -57,6 +57,8 @@ KV_STREAM = "kv"
 #: A KV bucket's NATS stream name is ``KV_<bucket>``.
 KV_PREFIX = "KV_"
 _PREFIXES = (API_PREFIX, ACK_PREFIX, FC_PREFIX)
+#: ``STREAM.MSG.GET.<stream>``: the request a KV get of a bucket without direct gets is.
+_KV_GET_PREFIX = API_PREFIX + "STREAM.MSG.GET.KV_"
 #: API requests that wait (catalog changes) at most in progress at once, all
 #: connections together; more are refused with the server's 429 "too many requests".
 MAX_WAITING_REQUESTS = 256
@@ -104,6 +106,8 @@ class JetStream:
         subject)."""
         self._origin, self._subject = origin, subject
         try:
+            if subject.startswith(_KV_GET_PREFIX) and _js_streams.kv_get(self, subject[len(_KV_GET_PREFIX) :], reply, payload):
+                return  # nats-py's kv.get, answered as api() answers it (no dispatch, no request dict)
             if subject.startswith(API_PREFIX):
                 tokens = subject[len(API_PREFIX) :].split(".")
                 if tokens[0] == "CONSUMER":

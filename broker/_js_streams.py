@@ -26,12 +26,12 @@ from protocol import RemovalReason as R
 from protocol._jetstream import (
     BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
-    stream_config, parse_request, stream_config_to_topic,
+    stream_config, last_by_subj_of, parse_request, stream_config_to_topic,
 )
 from protocol._nats import decode_nats_headers, encode_nats_headers, nats_message_of_record
 
 from . import _admin, _removing
-from ._jetstream import KV_STREAM
+from ._jetstream import KV_PREFIX, KV_STREAM
 from ._log import get_logger
 from ._topic_config import DEFAULT_DUPLICATE_WINDOW, TopicConfig, check_option_types, resolve
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ._catalog import Topic
     from ._jetstream import JetStream
 
-__all__ = ["api", "stream_info"]
+__all__ = ["api", "kv_get", "stream_info"]
 
 log = get_logger(__name__)
 
@@ -431,7 +431,39 @@ def _msg_get(js: JetStream, name: str, req: dict[str, Any]) -> tuple[bytes, int]
     """The answer is built as bytes (``msg_get_response``): a KV get is this request."""
     topic = js.topic(name)
     found, epoch = _load(js, topic, req)
-    return msg_get_response(found.subject, found.seq, found.headers, found.payload, rfc3339(found.timestamp)), epoch
+    return _msg_get_answer(found), epoch
+
+
+def _msg_get_answer(found: _Found) -> bytes:
+    return msg_get_response(found.subject, found.seq, found.headers, found.payload, rfc3339(found.timestamp))
+
+
+def kv_get(js: JetStream, bucket: str, reply: str | None, payload: bytes) -> bool:
+    """``$JS.API.STREAM.MSG.GET.KV_<bucket>`` with ``{"last_by_subj": <a literal
+    subject>}``, nats-py's ``kv.get`` of a bucket without direct gets, answered with
+    what :func:`api` answers (the same read, answer, error and counters) without its
+    dispatch, request dictionary and checks; False, nothing done, for any other
+    request (another stream, not a bucket, another request), which :func:`api`
+    then answers."""
+    if "." in bucket:
+        return False
+    subject = last_by_subj_of(payload)
+    if not subject or "*" in subject or ">" in subject:
+        return False  # refused, or a wildcard (no message found): api() says so
+    try:
+        topic = js.topic(KV_PREFIX + bucket)
+    except JSError:
+        return False
+    if topic.config.kv is None:
+        return False
+    js.api_total += 1
+    try:
+        read = js.broker.kv.read(topic, subject, 0, js.broker.clock.now_ns())
+    except BrokerError:
+        _fail(js, reply, "stream_msg_get", js_error(NO_MESSAGE_FOUND))
+        return True
+    js.respond(reply, _msg_get_answer(_Found.of_kv_read(subject, read)), epoch=read[-1])
+    return True
 
 
 def _msg_delete(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:

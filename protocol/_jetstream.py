@@ -161,6 +161,19 @@ def parse_request(payload: bytes) -> dict[str, Any]:
     return req
 
 
+def last_by_subj_of(payload: bytes) -> str | None:
+    """The subject of a request :func:`parse_request` reads as exactly
+    ``{"last_by_subj": <subject>}`` from its one-member form (nats-py's KV get),
+    or None for any other request."""
+    m = _ONE_STRING.fullmatch(payload)
+    if m is None or m.group(1) != b"last_by_subj":
+        return None
+    try:
+        return m.group(2).decode()
+    except UnicodeDecodeError:
+        return None
+
+
 #: A JSON object of one string member whose name and value need no unescaping
 #: (JSON's whitespace only: space, tab, LF, CR): what ``json.loads`` gives for it is
 #: the two texts, read without the decoder's layers.

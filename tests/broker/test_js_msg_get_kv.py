@@ -3,7 +3,10 @@ bucket, nats-py's ``kv.get``, is answered from the bucket's read
 (``KvReads.read``) without the entry dictionary ``KvReads.get`` makes: the answer
 is byte for byte the one built from that entry (subject, revision, headers, value,
 creation time), or the same error, whatever the bucket went through (puts with and
-without headers, deletes, purges, keys never written, wildcards, other buckets)."""
+without headers, deletes, purges, keys never written, wildcards, other buckets).
+``JetStream.request`` answers the common form of that request itself
+(``_js_streams.kv_get``): for any stream name and payload, what it answers and
+counts is what ``api`` does."""
 
 from __future__ import annotations
 
@@ -14,12 +17,23 @@ from hypothesis import strategies as st
 from ttl_helpers import broker_and_client
 
 import protocol as P
+from broker._js_streams import api
 from broker._nats_core import NatsSubscription
 from protocol import BrokerError
 from protocol._jetstream import NO_MESSAGE_FOUND, STREAM_NOT_FOUND, api_error, js_error, msg_get_response, rfc3339
 from protocol._nats import decode_nats_headers, encode_msg, encode_nats_headers
 
 KEYS = ["k0", "k1", "k2", "a.b", "x"]
+NAMES = ["KV_b", "KV_other", "KV_nope", "KV_", "KV_b.x", "kv_b", "KV_B", "S"]
+PAYLOADS = [
+    *(b'{"last_by_subj":"%s"}' % s for s in [
+        b"$KV.b.k0", b"$KV.b.a.b", b"$KV.other.x", b"$KV.b.never", b"", b"$KV.b.*", b"$KV.b.>", b"$KV.b.a*b",
+        b"$KV.b.k>", b"$KV.b..k0", b"$KV.b.\xff", rb"$KV.b.\u006b0",
+    ]),
+    b' \n{ "last_by_subj" : "$KV.b.k1" }\t',
+    b'{"last_by_subj":"$KV.b.k0","seq":0}', b'{"last_by_subj":5}', b'{"seq":1}', b'{"next_by_subj":"$KV.b.k0"}',
+    b'{"last_by_sub":"$KV.b.k0"}', b"", b"{", b"[]", b"{}",
+]
 INBOX = "_INBOX.test.*"
 
 
@@ -96,6 +110,7 @@ async def test_kv_msg_get_answers_what_the_entry_gives(mock_clock, data_dir) -> 
             st.tuples(st.just("get"), st.sampled_from(["KV_b", "KV_other", "KV_nope"]),
                       st.sampled_from([*KEYS, "never", "*", ">", "k0.>"])),
             st.tuples(st.just("direct"), st.sampled_from([*KEYS, "never"])),
+            st.tuples(st.just("any"), st.sampled_from(NAMES), st.sampled_from(PAYLOADS)),
         )
 
         @given(st.lists(op, min_size=10, max_size=40))
@@ -120,6 +135,19 @@ async def test_kv_msg_get_answers_what_the_entry_gives(mock_clock, data_dir) -> 
                     where = {"KV_b": topic, "KV_other": other}.get(name)
                     want = _expected_msg_get(broker, where, subject)
                     assert inbox.got == [encode_msg(reply.encode(), b"1", None, None, want)]
+                elif kind == "any":
+                    # The fast path (JetStream.request) against api() itself.
+                    _, name, payload = item
+                    answers = []
+                    for path in ("fast", "general"):
+                        inbox.got.clear()
+                        before = (js.api_total, js.api_errors)
+                        if path == "fast":
+                            js.request(f"$JS.API.STREAM.MSG.GET.{name}", "_INBOX.test.1", None, payload)
+                        else:
+                            api(js, ["STREAM", "MSG", "GET", *name.split(".")], "_INBOX.test.1", None, payload)
+                        answers.append((inbox.got[:], js.api_total - before[0], js.api_errors - before[1]))
+                    assert answers[0] == answers[1] and len(answers[0][0]) == 1
                 else:
                     subject = f"$KV.b.{item[1]}"
                     reply = f"_INBOX.test.{n}"
