@@ -271,6 +271,7 @@ class NatsSession(Session):
                 return
             parser.receive_data(data)
             short = len(data) < SHORT_READ
+            sent = self._sent_bytes
             self._handling = True
             try:
                 while True:
@@ -314,16 +315,18 @@ class NatsSession(Session):
                     await self._send_ready()  # what the socket did not take at once
                 finally:
                     self._reader_sending = False
-            self._answers_wait = short and bool(self._durable)
-            if self._answers_wait:
+            durable = short and bool(self._durable)
+            self._answers_wait = durable or (short and self._sent_bytes != sent)
+            if durable:
                 self.broker.committer.sync_if_idle()  # their client sends nothing more before them
 
     async def _receive(self) -> bytes:
         """``Session._receive``; but after a short read whose answers wait for the
-        group commit (one request, a publish or a KV put awaited by its client),
-        wait until the socket is readable before reading: the client sends nothing
-        more before its answer, so reading at once would only find nothing (a
-        system call and an exception a request)."""
+        group commit (one request, a publish or a KV put awaited by its client), or
+        went out during it (a KV get, any request answered at once), wait until the
+        socket is readable before reading: the client sends nothing more before its
+        answer, so reading at once would only find nothing (a system call and an
+        exception a request)."""
         if self._answers_wait:
             self._answers_wait = False
             sock = self._sock

@@ -138,3 +138,49 @@ async def test_key_ttl_and_bucket_refusals(nats_url: str) -> None:
     assert out[1]["Nats-TTL"] == "30"
     assert out[2] == (500, 10074, "replicas > 1 not supported in non-clustered mode")
     assert out[3] == (500, 10052, "storage 'memory' (only 'file': every stream is on disk) is not supported by ttlbroker")
+
+
+async def test_after_an_answered_get_the_reader_waits_for_the_next_request(
+    nats_url: str, nats_server: ServerHandle, monkeypatch: Any,
+) -> None:
+    """nats-py's ``kv.get`` one at a time: each short read's answer goes out at once,
+    so the reader next waits for the socket to be readable instead of reading
+    (``NatsSession._answers_wait``: the client sends nothing before its answer); a
+    core publish that nothing answers on its connection reads at once as before."""
+    import nats
+
+    from broker._nats_session import NatsSession
+    from helpers import in_asyncio
+
+    waits: list[bool] = []
+    real = NatsSession._receive
+
+    async def spy(self: NatsSession) -> bytes:
+        if self.client_name == "getter":
+            waits.append(self._answers_wait)
+        return await real(self)
+
+    async def scenario() -> list[Any]:
+        nc = await nats.connect(nats_url, name="getter")
+        other = await nats.connect(nats_url)
+        try:
+            kv = await nc.jetstream().create_key_value(bucket="waits", history=1)
+            await kv.put("k", b"v")
+            sub = await other.subscribe("seen")
+            await other.flush()
+            waits.clear()
+            values = [(await kv.get("k")).value for _ in range(5)]
+            gets = waits[:]
+            waits.clear()
+            await nc.publish("seen", b"x")  # delivered to the other connection only
+            await sub.next_msg(timeout=5)
+            return [values, gets, waits[:]]
+        finally:
+            await nc.close()
+            await other.close()
+
+    monkeypatch.setattr(NatsSession, "_receive", spy)
+    values, gets, publish = await in_asyncio(scenario)
+    assert values == [b"v"] * 5
+    assert gets == [True] * 5  # after each get's answer
+    assert publish == [False]  # after the PUB: nothing went to its client
