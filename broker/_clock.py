@@ -34,7 +34,9 @@ class Clock:
 
     def now_ns(self) -> int:
         """Wall-clock nanoseconds, advancing with trio's clock."""
-        trio0 = self._start()
+        trio0 = self._trio0
+        if trio0 is None:
+            trio0 = self._start()
         return self._wall0 + int((trio.current_time() - trio0) * 1e9)
 
     def trio_time(self) -> float:

@@ -22,10 +22,10 @@ rounded.
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import re
+from binascii import b2a_base64
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -195,9 +195,9 @@ def msg_get_response(subject: str, seq: int, headers: bytes | None, payload: byt
     without building and encoding the dictionaries."""
     out = [_MSG_GET_HEAD, encode_basestring_ascii(subject).encode(), b',"seq":%d' % seq]
     if headers:
-        out += [b',"hdrs":"', base64.b64encode(headers), b'"']
+        out += [b',"hdrs":"', b2a_base64(headers, newline=False), b'"']  # base64.b64encode's own call
     if payload:
-        out += [b',"data":"', base64.b64encode(payload), b'"']
+        out += [b',"data":"', b2a_base64(payload, newline=False), b'"']
     out += [b',"time":', encode_basestring_ascii(time).encode(), b"}}"]
     return b"".join(out)
 
