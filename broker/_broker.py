@@ -57,6 +57,7 @@ from ._partition import Partition
 from ._republish import Republisher
 from ._retention import Retention
 from ._sealing import Sealer
+from ._session import RECEIVE_SIZE
 from ._routing import Router
 from ._stats import Counters
 from ._subscriptions import SubscriptionIndex
@@ -137,6 +138,9 @@ class Broker:
         self.catalog = Catalog()
         self.router = Router()
         self.subs = SubscriptionIndex()
+        #: Where the sessions read their sockets (``Session._receive``: one read at a
+        #: time on the event loop, copied out before the next).
+        self.receive_buffer = memoryview(bytearray(RECEIVE_SIZE))
         self.committer = Committer(config.system.partition.fsync, self.counters)
         self.retention = Retention(self.clock, self.counters, self.committer, partial(_subscriptions.deliver, self))
         self.republisher = Republisher(

@@ -473,7 +473,13 @@ class Session:
         checkpoint). Once :data:`RECEIVE_SIZE` bytes came in without a checkpoint it
         checkpoints before reading again, so a client that never stops sending keeps
         the loop no longer than with one checkpoint per full read. Over TLS, the
-        stream's ``receive_some``."""
+        stream's ``receive_some``.
+
+        The socket is read into the broker's one receive buffer and what came is
+        copied out: ``recv`` would allocate :data:`RECEIVE_SIZE` bytes a read and
+        shrink them to what came, which the C allocator serves with an
+        ``mmap``, ``mremap`` and ``munmap`` a read once reads stop freeing whole
+        buffers (a request and its answer at a time)."""
         size = RECEIVE_SIZE if self.ready else 4096
         sock = self._sock
         if sock is None or self.stream is not self._sock_stream:
@@ -481,9 +487,10 @@ class Session:
         if self._unchecked >= RECEIVE_SIZE:
             self._unchecked = 0
             await trio.lowlevel.checkpoint()
+        buffer = self.broker.receive_buffer
         while True:
             try:
-                data = sock.recv(size)
+                data = buffer[: sock.recv_into(buffer, size)].tobytes()
             except BlockingIOError:
                 self._unchecked = 0
                 await trio.lowlevel.wait_readable(sock)
