@@ -193,6 +193,11 @@ def msg_get_response(subject: str, seq: int, headers: bytes | None, payload: byt
     """``STREAM.MSG.GET``'s answer, byte for byte what :func:`api_response` gives for
     ``{"message": {"subject", "seq", "hdrs" (when any), "data" (when any), "time"}}``,
     without building and encoding the dictionaries."""
+    if payload and not headers:  # a KV value: one formatting
+        return b'%s%s,"seq":%d,"data":"%s","time":%s}}' % (
+            _MSG_GET_HEAD, encode_basestring_ascii(subject).encode(), seq, b2a_base64(payload, newline=False),
+            encode_basestring_ascii(time).encode(),
+        )
     out = [_MSG_GET_HEAD, encode_basestring_ascii(subject).encode(), b',"seq":%d' % seq]
     if headers:
         out += [b',"hdrs":"', b2a_base64(headers, newline=False), b'"']  # base64.b64encode's own call
