@@ -170,6 +170,7 @@ async def test_after_an_answered_get_the_reader_waits_for_the_next_request(
             await other.flush()
             waits.clear()
             values = [(await kv.get("k")).value for _ in range(5)]
+            await nc.flush()  # a PING read after the last get's answer: that read's wait is in
             gets = waits[:]
             waits.clear()
             await nc.publish("seen", b"x")  # delivered to the other connection only
@@ -182,5 +183,5 @@ async def test_after_an_answered_get_the_reader_waits_for_the_next_request(
     monkeypatch.setattr(NatsSession, "_receive", spy)
     values, gets, publish = await in_asyncio(scenario)
     assert values == [b"v"] * 5
-    assert gets == [True] * 5  # after each get's answer
+    assert len(gets) >= 5 and all(gets)  # after each get's answer (and the PING's)
     assert publish == [False]  # after the PUB: nothing went to its client
