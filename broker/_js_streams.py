@@ -435,6 +435,8 @@ def _msg_get(js: JetStream, name: str, req: dict[str, Any]) -> tuple[bytes, int]
 
 
 def _msg_get_answer(found: _Found) -> bytes:
+    """STREAM.MSG.GET's answer for a message found, as both :func:`_msg_get` and
+    :func:`kv_get` give it."""
     return msg_get_response(found.subject, found.seq, found.headers, found.payload, rfc3339(found.timestamp))
 
 
