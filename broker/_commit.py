@@ -32,6 +32,7 @@ import trio
 from storage import FsyncPolicy, sync_fds
 
 from ._log import get_logger
+from ._runq import tasks_runnable
 from ._stats import Counters
 
 __all__ = ["Committer"]
@@ -255,7 +256,7 @@ class Committer:
         if (
             self.policy.mode != "always" or not self._dirty or self._after or self._failed is not None
             or self.last_sync_seconds >= INLINE_SYNC_SECONDS
-            or trio.lowlevel.current_statistics().tasks_runnable > 1
+            or tasks_runnable() > 1
         ):
             return False
         target, fds = self._begin()
