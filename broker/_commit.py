@@ -185,6 +185,8 @@ class Committer:
             while True:
                 await self._work.wait()
                 self._work = trio.Event()
+                if not (self._dirty or self._lazy or self._failed is not None):
+                    continue  # a session's reader synced it (sync_if_idle) before our turn
                 if self._lazy_due and not self._dirty:
                     # Only lazy writes: they go with the next write someone waits
                     # for, or when due.
