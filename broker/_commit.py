@@ -129,9 +129,11 @@ class Committer:
     def note_write(self, source: object, lazy: bool = False) -> int:
         """Record that ``source`` (anything with ``take_dirty_fds()``) was written.
 
-        Returns the epoch the write belongs to. ``lazy``: nobody waits for this
-        write; it goes with the next sync (under ``always``, within
-        :data:`LAZY_SYNC_SECONDS`), and 0 is returned: no epoch to wait on.
+        Returns the epoch the write belongs to; ``source.synced()``, if it has one,
+        is called after the sync that made the write durable, once the answers it
+        released are out. ``lazy``: nobody waits for this write; it goes with the
+        next sync (under ``always``, within :data:`LAZY_SYNC_SECONDS`), and 0 is
+        returned: no epoch to wait on.
         Runtime complexity: O(1).
         """
         if lazy and self.policy.mode == "always":
@@ -201,8 +203,9 @@ class Committer:
         else:
             await trio.sleep_forever()
 
-    def _begin(self) -> tuple[int, list[int]]:
-        """A sync starts: the epoch it makes durable, and the descriptors to sync."""
+    def _begin(self) -> tuple[int, list[int], set[object]]:
+        """A sync starts: the epoch it makes durable, the descriptors to sync, and
+        the sources they are taken from."""
         target = self.epoch
         self.epoch += 1
         sources = self._dirty
@@ -212,13 +215,13 @@ class Committer:
         self._lazy_due = 0.0
         fds = self._take_fds(sources)
         self._dirty = set()
-        return target, fds
+        return target, fds, sources
 
     async def sync_now(self) -> None:
         """Sync everything written so far (used by the loop and at shutdown)."""
         if self._failed is not None:
             raise self._failed
-        target, fds = self._begin()
+        target, fds, sources = self._begin()
         if fds:
             started = time.perf_counter()
             try:
@@ -235,6 +238,7 @@ class Committer:
             self.last_sync_seconds = time.perf_counter() - started
             self.counters.fsyncs += 1
         self._released(target)
+        self._synced(sources)
         if self._after:
             # Let the sessions send the acks this sync released before the actions
             # (republished copies) take the loop.
@@ -261,7 +265,7 @@ class Committer:
             or tasks_runnable() > 1
         ):
             return False
-        target, fds = self._begin()
+        target, fds, sources = self._begin()
         if fds:
             started = time.perf_counter()
             try:
@@ -274,6 +278,7 @@ class Committer:
             self.last_sync_seconds = time.perf_counter() - started
             self.counters.fsyncs += 1
         self._released(target)
+        self._synced(sources)
         return True
 
     def _released(self, target: int) -> None:
@@ -289,6 +294,16 @@ class Committer:
                 hook(target)
             except Exception as exc:  # a failed hook must not stop durability
                 log.error("after_sync_failed", error=repr(exc), exc_info=True)
+
+    @staticmethod
+    def _synced(sources: Iterable[object]) -> None:
+        """The sync of ``sources``' descriptors completed and the answers it released
+        are out: ``synced()`` for those that have it (a partition's log records
+        what is durable now, without a system call before the answers)."""
+        for src in sources:
+            done: Callable[[], None] | None = getattr(src, "synced", None)
+            if done is not None:
+                done()
 
     @staticmethod
     def _take_fds(sources: Iterable[object]) -> list[int]:

@@ -640,22 +640,28 @@ class PartitionLog:
 
     def take_dirty_fds(self) -> list[int]:
         """Descriptors with writes to sync (the group commit calls this as it starts a
-        sync). What the previous sync covered is durable by now: the trailing
-        ``acked_next`` is written for it, without an fsync of its own."""
+        sync, and :meth:`synced` once it is done)."""
         fds: list[int] = []
         for seg in self.segments:
             if seg.dirty or seg.del_dirty:
                 fds.extend(seg.take_dirty_fds())
-        st = self._state.state
-        if self._syncing_next > st.acked_next:
-            st.acked_next = self._syncing_next
-            self._state.write_lazy()
         if fds:
             self._syncing_next = self.next_offset
             if self._state_unsynced:
                 self._state_unsynced = False
                 fds.append(self._state.fd)
         return fds
+
+    def synced(self) -> None:
+        """The sync of the descriptors :meth:`take_dirty_fds` last gave completed:
+        every record below the next offset of that moment is durable, and the
+        trailing ``acked_next`` is written for it, without an fsync of its own (the
+        next sync takes it along). The group commit calls this after the answers
+        the sync released are sent: a system call off their path."""
+        st = self._state.state
+        if self._syncing_next > st.acked_next:
+            st.acked_next = self._syncing_next
+            self._state.write_lazy()
 
     def close(self, clean: bool = True) -> None:
         """Close every file. ``clean`` (everything written has been synced): record

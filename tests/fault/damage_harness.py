@@ -72,8 +72,8 @@ def _append(log: PartitionLog, bodies: list[bytes], ts: int) -> int:
 def build(path: Path, rng: random.Random, reserve: bool) -> tuple[dict[int, bytes], dict[int, int], set[int], PartitionLog]:
     """A partition with sealed segments, an active one and deletions. Returns the
     stored bodies and timestamps by offset, the deleted offsets, and the open log
-    (every write 'acknowledged': synced through take_dirty_fds as the group commit
-    does)."""
+    (every write 'acknowledged': synced through take_dirty_fds and synced() as the
+    group commit does)."""
     log, _ = PartitionLog.open(str(path), 2048, reserve=reserve)
     bodies: dict[int, bytes] = {}
     times: dict[int, int] = {}
@@ -90,9 +90,10 @@ def build(path: Path, rng: random.Random, reserve: bool) -> tuple[dict[int, byte
             doomed = rng.sample(sorted(set(bodies) - deleted), k=min(len(bodies) - len(deleted), rng.randrange(1, 4)))
             log.delete_many(doomed, tag=rng.randrange(0, 16))
             deleted.update(doomed)
-        log.take_dirty_fds()  # a group commit: what the previous one took is now durable
+        log.take_dirty_fds()  # a group commit takes the descriptors,
+        log.synced()  # and what it took is durable
     log.take_dirty_fds()
-    log.take_dirty_fds()
+    log.synced()
     return bodies, times, deleted, log
 
 
