@@ -74,6 +74,7 @@ from protocol._nats import (
 from ._info import VERSION
 from ._log import get_logger
 from ._nats_core import NatsSubscription, send_core
+from ._publishing import publish
 from ._routing import NO_TOPIC
 from ._session import GOODBYE_SECONDS, SHORT_READ, Session
 
@@ -595,14 +596,21 @@ class NatsSession(Session):
         broker = self.broker
         acked = any(reply for _, reply, _ in batch)
         cmd = P.Publish.from_bodies([body for body, _, _ in batch], 0 if acked else P.PUBLISH_NO_ACK)
-        result = broker.sync_handlers[P.Publish](self, cmd)
+        result = publish(broker, self, cmd, stored=True)
         if not acked:
             return
         payload, epoch = result if isinstance(result, tuple) else (result, 0)
         if not broker.committer.acks_wait:
             epoch = 0
-        acks = (P.Acks.first(payload),) if len(batch) == 1 else P.Acks.decode(payload)  # one: one unpack
         js = broker.jetstream
+        if payload.__class__ is int:  # all stored, in order, from this offset on
+            offset = payload
+            for _, reply, topic in batch:
+                if reply:
+                    js.respond(reply, js.pub_ack(topic, offset, False), epoch=epoch)
+                offset += 1
+            return
+        acks = (P.Acks.first(payload),) if len(batch) == 1 else P.Acks.decode(payload)  # one: one unpack
         for i, (_, reply, topic) in enumerate(batch):
             if not reply:
                 continue

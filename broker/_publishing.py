@@ -81,10 +81,16 @@ def _check_expects(part: Partition, expects: tuple[bytes | None, int | None, byt
 
 def publish(
     broker: Broker, session: Any, cmd: P.Publish, trusted: bool = False,
-    frames: tuple[list[int], list[int], list[int]] | None = None,
-) -> Reply | tuple[bytes, int] | None:
+    frames: tuple[list[int], list[int], list[int]] | None = None, stored: bool = False,
+) -> Reply | tuple[bytes, int] | tuple[int, int] | None:
     """A batch of messages (``trusted``: bodies the broker built itself, such as
     republished copies, whose flags, sizes and headers need no checking).
+
+    ``stored``: when the whole batch is stored, in order, into one partition (the
+    common case) the reply is ``(first_offset, epoch)``, message k at
+    ``first_offset + k``, instead of its acks: the NATS listener makes each PubAck
+    from the offset, and would only decode acks encoded for it. Any other outcome
+    replies as without it.
 
     ``frames``: ``cmd`` joins the bodies of several PUBLISH requests (see
     :func:`publish_frames`): their correlation ids, message counts and the
@@ -186,6 +192,8 @@ def publish(
             deliver(broker, [(s, head, rec) for s, rec in zip(subjects, _record_views(res))])
         if cmd.no_ack:
             return b""
+        if stored:
+            return res.first_offset, epoch
         topic = part.topic
         sid, tid, number, first = topic.stream.id, topic.id, part.number, res.first_offset
         if frames is not None:
