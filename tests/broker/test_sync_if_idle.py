@@ -148,3 +148,70 @@ async def test_a_nats_awaited_publish_and_kv_put_are_synced_by_their_reader(nats
     seqs, revs = await in_asyncio(scenario, nats_server.nats_url)
     assert seqs == [1, 2, 3] and revs == [1, 2, 3]
     assert sum(calls) >= 5 and nats_server.broker.counters.fsyncs - fsyncs >= 6
+
+
+class Told(Source):
+    """A source told when a sync of its descriptors completed (``synced()``)."""
+
+    def __init__(self, fd: int, events: list[str]) -> None:
+        super().__init__(fd)
+        self.events = events
+
+    def synced(self) -> None:
+        self.events.append("synced")
+
+
+class Answering(Watcher):
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    def on_sync(self) -> None:
+        self.events.append("answered")
+
+
+async def test_sources_are_told_after_the_answers_of_their_sync_and_the_committer_skips_its_empty_turn(
+    monkeypatch: Any,
+) -> None:
+    synced = _recording(monkeypatch)
+    events: list[str] = []
+    async with trio.open_nursery() as nursery:
+        committer = await _committer(nursery)
+        hooks: list[int] = []
+        committer.on_synced.append(hooks.append)
+        src = Told(5, events)
+        # The reader's inline sync.
+        src.dirty = True
+        epoch = committer.note_write(src)
+        committer.watch(Answering(events))
+        assert committer.sync_if_idle() is True
+        assert events == ["answered", "synced"] and hooks == [epoch]
+        # The committer, woken by the write, finds nothing: no sync, no new epoch, no hook.
+        await trio.testing.wait_all_tasks_blocked()
+        assert synced == [[5]] and hooks == [epoch] and committer.epoch == epoch + 1 and events == ["answered", "synced"]
+        # The committer's own sync tells them in the same order.
+        src.dirty = True
+        epoch = committer.note_write(src)
+        committer.watch(Answering(events))
+        await trio.testing.wait_all_tasks_blocked()
+        assert synced == [[5], [5]] and hooks == [epoch - 1, epoch] and events == ["answered", "synced"] * 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_sync_tells_no_source(monkeypatch: Any) -> None:
+    def failing(fds: list[int]) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(_commit, "sync_fds", failing)
+    events: list[str] = []
+    with pytest.raises(BaseException) as raised:
+        async with trio.open_nursery() as nursery:
+            committer = await _committer(nursery)
+            src = Told(5, events)
+            src.dirty = True
+            committer.note_write(src)
+            assert committer.sync_if_idle() is False
+            await trio.sleep_forever()
+    assert isinstance(raised.value, BaseExceptionGroup) and isinstance(raised.value.exceptions[0], OSError)
+    assert str(raised.value.exceptions[0]) == "[Errno 5] Input/output error"
+    assert events == []

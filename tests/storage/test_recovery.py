@@ -10,6 +10,7 @@ import pytest
 
 import protocol as P
 from storage import CorruptedRecord, PartitionLog
+from storage._state import StateFile
 
 
 def fill(path: Path, n: int, segment_size: int = 1 << 20, batches: int = 1) -> PartitionLog:
@@ -210,6 +211,32 @@ def test_acknowledged_records_cut_on_a_record_boundary_are_damage_and_their_offs
     found.clear()
     log, _ = PartitionLog.open(str(tmp_path), 1 << 20, report=found.append)
     assert log.next_offset == 12 and live_offsets(log) == list(range(1, 8)) + [11]
+
+
+def test_acked_next_is_written_once_the_sync_completed_and_only_for_what_it_took(tmp_path: Path) -> None:
+    """``acked_next`` moves when the group commit says a sync completed
+    (``synced``), to the next offset of the moment it took the descriptors: not when
+    they are taken, nor for records appended after."""
+    state = tmp_path / "partition.state"
+
+    def acked_next_on_disk() -> int:
+        sf = StateFile.open(str(state), readonly=True)
+        sf.close()
+        return sf.state.acked_next
+
+    log = fill(tmp_path, 10)
+    before = acked_next_on_disk()
+    assert log.take_dirty_fds()
+    assert acked_next_on_disk() == before  # taken, not yet synced
+    log.append(P.encode_body("x", b"later"), [0], [len(P.encode_body("x", b"later"))], 2000)  # during the sync
+    log.synced()
+    assert acked_next_on_disk() == 11  # what the sync took, not offset 11 appended after
+    log.synced()
+    assert acked_next_on_disk() == 11  # told twice: nothing more
+    log.close(clean=False)
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    assert log.next_offset >= 12 and live_offsets(log) == list(range(1, 12))
+    log.close()
 
 
 def test_garbage_after_a_clean_stop_is_damage_not_a_torn_write(tmp_path: Path) -> None:
