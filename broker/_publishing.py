@@ -187,7 +187,8 @@ def publish(
                 by_ttl[ttl] = [first + i for i in idx]
         broker.retention.after_append(part, res, by_ttl=by_ttl)
         enforce_max_msgs(broker, part, subjects)
-        if delivering:
+        # Subscribers, but none on these subjects (a client's reply inbox): no entries to build.
+        if delivering and any(map(broker.subs.match, subjects)):
             head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
             deliver(broker, [(s, head, rec) for s, rec in zip(subjects, _record_views(res))])
         if cmd.no_ack:

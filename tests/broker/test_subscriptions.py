@@ -37,6 +37,19 @@ async def test_delivered_messages_carry_where_they_were_stored(client: Client, t
     assert m.headers == {"h": "1"} and m.payload == b"v"
 
 
+async def test_a_batch_no_subscription_matches_delivers_nothing_and_a_later_match_its_own_record(
+    client: Client, topic: tuple[str, str]
+) -> None:
+    sub = await client.subscribe("orders.eu.*")
+    none = await client.publish_batch([("orders.us.a", b"a"), ("orders.us.b", b"b")])
+    some = await client.publish_batch([("orders.us.c", b"c"), ("orders.eu.d", b"d"), ("orders.us.e", b"e")])
+    assert none is not None and some is not None
+    m = await sub.next(timeout=5)
+    assert (m.subject, m.payload, m.offset) == ("orders.eu.d", b"d", some[1].offset)
+    with pytest.raises(TimeoutError):
+        await sub.next(timeout=0.2)
+
+
 async def test_unrouted_messages_reach_core_subscribers(client: Client) -> None:
     sub = await client.subscribe("chat.>")
     with pytest.raises(P.NoTopicForSubjectError):  # type: ignore[attr-defined]
