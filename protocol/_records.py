@@ -433,6 +433,33 @@ def build_records(
     calls and one CRC-32.
     """
     n = len(starts)
+    if n == 1:
+        return _build_one(data, starts[0], ends[0], first_offset, timestamp, None if stamps is None else stamps.get(0)), [0]
+    return _build_many(data, starts, ends, first_offset, timestamp, stamps)
+
+
+def _build_one(
+    data: bytes | bytearray | memoryview, start: int, end: int, offset: int, timestamp: int, stamp: tuple[int, int] | None,
+) -> bytearray:
+    """:func:`build_records` of one body (a message published alone, the usual
+    request): the same bytes as :func:`_build_many` makes of it (a hypothesis test
+    holds them equal), in about half the steps."""
+    out = bytearray(8)
+    out += _OFF_TS.pack(offset, timestamp)
+    out += data[start:end]
+    if stamp is not None:
+        _TTL_FLAGS.pack_into(out, HEADER_SIZE, stamp[0], stamp[1])
+    with memoryview(out) as view:
+        crc = zlib.crc32(view[8:])
+    _LEN_CRC.pack_into(out, 0, end - start + 20, crc)
+    return out
+
+
+def _build_many(
+    data: bytes | bytearray | memoryview, starts: list[int], ends: list[int], first_offset: int, timestamp: int,
+    stamps: Mapping[int, tuple[int, int]] | None,
+) -> tuple[bytearray, list[int]]:
+    n = len(starts)
     out = bytearray(sum(ends) - sum(starts) + HEADER_SIZE * n)
     omv = memoryview(out)
     src = memoryview(data)

@@ -46,6 +46,28 @@ def test_build_records_matches_encode_record(items: list[tuple[str, bytes]], fir
     assert [(m.subject, m.payload, m.offset) for m in msgs] == [(s, p, first + i) for i, (s, p) in enumerate(items)]
 
 
+@given(
+    st.binary(min_size=14, max_size=80), st.binary(max_size=8), st.binary(max_size=8), st.integers(0, 2**64 - 1),
+    st.integers(0, 2**64 - 1), st.none() | st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 255)),
+    st.sampled_from([bytes, bytearray, memoryview]),
+)
+def test_one_body_is_built_as_a_batch_builds_it(
+    body: bytes, before: bytes, after: bytes, offset: int, timestamp: int, stamp: tuple[int, int] | None, kind: type
+) -> None:
+    """``build_records`` of one body (``_build_one``) makes the bytes the loop over a
+    batch (``_build_many``) makes of it, stamped or not, from any buffer type and
+    position."""
+    from protocol._records import _build_many, _build_one
+
+    data = kind(before + body + after)
+    start, end = len(before), len(before) + len(body)
+    stamps = None if stamp is None else {0: stamp}
+    want, positions = _build_many(data, [start], [end], offset, timestamp, stamps)
+    assert positions == [0]
+    assert _build_one(data, start, end, offset, timestamp, stamp) == want
+    assert P.build_records(data, [start], [end], offset, timestamp, stamps) == (want, [0])
+
+
 def test_every_single_bit_flip_is_detected() -> None:
     rec = P.encode_record(5, 10, P.encode_body("orders.1", b"payload!", P.encode_headers({"a": "b"})))
     for bit in range(len(rec) * 8):
