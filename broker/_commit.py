@@ -121,6 +121,10 @@ class Committer:
         #: A sync that failed outside the committer task (:meth:`sync_if_idle`): the
         #: task raises it.
         self._failed: OSError | None = None
+        #: The task between :meth:`hold` and :meth:`unhold`, and whether it wrote
+        #: meanwhile without waking the committer task.
+        self._holder: object | None = None
+        self._held = False
 
     @property
     def acks_wait(self) -> bool:
@@ -145,8 +149,30 @@ class Committer:
             return 0
         self._dirty.add(source)
         if not self._work.is_set():
-            self._work.set()
+            if self._holder is not None and self._holder is trio.lowlevel.current_task():
+                self._held = True  # its reader syncs it, or wakes us (unhold)
+            else:
+                self._work.set()
         return self.epoch
+
+    def hold(self) -> None:
+        """The current task (a session's reader, about to handle what it read) will
+        call :meth:`unhold` before it next awaits anything: until then its own writes
+        do not wake the committer task, so that when its :meth:`sync_if_idle` syncs
+        them the task neither wakes nor takes an empty turn (one task switch less a
+        request awaited by its client)."""
+        if self._held:  # (an unhold missed: never leave writes without a sync)
+            self.unhold()
+        self._holder = trio.lowlevel.current_task()
+
+    def unhold(self) -> None:
+        """The end of :meth:`hold`: the committer task is woken for the writes made
+        meanwhile that no :meth:`sync_if_idle` synced."""
+        self._holder = None
+        if self._held:
+            self._held = False
+            if self._dirty and not self._work.is_set():
+                self._work.set()
 
     def watch(self, session: object) -> None:
         """Have ``session.on_sync()`` called after the next sync completes."""
@@ -258,13 +284,16 @@ class Committer:
         queued to run (none whose writes would join the group). A session calls it
         after a short read whose answers wait for a sync (one request awaited by its
         client): the answers go a turn of the event loop sooner. True if it synced.
-        A failed sync is raised by the committer task, as its own would be."""
+        A failed sync is raised by the committer task, as its own would be. (The
+        committer task is queued when a write woke it; not when the writes were held,
+        :meth:`hold`.)"""
         if (
             self.policy.mode != "always" or not self._dirty or self._after or self._failed is not None
             or self.last_sync_seconds >= INLINE_SYNC_SECONDS
-            or tasks_runnable() > 1
+            or tasks_runnable() > (1 if self._work.is_set() else 0)
         ):
             return False
+        self._held = False  # all written so far is taken now
         target, fds, sources = self._begin()
         if fds:
             started = time.perf_counter()

@@ -254,6 +254,7 @@ class NatsSession(Session):
             return
         parser = self.parser
         budget = self.budget
+        committer = self.broker.committer
         acked = False
         while True:
             if self._closing:
@@ -270,56 +271,67 @@ class NatsSession(Session):
                 return
             if self._closing:
                 return
-            parser.receive_data(data)
-            short = len(data) < SHORT_READ
-            sent = self._sent_bytes
-            self._handling = True
+            # This read's writes leave the committer task asleep until the unhold: the
+            # sync_if_idle below makes them durable itself, or the unhold wakes it.
+            committer.hold()
             try:
-                while True:
-                    if self.ready and not self.verbose and not self.pedantic and parser.at_ack():
-                        run = parser.ack_run()  # nats-py: one PUB per msg.ack(), many per read
-                        if run is not None and self._ack_run(*run):
-                            acked = True
-                            continue
-                        acks = parser.ack_pubs()  # other acks (a reply, a body), or a mix
-                        if acks:
-                            acked = True
-                            if not await self._acks(acks):
-                                return
-                            continue
-                    try:
-                        event = parser.next_event()
-                    except NatsProtocolError as err:
-                        self._flush()
-                        self._fail(err.text, "protocol_error")
-                        return
-                    if event is NATS_NEED_DATA:
-                        break
-                    if not self.ready and not await self._before_connect(event):
-                        return
-                    if self._closing:
-                        return
-                    self._event(event)
-                    if self._stopped_or_full():
-                        self._flush()
-                        if await self._ending():
-                            return
-            finally:
-                self._flush()
-                self._handling = False
-                if acked:
-                    acked = False
-                    self._settle_soon()
-            if self._now and not self._send_nowait():
-                self._reader_sending = True
+                parser.receive_data(data)
+                short = len(data) < SHORT_READ
+                sent = self._sent_bytes
+                self._handling = True
                 try:
-                    await self._send_ready()  # what the socket did not take at once
+                    while True:
+                        if self.ready and not self.verbose and not self.pedantic and parser.at_ack():
+                            run = parser.ack_run()  # nats-py: one PUB per msg.ack(), many per read
+                            if run is not None and self._ack_run(*run):
+                                acked = True
+                                continue
+                            acks = parser.ack_pubs()  # other acks (a reply, a body), or a mix
+                            if acks:
+                                acked = True
+                                committer.unhold()  # (writes from here on wake it)
+                                if not await self._acks(acks):
+                                    return
+                                continue
+                        try:
+                            event = parser.next_event()
+                        except NatsProtocolError as err:
+                            self._flush()
+                            self._fail(err.text, "protocol_error")
+                            return
+                        if event is NATS_NEED_DATA:
+                            break
+                        if not self.ready:
+                            committer.unhold()
+                            if not await self._before_connect(event):
+                                return
+                        if self._closing:
+                            return
+                        self._event(event)
+                        if self._stopped_or_full():
+                            self._flush()
+                            committer.unhold()
+                            if await self._ending():
+                                return
                 finally:
-                    self._reader_sending = False
-            durable = short and bool(self._durable)
-            self._answers_wait = durable or (short and self._sent_bytes != sent)
-            if durable:
-                self.broker.committer.sync_if_idle()  # their client sends nothing more before them
+                    self._flush()
+                    self._handling = False
+                    if acked:
+                        acked = False
+                        self._settle_soon()
+                if self._now and not self._send_nowait():
+                    committer.unhold()
+                    self._reader_sending = True
+                    try:
+                        await self._send_ready()  # what the socket did not take at once
+                    finally:
+                        self._reader_sending = False
+                durable = short and bool(self._durable)
+                self._answers_wait = durable or (short and self._sent_bytes != sent)
+                if durable:
+                    committer.sync_if_idle()  # their client sends nothing more before them
+            finally:
+                committer.unhold()
 
     async def _receive(self) -> bytes:
         """``Session._receive``; but after a short read whose answers wait for the

@@ -215,3 +215,84 @@ async def test_a_failed_sync_tells_no_source(monkeypatch: Any) -> None:
     assert isinstance(raised.value, BaseExceptionGroup) and isinstance(raised.value.exceptions[0], OSError)
     assert str(raised.value.exceptions[0]) == "[Errno 5] Input/output error"
     assert events == []
+
+
+async def test_held_writes_leave_the_committer_asleep_when_the_reader_syncs_them(monkeypatch: Any) -> None:
+    synced = _recording(monkeypatch)
+    async with trio.open_nursery() as nursery:
+        committer = await _committer(nursery)
+        turns: list[int] = []
+        real = committer.sync_now
+
+        async def counted() -> None:
+            turns.append(committer.epoch)
+            await real()
+
+        monkeypatch.setattr(committer, "sync_now", counted)
+        src = Source(5)
+        committer.hold()
+        src.dirty = True
+        epoch = committer.note_write(src)
+        assert not committer._work.is_set()  # not woken
+        assert committer.sync_if_idle() is True and committer.is_durable(epoch)
+        committer.unhold()
+        await trio.testing.wait_all_tasks_blocked()
+        assert synced == [[5]] and turns == [] and not committer._work.is_set()
+        nursery.cancel_scope.cancel()
+
+
+async def test_held_writes_nobody_synced_wake_the_committer_at_the_unhold(monkeypatch: Any) -> None:
+    synced = _recording(monkeypatch)
+    async with trio.open_nursery() as nursery:
+        committer = await _committer(nursery)
+        src = Source(5)
+        committer.hold()
+        src.dirty = True
+        epoch = committer.note_write(src)
+        await trio.testing.wait_all_tasks_blocked()
+        assert synced == [] and not committer.is_durable(epoch)  # held: (no await is allowed here in a session)
+        committer.unhold()
+        await trio.testing.wait_all_tasks_blocked()
+        assert synced == [[5]] and committer.is_durable(epoch)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_hold_covers_only_its_own_task_and_counts_others_queued(monkeypatch: Any) -> None:
+    synced = _recording(monkeypatch)
+    async with trio.open_nursery() as nursery:
+        committer = await _committer(nursery)
+        mine, theirs = Source(5), Source(6)
+        committer.hold()
+
+        async def other_writer() -> None:
+            theirs.dirty = True
+            committer.note_write(theirs)  # another task's write wakes the committer at once
+
+        nursery.start_soon(other_writer)
+        mine.dirty = True
+        committer.note_write(mine)
+        # The other writer is queued (its write would join the group): left to the committer.
+        assert committer.sync_if_idle() is False
+        committer.unhold()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(fd for fds in synced for fd in fds) == [5, 6]  # (one sync or two: trio picks the order)
+        assert committer.is_durable(committer.epoch - 1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_hold_never_missed_leaves_writes_unsynced(monkeypatch: Any) -> None:
+    """A second hold without the unhold of the first (a bug) wakes the committer for
+    the first one's writes."""
+    synced = _recording(monkeypatch)
+    async with trio.open_nursery() as nursery:
+        committer = await _committer(nursery)
+        src = Source(5)
+        committer.hold()
+        src.dirty = True
+        committer.note_write(src)
+        committer.hold()
+        assert committer._work.is_set()
+        committer.unhold()
+        await trio.testing.wait_all_tasks_blocked()
+        assert synced == [[5]]
+        nursery.cancel_scope.cancel()
