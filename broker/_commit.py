@@ -110,7 +110,8 @@ class Committer:
         self._lazy: set[object] = set()
         self._lazy_due = 0.0
         self._work = trio.Event()
-        self._progress = trio.Event()
+        #: Set by the next sync; made when someone waits for it (:meth:`wait_progress`).
+        self._progress: trio.Event | None = None
         self._watchers: set[object] = set()
         self._after: list[tuple[int, Callable[[], None]]] = []
         #: Called with the durable epoch after every sync, before the ``after``
@@ -205,6 +206,8 @@ class Committer:
 
     async def wait_progress(self) -> None:
         """Return after the next sync completes."""
+        if self._progress is None:
+            self._progress = trio.Event()
         await self._progress.wait()
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -313,8 +316,10 @@ class Committer:
     def _released(self, target: int) -> None:
         """Epoch ``target`` is durable: wake who waits for it."""
         self.synced = target
-        progress, self._progress = self._progress, trio.Event()
-        progress.set()
+        progress = self._progress
+        if progress is not None:
+            self._progress = None
+            progress.set()
         watchers, self._watchers = self._watchers, set()
         for w in watchers:
             w.on_sync()  # type: ignore[attr-defined]
