@@ -186,6 +186,8 @@ def valid_nats_subject(subject: str, wildcards: bool = False) -> bool:
     whole tokens, ``>`` last (only when ``wildcards``)."""
     if not subject or _SPACE.search(subject):
         return False
+    if "*" not in subject and ">" not in subject:  # no wildcard to place: only empty tokens to find
+        return ".." not in subject and subject[0] != "." and subject[-1] != "."
     tokens = subject.split(".")
     last = len(tokens) - 1
     for i, token in enumerate(tokens):

@@ -259,6 +259,25 @@ def test_subject_validity_as_nats_server_sees_it(subject: str, literal: bool, wi
     assert P.valid_nats_subject(subject, wildcards=True) is wildcard
 
 
+def _valid_by_tokens(subject: str, wildcards: bool) -> bool:
+    """``valid_nats_subject`` token by token, as nats-server words it (the reference
+    for its shortcut when there is no wildcard character)."""
+    if not subject or any(c in subject for c in " \t\n\r\f"):
+        return False
+    tokens = subject.split(".")
+    for i, token in enumerate(tokens):
+        if not token:
+            return False
+        if (token == "*" or token == ">") and (not wildcards or (token == ">" and i != len(tokens) - 1)):
+            return False
+    return True
+
+
+@given(st.text(alphabet="ab.*> \t\u00e9", max_size=12) | st.text(max_size=12), st.booleans())
+def test_subject_validity_is_the_token_by_token_answer(subject: str, wildcards: bool) -> None:
+    assert P.valid_nats_subject(subject, wildcards) is _valid_by_tokens(subject, wildcards)
+
+
 @given(st.text(max_size=30), st.integers(1, 2**63), st.none() | st.binary(max_size=40), st.binary(max_size=40), st.text(max_size=30))
 def test_templated_jetstream_answers_are_the_json_encoders(subject: str, seq: int, headers: bytes | None, payload: bytes,
                                                           time: str) -> None:
