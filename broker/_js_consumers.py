@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from protocol import AckKind, BrokerError, PullEnd, normalize_name
+from protocol._consumers import expand_runs
 from protocol._jetstream import (
     ACK_PREFIX, FC_PREFIX, INVALID_JSON, STREAM_MISMATCH, JSError, api_error, api_response, js_error, parse_request, rfc3339,
 )
@@ -331,21 +332,23 @@ class State:
     def touch(self, c: Consumer) -> None:
         self.last_active[c] = self.broker.clock.now_ns()
 
-    def deliver(self, c: Consumer, subject: str, parts: list[Any]) -> int:
-        """Send the messages of a pull batch to ``subject``; returns how many
-        reached a subscriber."""
+    def deliver(self, c: Consumer, subject: str, parts: list[Any], count: int) -> int:
+        """Send the ``count`` messages of a pull batch (``_pulls.collect``'s parts) to
+        ``subject``; returns how many reached a subscriber."""
         stream = self.js.stream_name(c.topic)
         headers_only = self.settings_of(c).headers_only
         name = c.name
         subs = self.broker.subs.match(subject.encode())
         if any(sub.__class__ is not NatsSubscription for sub in subs):  # a ttlbroker subscriber too: one by one
+            parts = expand_runs(parts)
             messages = [js_delivery(parts[i], parts[i + 1], stream, name, headers_only) for i in range(0, len(parts), 2)]
             return sum([send_core(self.broker, subject, r.decode(), h, p, shown=s) > 0 for s, r, h, p in messages])
         reached = 0
         for sub in subs:  # one formatting pass and one write per NATS subscriber
-            n = sub.room(len(parts) // 2)
+            n = sub.room(count)
             if n:
-                frames, size = js_delivery_frames(parts[: 2 * n], sub.sid_bytes, stream, name, headers_only, sub.session.headers)
+                some = parts if n == count else expand_runs(parts)[: 2 * n]
+                frames, size = js_delivery_frames(some, sub.sid_bytes, stream, name, headers_only, sub.session.headers)
                 reached = max(reached, sub.send_frames(frames, n, size))
         return reached
 
@@ -365,6 +368,8 @@ class NatsPull(PullRequest):
 
     __slots__ = ("state", "reply", "no_wait", "heartbeat_ns", "max_bytes")
 
+    takes_runs = True  # :meth:`State.deliver` formats them
+
     def __init__(self, state: State, reply: str, c: Consumer, nr: NextRequest) -> None:
         super().__init__(state.owner, 0, c, max(nr.batch, 1), nr.max_bytes, None)
         self.state = state
@@ -375,7 +380,7 @@ class NatsPull(PullRequest):
 
     def _deliver(self, parts: list[Any], count: int) -> bool:
         """Send the messages; False (and the pull dropped) when nobody got them."""
-        if count and not self.state.deliver(self.consumer, self.reply, parts):
+        if count and not self.state.deliver(self.consumer, self.reply, parts, count):
             retire(self)
             return False
         return True
@@ -484,7 +489,7 @@ class PushWindow(NatsPull):
 
     def _deliver(self, parts: list[Any], count: int) -> bool:
         if count:
-            reached = self.state.deliver(self.consumer, self.reply, parts)
+            reached = self.state.deliver(self.consumer, self.reply, parts, count)
             self.push.delivered(reached)
             if not reached:  # the subscriber went away: wait for another
                 self.push.unbind()

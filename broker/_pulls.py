@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import protocol as P
 from protocol import PullEnd, encode_pull_batch, encode_pull_entry
-from protocol._consumers import pull_entries
+from protocol._consumers import PulledRun, pull_entries
 
 from ._consumers import MS, Outstanding
 
@@ -30,6 +30,10 @@ __all__ = ["PullRequest", "collect", "fill", "end", "fail", "retire", "PullTimer
 
 class PullRequest:
     __slots__ = ("session", "corr", "consumer", "remaining", "bytes_left", "expires", "member", "id", "ended")
+
+    #: Its messages may come as a ``PulledRun`` and the run, where a whole run of
+    #: first deliveries is taken (its ``respond``/``more`` handle them).
+    takes_runs = False
 
     def __init__(self, session: Any, corr: int, consumer: Consumer, batch: int, max_bytes: int, member: Member | None) -> None:
         self.session = session
@@ -113,7 +117,9 @@ def fail(req: PullRequest, err: P.BrokerError) -> None:
 def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list[Any], int, bool]:
     """Take up to ``req.remaining`` messages (and ``req.bytes_left`` bytes) for a pull:
     redeliveries first, then new messages while ``max_ack_pending`` allows. Returns
-    ``(parts, count, max_bytes_hit)``; ``parts`` are entry heads and records."""
+    ``(parts, count, max_bytes_hit)``; ``parts`` are entry heads and records (and,
+    for a request that ``takes_runs``, a ``PulledRun`` before each run of first
+    deliveries taken whole: what ``pull_entries`` would give, not yet encoded)."""
     parts: list[Any] = []
     count = 0
     want = req.remaining
@@ -196,11 +202,16 @@ def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list
         wait = cfg.wait_ns(1)
         read = cp.part.log.read
         number = cp.part.number
+        runs = req.takes_runs
         while cp.cursor < vis and count < want and room > 0:
             take = min(want - count, room)
             res = read(cp.cursor, take, max(limit_bytes - used, 1), wanted, vis)
-            for rec_run, (first, _) in zip(res.records, res.runs):
-                k, size, hit = pull_entries(parts, rec_run, number, c.dseq + 1, pending, limit_bytes - used, not count)
+            for rec_run, (first, n_run) in zip(res.records, res.runs):
+                if runs and len(rec_run) <= limit_bytes - used:  # all of it fits: pull_entries takes it all
+                    parts += (PulledRun(number, c.dseq + 1, n_run, pending), rec_run)
+                    k, size, hit = n_run, len(rec_run), False
+                else:
+                    k, size, hit = pull_entries(parts, rec_run, number, c.dseq + 1, pending, limit_bytes - used, not count)
                 c.dseq += k
                 pending -= k
                 used += size

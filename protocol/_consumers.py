@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 from itertools import starmap
-from typing import ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from ._base import _Request, _Response
 from ._codes import Command, PushKind
@@ -49,6 +49,8 @@ __all__ = [
     "encode_pull_entry",
     "encode_pull_batch",
     "pull_entries",
+    "PulledRun",
+    "expand_runs",
     "CONSUMER_COMMANDS",
 ]
 
@@ -348,6 +350,34 @@ def pull_entries(
         pos = end
         k += 1
     return k, pos, False
+
+
+class PulledRun(NamedTuple):
+    """A run of first deliveries whose entry heads are not encoded: in a pull's
+    ``parts`` (entry head, record, ...) it stands, followed by the run (records back
+    to back), where :func:`pull_entries` would put the run's heads and records
+    (taking all of them): ``count`` records, delivery sequences from ``dseq`` on,
+    ``pending`` counting down from ``pending - 1`` (never below 0). A listener that
+    formats the messages itself (``_js_consumers.js_delivery_frames``) reads the run
+    once, without heads to pack and unpack; :func:`expand_runs` gives the heads."""
+
+    partition: int
+    dseq: int
+    count: int
+    pending: int
+
+
+def expand_runs(parts: list[Any]) -> list[Any]:
+    """``parts`` with each :class:`PulledRun` and its run replaced by the entry heads
+    and records :func:`pull_entries` gives for them."""
+    out: list[Any] = []
+    for i in range(0, len(parts), 2):
+        head, record = parts[i], parts[i + 1]
+        if head.__class__ is PulledRun:
+            pull_entries(out, memoryview(record), head.partition, head.dseq, head.pending, len(record), True)
+        else:
+            out += (head, record)
+    return out
 
 
 def encode_pull_batch(status: int, stream_id: int, topic_id: int, count: int, parts: list[bytes | memoryview]) -> bytes:

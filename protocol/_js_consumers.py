@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from ._consumers import _PULL_ENTRY, AckKind
+from ._consumers import _PULL_ENTRY, AckKind, PulledRun, encode_pull_entry
 from ._jetstream import JSError, rfc3339
 from ._nats import encode_msg, encode_nats_headers, nats_message_of_record
 from ._records import FIXED_SIZE, RECORD_FIXED
@@ -502,18 +502,21 @@ def js_delivery(
 def js_delivery_frames(
     parts: list[Any], sid: bytes, stream: str, consumer: str, headers_only: bool = False, headers: bool = True,
 ) -> tuple[bytes, int]:
-    """The messages of a pull batch (entry head and record each) as the MSG/HMSG
-    frames of the subscription ``sid``, and their payload bytes: byte for byte
-    ``encode_msg`` of each :func:`js_delivery` (``headers`` False: a client without
-    header support, which gets the payloads alone), a message without headers in
-    one formatting step."""
+    """The messages of a pull batch (entry head and record each, or a
+    :class:`~protocol._consumers.PulledRun` and its run) as the MSG/HMSG frames of
+    the subscription ``sid``, and their payload bytes: byte for byte ``encode_msg``
+    of each :func:`js_delivery` (``headers`` False: a client without header support,
+    which gets the payloads alone), a message without headers in one formatting step."""
     prefix = _ack_prefix(stream, consumer)
     entry = _PULL_ENTRY.unpack_from
     fixed = RECORD_FIXED.unpack_from
-    out = []
+    out: list[bytes] = []
     size = 0
     for i in range(0, len(parts), 2):
         head, record = parts[i], parts[i + 1]
+        if head.__class__ is PulledRun:
+            size += _run_frames(out, head, record, sid, prefix, stream, consumer, headers_only, headers)
+            continue
         _, _, offset, ts, _, _, sl, hl, pl = fixed(record, 0)
         if headers_only or hl:
             subject, reply, block, payload = js_delivery(head, record, stream, consumer, headers_only)
@@ -531,6 +534,38 @@ def js_delivery_frames(
 
 #: ``encode_msg`` of a delivery without headers, its ``$JS.ACK`` reply spelled out.
 _PLAIN_DELIVERY = b"MSG %s %s %s%d.%d.%d.%d.%d %d\r\n%s\r\n"
+
+
+def _run_frames(
+    out: list[bytes], run: PulledRun, records: bytes | memoryview, sid: bytes, prefix: bytes, stream: str, consumer: str,
+    headers_only: bool, headers: bool,
+) -> int:
+    """:func:`js_delivery_frames` of the messages of a :class:`PulledRun` (first
+    deliveries), read from the run's bytes in place of the heads and records
+    ``expand_runs`` gives; returns their payload bytes."""
+    data = bytes(records)  # one copy: slices of it are bytes, which ``%`` takes as they are
+    fixed = RECORD_FIXED.unpack_from
+    append = out.append
+    dseq = run.dseq
+    pending = run.pending
+    size = pos = 0
+    for _ in range(run.count):
+        length, _, offset, ts, _, _, sl, hl, pl = fixed(data, pos)
+        end = pos + 4 + length
+        pending -= 1
+        left = pending if pending > 0 else 0
+        if headers_only or hl:
+            head = encode_pull_entry(run.partition, dseq, 1, left)
+            subject, reply, block, payload = js_delivery(head, data[pos:end], stream, consumer, headers_only)
+            append(encode_msg(subject, sid, reply, block if headers else None, payload))
+            size += len(payload)
+        else:
+            p = pos + FIXED_SIZE + sl
+            append(_PLAIN_DELIVERY % (data[pos + FIXED_SIZE : p], sid, prefix, 1, offset, dseq, ts, left, pl, data[p : p + pl]))
+            size += pl
+        pos = end
+        dseq += 1
+    return size
 
 
 def status_message(code: int, description: str, pending_msgs: int | None = None, pending_bytes: int | None = None) -> bytes:

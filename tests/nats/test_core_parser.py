@@ -327,6 +327,39 @@ def test_pull_delivery_frames_are_each_deliverys_msg(messages: list[tuple[str, b
     assert size == (0 if headers_only else sum(len(m[1]) for m in messages))
 
 
+@given(
+    st.lists(st.tuples(SUBJECT, PAYLOAD, st.dictionaries(st.sampled_from(["A", "Nats-Msg-Id"]), st.text("abc", max_size=4)),
+                       st.integers(1, 2**62)), min_size=1, max_size=6),
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 2**40), st.integers(-3, 8) | st.integers(0, 2**40)), min_size=1, max_size=3),
+    SID, st.booleans(), st.booleans(), st.booleans(),
+)
+def test_pulled_runs_frame_as_their_entries(messages: list[tuple[str, bytes, dict[str, str], int]],
+                                            runs: list[tuple[int, int, int]], sid: str, headers_only: bool,
+                                            headers: bool, with_entry: bool) -> None:
+    """A ``PulledRun`` and its run (first deliveries taken whole by ``_pulls.collect``
+    for a NATS pull) frame, byte for byte, as the entry heads and records
+    ``expand_runs`` (``pull_entries``) gives for them, beside ordinary entries."""
+    from protocol._consumers import PulledRun, expand_runs
+    from protocol._js_consumers import js_delivery_frames
+
+    records = [
+        P.encode_record(100 + i, ts, P.encode_body(subject, payload, P.encode_headers(hdrs) if hdrs else b""))
+        for i, (subject, payload, hdrs, ts) in enumerate(messages)
+    ]
+    parts: list[object] = []
+    if with_entry:  # a redelivery before the runs
+        parts += [P.encode_pull_entry(0, 7, 3, 5), memoryview(records[0])]
+    cut = len(records) // len(runs) or 1
+    for k, (partition, dseq, pending) in enumerate(runs):
+        chunk = records[k * cut : (k + 1) * cut] if k < len(runs) - 1 else records[k * cut :]
+        if chunk:
+            parts += [PulledRun(partition, dseq, len(chunk), pending), memoryview(b"".join(chunk))]
+    entries = expand_runs(parts)
+    assert len(entries) == 2 * (len(records) + with_entry)
+    frames = js_delivery_frames(parts, sid.encode(), "S", "c", headers_only, headers)
+    assert frames == js_delivery_frames(entries, sid.encode(), "S", "c", headers_only, headers)
+
+
 WS = st.sampled_from(["", " ", "\t", "\n", "\r\n ", "\x0b", "\x0c"])
 
 

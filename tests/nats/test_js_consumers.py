@@ -22,10 +22,11 @@ import trio.testing
 from conftest import start_server
 from hypothesis import given
 from hypothesis import strategies as st
-from helpers import in_asyncio
+from helpers import RawNats, in_asyncio
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
+import protocol as P
 from broker._js_consumers import _V1_ACK
 from protocol._js_consumers import parse_ack_subject
 
@@ -916,3 +917,70 @@ async def test_ack_none_and_unnamed_consumer_configs_as_the_server(nats_url: str
     assert "ack_wait" not in push["config"] and push["config"]["max_deliver"] == 1
     assert "name" not in pull["config"] and pull["config"]["ack_wait"] == 7_000_000_000 and pull["config"]["max_deliver"] == -1
     assert named["config"]["name"] == "named" and named["config"]["ack_wait"] == 30_000_000_000
+
+
+async def test_pull_batches_reach_subscriptions_with_a_maximum_and_ttlbroker_subscribers(nats_server: Any, nats_url: str) -> None:
+    """A pull's messages go to whoever subscribes to its reply subject, each as a
+    fetch gets it (subject, headers, payload, ``$JS.ACK`` reply): a NATS subscription
+    with a maximum gets only as many as it has left (the batch is delivered all the
+    same); beside a ttlbroker subscription, each message goes to both."""
+    from broker.client import connect as native
+
+    api_subject = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.dur"
+
+    async def setup() -> None:
+        nc, js = await connect(nats_url)
+        try:
+            await js.add_stream(name=STREAM, subjects=["orders.>"])
+            for i in range(7):
+                await js.publish(f"orders.{i}", b"m%d" % i, headers={"K": "v"} if i in (1, 5) else None)
+            await js.add_consumer(STREAM, durable_name="dur", ack_policy="explicit")
+        finally:
+            await nc.close()
+
+    def seen(subject: str, reply: str | None, headers: Any, data: bytes) -> tuple[Any, ...]:
+        assert reply is not None
+        return subject, data, headers, reply.split(".")[:7], reply.split(".")[8]
+
+    await in_asyncio(setup)
+    peer = await RawNats.open(nats_url)
+    await peer.connect(headers=True)
+    await peer.send(b"SUB _INBOX.limited 5\r\nUNSUB 5 2\r\nPUB %s _INBOX.limited 11\r\n{\"batch\":3}\r\nPING\r\n" % api_subject.encode())
+    limited = [await peer.next_event() for _ in range(3)]
+    assert limited[2] is P.NatsPong  # two messages, then nothing for that subscription
+    got = [seen(m.subject, m.reply, dict(P.decode_nats_headers(m.headers)[2]) if m.headers else None, m.payload)
+           for m in limited[:2]]
+    async with native(nats_server.address) as client:
+        mixed = await client.subscribe("_INBOX.mixed")
+
+        async def scenario() -> dict[str, Any]:
+            nc, js = await connect(nats_url)
+            try:
+                both = await nc.subscribe("_INBOX.mixed")
+                await nc.flush()
+                await nc.publish(api_subject, b'{"batch":2}', reply="_INBOX.mixed")
+                msgs = [await both.next_msg(5) for _ in range(2)]
+                psub = await js.pull_subscribe("orders.>", durable="dur")
+                msgs += await psub.fetch(2, timeout=2)
+                info = await js.consumer_info(STREAM, "dur")
+                return {
+                    "got": [seen(m.subject, m.reply, m.headers, m.data) for m in msgs],
+                    "info": (info.delivered.stream_seq, info.num_ack_pending, info.num_pending),
+                }
+            finally:
+                await nc.close()
+
+        r = await in_asyncio(scenario)
+        native_got = [await mixed.next(timeout=5) for _ in range(2)]
+    ack = ["$JS", "ACK", STREAM, "dur", "1"]
+    assert got + r["got"] == [
+        ("orders.0", b"m0", None, [*ack, "1", "1"], "6"),
+        ("orders.1", b"m1", {"K": "v"}, [*ack, "2", "2"], "5"),
+        # orders.2 went to the limited subscription, which had no room left for it
+        ("orders.3", b"m3", None, [*ack, "4", "4"], "3"),
+        ("orders.4", b"m4", None, [*ack, "5", "5"], "2"),
+        ("orders.5", b"m5", {"K": "v"}, [*ack, "6", "6"], "1"),
+        ("orders.6", b"m6", None, [*ack, "7", "7"], "0"),
+    ]
+    assert r["info"] == (7, 7, 0)
+    assert [(m.subject, m.payload, m.headers) for m in native_got] == [("orders.3", b"m3", {}), ("orders.4", b"m4", {})]

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import protocol as P
-from protocol._consumers import pull_entries
+from protocol._consumers import PulledRun, expand_runs, pull_entries
 
 _MESSAGES = st.lists(
     st.tuples(
@@ -77,6 +77,21 @@ def test_pull_entries_frame_stored_records(messages, partition, dseq, pending, b
         assert (m.partition, m.offset, m.consumer_seq, m.num_delivered) == (partition, 100 + j, dseq + j, 1)
         assert m.pending == max(pending - 1 - j, 0)
         assert (m.subject, m.payload, m.headers_raw) == messages[j][:3]
+
+
+@given(_MESSAGES, st.integers(0, 3), st.integers(1, 2**40), st.integers(-3, 20), st.integers(0, 600))
+def test_a_pulled_run_expands_to_the_entries_pull_entries_gives(messages, partition, dseq, pending, extra) -> None:  # type: ignore[no-untyped-def]
+    """``_pulls.collect`` puts a ``PulledRun`` and the run where the whole run fits its
+    budget: ``expand_runs`` gives for it what ``pull_entries`` would have appended
+    (every record taken, none hit the budget), entries around it kept."""
+    records = _records(messages, 100)
+    run = memoryview(b"".join(records))
+    expected: list[bytes | memoryview] = []
+    k, size, hit = pull_entries(expected, run, partition, dseq, pending, len(run) + extra, True)
+    assert (k, size, hit) == (len(records), len(run), False)
+    parts = [b"head", b"record", PulledRun(partition, dseq, len(records), pending), run]
+    got = expand_runs(parts)
+    assert [bytes(p) for p in got] == [b"head", b"record"] + [bytes(p) for p in expected]
 
 
 def _batch_error(payload: bytes) -> str:
