@@ -100,10 +100,14 @@ class JetStream:
 
     def request(
         self, subject: str, reply: str | None, headers: bytes | None, payload: bytes, origin: Any = None,
+        last: bool = False,
     ) -> None:
         """One PUB/HPUB on a subject :meth:`handles`, from the NATS session ``origin``.
         Never raises: a failure is answered (or logged when there is no reply
-        subject)."""
+        subject). ``last``: ``origin`` handles nothing else it read before it calls
+        ``consumer_state.settle_held()``, which it does once it has sent what this
+        queued, before it yields (a pull may then go ahead of the acks before it,
+        ``_js_consumers.State.may_pass``)."""
         self._origin, self._subject = origin, subject
         try:
             if subject.startswith(_KV_GET_PREFIX) and _js_streams.kv_get(self, subject[len(_KV_GET_PREFIX) :], reply, payload):
@@ -113,7 +117,7 @@ class JetStream:
                 if tokens[0] == "CONSUMER":
                     op_len = 2 if tokens[1:2] in (["DURABLE"], ["MSG"]) else 1
                     op = ".".join(tokens[1 : 1 + op_len])
-                    _js_consumers.consumer_api(self, op, tokens[1 + op_len :], reply, headers, payload)
+                    _js_consumers.consumer_api(self, op, tokens[1 + op_len :], reply, headers, payload, last)
                 else:
                     _js_streams.api(self, tokens, reply, headers, payload)
             else:

@@ -165,6 +165,14 @@ class State:
         self.acks: dict[Consumer, list[tuple[int, int, int, int]]] = {}
         self.ack_replies: list[str] = []
         self.ack_wake = trio.Event()
+        #: Every queued ack is a plain ``+ACK`` without a reply (taken by
+        #: :meth:`take_acks` / :meth:`take_ack_run`), and the highest stream sequence
+        #: each consumer's queued acks name: what :meth:`may_pass` needs to know.
+        self.plain = True
+        self.ack_top: dict[Consumer, int] = {}
+        #: A pull went ahead of the queued acks (:meth:`may_pass`): its connection
+        #: settles them (:meth:`settle_held`) before it handles anything else or yields.
+        self.held = False
         self.broker.subs.on_add.append(self._subscribed)
         self.resume()
 
@@ -213,6 +221,7 @@ class State:
                     push.bind()
 
     def queue_ack(self, c: Consumer, entry: tuple[int, int, int, int], reply: str | None) -> None:
+        self.plain = False
         queued = self.acks.get(c)
         if queued is None:
             self.acks[c] = [entry]
@@ -226,10 +235,13 @@ class State:
     def flush_acks(self) -> None:
         """Settle the queued acks (one journal event per consumer); the ack requests
         are answered once that is durable."""
+        self.held = False
         if not self.acks:
             return
         acks, self.acks = self.acks, {}
         replies, self.ack_replies = self.ack_replies, []
+        self.plain = True
+        self.ack_top = {}
         epoch = 0
         wait = bool(replies)  # acks without a reply: nobody waits, the events go with the next sync
         for c, entries in acks.items():
@@ -255,6 +267,7 @@ class State:
         by_ack = self.by_ack
         acks = self.acks
         replies = self.ack_replies
+        tops = self.ack_top
         last: Consumer | None = None
         queued: list[tuple[int, int, int, int]] = []
         while i < n:
@@ -271,8 +284,11 @@ class State:
                 queued = got
                 last = c
             queued.append((_ACK, 0, stream_seq, 0))
+            if stream_seq > tops.get(c, 0):
+                tops[c] = stream_seq
             if reply:
                 replies.append(reply)
+                self.plain = False
             i += 1
         return i - start
 
@@ -289,7 +305,37 @@ class State:
         if queued is None:
             queued = self.acks[c] = []
         queued += [(_ACK, 0, s, 0) for s in seqs]
+        if seqs:
+            self.ack_top[c] = max(self.ack_top.get(c, 0), max(seqs))
         return True
+
+    def may_pass(self, c: Consumer, want: int) -> bool:
+        """Whether a pull of at most ``want`` messages of ``c`` collects exactly what
+        it would collect after the queued acks were settled, so that they may be
+        settled after it (and after its messages are sent: they are off the path
+        from the client's acks and next pull to its messages). True when every
+        queued ack is a plain ``+ACK`` without a reply (no answer to order, no nak or
+        term that makes a redelivery or frees room), ``c`` has one partition with
+        nothing due for redelivery (acks only take messages out of it), its queued
+        acks all name messages below its cursor (an ack of one not yet delivered is
+        ignored when settled first; it must not hit the pull's delivery of it), and
+        ``max_ack_pending`` leaves room for ``want`` without them (the room they free
+        could not change what the pull takes). The counters, ack floor and journal
+        events come out the same once they are settled."""
+        if not self.plain or len(c.parts) != 1:
+            return False
+        cp = c.parts[0]
+        return not cp.redeliver and self.ack_top.get(c, 0) < cp.cursor and c.room() >= want
+
+    def settle_held(self) -> None:
+        """Settle the acks a pull went ahead of (:meth:`may_pass`), now: called by
+        the pull's connection before it handles anything else or yields, so nothing
+        else sees the consumers before they are settled."""
+        if self.held:
+            try:
+                self.flush_acks()
+            except Exception:
+                log.error("js_ack_flush_failed", exc_info=True)
 
     def wake_acks(self) -> None:
         """Settle the acks :meth:`take_acks` queued in the next turn of the event loop
@@ -424,17 +470,28 @@ def _last_stream_seq(c: Consumer) -> int:
     return cp.last_delivered or max(cp.cursor - 1, 0)
 
 
-def _next(st: State, c: Consumer, reply: str | None, payload: bytes) -> None:
+def _next(st: State, c: Consumer, reply: str | None, payload: bytes, last: bool = False) -> None:
+    """A pull request. It sees every ack sent before it: they are settled first, or,
+    when ``last`` and :meth:`State.may_pass` says that cannot change what it takes,
+    held for its connection to settle once the messages are on their way."""
     if not reply:
+        st.flush_acks()
         return
     if st.settings_of(c).deliver_subject:
+        st.flush_acks()
         st.send(reply, None, status_message(409, "Consumer is push based"))
         return
     try:
         nr = parse_next_request(payload)
     except ValueError as exc:
+        st.flush_acks()
         st.send(reply, None, status_message(400, f"Bad Request - {exc}"))
         return
+    if st.acks:
+        if last and st.may_pass(c, max(nr.batch, 1)):
+            st.held = True
+        else:
+            st.flush_acks()
     st.touch(c)
     if nr.no_wait:
         available = c.num_pending + sum(len(cp.redeliver) for cp in c.parts)
@@ -462,6 +519,7 @@ def _next(st: State, c: Consumer, reply: str | None, payload: bytes) -> None:
     elif nr.no_wait and (count or not nr.expires_ns):
         end(req, PullEnd.NO_MESSAGES, parts, count)
     else:
+        st.settle_held()  # before it waits: what they free goes to it as it would have
         if count and not req._deliver(parts, count):
             return
         if nr.expires_ns:
@@ -628,17 +686,22 @@ def _delete(st: State, c: Consumer) -> int:
 # -- the API -------------------------------------------------------------------------------
 
 
-def consumer_api(js: JetStream, op: str, tokens: list[str], reply: str | None, headers: bytes | None, payload: bytes) -> None:
-    """``$JS.API.CONSUMER.<op>.<tokens...>`` (dispatched by ``JetStream.request``)."""
+def consumer_api(
+    js: JetStream, op: str, tokens: list[str], reply: str | None, headers: bytes | None, payload: bytes,
+    last: bool = False,
+) -> None:
+    """``$JS.API.CONSUMER.<op>.<tokens...>`` (dispatched by ``JetStream.request``;
+    ``last``: see there)."""
     st = _state(js)
-    st.flush_acks()  # a request sees every ack sent before it
     if op == "MSG.NEXT":
         c = _lookup(st, tokens)
         if c is None:
+            st.flush_acks()
             js.no_responders(reply)  # no consumer: nobody listens there
             return
-        _next(st, c, reply, payload)
+        _next(st, c, reply, payload, last)
         return
+    st.flush_acks()  # a request sees every ack sent before it
     handler = _API.get(op)
     if handler is None:
         js.no_responders(reply)

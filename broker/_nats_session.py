@@ -279,6 +279,7 @@ class NatsSession(Session):
                 short = len(data) < SHORT_READ
                 sent = self._sent_bytes
                 self._handling = True
+                handled = False
                 try:
                     while True:
                         if self.ready and not self.verbose and not self.pedantic and parser.at_ack():
@@ -300,6 +301,7 @@ class NatsSession(Session):
                             self._fail(err.text, "protocol_error")
                             return
                         if event is NATS_NEED_DATA:
+                            handled = True
                             break
                         if not self.ready:
                             committer.unhold()
@@ -316,10 +318,15 @@ class NatsSession(Session):
                 finally:
                     self._flush()
                     self._handling = False
-                    if acked:
-                        acked = False
+                    if not handled:
                         self._settle_soon()
-                if self._now and not self._send_nowait():
+                all_out = not self._now or self._send_nowait()
+                if acked:
+                    acked = False
+                    self._settle_soon()  # after the send: a pull that went ahead of them is out
+                else:
+                    self._settle_held()
+                if not all_out:
                     committer.unhold()
                     self._reader_sending = True
                     try:
@@ -468,10 +475,18 @@ class NatsSession(Session):
 
     def _settle_soon(self) -> None:
         """The acks :meth:`_acks` queued are settled in the next turn of the event loop
-        (unless a pull request read with them settled them already)."""
+        (unless a pull request read with them settled them already); those a pull went
+        ahead of (:meth:`_publish`) are settled now."""
         state = self.broker.jetstream.consumer_state
         if state is not None:
+            state.settle_held()
             state.wake_acks()
+
+    def _settle_held(self) -> None:
+        """Settle now the acks a pull went ahead of (``State.may_pass``)."""
+        state = self.broker.jetstream.consumer_state
+        if state is not None and state.held:
+            state.settle_held()
 
     async def _wait_room(self) -> None:
         self._settle_soon()  # acks queued by this read are not held while it waits
@@ -548,7 +563,9 @@ class NatsSession(Session):
             return
         if handled:
             self._flush()
-            js.request(subject, ev.reply, ev.headers, ev.payload, self)
+            # The last operation of the read: the read loop sends what it queued,
+            # then settles any acks it went ahead of, before anything else.
+            js.request(subject, ev.reply, ev.headers, ev.payload, self, last=not self.parser.buffered)
             return
         if not valid:
             return
