@@ -47,6 +47,7 @@ import trio
 
 from protocol import AckKind, BrokerError, PullEnd, normalize_name
 from protocol._consumers import expand_runs
+from protocol._nats import AckRun
 from protocol._jetstream import (
     ACK_PREFIX, FC_PREFIX, INVALID_JSON, STREAM_MISMATCH, JSError, api_error, api_response, js_error, parse_request, rfc3339,
 )
@@ -162,17 +163,20 @@ class State:
         #: Acks received and not yet settled, and the ack requests they answer: settled
         #: together in the next turn of the event loop (:func:`run`), so a batch of acks
         #: is one journal event, or before any request that reads consumer state.
-        self.acks: dict[Consumer, list[tuple[int, int, int, int]]] = {}
+        self.acks: dict[Consumer, list[Any]] = {}  # entries (kind, partition, offset, delay) and AckRuns
         self.ack_replies: list[str] = []
         self.ack_wake = trio.Event()
         #: Every queued ack is a plain ``+ACK`` without a reply (taken by
-        #: :meth:`take_acks` / :meth:`take_ack_run`), and the highest stream sequence
-        #: each consumer's queued acks name: what :meth:`may_pass` needs to know.
+        #: :meth:`take_acks` / :meth:`take_ack_run`): what :meth:`may_pass` needs.
         self.plain = True
-        self.ack_top: dict[Consumer, int] = {}
+        #: Some queued acks are an ``AckRun`` (read when settled).
+        self.runs = False
         #: A pull went ahead of the queued acks (:meth:`may_pass`): its connection
-        #: settles them (:meth:`settle_held`) before it handles anything else or yields.
+        #: settles them (:meth:`settle_held`) before it handles anything else or
+        #: yields; ``fences``: the cursor of each such pull's consumer before it,
+        #: where the acks stop counting.
         self.held = False
+        self.fences: dict[Consumer, int] = {}
         self.broker.subs.on_add.append(self._subscribed)
         self.resume()
 
@@ -240,12 +244,14 @@ class State:
             return
         acks, self.acks = self.acks, {}
         replies, self.ack_replies = self.ack_replies, []
-        self.plain = True
-        self.ack_top = {}
+        runs, fences = self.runs, self.fences
+        self.plain, self.runs, self.fences = True, False, {}
         epoch = 0
         wait = bool(replies)  # acks without a reply: nobody waits, the events go with the next sync
         for c, entries in acks.items():
             if not c.deleted:
+                if runs or fences:
+                    entries = _ack_entries(entries, fences.get(c))
                 epoch = max(epoch, self.engine.settle(c, entries, wait))
         if wait and not epoch:
             # Nothing changed: the acks were settled by earlier ones sent without a
@@ -267,9 +273,8 @@ class State:
         by_ack = self.by_ack
         acks = self.acks
         replies = self.ack_replies
-        tops = self.ack_top
         last: Consumer | None = None
-        queued: list[tuple[int, int, int, int]] = []
+        queued: list[Any] = []
         while i < n:
             _, reply, payload, key, stream_seq = items[i]
             if payload and payload != b"+ACK":
@@ -284,29 +289,26 @@ class State:
                 queued = got
                 last = c
             queued.append((_ACK, 0, stream_seq, 0))
-            if stream_seq > tops.get(c, 0):
-                tops[c] = stream_seq
             if reply:
                 replies.append(reply)
                 self.plain = False
             i += 1
         return i - start
 
-    def take_ack_run(self, key: str, seqs: list[int]) -> bool:
+    def take_ack_run(self, key: str, run: AckRun) -> bool:
         """Queue a run of plain acks of one consumer (``NatsParser.ack_run``: its
-        ``$JS.ACK.<stream>.<consumer>`` and stream sequences), as :meth:`take_acks`
-        would queue them; False, and nothing queued, when ``key`` is not a consumer
-        seen before (the general path then reads them). The caller calls
-        :meth:`wake_acks` as after :meth:`take_acks`."""
+        ``$JS.ACK.<stream>.<consumer>`` and the run), to be settled as :meth:`take_acks`
+        would queue them (:func:`_ack_entries` reads the run then); False, and
+        nothing queued, when ``key`` is not a consumer seen before (the general path
+        then reads them). The caller calls :meth:`wake_acks` as after :meth:`take_acks`."""
         c = self.by_ack.get(key)
         if c is None or c.deleted:
             return False
         queued = self.acks.get(c)
         if queued is None:
             queued = self.acks[c] = []
-        queued += [(_ACK, 0, s, 0) for s in seqs]
-        if seqs:
-            self.ack_top[c] = max(self.ack_top.get(c, 0), max(seqs))
+        queued.append(run)  # type: ignore[arg-type]
+        self.runs = True
         return True
 
     def may_pass(self, c: Consumer, want: int) -> bool:
@@ -316,16 +318,21 @@ class State:
         from the client's acks and next pull to its messages). True when every
         queued ack is a plain ``+ACK`` without a reply (no answer to order, no nak or
         term that makes a redelivery or frees room), ``c`` has one partition with
-        nothing due for redelivery (acks only take messages out of it), its queued
-        acks all name messages below its cursor (an ack of one not yet delivered is
-        ignored when settled first; it must not hit the pull's delivery of it), and
+        nothing due for redelivery (acks only take messages out of it), and
         ``max_ack_pending`` leaves room for ``want`` without them (the room they free
-        could not change what the pull takes). The counters, ack floor and journal
-        events come out the same once they are settled."""
+        could not change what the pull takes). The pull only adds deliveries at and
+        past the cursor, where nothing is outstanding: acks there, ignored when
+        settled first, are left out (:meth:`hold` keeps the cursor), and the others
+        find what they would have. The counters, ack floor and journal events come
+        out the same once they are settled."""
         if not self.plain or len(c.parts) != 1:
             return False
-        cp = c.parts[0]
-        return not cp.redeliver and self.ack_top.get(c, 0) < cp.cursor and c.room() >= want
+        return not c.parts[0].redeliver and c.room() >= want
+
+    def hold(self, c: Consumer) -> None:
+        """A pull of ``c`` goes ahead of the queued acks (:meth:`may_pass`)."""
+        self.held = True
+        self.fences.setdefault(c, c.parts[0].cursor)
 
     def settle_held(self) -> None:
         """Settle the acks a pull went ahead of (:meth:`may_pass`), now: called by
@@ -397,6 +404,19 @@ class State:
                 frames, size = js_delivery_frames(some, sub.sid_bytes, stream, name, headers_only, sub.session.headers)
                 reached = max(reached, sub.send_frames(frames, n, size))
         return reached
+
+
+def _ack_entries(queued: list[Any], fence: int | None) -> list[tuple[int, int, int, int]]:
+    """The ack entries of a consumer's queue: each ``AckRun`` read into the plain acks
+    ``State.take_acks`` queues for it; with a ``fence`` (a pull went ahead of them,
+    ``State.hold``: they are all plain acks), only those below it."""
+    out: list[tuple[int, int, int, int]] = []
+    for e in queued:
+        if e.__class__ is AckRun:
+            out += [(_ACK, 0, s, 0) for s in e.seqs() if fence is None or s < fence]
+        elif fence is None or e[2] < fence:
+            out.append(e)
+    return out
 
 
 def _state(js: JetStream) -> State:
@@ -489,7 +509,7 @@ def _next(st: State, c: Consumer, reply: str | None, payload: bytes, last: bool 
         return
     if st.acks:
         if last and st.may_pass(c, max(nr.batch, 1)):
-            st.held = True
+            st.hold(c)
         else:
             st.flush_acks()
     st.touch(c)

@@ -54,6 +54,7 @@ import protocol as P
 from protocol import ErrorCode
 from protocol._nats import (
     NATS_NEED_DATA,
+    AckRun,
     OK,
     PING,
     PONG,
@@ -436,7 +437,7 @@ class NatsSession(Session):
             if self.verbose:
                 self.send_now(OK)
 
-    def _ack_run(self, key: str, seqs: list[int], end: int) -> bool:
+    def _ack_run(self, key: str, run: AckRun, end: int) -> bool:
         """A run of plain acks of one consumer (``NatsParser.ack_run``), queued for one
         settle as :meth:`_acks` queues them; False (nothing read) when the consumer is
         not one the ack path has seen (:meth:`_acks` then reads them)."""
@@ -444,7 +445,7 @@ class NatsSession(Session):
         if state is None:
             return False
         self._flush()  # the messages that came before are handled first
-        if not state.take_ack_run(key, seqs):
+        if not state.take_ack_run(key, run):
             return False
         self.parser.skip_to(end)
         return True

@@ -31,7 +31,7 @@ from ._errors import ErrorCode, RemoteProtocolError, error_class
 from ._records import FIXED_SIZE, RECORD_FIXED, _check_header_name, _check_header_value, _iter_header_block, encode_headers
 
 __all__ = [
-    "NatsProtocolError", "NatsParser", "NATS_NEED_DATA", "NatsConnect", "NatsPub", "NatsSub", "NatsUnsub", "NatsPing",
+    "NatsProtocolError", "NatsParser", "AckRun", "NATS_NEED_DATA", "NatsConnect", "NatsPub", "NatsSub", "NatsUnsub", "NatsPing",
     "NatsPong", "NatsInfo", "NatsMsg", "NatsOk", "NatsErr", "PING", "PONG", "OK", "encode_info", "encode_connect",
     "encode_pub", "encode_sub", "encode_unsub", "encode_msg", "encode_err", "encode_nats_headers", "decode_nats_headers",
     "no_responders_status",
@@ -198,6 +198,21 @@ def valid_nats_subject(subject: str, wildcards: bool = False) -> bool:
     return True
 
 
+class AckRun:
+    """The bytes of a run of plain acks :meth:`NatsParser.ack_run` took, kept as they
+    are until their stream sequences are wanted (:meth:`seqs`): whoever takes the
+    run may settle it after other work."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def seqs(self) -> list[int]:
+        """The acks' stream sequences, in order."""
+        return list(map(int, _ACK_SEQ.findall(self.raw)))
+
+
 class NatsParser:
     """Incremental parser of one side of a NATS connection (see the module
     docstring). Feed bytes with :meth:`receive_data`, take events with
@@ -312,15 +327,16 @@ class NatsParser:
         which both would only refuse."""
         return self._pending is None and self.server and self._buf.startswith(b"PUB $JS.ACK.", self._pos)
 
-    def ack_run(self) -> tuple[str, list[int], int] | None:
+    def ack_run(self) -> tuple[str, AckRun, int] | None:
         """The run of whole acks of one consumer as nats-py writes ``msg.ack()``
         (``PUB <v1 ack subject>  0``, no reply, empty payload) at the read position,
-        at most :data:`ACK_RUN_LIMIT`: ``("$JS.ACK.<stream>.<consumer>", [stream
-        sequence, ...], end)``, or None when the next operation is not one. Reads
-        nothing: :meth:`skip_to` ``(end)`` takes the run. What it gives is what
-        :meth:`ack_pubs` gives for those PUBs (their replies None, their payloads
-        empty), in two regular-expression calls for the whole run instead of one
-        match and one tuple per PUB."""
+        at most :data:`ACK_RUN_LIMIT`: ``("$JS.ACK.<stream>.<consumer>", run, end)``,
+        or None when the next operation is not one; ``run.seqs()`` are their stream
+        sequences. Reads nothing: :meth:`skip_to` ``(end)`` takes the run. What it
+        gives is what :meth:`ack_pubs` gives for those PUBs (their replies None,
+        their payloads empty), in one regular-expression call for the whole run
+        (and one more for the sequences, when they are wanted) instead of one match
+        and one tuple per PUB."""
         if self._pending is not None or not self.server:
             return None
         buf = self._buf
@@ -336,7 +352,7 @@ class NatsParser:
             name = key.decode()
         except UnicodeDecodeError:
             return None
-        return name, list(map(int, _ACK_SEQ.findall(buf, pos, end))), end
+        return name, AckRun(bytes(buf[pos:end])), end
 
     def skip_to(self, end: int) -> None:
         """Take what :meth:`ack_run` gave, up to ``end``."""

@@ -496,7 +496,8 @@ def _ack_run_outcome(parser: P.NatsParser, data: bytes) -> tuple[list[object], s
                 assert parser.ack_run() is None and parser.ack_pubs() == []
             run = parser.ack_run()
             if run is not None:
-                key, seqs, end = run
+                key, acks, end = run
+                seqs = acks.seqs()
                 assert 1 <= len(seqs) <= ACK_RUN_LIMIT
                 # The same bytes read by the general path: the same PUBs, plain acks of key.
                 general = _GeneralOnly(max_control_line=parser.max_control_line, max_payload=parser.max_payload)
@@ -558,16 +559,17 @@ def test_ack_run_takes_the_acks_nats_py_sends_in_one_run_per_consumer() -> None:
     other = b"PUB $JS.ACK.S.d.1.7.7.1763937600000000000.0  0\r\n\r\n"
     parser = P.NatsParser()
     parser.receive_data(b"".join(acks) + other + acks[0] + b"PING\r\n")
-    key, seqs, end = parser.ack_run()
-    assert (key, seqs) == ("$JS.ACK.S.c", list(range(ACK_RUN_LIMIT)))
+    key, run, end = parser.ack_run()
+    assert (key, run.seqs()) == ("$JS.ACK.S.c", list(range(ACK_RUN_LIMIT)))
     assert parser.ack_run() is not None  # nothing taken before skip_to
     parser.skip_to(end)
-    key, seqs, end = parser.ack_run()
-    assert (key, seqs) == ("$JS.ACK.S.c", list(range(ACK_RUN_LIMIT, 300)))
+    key, run, end = parser.ack_run()
+    assert (key, run.seqs()) == ("$JS.ACK.S.c", list(range(ACK_RUN_LIMIT, 300)))
     parser.skip_to(end)
-    key, seqs, end = parser.ack_run()
-    assert (key, seqs) == ("$JS.ACK.S.d", [7])
+    key, run, end = parser.ack_run()
+    assert (key, run.seqs()) == ("$JS.ACK.S.d", [7])
     parser.skip_to(end)
-    assert parser.ack_run()[:2] == ("$JS.ACK.S.c", [0])
-    parser.skip_to(parser.ack_run()[2])
+    key, run, end = parser.ack_run()
+    assert (key, run.seqs()) == ("$JS.ACK.S.c", [0])
+    parser.skip_to(end)
     assert parser.ack_run() is None and parser.next_event() is P.NatsPing
