@@ -534,6 +534,9 @@ def js_delivery_frames(
 
 #: ``encode_msg`` of a delivery without headers, its ``$JS.ACK`` reply spelled out.
 _PLAIN_DELIVERY = b"MSG %s %s %s%d.%d.%d.%d.%d %d\r\n%s\r\n"
+#: :data:`_PLAIN_DELIVERY` from the reply's stream sequence on, after its lead
+#: (``MSG <subject> <sid> $JS.ACK.<stream>.<consumer>.1.``).
+_PLAIN_TAIL = b"%s%d.%d.%d.%d %d\r\n%s\r\n"
 
 
 def _run_frames(
@@ -542,10 +545,16 @@ def _run_frames(
 ) -> int:
     """:func:`js_delivery_frames` of the messages of a :class:`PulledRun` (first
     deliveries), read from the run's bytes in place of the heads and records
-    ``expand_runs`` gives; returns their payload bytes."""
+    ``expand_runs`` gives; returns their payload bytes. Messages without headers
+    are :data:`_PLAIN_DELIVERY` with the part up to the reply's numbers made once a
+    subject (:data:`_PLAIN_TAIL`), all formatted in one step."""
     data = bytes(records)  # one copy: slices of it are bytes, which ``%`` takes as they are
     fixed = RECORD_FIXED.unpack_from
-    append = out.append
+    mid = b" %s %s1." % (sid, prefix)  # delivered once
+    args: list[Any] = []
+    plain = 0  # messages in ``args``
+    subject: bytes | None = None
+    lead = b""
     dseq = run.dseq
     pending = run.pending
     size = pos = 0
@@ -555,16 +564,25 @@ def _run_frames(
         pending -= 1
         left = pending if pending > 0 else 0
         if headers_only or hl:
+            if plain:
+                out.append((_PLAIN_TAIL * plain) % tuple(args))
+                args, plain = [], 0
             head = encode_pull_entry(run.partition, dseq, 1, left)
-            subject, reply, block, payload = js_delivery(head, data[pos:end], stream, consumer, headers_only)
-            append(encode_msg(subject, sid, reply, block if headers else None, payload))
+            s, reply, block, payload = js_delivery(head, data[pos:end], stream, consumer, headers_only)
+            out.append(encode_msg(s, sid, reply, block if headers else None, payload))
             size += len(payload)
         else:
             p = pos + FIXED_SIZE + sl
-            append(_PLAIN_DELIVERY % (data[pos + FIXED_SIZE : p], sid, prefix, 1, offset, dseq, ts, left, pl, data[p : p + pl]))
+            s = data[pos + FIXED_SIZE : p]
+            if s != subject:
+                subject, lead = s, b"MSG " + s + mid
+            args += (lead, offset, dseq, ts, left, pl, data[p : p + pl])
+            plain += 1
             size += pl
         pos = end
         dseq += 1
+    if plain:
+        out.append((_PLAIN_TAIL * plain) % tuple(args))
     return size
 
 
