@@ -307,7 +307,7 @@ class State:
         queued = self.acks.get(c)
         if queued is None:
             queued = self.acks[c] = []
-        queued.append(run)  # type: ignore[arg-type]
+        queued.append(run)
         self.runs = True
         return True
 

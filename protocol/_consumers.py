@@ -356,14 +356,14 @@ class PulledRun(NamedTuple):
     """A run of first deliveries whose entry heads are not encoded: in a pull's
     ``parts`` (entry head, record, ...) it stands, followed by the run (records back
     to back), where :func:`pull_entries` would put the run's heads and records
-    (taking all of them): ``count`` records, delivery sequences from ``dseq`` on,
+    (taking all of them): ``messages`` records, delivery sequences from ``dseq`` on,
     ``pending`` counting down from ``pending - 1`` (never below 0). A listener that
     formats the messages itself (``_js_consumers.js_delivery_frames``) reads the run
     once, without heads to pack and unpack; :func:`expand_runs` gives the heads."""
 
     partition: int
     dseq: int
-    count: int
+    messages: int
     pending: int
 
 

@@ -558,7 +558,7 @@ def _run_frames(
     dseq = run.dseq
     pending = run.pending
     size = pos = 0
-    for _ in range(run.count):
+    for _ in range(run.messages):
         length, _, offset, ts, _, _, sl, hl, pl = fixed(data, pos)
         end = pos + 4 + length
         pending -= 1
