@@ -250,6 +250,11 @@ class Consumer:
         self.deleted = False
         self.rotate = 0
         self._match_cache: dict[bytes, bool] = {}
+        #: When a message was last delivered and last acknowledged (or terminated),
+        #: 0: not since the broker started (nats-server's ``ldt`` and ``lat``, which it
+        #: does not keep across a restart either).
+        self.delivered_at = 0
+        self.acked_at = 0
         self.config = config
 
     @property
@@ -487,6 +492,7 @@ class ConsumerEngine:
         counters = self.counters
         acked = 0
         freed = False  # beyond ``acked``: room or work for a pull (a term, a NAK due now)
+        termed = False
         for kind, pn, o, delay in entries:
             if pn >= n:
                 continue
@@ -516,7 +522,7 @@ class ConsumerEngine:
                 cp._drop(o)
                 changes += (pn, kind, o, 0)
                 counters.consumer_terminated += 1
-                freed = True
+                freed = termed = True
                 continue
             e = out.get(o)
             if e is None:
@@ -541,6 +547,8 @@ class ConsumerEngine:
                     e.fire = self.arm(cp, [o], e.deadline)
                 changes += (pn, kind, o, e.deadline // MS)
         counters.consumer_acked += acked
+        if acked or termed:
+            c.acked_at = now
         if acked or freed:
             self.kick(c)
         if not changes:

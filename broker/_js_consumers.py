@@ -866,6 +866,15 @@ def _check_update(st: State, old: PushSettings, new: PushSettings, was: Consumer
         raise JSError(500, 10012, denied)
 
 
+def _sequence_info(consumer_seq: int, stream_seq: int, at_ns: int) -> dict[str, Any]:
+    """The server's ``SequenceInfo``: ``last_active`` (omitempty) is when the last
+    delivery (or ack) happened."""
+    out: dict[str, Any] = {"consumer_seq": consumer_seq, "stream_seq": stream_seq}
+    if at_ns:
+        out["last_active"] = rfc3339(at_ns)
+    return out
+
+
 def _info(st: State, c: Consumer) -> dict[str, Any]:
     cp = c.parts[0]
     settings = st.settings_of(c)
@@ -874,8 +883,8 @@ def _info(st: State, c: Consumer) -> dict[str, Any]:
         "name": c.name,
         "created": rfc3339(c.created_ns),
         "config": consumer_config_to_nats(c.name, c.config.to_map(), settings, EPHEMERAL_INACTIVE_NS),
-        "delivered": {"consumer_seq": c.dseq, "stream_seq": _last_stream_seq(c)},
-        "ack_floor": {"consumer_seq": c._ack_floor_dseq(), "stream_seq": cp.ack_floor},
+        "delivered": _sequence_info(c.dseq, _last_stream_seq(c), c.delivered_at),
+        "ack_floor": _sequence_info(c._ack_floor_dseq(), cp.ack_floor, c.acked_at),
         "num_ack_pending": c.num_ack_pending,
         "num_redelivered": c.num_redelivered,
         "num_waiting": sum(1 for r in c.waiting if not isinstance(r, PushWindow)),

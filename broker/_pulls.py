@@ -181,6 +181,8 @@ def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list
             engine.counters.consumer_redelivered += len(redone)
             journal.write(["r", c.id, cp.part.number, redone, now // MS, first_dseq], lazy=True)
         if hit:
+            if count:
+                c.delivered_at = now
             return parts, count, True
     # 2. new messages
     room = c.room()
@@ -251,6 +253,8 @@ def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list
     if count:
         engine.counters.messages_out += count
         engine.counters.bytes_out += used
+    if count:
+        c.delivered_at = now
     return parts, count, hit
 
 

@@ -984,3 +984,30 @@ async def test_pull_batches_reach_subscriptions_with_a_maximum_and_ttlbroker_sub
     ]
     assert r["info"] == (7, 7, 0)
     assert [(m.subject, m.payload, m.headers) for m in native_got] == [("orders.3", b"m3", {}), ("orders.4", b"m4", {})]
+
+
+async def test_consumer_info_says_when_it_last_delivered_and_was_acked(nats_url: str) -> None:
+    """``delivered.last_active`` and ``ack_floor.last_active``: the times of the last
+    delivery and the last ack (the server's ``omitempty``: absent before the first)."""
+
+    async def scenario() -> list[dict[str, Any]]:
+        nc, js = await connect(nats_url)
+        try:
+            await orders(js, 2)
+            psub = await js.pull_subscribe("orders.>", durable="la", stream=STREAM)
+            out = [await api_request(nc, f"$JS.API.CONSUMER.INFO.{STREAM}.la", b"")]
+            msgs = await psub.fetch(2, timeout=5)
+            out.append(await api_request(nc, f"$JS.API.CONSUMER.INFO.{STREAM}.la", b""))
+            await msgs[0].nak()
+            out.append(await api_request(nc, f"$JS.API.CONSUMER.INFO.{STREAM}.la", b""))
+            await msgs[1].ack()
+            out.append(await api_request(nc, f"$JS.API.CONSUMER.INFO.{STREAM}.la", b""))
+            return out
+        finally:
+            await nc.close()
+
+    fresh, fetched, naked, acked = await in_asyncio(scenario)
+    assert list(fresh["delivered"]) == ["consumer_seq", "stream_seq"] and list(fresh["ack_floor"]) == ["consumer_seq", "stream_seq"]
+    assert list(fetched["delivered"]) == ["consumer_seq", "stream_seq", "last_active"] and fetched["delivered"]["last_active"].endswith("Z")
+    assert "last_active" not in naked["ack_floor"]  # a NAK is not an ack
+    assert acked["ack_floor"]["last_active"].endswith("Z") and acked["ack_floor"]["last_active"] >= fetched["delivered"]["last_active"]
