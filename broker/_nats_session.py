@@ -640,6 +640,7 @@ class NatsSession(Session):
                     js.respond(reply, js.pub_ack(topic, offset, False), epoch=epoch)
                 offset += 1
             return
+        assert isinstance(payload, bytes), payload  # publish() without frames: the encoded acks
         acks = (P.Acks.first(payload),) if len(batch) == 1 else P.Acks.decode(payload)  # one: one unpack
         for i, (_, reply, topic) in enumerate(batch):
             if not reply:
