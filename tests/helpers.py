@@ -141,6 +141,14 @@ def json_lines(p: subprocess.CompletedProcess[str]) -> list[Any]:
     return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
 
 
+async def api_request(nc: Any, subject: str, body: dict[str, Any] | bytes) -> dict[str, Any]:
+    """A JetStream API request through a nats-py connection ``nc``: ``body`` as JSON
+    (or the raw bytes), the answer's JSON."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    msg = await nc.request(subject, data, timeout=5)
+    return json.loads(msg.data)  # type: ignore[no-any-return]
+
+
 class RawNats(RawPeer):
     """A trio TCP connection to a NATS listener that sends raw bytes and parses
     what the server sends (``protocol.NatsParser`` on the client side)."""

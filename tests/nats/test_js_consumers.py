@@ -22,7 +22,7 @@ import trio.testing
 from conftest import start_server
 from hypothesis import given
 from hypothesis import strategies as st
-from helpers import RawNats, in_asyncio
+from helpers import RawNats, api_request, in_asyncio
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
@@ -57,12 +57,6 @@ async def orders(js: Any, n: int, start: int = 0, subject: str = "orders.{i}") -
         pass  # exists (a second phase of a test)
     for i in range(start, start + n):
         await js.publish(subject.format(i=i), b"m%d" % i)
-
-
-async def api_request(nc: Any, subject: str, body: dict[str, Any] | bytes) -> dict[str, Any]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    msg = await nc.request(subject, data, timeout=5)
-    return json.loads(msg.data)  # type: ignore[no-any-return]
 
 
 async def fetch_or_none(psub: Any, n: int, timeout: float = 0.3) -> list[Any]:

@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import make_config, start_server
-from helpers import RawNats, in_asyncio, run_cli
+from helpers import RawNats, api_request, in_asyncio, run_cli
 from nats.js.api import RePublish, StreamConfig
 
 import protocol as P
@@ -520,11 +520,6 @@ async def test_api_no_responders_bytes_go_to_the_requester_only(nats_url: str) -
     assert await other.next_event() is P.NatsPong  # nothing reached it before
 
 
-async def _raw_api(nc: Any, subject: str, body: Any) -> dict[str, Any]:
-    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return json.loads((await nc.request(subject, payload, timeout=5)).data)
-
-
 async def test_msg_delete_refusals_as_the_servers_file_store(nats_url: str) -> None:
     """A sequence nothing is at: before the first (or 0) "no message found", past the
     last "stream store EOF" (both 500 10057), removed from between the first and the
@@ -534,13 +529,13 @@ async def test_msg_delete_refusals_as_the_servers_file_store(nats_url: str) -> N
         await js.add_stream(name="MD", subjects=["md.>"])
         for i in range(5):
             await js.publish(f"md.{i}", b"x")
-        await _raw_api(nc, "$JS.API.STREAM.PURGE.MD", {"seq": 2})  # seq 1 gone: first is 2
+        await api_request(nc, "$JS.API.STREAM.PURGE.MD", {"seq": 2})  # seq 1 gone: first is 2
         await js.delete_msg("MD", 3)
         out = []
         for seq in (0, 1, 3, 6, 99):
-            out.append((await _raw_api(nc, "$JS.API.STREAM.MSG.DELETE.MD", {"seq": seq}))["error"])
-        out.append((await _raw_api(nc, "$JS.API.STREAM.MSG.DELETE.MD", {}))["error"])
-        out.append(await _raw_api(nc, "$JS.API.STREAM.MSG.DELETE.MD", {"seq": 5}))
+            out.append((await api_request(nc, "$JS.API.STREAM.MSG.DELETE.MD", {"seq": seq}))["error"])
+        out.append((await api_request(nc, "$JS.API.STREAM.MSG.DELETE.MD", {}))["error"])
+        out.append(await api_request(nc, "$JS.API.STREAM.MSG.DELETE.MD", {"seq": 5}))
         return out
 
     out = await _js(nats_url, fn)
@@ -565,16 +560,16 @@ async def test_stream_info_paging_and_first_seq_as_the_server(nats_url: str) -> 
     async def fn(nc: Any, js: Any) -> list[Any]:
         await js.add_stream(name="PG", subjects=["pg.>"])
         out: list[Any] = []
-        d = await _raw_api(nc, "$JS.API.STREAM.INFO.PG", b"")
+        d = await api_request(nc, "$JS.API.STREAM.INFO.PG", b"")
         out.append((list(d)[:4], d["total"], d["offset"], d["limit"], d["state"]["first_seq"], d["state"]["last_seq"]))
         for s in ("pg.c", "pg.a", "pg.b", "pg.a"):
             await js.publish(s, b"x")
         for body in ({"subjects_filter": ">"}, {"subjects_filter": ">", "offset": 1}, {"subjects_filter": ">", "offset": 5},
                      {"subjects_filter": "none"}):
-            d = await _raw_api(nc, "$JS.API.STREAM.INFO.PG", body)
+            d = await api_request(nc, "$JS.API.STREAM.INFO.PG", body)
             out.append((d["total"], d["offset"], d["limit"], d["state"].get("subjects")))
         await js.purge_stream("PG")
-        d = await _raw_api(nc, "$JS.API.STREAM.INFO.PG", b"")
+        d = await api_request(nc, "$JS.API.STREAM.INFO.PG", b"")
         out.append((d["state"]["first_seq"], d["state"]["last_seq"]))
         return out
 
@@ -601,7 +596,7 @@ async def test_stream_info_paging_and_first_seq_as_the_server(nats_url: str) -> 
 async def test_paged_error_responses_keep_their_page_fields(nats_url: str, subject: str, body: bytes, tail: dict[str, Any]) -> None:
     """A paged response's error carries ``total``, ``offset``, ``limit`` at 0 and its
     empty list after the error, as nats-server writes them."""
-    d = await _js(nats_url, lambda nc, js: _raw_api(nc, subject, body))
+    d = await _js(nats_url, lambda nc, js: api_request(nc, subject, body))
     assert list(d) == ["type", "error", "total", "offset", "limit", *tail]
     assert (d["total"], d["offset"], d["limit"]) == (0, 0, 0)
     assert {k: d[k] for k in tail} == tail
@@ -622,7 +617,7 @@ async def test_stream_bytes_follow_the_live_messages(nats_url: str) -> None:
         await js.delete_msg("BY", 2)
         st = (await js.stream_info("BY")).state
         out.append((st.messages, st.bytes))
-        await _raw_api(nc, "$JS.API.STREAM.PURGE.BY", {"filter": "by.a"})
+        await api_request(nc, "$JS.API.STREAM.PURGE.BY", {"filter": "by.a"})
         st = (await js.stream_info("BY")).state
         out.append((st.messages, st.bytes))
         return out
@@ -654,7 +649,7 @@ async def test_republish_config_omits_what_the_server_omits(nats_url: str) -> No
         out = []
         for name, rp in (("RA", {"src": "ra.>", "dest": "x.ra.>"}), ("RB", {"src": "rb.>", "dest": "x.rb.>", "headers_only": True}),
                          ("RC", {"src": "rc.>", "dest": "x.rc.>", "headers_only": False})):
-            d = await _raw_api(nc, f"$JS.API.STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name.lower()}.>"], "republish": rp})
+            d = await api_request(nc, f"$JS.API.STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name.lower()}.>"], "republish": rp})
             out.append(d["config"]["republish"])
         return out
 
@@ -673,11 +668,11 @@ async def test_update_is_a_whole_config(nats_url: str) -> None:
 
     async def fn(nc: Any, js: Any) -> list[Any]:
         base = {"name": "UP", "subjects": ["up.>"]}
-        await _raw_api(nc, "$JS.API.STREAM.CREATE.UP", base)
+        await api_request(nc, "$JS.API.STREAM.CREATE.UP", base)
         out = []
         for change in ({"max_age": 30_000_000_000}, {"allow_msg_ttl": True}, {"allow_msg_ttl": True, "duplicate_window": 5_000_000_000},
                        {"storage": "memory"}):
-            d = await _raw_api(nc, "$JS.API.STREAM.UPDATE.UP", {**base, **change})
+            d = await api_request(nc, "$JS.API.STREAM.UPDATE.UP", {**base, **change})
             out.append(d.get("error") or d["config"]["duplicate_window"])
         return out
 
