@@ -235,9 +235,9 @@ def spark(java: None):  # type: ignore[no-untyped-def]
 def require(missing: str | None, what: str) -> None:
     """A test needs a tool of the machine (Java, Node): nothing when ``missing`` is
     None; else it fails under CI (``CI`` set), which has the tool and must run
-    ``what``, and is skipped with the reason elsewhere."""
-    if missing is None:
-        return
-    if not os.environ.get("CI"):
-        pytest.skip(missing)
-    pytest.fail(f"{missing} (CI must run {what})", pytrace=False)
+    ``what``, and is skipped with the reason elsewhere (a developer's machine
+    without the tool)."""
+    if missing is not None and os.environ.get("CI"):
+        pytest.fail(f"{missing} (CI must run {what})", pytrace=False)
+    if missing is not None and not os.environ.get("CI"):
+        pytest.skip(f"{missing}: {what} need it (CI runs them)")
