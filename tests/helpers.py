@@ -181,7 +181,7 @@ class RawNats(RawPeer):
 def held_commit(monkeypatch: Any) -> Iterator[trio.Event]:
     """The group commit waits for the yielded event before each sync (acks that wait
     for durability are held until it is set)."""
-    from broker._commit import Committer
+    from broker.core._commit import Committer
 
     gate = trio.Event()
     sync_now = Committer.sync_now

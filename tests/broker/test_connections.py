@@ -25,8 +25,8 @@ from helpers import RawPeer, handshake_bytes
 import protocol as P
 import storage
 from storage import _files
-from broker._limits import FailureThrottle, OutputBudget, sweep
-from broker._session import Session
+from broker.net._limits import FailureThrottle, OutputBudget, sweep
+from broker.server._session import Session
 from broker.client import Client, ConnectionClosedError, connect
 from broker.server import ServerHandle
 

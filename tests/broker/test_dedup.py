@@ -10,7 +10,7 @@ from ttl_helpers import advance, all_messages, broker_and_client
 
 import protocol as P
 from broker import Clock
-from broker._topic_config import TopicConfig
+from broker.core._topic_config import TopicConfig
 from broker.client import InvalidMsgTtlError, InvalidTopicConfigError
 
 ID = "Nats-Msg-Id"

@@ -10,7 +10,7 @@ import random
 import trio
 from ttl_helpers import NS, advance, all_messages, broker_and_client
 
-from broker._expiry import BUCKET_NS, CHUNK, COLLECT, TICK_NS, DeadlineQueue
+from broker.core._expiry import BUCKET_NS, CHUNK, COLLECT, TICK_NS, DeadlineQueue
 
 
 class Owner:

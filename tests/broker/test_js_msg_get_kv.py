@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from ttl_helpers import broker_and_client
 
 import protocol as P
-from broker._js_streams import api
-from broker._nats_core import NatsSubscription
+from broker.nats._streams import api
+from broker.nats._core import NatsSubscription
 from protocol import BrokerError
 from protocol._jetstream import NO_MESSAGE_FOUND, STREAM_NOT_FOUND, api_error, js_error, msg_get_response, rfc3339
 from protocol._nats import decode_nats_headers, encode_msg, encode_nats_headers

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from ttl_helpers import broker_and_client
 
 import protocol as P
-from broker import _session
-from broker._kv import kv_get_frames
-from broker._session import Session
+from broker.server import _session
+from broker.kv._reads import kv_get_frames
+from broker.server._session import Session
 
 KV_GET = int(P.Command.KV_GET)
 KV = P.Identifier.of("kv")
@@ -173,7 +173,7 @@ async def test_errors_inside_a_run_get_the_answers_they_get_alone(mock_clock, da
 
 
 def _kv_lease(offset: int) -> str:
-    from broker._kv import LEASE_PREFIX
+    from broker.kv._reads import LEASE_PREFIX
 
     return f"{LEASE_PREFIX}{offset}"
 

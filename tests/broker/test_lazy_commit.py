@@ -10,9 +10,9 @@ from typing import Any
 import trio
 import trio.testing
 
-from broker import _commit
-from broker._commit import LAZY_SYNC_SECONDS, Committer
-from broker._stats import Counters
+from broker.core import _commit
+from broker.core._commit import LAZY_SYNC_SECONDS, Committer
+from broker.core._stats import Counters
 from storage import FsyncPolicy
 
 

@@ -24,14 +24,14 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 from ttl_helpers import NS, advance, broker_and_client
 
-import broker.server as server_module
+import broker.server._server as server_module
 from broker import Clock, ServerHandle, serve
-from broker import _http as http_module
-from broker._broker import Broker
-from broker._info import VERSION
-from broker._metrics import COUNTERS, GAUGES, INFO_KEYS, RENAMED
-from broker._startup import StartupError
-from broker._stats import Counters
+from broker.monitoring import _http as http_module
+from broker.core._broker import Broker
+from broker.core._info import VERSION
+from broker.monitoring._metrics import COUNTERS, GAUGES, INFO_KEYS, RENAMED
+from broker.server._startup import StartupError
+from broker.core._stats import Counters
 from broker.client import Client, connect
 from broker.config import ConfigError
 

@@ -19,10 +19,11 @@ from conftest import make_config, start_server
 from helpers import RawPeer, held_commit, in_asyncio
 
 import protocol as P
-from broker import _commit, _session
-from broker._commit import Committer
-from broker._stats import Counters
-from broker._publishing import publish_frames
+from broker.core import _commit
+from broker.server import _session
+from broker.core._commit import Committer
+from broker.core._stats import Counters
+from broker.core._publishing import publish_frames
 from broker.client import Client, connect
 from broker.server import ServerHandle
 from storage import FsyncPolicy

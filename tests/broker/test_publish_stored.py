@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ttl_helpers import broker_and_client
 
 import protocol as P
-from broker._publishing import publish
+from broker.core._publishing import publish
 
 SUBJECTS = ["t.a", "t.b", "two.x", "two.y", "ttl.x", "$KV.b.k1", "$KV.b.k2", "$KV.b.a..b", "none.x"]
 HEADERS: list[list[tuple[str, str]]] = [

@@ -15,8 +15,8 @@ from ttl_helpers import advance, broker_and_client
 
 import protocol as P
 from broker import Clock
-from broker._broker import Broker
-from broker._partition import Partition
+from broker.core._broker import Broker
+from broker.core._partition import Partition
 from conftest import make_config
 
 ID = "Nats-Msg-Id"

@@ -1,4 +1,4 @@
-"""``broker._runq.tasks_runnable``: what ``current_statistics().tasks_runnable``
+"""``broker.core._runq.tasks_runnable``: what ``current_statistics().tasks_runnable``
 says, without the rest of trio's statistics."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker._runq import tasks_runnable
+from broker.core._runq import tasks_runnable
 
 
 async def test_it_counts_what_trio_counts() -> None:

@@ -47,7 +47,7 @@ async def test_rolls_write_the_seal_files_in_a_worker_thread(tmp_path: Path, mon
 
 
 async def test_a_clean_stop_writes_the_seals_still_owed(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from broker._sealing import Sealer
+    from broker.core._sealing import Sealer
 
     async def idle(self: Sealer) -> None:  # the sealer task never gets to them
         await trio.sleep_forever()

@@ -7,7 +7,7 @@ import time
 
 import trio
 
-from broker._stalls import LoopWatch
+from broker.core._stalls import LoopWatch
 
 
 def test_the_watch_measures_the_longest_stall_and_every_collection() -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import broker._subject_index as subject_index
-from broker._subject_index import SubjectIndex
+import broker.core._subject_index as subject_index
+from broker.core._subject_index import SubjectIndex
 
 step = st.tuples(
     st.integers(0, 3),  # offsets skipped before the run (recovery gaps)

@@ -13,7 +13,7 @@ import trio.testing
 from test_lazy_commit import Source, _committer, _recording
 from ttl_helpers import broker_and_client
 
-from broker import _commit
+from broker.core import _commit
 
 
 class Watcher:

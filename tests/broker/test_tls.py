@@ -28,9 +28,9 @@ from helpers import RawPeer, handshake_bytes
 
 import protocol as P
 from broker import Config
-from broker._limits import LogLimiter
-from broker._startup import StartupError
-from broker._tls import TLS_REQUIRED_REASON
+from broker.net._limits import LogLimiter
+from broker.server._startup import StartupError
+from broker.net._tls import TLS_REQUIRED_REASON
 from broker.client import ConnectionClosedError, aio, connect, tls_context
 from broker.client._backend import TLS_EOF_MESSAGE
 from broker.client._tls import resolve_tls

@@ -15,8 +15,8 @@ from conftest import BrokerProcess, env_with_project
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from broker._cli_args import duration_seconds, durations, seconds, ttl_value, whole_seconds
-from broker._cli_output import duration as format_duration
+from broker.cli._args import duration_seconds, durations, seconds, ttl_value, whole_seconds
+from broker.cli._output import duration as format_duration
 from broker.cli import build_parser
 from protocol import parse_go_duration
 from storage import parse_duration_ms

@@ -28,7 +28,7 @@ from helpers import RawNats, in_asyncio
 
 import protocol as P
 from broker import Config, ServerHandle
-from broker._info import VERSION
+from broker.core._info import VERSION
 from broker.client import connect
 
 PING, PONG, OK = P.NatsPing, P.NatsPong, P.NatsOk

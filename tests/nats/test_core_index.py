@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker._subscriptions import SubscriptionIndex
+from broker.core._subscriptions import SubscriptionIndex
 from protocol import subject_matches
 
 TOKEN = st.sampled_from(["a", "b", "_INBOX", "x1", "x2"])

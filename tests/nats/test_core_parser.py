@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import protocol as P
-from broker._js_consumers import _V1_ACK
+from broker.nats._consumers import _V1_ACK
 from protocol._nats import (
     ACK_RUN_LIMIT,
     encode_connect,

@@ -27,7 +27,7 @@ from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
 import protocol as P
-from broker._js_consumers import _V1_ACK
+from broker.nats._consumers import _V1_ACK
 from protocol._js_consumers import parse_ack_subject
 
 STREAM = "ORDERS"
@@ -785,7 +785,7 @@ async def test_deliveries_and_plain_acks_wait_for_no_sync_of_their_own_but_an_ac
     state at most ten times a second). An ``ack_sync`` is answered after a sync that
     covers it and every ack before it, also when it changes nothing (the message was
     acked already, without a reply)."""
-    from broker._commit import LAZY_SYNC_SECONDS
+    from broker.core._commit import LAZY_SYNC_SECONDS
 
     broker = nats_server.broker
     assert broker.committer.acks_wait

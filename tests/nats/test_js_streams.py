@@ -351,9 +351,9 @@ def test_error_table_documented() -> None:
 async def test_waiting_requests_are_bounded(nats_server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
     """Catalog changes wait in the API's nursery; past MAX_WAITING_REQUESTS at once
     the rest are refused (429 10167), so a flood cannot grow memory without bound."""
-    import broker._jetstream
+    import broker.nats._jetstream
 
-    monkeypatch.setattr(broker._jetstream, "MAX_WAITING_REQUESTS", 4)
+    monkeypatch.setattr(broker.nats._jetstream, "MAX_WAITING_REQUESTS", 4)
     js = nats_server.broker.jetstream
     for i in range(6):
         js.request(f"$JS.API.STREAM.CREATE.F{i}", None, None, json.dumps({"name": f"F{i}", "subjects": [f"f{i}"]}).encode())
@@ -379,7 +379,7 @@ async def test_pub_acks_wait_for_the_fsync_that_covers_them(
     """Under fsync ``always`` every PubAck (an awaited publish, each of a window of
     ``publish_async``, a KV put) reaches the client only after the sync that covers
     its message has completed, also when the sync runs in the sync thread."""
-    from broker import _commit
+    from broker.core import _commit
 
     monkeypatch.setattr(_commit, "INLINE_SYNC_SECONDS", 0.0)
     counters = nats_server.broker.counters
@@ -439,10 +439,10 @@ async def test_garbage_requests_are_answered_never_crash(nats_server: ServerHand
     an internal error (a bug), and the broker carries on."""
     import random
 
-    import broker._jetstream
+    import broker.nats._jetstream
 
     answers: list[bytes] = []
-    monkeypatch.setattr(broker._jetstream, "send_core", lambda b, subject, reply, headers, body, **kw: answers.append(body) or 1)
+    monkeypatch.setattr(broker.nats._jetstream, "send_core", lambda b, subject, reply, headers, body, **kw: answers.append(body) or 1)
     js = nats_server.broker.jetstream
     js.request("$JS.API.STREAM.CREATE.G", "r", None, json.dumps({"name": "G", "subjects": ["g.>"], "allow_direct": True}).encode())
     while js.waiting:

@@ -149,7 +149,7 @@ async def test_after_an_answered_get_the_reader_waits_for_the_next_request(
     core publish that nothing answers on its connection reads at once as before."""
     import nats
 
-    from broker._nats_session import NatsSession
+    from broker.nats._session import NatsSession
     from helpers import in_asyncio
 
     waits: list[bool] = []

@@ -20,7 +20,7 @@ import trio.testing
 from helpers import RawNats
 
 import protocol as P
-from broker._js_consumers import State
+from broker.nats._consumers import State
 
 STREAM = "ORDERS"
 NEXT = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.d".encode()

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import pytest
 
 import protocol as P
-from broker._topic_config import OPTION_TYPES
+from broker.core._topic_config import OPTION_TYPES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 TEXT = DOC.read_text(encoding="utf-8")

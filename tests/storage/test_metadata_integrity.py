@@ -40,7 +40,7 @@ import trio
 from conftest import env_with_project, make_config, start_server
 
 import protocol as P
-from broker._broker import Broker
+from broker.core._broker import Broker
 from broker.client import connect
 from storage import ConsumerOffsets, Damage, DataDir
 

@@ -1,0 +1,191 @@
+"""What the ``ttlbroker`` client commands take: the global options and the
+argument types (durations, TTLs, headers, start positions).
+
+The global options (``--server``, ``--token``, ``--json`` and the TLS ones) are
+accepted before and after the command. argparse copies a subparser's defaults over
+what the main parser parsed, so only the main parser has defaults (from the
+environment, else built in); the copies on the commands default to ``SUPPRESS``
+and so set a value only when given. Given twice, the later one wins.
+
+Every duration option goes through :func:`duration_seconds`, which is
+``storage.parse_duration_ms`` with a bare number read as seconds: ``30``, ``1.5``,
+``90s``, ``500ms``, ``1h30m``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+from typing import Any
+
+from protocol import parse_go_duration
+from storage import parse_duration_ms
+
+__all__ = [
+    "DEFAULT_SERVER", "global_options", "tls_option", "duration_seconds", "seconds", "whole_seconds",
+    "durations", "ttl_value", "start_offset", "start_time", "headers", "ident",
+]
+
+DEFAULT_SERVER = "127.0.0.1:8090"
+
+#: option -> the environment variable that gives its default.
+ENV = {
+    "server": "TTLBROKER_SERVER",
+    "token": "TTLBROKER_TOKEN",
+    "tls_ca": "TTLBROKER_TLS_CA",
+    "tls_cert": "TTLBROKER_TLS_CERT",
+    "tls_key": "TTLBROKER_TLS_KEY",
+}
+
+
+def global_options(*, defaults: bool) -> argparse.ArgumentParser:
+    """A parent parser with the global options: with their defaults for the main
+    parser (``defaults=True``), or setting nothing unless given for the commands."""
+    env = os.environ
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("global options (before or after the command)")
+
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    server = env.get(ENV["server"]) or DEFAULT_SERVER
+    now = f"; now {server}" if env.get(ENV["server"]) else ""
+    g.add_argument(
+        "-s", "--server", metavar="HOST:PORT", default=default(server),
+        help=f"the broker's address (default: {DEFAULT_SERVER}, or ${ENV['server']}{now})",
+    )
+    g.add_argument(
+        "--token", metavar="TOKEN", default=default(env.get(ENV["token"], "")),
+        help=f"the broker's auth token (default: ${ENV['token']}, else none)",
+    )
+    g.add_argument(
+        "--json", action="store_true", default=default(False),
+        help="print JSON: one object per result, list entry or message (JSON Lines)",
+    )
+    g.add_argument("--tls", action="store_true", default=default(False), help="connect with TLS (the system's CAs)")
+    for name, what in (("ca", "the CA certificate(s) that signed the broker's, PEM"),
+                       ("cert", "a client certificate, PEM (for a broker that requires one)"),
+                       ("key", "the client certificate's private key, PEM, when not in the --tls-cert file")):
+        key = f"tls_{name}"
+        g.add_argument(
+            f"--tls-{name}", metavar="FILE", default=default(env.get(ENV[key]) or None),
+            help=f"{what}; implies --tls (default: ${ENV[key]}, else none)",
+        )
+    return p
+
+
+def tls_option(args: argparse.Namespace) -> Any:
+    """What ``connect(..., tls=...)`` takes for these arguments: None (no TLS), True
+    (TLS with the system's CAs) or an ``ssl.SSLContext`` made from the files.
+
+    Raises:
+        OSError / ssl.SSLError: a file cannot be read or is not PEM.
+        ValueError: ``--tls-key`` without ``--tls-cert``.
+    """
+    from broker.client import tls_context
+
+    ca, cert, key = getattr(args, "tls_ca", None), getattr(args, "tls_cert", None), getattr(args, "tls_key", None)
+    if ca or cert or key:
+        return tls_context(ca=ca, cert=cert, key=key)
+    return True if getattr(args, "tls", False) else None
+
+
+# -- durations --------------------------------------------------------------------
+
+
+def duration_seconds(text: str, what: str = "duration") -> float:
+    """Seconds from ``30``, ``1.5``, ``90s``, ``500ms``, ``1h30m`` (a bare number is
+    seconds).
+
+    Raises:
+        ValueError: not a duration, negative or not finite.
+    """
+    return parse_duration_ms(text, what, bare_unit_ms=1000.0) / 1000.0
+
+
+def _argument_error(text: str, exc: ValueError) -> argparse.ArgumentTypeError:
+    why = str(exc)
+    if "negative" in why or "finite" in why:
+        return argparse.ArgumentTypeError(f"invalid duration {text!r}: {why.removeprefix('duration ')}")
+    return argparse.ArgumentTypeError(f"invalid duration {text!r} (use e.g. 30, 90s, 500ms, 1h30m)")
+
+
+def seconds(text: str) -> float:
+    """argparse type: a duration, in seconds (fractions kept)."""
+    try:
+        return duration_seconds(text)
+    except ValueError as exc:
+        raise _argument_error(text, exc) from None
+
+
+def whole_seconds(text: str) -> int:
+    """argparse type: a duration that travels as whole seconds (max age, marker TTL,
+    duplicate window, a bucket's TTLs); a fraction of a second is refused, not
+    rounded."""
+    value = seconds(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: this option takes whole seconds")
+    return int(value)
+
+
+def durations(text: str) -> list[float]:
+    """argparse type: ``D,D,...`` (``--backoff 1s,5s,1m``)."""
+    return [seconds(t.strip()) for t in text.split(",") if t.strip()]
+
+
+def ttl_value(text: str) -> str:
+    """argparse type: a message or key TTL, ``never`` or a duration, as the
+    ``Nats-TTL`` header carries it. What the NATS server reads (``30``, ``90s``,
+    ``1h30m``) is sent as typed; another spelling this parser takes (``2 min``) goes
+    as whole-or-fractional seconds (``120s``). The broker applies the NATS rules to it
+    (zero = none, under a second refused)."""
+    if text.strip().lower() == "never":
+        return "never"
+    value = seconds(text)
+    if text.isascii() and text.isdigit():
+        return text
+    try:
+        parse_go_duration(text)
+        return text
+    except ValueError:
+        return f"{value:g}s"
+
+
+# -- other arguments -----------------------------------------------------------------
+
+
+def start_offset(text: str) -> int | dict[int, int]:
+    """argparse type: ``N`` (every partition) or ``P:N,P:N`` (per partition)."""
+    try:
+        if ":" not in text:
+            return int(text)
+        return {int(p): int(o) for p, _, o in (part.partition(":") for part in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid start offset {text!r} (N, or PARTITION:N,...)") from None
+
+
+def start_time(text: str) -> dt.datetime:
+    """argparse type: an ISO 8601 time (UTC unless it says)."""
+    try:
+        t = dt.datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r} (ISO 8601, e.g. 2026-01-02T15:04:05Z)") from None
+    return t if t.tzinfo is not None else t.replace(tzinfo=dt.timezone.utc)
+
+
+def headers(pairs: list[str] | None) -> dict[str, str]:
+    """``--header K=V`` pairs as a dict (exits with one line for a malformed one)."""
+    out = {}
+    for p in pairs or []:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"error: --header takes KEY=VALUE, not {p}")
+        out[key] = value
+    return out
+
+
+def ident(text: str) -> int | str:
+    """A stream or topic given by id (digits) or by name."""
+    return int(text) if text.isdigit() else text
+

@@ -1,0 +1,453 @@
+"""The ``ttlbroker`` commands that drive a running broker: streams, topics,
+publish, fetch, last, sub, stats, export, delete, purge and offsets (consumers are
+in ``_cli_consumer.py``, KV buckets in ``_cli_kv.py``), and :func:`run_client`,
+which connects and runs one of them.
+
+Errors are one line on stderr naming the error and its code; the exit status is 1
+(2 when the broker cannot be reached or the connection is lost, 130 on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import trio
+
+from protocol import BrokerError, Message
+
+from ._args import headers, ident, tls_option
+from ._output import Out, count, listing, rate, size
+from ._tables import show_stats, show_streams, show_topic, show_topics, stream_json, topic_json
+from broker.client import Client, ConnectionClosedError, ReconnectFailedError, connect, encode_msg
+
+__all__ = ["run_client", "ExitStatus", "connection_loss_exits"]
+
+Command = Callable[[Client, argparse.Namespace, Out], Awaitable[None]]
+
+
+class ExitStatus(Exception):
+    """End the command with this exit status (its message is already printed)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+# -- streams and topics ------------------------------------------------------------------
+
+
+#: Topic options given by value (argument -> option) and by a flag.
+_TOPIC_VALUES = (
+    ("subjects", "subjects"), ("max_msgs_per_subject", "max_msgs_per_subject"), ("segment_size", "segment_size"),
+    ("marker_ttl", "subject_delete_marker_ttl"), ("duplicate_window", "duplicate_window"),
+)
+_TOPIC_FLAGS = ("deny_purge", "allow_msg_ttl", "allow_rollup", "pedantic")
+
+
+def _topic_options(args: argparse.Namespace, updating: bool) -> dict[str, Any]:
+    opts: dict[str, Any] = {opt: v for arg, opt in _TOPIC_VALUES if (v := getattr(args, arg)) is not None and v != []}
+    opts.update((flag, True) for flag in _TOPIC_FLAGS if getattr(args, flag))
+    if args.no_republish:
+        if args.republish_dest or args.republish_src or args.republish_headers_only:
+            raise SystemExit("error: --no-republish cannot be combined with the other --republish options")
+        opts["republish"] = None
+    elif args.republish_dest is not None:
+        rp: dict[str, Any] = {"dest": args.republish_dest, "headers_only": args.republish_headers_only}
+        if args.republish_src is not None:
+            rp["src"] = args.republish_src
+        opts["republish"] = rp
+    elif args.republish_src is not None or args.republish_headers_only:
+        raise SystemExit("error: --republish-src and --republish-headers-only need --republish-dest")
+    if updating and args.expiry is not None:
+        opts["message_expiry"] = args.expiry
+    return opts
+
+
+async def cmd_stream(c: Client, args: argparse.Namespace, out: Out) -> None:
+    if args.action == "create":
+        s = await c.create_stream(args.name, args.id or 0)
+        out.obj(stream_json(s), f"created stream {s.name} (id {s.id})")
+    elif args.action == "list":
+        show_streams(out, await c.list_streams())
+    elif args.action == "delete":
+        await c.delete_stream(ident(args.stream))
+        out.obj({"deleted": args.stream}, f"deleted stream {args.stream}")
+
+
+async def cmd_topic(c: Client, args: argparse.Namespace, out: Out) -> None:
+    if args.action == "create":
+        t = await c.create_topic(
+            ident(args.stream), args.name, partitions=args.partitions, message_expiry=args.expiry,
+            topic_id=args.id or 0, **_topic_options(args, False),
+        )
+        shown = topic_json(t)
+        out.obj(shown, f"created topic {args.stream}/{t.name} (id {t.id}, subjects {listing(shown.get('subjects', []))})")
+    elif args.action == "update":
+        changes = _topic_options(args, True)
+        if not changes:
+            raise SystemExit("error: topic update needs at least one option to change")
+        t = await c.update_topic(ident(args.stream), ident(args.topic), **changes)
+        out.obj(topic_json(t), f"updated topic {args.stream}/{t.name}")
+    elif args.action == "list":
+        show_topics(out, await c.list_topics(ident(args.stream)))
+    elif args.action == "info":
+        show_topic(out, await c.get_topic(ident(args.stream), ident(args.topic)))
+    elif args.action == "delete":
+        await c.delete_topic(ident(args.stream), ident(args.topic))
+        out.obj({"deleted": f"{args.stream}/{args.topic}"}, f"deleted topic {args.stream}/{args.topic}")
+
+
+# -- publish ------------------------------------------------------------------------------
+
+
+async def cmd_pub(c: Client, args: argparse.Namespace, out: Out) -> None:
+    data = args.data.encode() if args.data is not None else sys.stdin.buffer.read()
+    hdrs = headers(args.header)
+    if args.ttl:
+        hdrs["Nats-TTL"] = args.ttl
+    if args.count == 1:
+        ack = await c.publish(args.subject, data, headers=hdrs or None)
+        assert ack is not None
+        result = {"stream_id": ack.stream_id, "topic_id": ack.topic_id, "partition": ack.partition, "offset": ack.offset}
+        if ack.duplicate:  # its Nats-Msg-Id was stored within the topic's duplicate window
+            result["duplicate"] = True
+            text = f"duplicate: {args.subject} is stored at partition {ack.partition} offset {ack.offset} (not stored again)"
+        else:
+            text = f"published {args.subject} -> partition {ack.partition} offset {ack.offset}"
+        out.obj(result, text)
+        return
+    await _publish_many(c, args, out, encode_msg(args.subject, data, hdrs or None))
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.acked = self.errors = self.duplicates = 0
+        self.first: int | None = None
+        self.last: int | None = None
+
+    @property
+    def published(self) -> int:
+        return self.acked - self.errors - self.duplicates
+
+
+async def _publish_many(c: Client, args: argparse.Namespace, out: Out, body: bytes) -> None:
+    """``pub --count N``: batches of 1000, with progress on a terminal, a final line
+    always, and on Ctrl-C the count published so far and exit status 130.
+
+    The first Ctrl-C ends the loop once the batch in flight is acked, so the count is
+    exact; a second one (or five seconds without the acks) cancels at once."""
+    from ._progress import Progress
+
+    total = args.count
+    tally = _Tally()
+    stop = trio.Event()
+    started = time.perf_counter()
+    with Progress(f"publishing {args.subject}", total, "msgs") as progress:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(_stop_on_sigint, stop, nursery.cancel_scope)
+            while tally.acked < total and not stop.is_set():
+                n = min(1000, total - tally.acked)
+                acks = await c.publish_batch([body] * n)
+                assert acks is not None
+                for a in acks:
+                    if not a.ok:
+                        tally.errors += 1
+                        if tally.errors == 1:
+                            print(f"error: {a.error}", file=sys.stderr, flush=True)
+                    elif a.duplicate:  # not an error: the Nats-Msg-Id is stored already
+                        tally.duplicates += 1
+                    else:
+                        tally.first = tally.first if tally.first is not None else a.offset
+                        tally.last = a.offset
+                tally.acked += n
+                progress.update(tally.acked)
+            nursery.cancel_scope.cancel()
+    seconds = time.perf_counter() - started
+    summary: dict[str, Any] = {
+        "published": tally.published, "errors": tally.errors, "first_offset": tally.first, "last_offset": tally.last,
+    }
+    if tally.duplicates:
+        summary["duplicates"] = tally.duplicates
+    summary["seconds"] = round(seconds, 3)
+    if stop.is_set():
+        summary["interrupted"] = True
+        out.obj(summary)
+        print(f"interrupted: published {count(tally.published)} of {count(total)}", file=sys.stderr, flush=True)
+        raise ExitStatus(130)
+    notes = [f"{count(tally.errors)} refused"] if tally.errors else []
+    if tally.duplicates:
+        notes.append(f"{count(tally.duplicates)} duplicates not stored again")
+    what = count(tally.published) if not notes else f"{count(tally.published)} of {count(tally.acked)}"
+    out.obj(
+        summary,
+        f"published {what} messages on {args.subject} in {seconds:.1f} s ({rate(tally.acked, seconds)} msgs/s)"
+        + (f"; {', '.join(notes)}" if notes else ""),
+    )
+    if tally.errors:
+        raise ExitStatus(1)
+
+
+async def _stop_on_sigint(
+    stop: trio.Event, scope: trio.CancelScope, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        task_status.started()
+        async for _ in signals:
+            if stop.is_set():
+                scope.cancel()
+            else:
+                stop.set()
+                scope.deadline = trio.current_time() + 5
+
+
+# -- reading --------------------------------------------------------------------------
+
+
+async def cmd_fetch(c: Client, args: argparse.Namespace, out: Out) -> None:
+    offset = args.offset
+    remaining = args.count
+    while remaining > 0:
+        f = await c.fetch(ident(args.stream), ident(args.topic), args.partition, offset, min(remaining, 1000), subject=args.subject)
+        for m in f.messages:
+            out.message(m, args.stream, args.topic)
+        remaining -= len(f.messages)
+        if f.next_offset <= offset or f.next_offset > f.last_offset:
+            break
+        offset = f.next_offset
+
+
+async def cmd_last(c: Client, args: argparse.Namespace, out: Out) -> None:
+    m = await c.get_last(ident(args.stream), ident(args.topic), args.subject)
+    out.message(m, args.stream, args.topic)
+
+
+def _closed_text(err: ConnectionClosedError) -> str:
+    """Why a connection went, for one line on stderr: the reason, and the GOODBYE's
+    code when there was one."""
+    code = err.code
+    if code is None:
+        return err.reason
+    name = getattr(code, "name", None)
+    return f"{err.reason} ({name} {int(code)})" if name else f"{err.reason} (code {int(code)})"
+
+
+def _on_disconnect(err: ConnectionClosedError) -> None:
+    print(f"disconnected: {_closed_text(err)}; reconnecting", file=sys.stderr, flush=True)
+
+
+def _on_reconnect_to(server: str, again: str = "subscribed again") -> Callable[[int], None]:
+    def on_reconnect(attempts: int) -> None:
+        tries = f"{attempts} attempt{'' if attempts == 1 else 's'}"
+        print(f"reconnected to {server} after {tries}; {again}", file=sys.stderr, flush=True)
+
+    return on_reconnect
+
+
+@contextlib.contextmanager
+def connection_loss_exits() -> Iterator[None]:
+    """A lost connection (or a client that gave up reconnecting) is one line on
+    stderr saying why, and exit status 2."""
+    try:
+        yield
+    except ReconnectFailedError as exc:
+        print(f"error: {exc.reason}", file=sys.stderr, flush=True)  # the reason names the loss
+        raise ExitStatus(2) from None
+    except ConnectionClosedError as exc:
+        print(f"error: connection lost: {_closed_text(exc)}", file=sys.stderr, flush=True)
+        raise ExitStatus(2) from None
+
+
+async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
+    """Print what the subscription receives. A lost connection ends it with one line
+    on stderr saying why, exit status 2; with ``--reconnect`` the client reconnects
+    (a line on stderr for each disconnect and reconnect) until it gives up."""
+    names: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+    async def where(m: Message) -> tuple[Any, Any]:
+        if not m.stream_id:
+            return None, None
+        key = (m.stream_id, m.topic_id)
+        if key not in names:
+            try:
+                t = await c.get_topic(m.stream_id, m.topic_id)
+            except ConnectionClosedError:
+                if c.closed:
+                    raise
+                return m.stream_id, m.topic_id  # lost on the way: print the ids this time
+            names[key] = (t.extra.get("stream", m.stream_id), t.name)
+        return names[key]
+
+    seen = 0
+    with connection_loss_exits():
+        async with await c.subscribe(args.filter) as sub:
+            if not out.json:
+                print(f"subscribed to {args.filter}", file=sys.stderr, flush=True)
+            async for m in sub:
+                stream, topic = await where(m)
+                out.message(m, stream, topic)
+                seen += 1
+                if args.count and seen >= args.count:
+                    break
+
+
+# -- the rest -------------------------------------------------------------------------
+
+
+async def cmd_stats(c: Client, args: argparse.Namespace, out: Out) -> None:
+    show_stats(out, await c.stats())
+
+
+async def cmd_export(c: Client, args: argparse.Namespace, out: Out) -> None:
+    """One request does the whole pass. On a terminal a second connection reads the
+    pass's progress from ``stats`` (``export_pass_done`` of ``export_pass_segments``)
+    four times a second for the bar, rate and ETA; then the final line."""
+    from ._progress import Progress
+
+    started = time.perf_counter()
+    with Progress("exporting" + (" (sealing first)" if args.seal else ""), None, "segments", bar=True) as progress:
+        if progress.shown:
+            res = await _export_with_progress(c, args, progress)
+        else:
+            res = await c.export(seal=args.seal)
+    seconds = time.perf_counter() - started
+    if out.json:
+        out.obj({**res, "seconds": round(seconds, 3)})
+        return
+    for e in res["exported"]:
+        print(f"exported {e['path']} ({count(e['rows'])} rows, {size(e['bytes'])})")
+    rows = sum(e["rows"] for e in res["exported"])
+    n = len(res["exported"])
+    print(
+        f"exported {n} segment{'' if n == 1 else 's'} ({count(rows)} rows, {size(sum(e['bytes'] for e in res['exported']))}) "
+        f"to {res['dir']} in {seconds:.1f} s ({rate(rows, seconds)} rows/s); "
+        f"{res['sealed']} sealed first, {res['segments_in_export']} in the export",
+        flush=True,
+    )
+
+
+async def _export_with_progress(c: Client, args: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    """The export, while a second connection feeds ``progress``; the export's own
+    error comes out as itself, not in an exception group."""
+    res: dict[str, Any] = {}
+
+    async def export() -> None:
+        res.update(await c.export(seal=args.seal))
+        nursery.cancel_scope.cancel()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(export)
+            nursery.start_soon(_export_progress, args, progress)
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+    return res
+
+
+async def _export_progress(args: argparse.Namespace, progress: Any) -> None:
+    """Read the pass's progress four times a second; a watcher that cannot connect
+    or loses its connection just stops (the export goes on)."""
+    try:
+        async with connect(args.server, token=args.token, name="ttlbroker-cli-progress", reconnect=False,
+                           tls=tls_option(args)) as watcher:
+            while True:
+                stats = await watcher.stats()
+                if stats.get("export_pass_segments"):
+                    progress.update(stats["export_pass_done"], stats["export_pass_segments"])
+                await trio.sleep(0.25)
+    except (OSError, BrokerError, ConnectionClosedError):
+        return
+
+
+async def cmd_delete(c: Client, args: argparse.Namespace, out: Out) -> None:
+    await c.delete_message(ident(args.stream), ident(args.topic), args.partition, args.offset)
+    out.obj({"deleted": {"partition": args.partition, "offset": args.offset}}, f"deleted partition {args.partition} offset {args.offset}")
+
+
+async def cmd_purge(c: Client, args: argparse.Namespace, out: Out) -> None:
+    n = await c.purge(ident(args.stream), ident(args.topic), args.subject)
+    out.obj({"purged": n}, f"purged {count(n)} messages")
+
+
+async def cmd_offset(c: Client, args: argparse.Namespace, out: Out) -> None:
+    s, t = ident(args.stream), ident(args.topic)
+    if args.action == "get":
+        o = await c.get_offset(s, t, args.consumer, args.partition)
+        out.obj({"consumer": args.consumer, "partition": args.partition, "offset": o}, str(o))
+    elif args.action == "set":
+        await c.store_offset(s, t, args.consumer, args.partition, args.offset)
+        out.obj({"consumer": args.consumer, "partition": args.partition, "offset": args.offset}, f"stored {args.offset}")
+    else:
+        await c.delete_offset(s, t, args.consumer, args.partition)
+        out.obj({"consumer": args.consumer, "partition": args.partition, "deleted": True}, "deleted")
+
+
+def _commands() -> dict[str, Command]:
+    # consumer and kv import ExitStatus from here: imported when a command runs
+    from ._consumer import cmd_consumer
+    from ._kv import cmd_kv
+
+    return {
+        "consumer": cmd_consumer, "stream": cmd_stream, "topic": cmd_topic, "pub": cmd_pub, "fetch": cmd_fetch,
+        "last": cmd_last, "sub": cmd_sub, "stats": cmd_stats, "export": cmd_export, "kv": cmd_kv,
+        "delete": cmd_delete, "purge": cmd_purge, "offset": cmd_offset,
+    }
+
+
+
+# -- connecting -------------------------------------------------------------------------
+
+
+def _error_line(exc: BrokerError) -> str:
+    return f"error: {exc.code.name} ({int(exc.code)}): {exc.message}"
+
+
+async def run_client(args: argparse.Namespace) -> int:
+    """Connect to ``args.server`` and run ``args.command``; returns the exit status."""
+    out = Out(args.json)
+    # One-shot commands report a lost connection; only `sub --reconnect` reconnects.
+    options: dict[str, Any] = {"reconnect": False}
+    if getattr(args, "reconnect", False):
+        again = "pulling again" if args.command == "consumer" else "subscribed again"
+        options = {
+            "reconnect": True, "max_reconnect_attempts": args.max_reconnects,
+            "on_disconnect": _on_disconnect, "on_reconnect": _on_reconnect_to(args.server, again),
+        }
+    try:
+        tls = tls_option(args)
+    except (OSError, ValueError) as exc:  # ssl names no file: say which were given
+        given = " ".join(f"--tls-{k} {v}" for k in ("ca", "cert", "key") if (v := getattr(args, f"tls_{k}", None)))
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"error: cannot load the TLS files ({given}): {why}", file=sys.stderr)
+        return 2
+    if tls is not None:
+        options["tls"] = tls
+    try:
+        async with connect(args.server, token=args.token, name="ttlbroker-cli", **options) as c:
+            await _commands()[args.command](c, args, out)
+    except ExitStatus as exc:
+        return exc.status
+    except BrokerError as exc:
+        print(_error_line(exc), file=sys.stderr)
+        return 1
+    except ConnectionClosedError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, BrokerError):
+            print(_error_line(cause), file=sys.stderr)
+            return 1
+        print(f"error: {exc.reason}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: cannot connect to {args.server}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,97 @@
+"""``ttlbroker consumer add|info|list|rm|next|sub``: durable consumers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ._args import ident
+from ._commands import ExitStatus, connection_loss_exits
+from ._output import Out, duration
+from ._tables import show_consumer, show_consumers
+from broker.client import Client
+
+__all__ = ["cmd_consumer"]
+
+
+def _consumer_config(args: argparse.Namespace) -> dict[str, Any]:
+    cfg: dict[str, Any] = {}
+    if args.filter:
+        cfg["filter_subjects"] = args.filter
+    deliver = args.deliver
+    if args.start_offset is not None and deliver is None:
+        deliver = "by_start_offset"
+    if args.start_time is not None and deliver is None:
+        deliver = "by_start_time"
+    if deliver == "by_start_offset" and args.start_offset is None:
+        raise SystemExit("error: --deliver by_start_offset needs --start-offset")
+    if deliver == "by_start_time" and args.start_time is None:
+        raise SystemExit("error: --deliver by_start_time needs --start-time")
+    if args.start_offset is not None and deliver != "by_start_offset":
+        raise SystemExit("error: --start-offset goes with --deliver by_start_offset")
+    if args.start_time is not None and deliver != "by_start_time":
+        raise SystemExit("error: --start-time goes with --deliver by_start_time")
+    if deliver is not None:
+        cfg["deliver_policy"] = deliver
+    if args.start_offset is not None:
+        cfg["opt_start_offset"] = args.start_offset
+    if args.start_time is not None:
+        cfg["opt_start_time"] = args.start_time
+    for key in ("ack_wait", "max_deliver", "backoff", "max_ack_pending", "max_waiting", "member_timeout", "description"):
+        value = getattr(args, key)
+        if value is not None:
+            cfg[key] = value
+    if args.ack is not None:
+        cfg["ack_policy"] = args.ack
+    if args.partitioned:
+        cfg["mode"] = "partitioned"
+    return cfg
+
+
+async def cmd_consumer(c: Client, args: argparse.Namespace, out: Out) -> None:
+    s, t = ident(args.stream), ident(args.topic)
+    a = args.action
+    if a == "add":
+        info = await c.create_consumer(s, t, args.name, **_consumer_config(args))
+        out.obj(info.raw, f"created consumer {args.stream}/{args.topic}/{info.name}")
+    elif a == "info":
+        show_consumer(out, await c.consumer_info(s, t, args.name))
+    elif a == "list":
+        show_consumers(out, await c.list_consumers(s, t))
+    elif a == "rm":
+        await c.delete_consumer(s, t, args.name)
+        out.obj({"deleted": f"{args.stream}/{args.topic}/{args.name}"}, f"deleted consumer {args.stream}/{args.topic}/{args.name}")
+    elif a == "next":
+        await _next(c, args, out, s, t)
+    elif a == "sub":
+        seen = 0
+        with connection_loss_exits():
+            async with c.consume(s, t, args.name, batch=args.batch, member=args.member) as messages:
+                if not out.json:
+                    who = f" as member {args.member} (partitions {messages.partitions})" if args.member else ""
+                    print(f"consuming {args.stream}/{args.topic}/{args.name}{who}", file=sys.stderr, flush=True)
+                async for m in messages:
+                    out.message(m, args.stream, args.topic)
+                    await m.ack()
+                    seen += 1
+                    if args.count and seen >= args.count:
+                        break
+
+
+async def _next(c: Client, args: argparse.Namespace, out: Out, s: int | str, t: int | str) -> None:
+    got: list[Any] = []
+    while len(got) < args.count:
+        batch = await c.pull(s, t, args.name, min(args.count - len(got), 1000), expires=args.wait)
+        if not batch:
+            break
+        got.extend(batch)
+        for m in batch:
+            out.message(m, args.stream, args.topic)
+            if not args.no_ack:
+                await m.ack()
+    if got and not args.no_ack:
+        await got[-1].ack(sync=True)  # the others go with it: all durable before we exit
+    if not got:
+        print(f"error: no message within {duration(args.wait)}", file=sys.stderr, flush=True)
+        raise ExitStatus(1)

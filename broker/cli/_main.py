@@ -1,0 +1,201 @@
+"""The ``ttlbroker`` command: start a broker, and drive one.
+
+``ttlbroker serve`` runs a broker in the foreground and prints ``listening on
+HOST:PORT`` once it accepts connections, then ``monitoring on http://HOST:PORT``
+(unless ``--http-port 0``) and ``nats on nats://HOST:PORT`` (unless ``--no-nats``); when it cannot start it prints one line saying why and what
+to do, and exits 2 (``_startup.py``). ``check`` and ``repair`` look after a
+stopped broker's data directory. Every other command talks to a running broker
+(``_cli_commands.py`` and the modules next to it): the global options ``--server``,
+``--token``, ``--json`` and ``--tls*`` go before or after the command, and take their
+defaults from ``$TTLBROKER_SERVER``, ``$TTLBROKER_TOKEN``, ``$TTLBROKER_TLS_CA``, ...
+With ``--json`` results are JSON (lists and messages as JSON Lines, one object each);
+errors go to stderr as one line naming the error and its code, and the exit status
+is 1 (2 when the broker cannot be reached or the connection is lost, 130 on Ctrl-C).
+``ttlbroker completion bash|zsh`` prints a shell completion script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import trio
+
+from ._args import global_options
+from ._parser import add_client_commands, completion_script
+
+__all__ = ["main", "build_parser"]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ttlbroker")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        from broker.core._info import VERSION
+
+        return VERSION
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ttlbroker", description="ttlbroker: run and drive a message broker",
+        parents=[global_options(defaults=True)],
+        epilog="The global options go before or after the command. Durations: 30 (seconds), 90s, 500ms, 1h30m.",
+    )
+    parser.add_argument("--version", action="version", version=f"ttlbroker {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="run a broker in the foreground")
+    p.add_argument("--config", metavar="FILE", help="TOML config (default: the embedded defaults)")
+    p.add_argument("--data", metavar="DIR", help="data directory (overrides [system] path)")
+    p.add_argument("--host", help="listen address (overrides [server] host)")
+    p.add_argument("--port", type=int, help="listen port, 0 = any free one (overrides [server] port)")
+    p.add_argument("--fsync", help="always | never | an interval like 200ms (overrides [system.partition] fsync)")
+    p.add_argument("--export-dir", metavar="DIR", help="export sealed segments to Parquet here (overrides [export] dir)")
+    p.add_argument(
+        "--http-port", type=int, metavar="PORT",
+        help="monitoring port for /metrics, /healthz, /varz; 0 = off, -1 = any free one (overrides [http] port; "
+        "with --port 0 it defaults to -1)",
+    )
+    p.add_argument(
+        "--nats-port", type=int, metavar="PORT",
+        help="port of the NATS listener, 0 = any free one (overrides [nats] port; with --port 0 it defaults to 0)",
+    )
+    p.add_argument("--no-nats", action="store_true", help="no NATS listener (overrides [nats] enabled)")
+    p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this PEM certificate chain (overrides [server] tls_cert; needs --tls-key)")
+    p.add_argument("--tls-key", metavar="FILE", help="the certificate's PEM private key, unencrypted (overrides [server] tls_key)")
+    p.add_argument("--tls-ca", metavar="FILE", help="require client certificates signed by a CA in this PEM file (overrides [server] tls_ca)")
+    p.add_argument("--print-config", action="store_true", help="print the embedded default config and exit")
+
+    for name, text in (
+        ("check", "verify every file of a stopped broker's data directory; exit 0 clean, 1 damage found"),
+        ("repair", "recover a stopped broker's data directory, applying the documented fixes"),
+    ):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--data", metavar="DIR", help="data directory (default: [system] path of --config)")
+        p.add_argument("--config", metavar="FILE", help="TOML config to take the data and export directories from")
+        p.add_argument("--export-dir", metavar="DIR", help="also check the Parquet export's manifest there")
+
+    add_client_commands(sub)
+    return parser
+
+
+# -- entry point ------------------------------------------------------------------------
+
+
+#: ``serve`` options and the config keys they override.
+_SERVE_OVERRIDES = (
+    ("data", "system.path"), ("host", "server.host"), ("port", "server.port"), ("http_port", "http.port"),
+    ("nats_port", "nats.port"),
+    ("fsync", "system.partition.fsync"), ("export_dir", "export.dir"),
+    ("tls_cert", "server.tls_cert"), ("tls_key", "server.tls_key"), ("tls_ca", "server.tls_ca"),
+)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from broker.core._log import configure_logging
+    from broker.config import ANY_PORT, DEFAULT_CONFIG_TOML, ConfigError, load_config
+    from broker.server._startup import StartupError
+    from broker.server import run_server
+
+    if args.print_config:
+        print(DEFAULT_CONFIG_TOML(), end="")
+        return 0
+    try:
+        cfg = load_config(args.config)
+        changes: dict[str, Any] = {
+            key: getattr(args, name) for name, key in _SERVE_OVERRIDES if getattr(args, name) not in (None, "")
+        }
+        if args.http_port is None and args.port == 0:
+            changes["http.port"] = ANY_PORT  # a throwaway broker: do not take the fixed monitoring port
+        if args.nats_port is None and args.port == 0:
+            changes["nats.port"] = 0  # nor the fixed NATS port
+        if args.no_nats:
+            changes["nats.enabled"] = False
+        if changes:
+            cfg = cfg.replace(**changes)
+    except ConfigError as exc:
+        print(f"error: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(cfg.logging.level, cfg.logging.format)
+    try:
+        trio.run(run_server, cfg)
+    except StartupError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    """``ttlbroker check`` / ``repair``: see ``storage/_check.py``."""
+    from storage import Damage, StorageFailure, check_data_dir
+
+    from broker.config import ConfigError, load_config
+
+    repair = args.command == "repair"
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"error: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    root = args.data or cfg.system.path
+    export_dir = args.export_dir or cfg.export.dir
+
+    def show(d: Damage) -> None:
+        print("damage " + d.line(), flush=True)
+
+    try:
+        summary = check_data_dir(root, show, repair=repair)
+    except StorageFailure as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2 if "not a directory" in exc.message or "in use" in exc.message else 1
+    found = len(summary.damage)
+    if export_dir:
+        from spark_export._manifest import Manifest, ManifestUnreadable
+
+        manifest_damage: list[Damage] = []
+        try:
+            Manifest.load(export_dir, lambda d: (manifest_damage.append(d), show(d)), readonly=True)
+        except ManifestUnreadable as exc:
+            print(f"damage export_manifest: {exc.message}")
+        found += len(manifest_damage)
+    for path, dest in summary.moved:
+        print(f"moved {path} to {dest}")
+    for path, first, last in summary.written_off:
+        rng = f"offset {first}" if first == last else f"offsets {first}..{last}"
+        print(f"written off {path}: {rng} could not be read and are lost for good (the segment's files are kept in quarantine/)")
+    what = "repaired" if repair else "checked"
+    print(
+        f"{what} {root}: {summary.topics} topic(s), {summary.partitions} partition(s), {summary.segments} segment(s), "
+        f"{summary.records} live record(s) verified; "
+        + (f"{found} piece(s) of damage" + (" handled as listed" if repair else " found (`ttlbroker repair` applies the fixes)")
+           if found else "no damage found")
+    )
+    return 0 if repair or not found else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command in ("check", "repair"):
+            return _check(args)
+        if args.command == "completion":
+            print(completion_script(parser, args.shell), end="")
+            return 0
+        from ._commands import run_client
+
+        return trio.run(run_client, args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,984 @@
+"""JetStream consumers over the NATS listener (issue 14), on the consumer engine
+(``_consumers.py``, ``_pulls.py``): no second engine.
+
+``_jetstream.py`` dispatches ``$JS.API.CONSUMER.<op>`` here (:func:`consumer_api`)
+and the ``$JS.ACK.>`` / ``$JS.FC.>`` subjects (:func:`ack`). Everything is answered
+with core messages (``send_core``) to the request's reply inbox.
+
+* **Create, info, delete, names, list**: the server's JSON (``protocol/_js_consumers.py``
+  maps the config); the consumer is an ordinary consumer of the stream's topic (a
+  one-partition topic, so stream sequence = offset), created, updated and deleted
+  through ``_consumer_handlers``; the answer waits for the group commit that makes
+  the change durable, like our own acks.
+* **Pull requests** (``CONSUMER.MSG.NEXT``): a :class:`NatsPull` is a
+  ``PullRequest`` whose messages and end go to its reply inbox as HMSGs with the
+  ``$JS.ACK`` reply subject, then the server's status (``404 No Messages``,
+  ``408 Request Timeout``, ``409 ...`` with ``Nats-Pending-Messages/Bytes``). A
+  request whose delivery reaches no subscriber is dropped, as the server drops
+  requests without interest.
+* **Acks**: ``+ACK``, ``-NAK`` (with ``{"delay": ns}``), ``+TERM``, ``+WPI``,
+  ``+NXT`` go to ``ConsumerEngine.settle``; an ack sent as a request (``ack_sync``)
+  is answered once the consumer state it changed is durable.
+* **Push consumers** (ephemeral, ``ack_policy: none``: what ``js.subscribe(...,
+  ordered_consumer=True)`` and the KV watchers create): a :class:`Push` keeps one
+  :class:`PushWindow` waiting on the consumer; a window delivers up to
+  :data:`WINDOW_MSGS` messages or :data:`WINDOW_BYTES` to the deliver subject, then,
+  with flow control, sends ``100 FlowControl Request`` and the next window starts
+  when the client answers on ``$JS.FC...``; idle heartbeats (``100 Idle Heartbeat``
+  with ``Nats-Last-Consumer/Stream``) go out when nothing was delivered for a
+  heartbeat interval.
+* **Ephemeral consumers** are deleted ``inactive_threshold`` (default 5 s, the
+  server's) after their last pull, or after their deliver subject lost its last
+  subscriber.
+
+Timers (pull heartbeats, push heartbeats, inactivity) are entries in the expiry
+engine's deadline structure, owned by :class:`Ticks`: nothing polls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import secrets
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from protocol import AckKind, BrokerError, PullEnd, normalize_name
+from protocol._consumers import expand_runs
+from protocol._nats import AckRun
+from protocol._jetstream import (
+    ACK_PREFIX, FC_PREFIX, INVALID_JSON, STREAM_MISMATCH, JSError, api_error, api_response, js_error, parse_request, rfc3339,
+)
+from protocol._js_consumers import (
+    ACK_NEXT,
+    NextRequest,
+    PushSettings,
+    consumer_config_from_nats,
+    consumer_config_to_nats,
+    idle_heartbeat,
+    js_delivery,
+    js_delivery_frames,
+    parse_ack_body,
+    parse_ack_subject,
+    parse_next_request,
+    status_message,
+)
+
+from broker.consumers._config import ConsumerConfig
+from broker.consumers._handlers import change_consumer, new_consumer, remove_consumer
+from broker.consumers._engine import MS
+from broker.core._log import get_logger
+from ._core import NatsSubscription, send_core
+from broker.consumers._pulls import PullRequest, collect, end, retire
+
+if TYPE_CHECKING:
+    from broker.core._catalog import Topic
+    from broker.consumers._engine import Consumer
+    from ._jetstream import JetStream
+
+__all__ = ["consumer_api", "ack", "run", "NatsPull", "PushWindow", "Push"]
+
+log = get_logger(__name__)
+
+NS = 1_000_000_000
+#: An ephemeral consumer without ``inactive_threshold`` goes after this long unused
+#: (the server's ``JsDeleteWaitTimeDefault``).
+EPHEMERAL_INACTIVE_NS = 5 * NS
+#: A push consumer's flow-control window.
+WINDOW_MSGS = 1024
+WINDOW_BYTES = 1 << 20
+#: Entries of the ack-subject lookup cache before it is cleared.
+ACK_CACHE_LIMIT = 10_000
+#: Page sizes of CONSUMER.NAMES and CONSUMER.LIST (the server's).
+NAMES_LIMIT = 1024
+LIST_LIMIT = 256
+#: What a durable or natively created consumer has of the NATS settings.
+_DURABLE = PushSettings(durable=True)
+_SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(PushSettings))
+#: A v1 ack subject as ``parse_ack_subject`` reads it (nine tokens; delivered count,
+#: stream and consumer sequences ASCII digits): its ``$JS.ACK.<stream>.<consumer>``
+#: (the key of ``State.by_ack``) and its stream sequence.
+_V1_ACK = re.compile(r"(\$JS\.ACK\.[^.]*\.[^.]*)\.[0-9]+\.([0-9]+)\.[0-9]+\.[^.]*\.[^.]*")
+_ACK = int(AckKind.ACK)
+
+
+class _Owner:
+    """The ``session`` of NATS pulls: they answer to a reply subject, not to a
+    connection (``_pulls.retire`` takes them out of ``pulls``)."""
+
+    closing = False
+
+    def __init__(self) -> None:
+        self.pulls: set[PullRequest] = set()
+
+
+class Ticks:
+    """Owner of the timer entries of this module (``timers_due``): each id is one
+    object with a ``tick(now_ns)`` method that re-arms itself if it must."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.by_id: dict[int, Any] = {}
+        self.next_id = 0
+
+    def arm(self, obj: Any, deadline_ns: int) -> None:
+        self.next_id += 1
+        self.by_id[self.next_id] = obj
+        self.state.engine.expiry.schedule_timers(self, (self.next_id,), deadline_ns)
+
+    def timers_due(self, ids: list[int], now_ns: int) -> None:
+        for i in ids:
+            obj = self.by_id.pop(i, None)
+            if obj is not None:
+                try:
+                    obj.tick(now_ns)
+                except Exception:
+                    log.error("js_consumer_tick_failed", exc_info=True)
+
+
+class State:
+    """The NATS side of the consumers of one broker: their NATS settings, the push
+    consumers, and when ephemeral ones were last used."""
+
+    def __init__(self, js: JetStream) -> None:
+        self.js = js
+        self.broker = js.broker
+        self.engine = js.broker.consumers
+        self.owner = _Owner()
+        self.ticks = Ticks(self)
+        self.pushes: weakref.WeakKeyDictionary[Consumer, Push] = weakref.WeakKeyDictionary()
+        self.last_active: weakref.WeakKeyDictionary[Consumer, int] = weakref.WeakKeyDictionary()
+        #: The inactivity clock of each ephemeral consumer (replaced when an update
+        #: changes its ``inactive_threshold``).
+        self.inactivity: weakref.WeakKeyDictionary[Consumer, Inactivity] = weakref.WeakKeyDictionary()
+        #: Push consumers whose deliver subject has no subscriber (they wait for one).
+        self.unbound: set[Push] = set()
+        #: Flow-control requests awaiting their answer, by reply subject.
+        self.flow: dict[str, Push] = {}
+        #: ``$JS.ACK.<stream>.<consumer>`` of ack subjects -> the consumer (checked:
+        #: not deleted).
+        self.by_ack: dict[str, Consumer] = {}
+        #: Acks received and not yet settled, and the ack requests they answer: settled
+        #: together in the next turn of the event loop (:func:`run`), so a batch of acks
+        #: is one journal event, or before any request that reads consumer state.
+        self.acks: dict[Consumer, list[Any]] = {}  # entries (kind, partition, offset, delay) and AckRuns
+        self.ack_replies: list[str] = []
+        self.ack_wake = trio.Event()
+        #: Every queued ack is a plain ``+ACK`` without a reply (taken by
+        #: :meth:`take_acks` / :meth:`take_ack_run`): what :meth:`may_pass` needs.
+        self.plain = True
+        #: Some queued acks are an ``AckRun`` (read when settled).
+        self.runs = False
+        #: A pull went ahead of the queued acks (:meth:`may_pass`): its connection
+        #: settles them (:meth:`settle_held`) before it handles anything else or
+        #: yields; ``fences``: the cursor of each such pull's consumer before it,
+        #: where the acks stop counting.
+        self.held = False
+        self.fences: dict[Consumer, int] = {}
+        self.broker.subs.on_add.append(self._subscribed)
+        self.resume()
+
+    def resume(self) -> None:
+        """At start-up: the NATS settings are in the consumers' configs (journaled), so
+        ephemeral consumers restart their inactivity clock and push consumers wait
+        for a subscriber again."""
+        for topic in self.broker.catalog.topics():
+            for c in list(topic.consumer_set.values()):
+                if c.config.nats is not None:
+                    self.start(c, self.settings_of(c))
+
+    def start(self, c: Consumer, settings: PushSettings) -> None:
+        """Start what a NATS consumer's settings ask for: an ephemeral one's
+        inactivity clock, a push consumer's delivery."""
+        if not settings.durable:
+            self.touch(c)
+            self._clock(c, settings)
+        if settings.deliver_subject and c not in self.pushes:
+            push = self.pushes[c] = Push(self, c, settings)
+            push.start()
+
+    def _clock(self, c: Consumer, settings: PushSettings) -> None:
+        threshold = settings.inactive_threshold_ns or EPHEMERAL_INACTIVE_NS
+        clock = self.inactivity[c] = Inactivity(self, c, threshold)
+        self.ticks.arm(clock, self.last_active.get(c, 0) + threshold)
+
+    def updated(self, c: Consumer, old: PushSettings, new: PushSettings) -> None:
+        """After an update of ``c`` (checked by :func:`_check_update`): a push consumer
+        whose deliver subject moved delivers to the new one; a new inactivity
+        threshold counts from the last activity, as on the server."""
+        if old.deliver_subject != new.deliver_subject:
+            push = self.pushes.pop(c, None)
+            if push is not None:
+                push.stop()
+            self.start(c, new)
+        elif not new.durable and old.inactive_threshold_ns != new.inactive_threshold_ns:
+            self._clock(c, new)
+
+    def _subscribed(self, sub: Any) -> None:
+        if self.unbound:
+            for push in list(self.unbound):
+                if push.consumer.deleted:
+                    self.unbound.discard(push)
+                else:
+                    push.bind()
+
+    def queue_ack(self, c: Consumer, entry: tuple[int, int, int, int], reply: str | None) -> None:
+        self.plain = False
+        queued = self.acks.get(c)
+        if queued is None:
+            self.acks[c] = [entry]
+        else:
+            queued.append(entry)
+        if reply:
+            self.ack_replies.append(reply)
+        if not self.ack_wake.is_set():
+            self.ack_wake.set()
+
+    def flush_acks(self) -> None:
+        """Settle the queued acks (one journal event per consumer); the ack requests
+        are answered once that is durable."""
+        self.held = False
+        if not self.acks:
+            return
+        acks, self.acks = self.acks, {}
+        replies, self.ack_replies = self.ack_replies, []
+        runs, fences = self.runs, self.fences
+        self.plain, self.runs, self.fences = True, False, {}
+        epoch = 0
+        wait = bool(replies)  # acks without a reply: nobody waits, the events go with the next sync
+        for c, entries in acks.items():
+            if not c.deleted:
+                if runs or fences:
+                    entries = _ack_entries(entries, fences.get(c))
+                epoch = max(epoch, self.engine.settle(c, entries, wait))
+        if wait and not epoch:
+            # Nothing changed: the acks were settled by earlier ones sent without a
+            # reply, perhaps not durable yet. The answers wait until everything
+            # written so far is (as our ACK with SYNC does).
+            epoch = self.engine.committer.durable_at()
+        for reply in replies:
+            self.js.respond(reply, b"", epoch=epoch)
+
+    def take_acks(self, items: list[tuple[str, str | None, bytes, str, int]], i: int) -> int:
+        """Queue the plain acks at ``items[i:]`` (``NatsParser.ack_pubs``: v1 ack
+        subjects, their ``$JS.ACK.<stream>.<consumer>`` and stream sequence read): a
+        ``+ACK`` (or empty) body for a consumer already seen, as :func:`ack` would;
+        returns how many were taken, stopping before the first item that is anything
+        else (:func:`ack` then takes it, errors and all). The caller calls
+        :meth:`wake_acks` once it has handled what it read (or before it waits)."""
+        start = i
+        n = len(items)
+        by_ack = self.by_ack
+        acks = self.acks
+        replies = self.ack_replies
+        last: Consumer | None = None
+        queued: list[Any] = []
+        while i < n:
+            _, reply, payload, key, stream_seq = items[i]
+            if payload and payload != b"+ACK":
+                break
+            c = by_ack.get(key)
+            if c is None or c.deleted:
+                break
+            if c is not last:
+                got = acks.get(c)
+                if got is None:
+                    got = acks[c] = []
+                queued = got
+                last = c
+            queued.append((_ACK, 0, stream_seq, 0))
+            if reply:
+                replies.append(reply)
+                self.plain = False
+            i += 1
+        return i - start
+
+    def take_ack_run(self, key: str, run: AckRun) -> bool:
+        """Queue a run of plain acks of one consumer (``NatsParser.ack_run``: its
+        ``$JS.ACK.<stream>.<consumer>`` and the run), to be settled as :meth:`take_acks`
+        would queue them (:func:`_ack_entries` reads the run then); False, and
+        nothing queued, when ``key`` is not a consumer seen before (the general path
+        then reads them). The caller calls :meth:`wake_acks` as after :meth:`take_acks`."""
+        c = self.by_ack.get(key)
+        if c is None or c.deleted:
+            return False
+        queued = self.acks.get(c)
+        if queued is None:
+            queued = self.acks[c] = []
+        queued.append(run)
+        self.runs = True
+        return True
+
+    def may_pass(self, c: Consumer, want: int) -> bool:
+        """Whether a pull of at most ``want`` messages of ``c`` collects exactly what
+        it would collect after the queued acks were settled, so that they may be
+        settled after it (and after its messages are sent: they are off the path
+        from the client's acks and next pull to its messages). True when every
+        queued ack is a plain ``+ACK`` without a reply (no answer to order, no nak or
+        term that makes a redelivery or frees room), ``c`` has one partition with
+        nothing due for redelivery (acks only take messages out of it), and
+        ``max_ack_pending`` leaves room for ``want`` without them (the room they free
+        could not change what the pull takes). The pull only adds deliveries at and
+        past the cursor, where nothing is outstanding: acks there, ignored when
+        settled first, are left out (:meth:`hold` keeps the cursor), and the others
+        find what they would have. The counters, ack floor and journal events come
+        out the same once they are settled."""
+        if not self.plain or len(c.parts) != 1:
+            return False
+        return not c.parts[0].redeliver and c.room() >= want
+
+    def hold(self, c: Consumer) -> None:
+        """A pull of ``c`` goes ahead of the queued acks (:meth:`may_pass`)."""
+        self.held = True
+        self.fences.setdefault(c, c.parts[0].cursor)
+
+    def settle_held(self) -> None:
+        """Settle the acks a pull went ahead of (:meth:`may_pass`), now: called by
+        the pull's connection before it handles anything else or yields, so nothing
+        else sees the consumers before they are settled."""
+        if self.held:
+            try:
+                self.flush_acks()
+            except Exception:
+                log.error("js_ack_flush_failed", exc_info=True)
+
+    def wake_acks(self) -> None:
+        """Settle the acks :meth:`take_acks` queued in the next turn of the event loop
+        (its caller's read is handled: a pull request that came with them has
+        settled them already, and then nothing wakes)."""
+        if self.acks and not self.ack_wake.is_set():
+            self.ack_wake.set()
+
+    def consumer_of_ack(self, subject: str) -> tuple[Consumer, int] | None:
+        """The consumer a ``$JS.ACK`` subject names and the stream sequence it acks;
+        None when the subject is not an ack subject (``parse_ack_subject``) or names
+        no consumer. A v1 subject of a consumer seen before costs one match and one
+        lookup (:data:`_V1_ACK`: the subjects ``parse_ack_subject`` reads as v1)."""
+        m = _V1_ACK.fullmatch(subject)
+        if m is not None:
+            c = self.by_ack.get(m.group(1))
+            if c is not None and not c.deleted:
+                return c, int(m.group(2))
+        a = parse_ack_subject(subject)
+        if a is None:
+            return None
+        c = _lookup(self, [a.stream, a.consumer])
+        if c is None:
+            return None
+        if len(self.by_ack) >= ACK_CACHE_LIMIT:
+            self.by_ack = {}
+        self.by_ack[f"{ACK_PREFIX}{a.stream}.{a.consumer}"] = c
+        return c, a.stream_seq
+
+    @staticmethod
+    def settings_of(c: Consumer) -> PushSettings:
+        nats = c.config.nats
+        if not nats:
+            return _DURABLE
+        return PushSettings(**{k: v for k, v in nats if k in _SETTINGS_FIELDS})
+
+    def send(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes | memoryview = b"") -> int:
+        return send_core(self.broker, subject, reply, headers, payload)
+
+    def touch(self, c: Consumer) -> None:
+        self.last_active[c] = self.broker.clock.now_ns()
+
+    def deliver(self, c: Consumer, subject: str, parts: list[Any], count: int) -> int:
+        """Send the ``count`` messages of a pull batch (``_pulls.collect``'s parts) to
+        ``subject``; returns how many reached a subscriber."""
+        stream = self.js.stream_name(c.topic)
+        headers_only = self.settings_of(c).headers_only
+        name = c.name
+        subs = self.broker.subs.match(subject.encode())
+        if any(sub.__class__ is not NatsSubscription for sub in subs):  # a ttlbroker subscriber too: one by one
+            parts = expand_runs(parts)
+            messages = [js_delivery(parts[i], parts[i + 1], stream, name, headers_only) for i in range(0, len(parts), 2)]
+            return sum([send_core(self.broker, subject, r.decode(), h, p, shown=s) > 0 for s, r, h, p in messages])
+        reached = 0
+        for sub in subs:  # one formatting pass and one write per NATS subscriber
+            n = sub.room(count)
+            if n:
+                some = parts if n == count else expand_runs(parts)[: 2 * n]
+                frames, size = js_delivery_frames(some, sub.sid_bytes, stream, name, headers_only, sub.session.headers)
+                reached = max(reached, sub.send_frames(frames, n, size))
+        return reached
+
+
+def _ack_entries(queued: list[Any], fence: int | None) -> list[tuple[int, int, int, int]]:
+    """The ack entries of a consumer's queue: each ``AckRun`` read into the plain acks
+    ``State.take_acks`` queues for it; with a ``fence`` (a pull went ahead of them,
+    ``State.hold``: they are all plain acks), only those below it."""
+    out: list[tuple[int, int, int, int]] = []
+    for e in queued:
+        if e.__class__ is AckRun:
+            out += [(_ACK, 0, s, 0) for s in e.seqs() if fence is None or s < fence]
+        elif fence is None or e[2] < fence:
+            out.append(e)
+    return out
+
+
+def _state(js: JetStream) -> State:
+    st = js.consumer_state
+    if st is None:
+        st = js.consumer_state = State(js)
+    return st
+
+
+# -- pulls -----------------------------------------------------------------------------
+
+
+class NatsPull(PullRequest):
+    """A ``CONSUMER.MSG.NEXT`` request waiting on its consumer."""
+
+    __slots__ = ("state", "reply", "no_wait", "heartbeat_ns", "max_bytes")
+
+    takes_runs = True  # :meth:`State.deliver` formats them
+
+    def __init__(self, state: State, reply: str, c: Consumer, nr: NextRequest) -> None:
+        super().__init__(state.owner, 0, c, max(nr.batch, 1), nr.max_bytes, None)
+        self.state = state
+        self.reply = reply
+        self.no_wait = nr.no_wait
+        self.heartbeat_ns = nr.heartbeat_ns
+        self.max_bytes = nr.max_bytes
+
+    def _deliver(self, parts: list[Any], count: int) -> bool:
+        """Send the messages; False (and the pull dropped) when nobody got them."""
+        if count and not self.state.deliver(self.consumer, self.reply, parts, count):
+            retire(self)
+            return False
+        return True
+
+    def respond(self, status: PullEnd, parts: list[Any], count: int) -> None:
+        if not self._deliver(parts, count):
+            return
+        if status == PullEnd.BATCH_COMPLETE:
+            if self.max_bytes and self.bytes_left > 0:
+                self._status(409, "Batch Completed")
+        elif status == PullEnd.MAX_BYTES:
+            self._status(409, "Message Size Exceeds MaxBytes")
+        elif status == PullEnd.NO_MESSAGES:
+            self.state.send(self.reply, None, status_message(404, "No Messages"))
+        elif status == PullEnd.EXPIRED:
+            self._status(408, "Request Timeout")
+
+    def _status(self, code: int, text: str) -> None:
+        self.state.send(self.reply, None, status_message(code, text, max(self.remaining, 0), self.bytes_left if self.max_bytes else 0))
+
+    def more(self, parts: list[Any], count: int) -> None:
+        if self._deliver(parts, count) and self.no_wait:
+            end(self, PullEnd.NO_MESSAGES)  # no_wait with expires: returns once it has any
+
+    def refuse(self, err: BrokerError) -> None:
+        self.state.send(self.reply, None, status_message(409, "Consumer Deleted"))
+
+    def tick(self, now_ns: int) -> None:
+        """The pull's idle heartbeat."""
+        if self.ended or self.consumer.deleted:
+            return
+        c = self.consumer
+        if not self.state.send(self.reply, None, idle_heartbeat(c.dseq, _last_stream_seq(c))):
+            retire(self)
+            return
+        self.state.ticks.arm(self, now_ns + self.heartbeat_ns)
+
+
+def _last_stream_seq(c: Consumer) -> int:
+    cp = c.parts[0]
+    return cp.last_delivered or max(cp.cursor - 1, 0)
+
+
+def _next(st: State, c: Consumer, reply: str | None, payload: bytes, last: bool = False) -> None:
+    """A pull request. It sees every ack sent before it: they are settled first, or,
+    when ``last`` and :meth:`State.may_pass` says that cannot change what it takes,
+    held for its connection to settle once the messages are on their way."""
+    if not reply:
+        st.flush_acks()
+        return
+    if st.settings_of(c).deliver_subject:
+        st.flush_acks()
+        st.send(reply, None, status_message(409, "Consumer is push based"))
+        return
+    try:
+        nr = parse_next_request(payload)
+    except ValueError as exc:
+        st.flush_acks()
+        st.send(reply, None, status_message(400, f"Bad Request - {exc}"))
+        return
+    if st.acks:
+        if last and st.may_pass(c, max(nr.batch, 1)):
+            st.hold(c)
+        else:
+            st.flush_acks()
+    st.touch(c)
+    if nr.no_wait:
+        available = c.num_pending + sum(len(cp.redeliver) for cp in c.parts)
+        if not available and not nr.expires_ns:
+            st.send(reply, None, status_message(404, "No Messages"))
+            return
+        if available and available < sum(w.remaining for w in c.waiting):
+            # What there is goes to the requests already waiting (the server's rule).
+            st.send(reply, None, status_message(408, "Requests Pending"))
+            return
+    if len(c.waiting) >= c.config.max_waiting:
+        if not nr.heartbeat_ns:
+            st.send(reply, None, status_message(409, "Exceeded MaxWaiting"))
+        return
+    engine = st.engine
+    req = NatsPull(st, reply, c, nr)
+    parts, count, hit = collect(engine, c, req)
+    req.remaining -= count
+    if req.bytes_left:
+        req.bytes_left = max(req.bytes_left - sum(len(p) for p in parts[1::2]), 1)
+    if req.remaining <= 0:
+        end(req, PullEnd.BATCH_COMPLETE, parts, count)
+    elif hit:
+        end(req, PullEnd.MAX_BYTES, parts, count)
+    elif nr.no_wait and (count or not nr.expires_ns):
+        end(req, PullEnd.NO_MESSAGES, parts, count)
+    else:
+        st.settle_held()  # before it waits: what they free goes to it as it would have
+        if count and not req._deliver(parts, count):
+            return
+        if nr.expires_ns:
+            req.expires = st.broker.clock.now_ns() + nr.expires_ns
+            engine.pull_timers.add(engine, req)
+        c.waiting.append(req)
+        st.owner.pulls.add(req)
+        if nr.heartbeat_ns:
+            st.ticks.arm(req, st.broker.clock.now_ns() + nr.heartbeat_ns)
+
+
+# -- push consumers ----------------------------------------------------------------------
+
+
+class PushWindow(NatsPull):
+    """One flow-control window of a push consumer: it waits on the consumer like a
+    pull and sends to the deliver subject."""
+
+    __slots__ = ("push",)
+
+    def __init__(self, push: Push) -> None:
+        nr = NextRequest(WINDOW_MSGS, WINDOW_BYTES, 0, False, 0)
+        super().__init__(push.state, push.subject, push.consumer, nr)
+        self.push = push
+
+    def _deliver(self, parts: list[Any], count: int) -> bool:
+        if count:
+            reached = self.state.deliver(self.consumer, self.reply, parts, count)
+            self.push.delivered(reached)
+            if not reached:  # the subscriber went away: wait for another
+                self.push.unbind()
+                return False
+        return True
+
+    def respond(self, status: PullEnd, parts: list[Any], count: int) -> None:
+        if self._deliver(parts, count) and status in (PullEnd.BATCH_COMPLETE, PullEnd.MAX_BYTES):
+            self.push.window_done()
+
+    def refuse(self, err: BrokerError) -> None:
+        pass
+
+
+class Push:
+    """A push consumer's delivery: windows, flow control, idle heartbeats."""
+
+    def __init__(self, state: State, c: Consumer, settings: PushSettings) -> None:
+        self.state = state
+        self.consumer = c
+        self.subject = settings.deliver_subject
+        self.flow_control = settings.flow_control
+        self.heartbeat_ns = settings.idle_heartbeat_ns
+        self.fc_reply = ""
+        self.fc_count = 0
+        self.busy = False  # something was delivered since the last heartbeat tick
+        self.window: PushWindow | None = None
+
+    def start(self) -> None:
+        self.bind()
+        if self.heartbeat_ns:
+            self.state.ticks.arm(self, self.state.broker.clock.now_ns() + self.heartbeat_ns)
+
+    def bind(self) -> None:
+        """Deliver if the deliver subject has a subscriber (as on the server, a push
+        consumer without interest delivers nothing), else wait for one."""
+        if self.state.broker.subs.match(self.subject.encode()):
+            self.state.unbound.discard(self)
+            if self.window is None and not self.fc_reply:
+                self.open_window()
+        elif not self.consumer.deleted:
+            self.state.unbound.add(self)
+
+    def unbind(self) -> None:
+        self.stop()
+        self.state.unbound.add(self)
+
+    def open_window(self) -> None:
+        c = self.consumer
+        if c.deleted:
+            return
+        self.window = w = PushWindow(self)
+        c.waiting.append(w)
+        self.state.owner.pulls.add(w)
+        self.state.engine.kick(c)
+
+    def delivered(self, reached: int) -> None:
+        self.busy = True
+        if reached:
+            self.state.touch(self.consumer)
+
+    def window_done(self) -> None:
+        self.window = None
+        if not self.flow_control:
+            self.open_window()
+            return
+        self.fc_count += 1
+        c = self.consumer
+        self.fc_reply = f"{FC_PREFIX}{self.state.js.stream_name(c.topic)}.{c.name}.{self.fc_count}"
+        self.state.flow[self.fc_reply] = self
+        if self.state.send(self.subject, self.fc_reply, status_message(100, "FlowControl Request")):
+            self.state.touch(c)
+
+    def flow_reply(self, subject: str) -> None:
+        if subject == self.fc_reply:
+            self._clear_flow()
+            self.open_window()
+
+    def _clear_flow(self) -> None:
+        self.state.flow.pop(self.fc_reply, None)
+        self.fc_reply = ""
+
+    def tick(self, now_ns: int) -> None:
+        c = self.consumer
+        if c.deleted or self.state.pushes.get(c) is not self:  # deleted (by our own API too), or moved
+            self.stop()
+            return
+        if not self.busy:
+            if self.state.send(self.subject, None, idle_heartbeat(c.dseq, _last_stream_seq(c), self.fc_reply)):
+                self.state.touch(c)
+        self.busy = False
+        self.state.ticks.arm(self, now_ns + self.heartbeat_ns)
+
+    def stop(self) -> None:
+        self.state.unbound.discard(self)
+        self._clear_flow()
+        if self.window is not None:
+            retire(self.window)
+            self.window = None
+
+
+class Inactivity:
+    """Deletes an ephemeral consumer unused for its ``inactive_threshold``."""
+
+    def __init__(self, state: State, c: Consumer, threshold_ns: int) -> None:
+        self.state = state
+        self.consumer = c
+        self.threshold_ns = threshold_ns
+
+    def tick(self, now_ns: int) -> None:
+        c = self.consumer
+        st = self.state
+        if c.deleted or st.inactivity.get(c) is not self:  # deleted, or replaced by an update
+            return
+        push = st.pushes.get(c)
+        if push is not None:
+            if st.broker.subs.match(push.subject.encode()):
+                st.touch(c)
+        elif c.waiting:
+            st.touch(c)
+        last = st.last_active.get(c, 0)
+        if now_ns - last >= self.threshold_ns:
+            log.info("ephemeral_consumer_inactive", topic=c.topic.full_name, consumer=c.name)
+            _delete(st, c)
+            return
+        st.ticks.arm(self, last + self.threshold_ns)
+
+
+def _delete(st: State, c: Consumer) -> int:
+    push = st.pushes.pop(c, None)
+    if push is not None:
+        push.stop()
+    return remove_consumer(st.broker, c)
+
+
+# -- the API -------------------------------------------------------------------------------
+
+
+def consumer_api(
+    js: JetStream, op: str, tokens: list[str], reply: str | None, headers: bytes | None, payload: bytes,
+    last: bool = False,
+) -> None:
+    """``$JS.API.CONSUMER.<op>.<tokens...>`` (dispatched by ``JetStream.request``;
+    ``last``: see there)."""
+    st = _state(js)
+    if op == "MSG.NEXT":
+        c = _lookup(st, tokens)
+        if c is None:
+            st.flush_acks()
+            js.no_responders(reply)  # no consumer: nobody listens there
+            return
+        _next(st, c, reply, payload, last)
+        return
+    st.flush_acks()  # a request sees every ack sent before it
+    handler = _API.get(op)
+    if handler is None:
+        js.no_responders(reply)
+        return
+    kind, fn = handler
+    try:
+        body, epoch = fn(st, tokens, payload)
+    except (JSError, BrokerError) as err:
+        js.respond(reply, api_error(kind, err))
+        return
+    js.respond(reply, api_response(kind, body), epoch=epoch)
+
+
+def _lookup(st: State, tokens: list[str]) -> Consumer | None:
+    if len(tokens) != 2:
+        return None
+    try:
+        topic = st.js.topic(tokens[0])
+        return topic.consumer_set.get(normalize_name(tokens[1], "consumer name"))
+    except (JSError, BrokerError):
+        return None
+
+
+def _find(st: State, tokens: list[str]) -> Consumer:
+    if len(tokens) != 2:
+        raise JSError(400, 10003, "bad request")
+    topic = st.js.topic(tokens[0])
+    try:
+        c = topic.consumer_set.get(normalize_name(tokens[1], "consumer name"))
+    except BrokerError:
+        c = None
+    if c is None:
+        raise JSError(404, 10014, "consumer not found")
+    return c
+
+
+def _topic_for_consumers(st: State, stream: str) -> Topic:
+    topic = st.js.topic(stream)
+    if len(topic.partitions) != 1:
+        raise JSError(400, 10094, f"consumers over NATS need a one-partition topic; {topic.full_name} has {len(topic.partitions)} partitions")
+    return topic
+
+
+def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple[dict[str, Any], int]:
+    req = parse_request(payload)
+    if not tokens or not tokens[0]:
+        raise JSError(400, 10003, "bad request")
+    stream = tokens[0]
+    name = ""
+    subject_filter = ""
+    if legacy:
+        if len(tokens) != 2:
+            raise JSError(400, 10016, "consumer expected to be durable but no durable name set in subject")
+        name = tokens[1]
+    elif len(tokens) > 1:
+        name = tokens[1]
+        subject_filter = ".".join(tokens[2:])
+    if req.get("stream_name") != stream:
+        raise js_error(STREAM_MISMATCH)
+    cfg = req.get("config")
+    if not isinstance(cfg, dict):
+        raise JSError(400, 10078, "consumer config required")
+    if name and any(ch in name for ch in "/\\"):
+        raise JSError(400, 10127, "Consumer name can not contain path separators")
+    durable = cfg.get("durable_name") or ""
+    given = cfg.get("name") or ""
+    named = bool(name or given or durable)  # else a made-up name the config leaves out, as the server
+    if legacy:
+        if not durable:
+            raise JSError(400, 10018, "consumer expected to be durable but a durable name was not set")
+        if durable != name:
+            raise JSError(400, 10017, "consumer name in subject does not match durable name in request")
+    elif name:
+        if durable and durable != name:
+            raise JSError(400, 10017, "consumer name in subject does not match durable name in request")
+    else:
+        if durable:
+            raise JSError(400, 10020, "consumer expected to be ephemeral but a durable name was set in request")
+        name = given or secrets.token_hex(4)
+    if given and durable and given != durable:
+        raise JSError(400, 10132, "Consumer Durable and Name have to be equal if both are provided")
+    if subject_filter:
+        if cfg.get("filter_subjects"):
+            raise JSError(400, 10137, "consumer with multiple subject filters cannot use subject based API")
+        if cfg.get("filter_subject") != subject_filter:
+            raise JSError(400, 10131, "Consumer create request did not match filtered subject from create subject")
+    topic = _topic_for_consumers(st, stream)
+    ours, settings = consumer_config_from_nats(cfg, durable=bool(durable))
+    if not named:
+        settings = dataclasses.replace(settings, named=False)
+    if settings != _DURABLE:
+        ours["nats"] = dataclasses.asdict(settings)
+    try:
+        cname = normalize_name(name, "consumer name")
+    except BrokerError as err:  # the name rule is ours (stricter than the server's): say so
+        raise JSError(400, 10094, err.message) from None
+    config = ConsumerConfig.from_map(ours)
+    action = req.get("action") or ""
+    existing = topic.consumer_set.get(cname)
+    epoch = 0
+    if existing is not None:
+        if existing.config != config:
+            if action == "create":
+                raise JSError(400, 10148, "consumer already exists")
+            old = st.settings_of(existing)
+            if old.durable != settings.durable:
+                raise JSError(400, 10148, "consumer already exists")
+            existing.config.check_update(config)
+            _check_update(st, old, settings, existing.config, config)
+            epoch = change_consumer(st.broker, existing, config)
+            st.updated(existing, old, settings)
+        c = existing
+    else:
+        if action == "update":
+            raise JSError(400, 10149, "consumer does not exist")
+        c, epoch = new_consumer(st.broker, topic, cname, config)
+        st.start(c, settings)
+    return _info(st, c), epoch
+
+
+def _check_update(st: State, old: PushSettings, new: PushSettings, was: ConsumerConfig, cfg: ConsumerConfig) -> None:
+    """Refuse what the server refuses to update (``checkNewConsumerConfig``), after the
+    engine's own fixed fields, with its words and its error (500 10012); a push
+    consumer's deliver subject may move only while nobody listens on it (10013)."""
+    denied = ""
+    if old.mem_storage != new.mem_storage:
+        denied = "storage type can not be updated"
+    elif old.idle_heartbeat_ns != new.idle_heartbeat_ns:
+        denied = "heart beats can not be updated"
+    elif old.flow_control != new.flow_control:
+        denied = "flow control can not be updated"
+    elif old.deliver_subject != new.deliver_subject:
+        if not old.deliver_subject:
+            denied = "can not update pull consumer to push based"
+        elif not new.deliver_subject:
+            denied = "can not update push consumer to pull based"
+        elif st.broker.subs.match(old.deliver_subject.encode()):
+            raise JSError(400, 10013, "consumer name already in use")
+    if not denied and was.max_waiting != cfg.max_waiting:
+        denied = "max waiting can not be updated"
+    if denied:
+        raise JSError(500, 10012, denied)
+
+
+def _sequence_info(consumer_seq: int, stream_seq: int, at_ns: int) -> dict[str, Any]:
+    """The server's ``SequenceInfo``: ``last_active`` (omitempty) is when the last
+    delivery (or ack) happened."""
+    out: dict[str, Any] = {"consumer_seq": consumer_seq, "stream_seq": stream_seq}
+    if at_ns:
+        out["last_active"] = rfc3339(at_ns)
+    return out
+
+
+def _info(st: State, c: Consumer) -> dict[str, Any]:
+    cp = c.parts[0]
+    settings = st.settings_of(c)
+    info = {
+        "stream_name": st.js.stream_name(c.topic),
+        "name": c.name,
+        "created": rfc3339(c.created_ns),
+        "config": consumer_config_to_nats(c.name, c.config.to_map(), settings, EPHEMERAL_INACTIVE_NS),
+        "delivered": _sequence_info(c.dseq, _last_stream_seq(c), c.delivered_at),
+        "ack_floor": _sequence_info(c._ack_floor_dseq(), cp.ack_floor, c.acked_at),
+        "num_ack_pending": c.num_ack_pending,
+        "num_redelivered": c.num_redelivered,
+        "num_waiting": sum(1 for r in c.waiting if not isinstance(r, PushWindow)),
+        "num_pending": c.num_pending,
+    }
+    if settings.deliver_subject and st.broker.subs.match(settings.deliver_subject.encode()):
+        info["push_bound"] = True  # the server's omitempty: absent unless bound
+    info["ts"] = rfc3339(st.broker.clock.now_ns())
+    return info
+
+
+def _api_create(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    return _create(st, tokens, payload, legacy=False)
+
+
+def _api_durable_create(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    return _create(st, tokens, payload, legacy=True)
+
+
+def _api_info(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    return _info(st, _find(st, tokens)), 0
+
+
+def _api_delete(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    return {"success": True}, _delete(st, _find(st, tokens))
+
+
+def _page(st: State, tokens: list[str], payload: bytes, limit: int) -> tuple[list[Consumer], int, int]:
+    if len(tokens) != 1:
+        raise JSError(400, 10003, "bad request")
+    req = parse_request(payload)
+    offset = req.get("offset") or 0
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise js_error(INVALID_JSON, "invalid JSON: offset must be a non-negative integer")
+    topic = st.js.topic(tokens[0])
+    consumers = sorted(topic.consumer_set.values(), key=lambda c: c.name)
+    return consumers[offset : offset + limit], len(consumers), offset
+
+
+def _api_names(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    page, total, offset = _page(st, tokens, payload, NAMES_LIMIT)
+    return {"total": total, "offset": offset, "limit": NAMES_LIMIT, "consumers": [c.name for c in page]}, 0
+
+
+def _api_list(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    page, total, offset = _page(st, tokens, payload, LIST_LIMIT)
+    return {"total": total, "offset": offset, "limit": LIST_LIMIT, "consumers": [_info(st, c) for c in page]}, 0
+
+
+_API = {
+    "CREATE": ("consumer_create", _api_create),
+    "DURABLE.CREATE": ("consumer_create", _api_durable_create),
+    "INFO": ("consumer_info", _api_info),
+    "DELETE": ("consumer_delete", _api_delete),
+    "NAMES": ("consumer_names", _api_names),
+    "LIST": ("consumer_list", _api_list),
+}
+
+
+# -- acks --------------------------------------------------------------------------------------
+
+
+def ack(js: JetStream, subject: str, reply: str | None, payload: bytes) -> None:
+    """A ``$JS.ACK...`` acknowledgement or a ``$JS.FC...`` flow-control answer."""
+    st = _state(js)
+    if subject.startswith(FC_PREFIX):
+        push = st.flow.get(subject)
+        if push is not None:
+            push.flow_reply(subject)
+        return
+    found = st.consumer_of_ack(subject)
+    if found is None:
+        return
+    c, stream_seq = found
+    try:
+        kind, value = parse_ack_body(payload)
+    except ValueError:
+        return
+    if kind == ACK_NEXT:
+        st.queue_ack(c, (AckKind.ACK, 0, stream_seq, 0), None)
+        st.flush_acks()
+        if reply:
+            _next(st, c, reply, str(value).encode())
+        return
+    st.queue_ack(c, (kind, 0, stream_seq, -(-value // MS) if value else 0), reply)
+
+
+async def run(js: JetStream) -> None:
+    """Settles the acks a turn of the event loop brought (``JetStream.run`` runs it)."""
+    st = _state(js)
+    while True:
+        await st.ack_wake.wait()
+        st.ack_wake = trio.Event()
+        try:
+            st.flush_acks()
+        except Exception:
+            log.error("js_ack_flush_failed", exc_info=True)

@@ -1,0 +1,168 @@
+"""Core (unstored) messages across both protocols, and NATS subscriptions.
+
+A NATS ``SUB`` is a :class:`NatsSubscription` in the broker's one subscription
+index (``_subscriptions.py``), next to the ttlbroker SUBSCRIBEs, so a message
+reaches every matching subscription of both protocols whichever protocol sent it:
+
+* stored messages (and unrouted ones a ttlbroker client publishes) go through
+  ``_subscriptions.deliver``, which hands a NATS subscription its records
+  (:meth:`NatsSubscription.deliver_records`: ``MSG``/``HMSG`` without a reply);
+* core messages a NATS client publishes (a subject no topic captures), replies of
+  the JetStream API and consumer deliveries go through :func:`send_core`, which
+  keeps the reply subject for NATS subscribers (a ttlbroker DELIVERY has no place
+  for it) and gives ttlbroker subscribers a record with offset 0, as an unrouted
+  publish does.
+
+Queue groups (``SUB subject queue sid``): the index gives each message to one member
+of each group, chosen at random, as nats-server does. ``UNSUB sid max`` removes the
+subscription once it has delivered ``max`` messages in all.
+
+Deliveries are at most once: a connection over its output limit, or a broker over
+its output budget, drops them and counts them (``_limits.py``, rule 2).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import protocol as P
+from protocol._nats import encode_msg, nats_message_of_record
+
+if TYPE_CHECKING:
+    from broker.core._broker import Broker
+
+__all__ = ["NatsSubscription", "send_core"]
+
+_NO_PLACE = P.delivery_entry(0, 0, 0)
+
+
+class NatsSubscription:
+    """One NATS ``SUB`` of a :class:`~broker.nats._session.NatsSession`."""
+
+    __slots__ = ("session", "sid", "sid_bytes", "subject_filter", "tokens", "queue", "remaining", "delivered", "dropped")
+
+    def __init__(self, session: Any, sid: str, subject_filter: str, queue: str | None) -> None:
+        self.session = session
+        self.sid = sid
+        self.sid_bytes = sid.encode()
+        self.subject_filter = subject_filter
+        self.tokens = tuple(subject_filter.split("."))
+        self.queue = queue
+        #: Messages left before an ``UNSUB sid max`` removes it (None: no limit).
+        self.remaining: int | None = None
+        self.delivered = 0
+        self.dropped = 0
+
+    def send(
+        self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int = 0,
+    ) -> bool:
+        """Queue one MSG/HMSG (with ``epoch``: to go once it is durable); False when
+        it was dropped (the connection is full)."""
+        session = self.session
+        if headers is not None and not session.headers:
+            headers = None  # a client without header support gets the payload alone
+        if not session.push_nats(encode_msg(subject, self.sid_bytes, reply, headers, payload), epoch):
+            self.dropped += 1
+            session.broker.counters.deliveries_dropped += 1
+            return False
+        self.delivered += 1
+        counters = session.broker.counters
+        counters.messages_out += 1
+        counters.bytes_out += len(payload)
+        if self.remaining is not None:
+            self.remaining -= 1
+            if self.remaining <= 0:
+                session.remove_subscription(self)
+        return True
+
+    def room(self, n: int) -> int:
+        """How many of ``n`` messages it takes before an ``UNSUB sid max`` removes it."""
+        return n if self.remaining is None else max(min(n, self.remaining), 0)
+
+    def send_frames(self, frames: bytes, n: int, payload_bytes: int) -> int:
+        """Queue ``n`` messages already encoded for it (a pull batch, at most
+        :meth:`room`) as one write; returns how many were queued (0: dropped, the
+        connection is full)."""
+        session = self.session
+        counters = session.broker.counters
+        if not session.push_nats(frames):
+            self.dropped += n
+            counters.deliveries_dropped += n
+            return 0
+        self.delivered += n
+        counters.messages_out += n
+        counters.bytes_out += payload_bytes
+        if self.remaining is not None:
+            self.remaining -= n
+            if self.remaining <= 0:
+                session.remove_subscription(self)
+        return n
+
+    def deliver_records(self, records: list[bytes | memoryview]) -> None:
+        """Stored (or unrouted) records from ``_subscriptions.deliver``, in order."""
+        for rec in records:
+            if self.remaining is not None and self.remaining <= 0:
+                return
+            subject, headers, payload = nats_message_of_record(rec)
+            self.send(subject, None, headers, payload)
+
+
+def send_core(
+    broker: Broker, subject: str, reply: str | None, headers: bytes | None, payload: bytes | memoryview,
+    origin: Any = None, shown: bytes | None = None, epoch: int = 0,
+) -> int:
+    """Deliver one core (not stored) message to every matching core subscription of
+    both protocols (one member of each queue group); returns how many took it.
+    ``headers`` is a whole NATS header block or None. ``origin``: the publishing
+    NATS session, whose own subscriptions are skipped when its CONNECT said
+    ``echo: false``. ``shown``: the subject the message carries when it is not the
+    one it is sent to (a JetStream delivery to an inbox shows the stored subject).
+    ``epoch``: a group-commit epoch not yet durable; each subscriber's connection
+    holds the message until the sync that makes it durable, which writes it
+    (``Session.send_durable``: no task switch between the fsync and the answer)."""
+    raw = subject.encode()
+    subs = broker.subs.match(raw)
+    if not subs:
+        return 0
+    subj = shown or raw
+    rep = reply.encode() if reply else None
+    record: bytes | None = None
+    skip = origin if origin is not None and not origin.echo else None
+    reached = 0
+    for sub in subs:
+        if sub.__class__ is NatsSubscription:
+            if sub.session is not skip and sub.send(subj, rep, headers, payload, epoch):
+                reached += 1
+            continue
+        if record is None:
+            record = _record(broker, subj, headers, payload)
+        if not record:
+            continue  # a subject or headers ttlbroker cannot carry: NATS subscribers only
+        delivery = P.encode_delivery(sub.sid, 1, (_NO_PLACE, record))
+        session = sub.session
+        if not epoch:
+            pushed = session.push(P.PushKind.DELIVERY, delivery)
+        else:
+            pushed = session.accepts_pushes() and session.budget.has_room(len(delivery) + 16)
+            if pushed:
+                session.send_durable(epoch, session.conn.send_push(P.PushKind.DELIVERY, delivery))
+        if pushed:
+            sub.delivered += 1
+            broker.counters.messages_out += 1
+            broker.counters.bytes_out += len(payload)
+            reached += 1
+        else:
+            sub.dropped += 1
+            broker.counters.deliveries_dropped += 1
+    return reached
+
+
+def _record(broker: Broker, subject: bytes, headers: bytes | None, payload: bytes | memoryview) -> bytes:
+    """The record a ttlbroker subscriber gets for a core message (offset 0), or b""
+    when the subject (over 255 bytes) or the headers break ttlbroker's rules."""
+    try:
+        block = P.nats_to_record_headers(headers) if headers else b""
+        body = P.encode_body(subject, payload, block)
+    except P.BrokerError:
+        return b""
+    return P.encode_record(0, broker.clock.now_ns(), body)

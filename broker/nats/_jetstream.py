@@ -1,0 +1,281 @@
+"""The JetStream API of the NATS listener: the ``JetStream`` object and the
+``$JS.API.>`` dispatcher.
+
+One :class:`JetStream` per broker (``broker.jetstream``). The NATS session
+(``_nats_session.py``) hands it every PUB/HPUB whose subject :meth:`JetStream.handles`
+(``$JS.API.``, ``$JS.ACK.``, ``$JS.FC.``), synchronously and in arrival order, and
+asks it for the JSON of publish acknowledgements (:meth:`JetStream.pub_ack`,
+:meth:`JetStream.pub_error`). Answers go to the request's reply inbox as core
+messages (``_nats_core.send_core``).
+
+Dispatch:
+
+* ``$JS.API.INFO`` and ``$JS.API.STREAM.*``, ``$JS.API.DIRECT.GET.*``: ``_js_streams.py``;
+* ``$JS.API.CONSUMER.<op>...``: ``_js_consumers.consumer_api(js, op, tokens, reply,
+  headers, payload)``, where ``op`` is ``CREATE``, ``DURABLE.CREATE``, ``INFO``,
+  ``DELETE``, ``NAMES``, ``LIST``, ``MSG.NEXT`` (or any other token that follows
+  ``CONSUMER.``) and ``tokens`` the subject's tokens after it (``[stream, ...]``);
+* ``$JS.ACK.>`` and ``$JS.FC.>``: ``_js_consumers.ack(js, subject, reply, payload)``.
+
+Work that must wait (catalog changes, the group commit) runs in the nursery of
+:meth:`JetStream.run`, which the server starts beside its listeners; ``run`` also
+runs ``_js_consumers.run(js)`` (heartbeats and the like) when that module has one.
+
+Naming (docs/protocol.md, "NATS listener"): a NATS stream ``S`` is the one-partition
+topic ``S`` (lower-cased by the name rule; the name as given is kept in the topic's
+``nats`` option and reported) of the ttlbroker stream ``[nats] stream``; the NATS
+stream ``KV_<b>`` is ttlbroker's KV bucket ``kv/<b>``. A topic of any other
+ttlbroker stream is named ``<stream>/<topic>`` in PubAcks (as in ``Nats-Stream``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from protocol import BrokerError, normalize_name
+from protocol._jetstream import ACK_PREFIX, API_PREFIX, FC_PREFIX, STREAM_NOT_FOUND, JSError, api_error, js_error
+from protocol._jetstream import pub_ack as _pub_ack
+from protocol._jetstream import pub_error as _pub_error
+
+from broker.core._log import get_logger
+from ._core import send_core
+from broker.server._session import Session
+
+if TYPE_CHECKING:
+    from broker.core._broker import Broker
+    from broker.core._catalog import Stream, Topic
+
+__all__ = ["JetStream", "KV_STREAM", "KV_PREFIX"]
+
+log = get_logger(__name__)
+
+#: The ttlbroker stream that holds every KV bucket (as the client's ``KV_STREAM``).
+KV_STREAM = "kv"
+#: A KV bucket's NATS stream name is ``KV_<bucket>``.
+KV_PREFIX = "KV_"
+_PREFIXES = (API_PREFIX, ACK_PREFIX, FC_PREFIX)
+#: ``STREAM.MSG.GET.<stream>``: the request a KV get of a bucket without direct gets is.
+_KV_GET_PREFIX = API_PREFIX + "STREAM.MSG.GET.KV_"
+#: API requests that wait (catalog changes) at most in progress at once, all
+#: connections together; more are refused with the server's 429 "too many requests".
+MAX_WAITING_REQUESTS = 256
+#: NATS stream names whose topic :meth:`JetStream.topic` keeps.
+TOPIC_CACHE_LIMIT = 1024
+
+
+class JetStream:
+    """Args:
+    broker: the broker whose topics the API shows as NATS streams.
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.nursery: trio.Nursery | None = None
+        #: API requests served and refused since start (``$JS.API.INFO``'s ``api``).
+        self.api_total = 0
+        self.api_errors = 0
+        self.waiting = 0
+        #: The ttlbroker stream that holds the NATS streams (``[nats] stream``, by the
+        #: name rule).
+        self.namespace = normalize_name(broker.config.nats.stream, "[nats] stream")
+        #: The NATS side of the consumers (``_js_consumers.State``, made at first use).
+        self.consumer_state: Any = None
+        #: NATS connections with answers a sync made durable, released by :meth:`_synced`.
+        self._released: list[Session] = []
+        #: NATS stream name -> its topic (:meth:`topic`).
+        self._topics: dict[str, Topic] = {}
+        #: The NATS session whose request is being handled, and its subject.
+        self._origin: Any = None
+        self._subject = ""
+        broker.committer.on_synced.append(self._synced)  # after the consumer engine's hook
+
+    # -- the session's entry points ----------------------------------------------------
+
+    @staticmethod
+    def handles(subject: str) -> bool:
+        return subject.startswith(_PREFIXES)
+
+    def request(
+        self, subject: str, reply: str | None, headers: bytes | None, payload: bytes, origin: Any = None,
+        last: bool = False,
+    ) -> None:
+        """One PUB/HPUB on a subject :meth:`handles`, from the NATS session ``origin``.
+        Never raises: a failure is answered (or logged when there is no reply
+        subject). ``last``: ``origin`` handles nothing else it read before it calls
+        ``consumer_state.settle_held()``, which it does once it has sent what this
+        queued, before it yields (a pull may then go ahead of the acks before it,
+        ``_js_consumers.State.may_pass``)."""
+        self._origin, self._subject = origin, subject
+        try:
+            if subject.startswith(_KV_GET_PREFIX) and _js_streams.kv_get(self, subject[len(_KV_GET_PREFIX) :], reply, payload):
+                return  # nats-py's kv.get, answered as api() answers it (no dispatch, no request dict)
+            if subject.startswith(API_PREFIX):
+                tokens = subject[len(API_PREFIX) :].split(".")
+                if tokens[0] == "CONSUMER":
+                    op_len = 2 if tokens[1:2] in (["DURABLE"], ["MSG"]) else 1
+                    op = ".".join(tokens[1 : 1 + op_len])
+                    _js_consumers.consumer_api(self, op, tokens[1 + op_len :], reply, headers, payload, last)
+                else:
+                    _js_streams.api(self, tokens, reply, headers, payload)
+            else:
+                _js_consumers.ack(self, subject, reply, payload)
+        except Exception as exc:  # a bug must not end the connection, nor pass silently
+            log.error("jetstream_request_failed", subject=subject, error=repr(exc))
+            self.respond(reply, api_error("error", JSError(500, 10077, f"internal error: {exc}")))
+        finally:
+            self._origin = None
+
+    def no_responders(self, reply: str | None) -> None:
+        """The request being handled is on a subject nothing serves (no such API, a
+        consumer or a direct get that is not there): its client gets the core
+        no-responders status, as from nats-server, where no subscription takes it."""
+        origin = self._origin
+        if reply and origin is not None:
+            origin.no_responders(reply, self._subject)
+
+    def pub_ack(self, topic: Topic, offset: int, duplicate: bool) -> bytes:
+        """The PubAck JSON for a message the publish path stored at ``offset`` (for a
+        duplicate: the original's offset)."""
+        return _pub_ack(self.stream_name(topic), offset, duplicate)
+
+    def pub_error(self, err: BrokerError | JSError, topic: Topic | None = None) -> bytes:
+        """The PubAck JSON for a refused publish, with the server's error numbers."""
+        return _pub_error(err, None if topic is None else self.stream_name(topic))
+
+    async def run(self) -> None:
+        """Runs for the broker's lifetime: the nursery of the API's waiting work, and
+        the consumers' background work."""
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            consumers_run = getattr(_js_consumers, "run", None)  # what the consumers need running, if anything
+            if consumers_run is not None:
+                nursery.start_soon(consumers_run, self)
+            await trio.sleep_forever()
+
+    # -- helpers for the API modules ---------------------------------------------------
+
+    def respond(self, reply: str | None, body: bytes, headers: bytes | None = None, epoch: int = 0) -> None:
+        """Send ``body`` to ``reply`` as a core message; with ``epoch``, once the group
+        commit has made it durable when the fsync policy makes acks wait (as our own
+        acks do; under an interval or ``never`` it goes at once). The sync that makes
+        it durable writes it to the subscriber's socket itself (``send_core``)."""
+        if not reply:
+            return
+        committer = self.broker.committer
+        if epoch and not (committer.acks_wait and epoch > committer.synced):
+            epoch = 0
+        send_core(self.broker, reply, None, headers, body, epoch=epoch)
+
+    def release(self, session: Session) -> None:
+        """A NATS connection's answers waiting for the group commit (PubAcks) became
+        durable: they go once the deliveries the same sync released are queued."""
+        self._released.append(session)
+
+    def _synced(self, epoch: int) -> None:
+        """After each sync, once the consumer engine has been told what it made
+        visible: the released connections write their answers at once, or, when
+        consumers have deliveries to make, after the engine's task has queued them
+        (as nats-server, which delivers a message before its PubAck reaches the
+        publisher: a KV watcher sees a put before the next one is made)."""
+        sessions, self._released = self._released, []
+        if not sessions:
+            return
+        if self.broker.consumers.filling and self.nursery is not None:
+            self.nursery.start_soon(self._release_later, sessions)
+            return
+        for session in sessions:
+            Session.on_sync(session)
+
+    @staticmethod
+    async def _release_later(sessions: list[Session]) -> None:
+        await trio.lowlevel.checkpoint()  # the consumer engine's task, woken by this sync, runs first
+        for session in sessions:
+            Session.on_sync(session)
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in the API's nursery (it must handle its own errors).
+
+        Raises:
+            JSError: 429 10167 "too many requests" with ``MAX_WAITING_REQUESTS`` in
+                progress (memory stays bounded whatever clients send).
+        """
+        if self.nursery is None:
+            raise RuntimeError("JetStream.run() is not running")
+        if self.waiting >= MAX_WAITING_REQUESTS:
+            raise JSError(429, 10167, "too many requests")
+        self.waiting += 1
+
+        async def counted() -> None:
+            try:
+                await fn(*args)
+            finally:
+                self.waiting -= 1
+
+        self.nursery.start_soon(counted)
+
+    def stream_name(self, topic: Topic) -> str:
+        """The NATS stream name of a topic."""
+        stream = topic.stream.name
+        if stream == self.namespace:
+            nats = topic.config.nats
+            return nats["name"] if nats and "name" in nats else topic.name
+        if stream == KV_STREAM and topic.config.kv is not None:
+            nats = topic.config.nats
+            return nats["name"] if nats and "name" in nats else KV_PREFIX + topic.name
+        return topic.full_name
+
+    def namespace_stream(self) -> Stream | None:
+        return next((s for s in self.broker.catalog.streams.values() if s.name == self.namespace), None)
+
+    def topic(self, name: str) -> Topic:
+        """The topic of a NATS stream name (``KV_<b>``: the bucket ``kv/<b>``).
+
+        Every request names its stream: the answer is kept (at most
+        :data:`TOPIC_CACHE_LIMIT` names) while the topic is still in the catalog.
+
+        Raises:
+            JSError: 404 10059 "stream not found".
+        """
+        t = self._topics.get(name)
+        if t is not None:
+            owner = t.stream
+            if (
+                owner.topics.get(t.id) is t and self.broker.catalog.streams.get(owner.id) is owner
+                and (t.config.kv is not None or owner.name != KV_STREAM)
+            ):
+                return t
+            del self._topics[name]
+        where, topic_name = self.place(name)
+        stream = next((s for s in self.broker.catalog.streams.values() if s.name == where), None)
+        if stream is not None:
+            lowered = topic_name.lower()
+            for t in stream.topics.values():
+                if t.name == lowered and (where != KV_STREAM or t.config.kv is not None):
+                    if len(self._topics) >= TOPIC_CACHE_LIMIT:
+                        self._topics.clear()
+                    self._topics[name] = t
+                    return t
+        raise js_error(STREAM_NOT_FOUND)
+
+    def place(self, name: str) -> tuple[str, str]:
+        """(ttlbroker stream, topic name as given) of a NATS stream name."""
+        if name.startswith(KV_PREFIX) and len(name) > len(KV_PREFIX):
+            return KV_STREAM, name[len(KV_PREFIX) :]
+        return self.namespace, name
+
+    def topics(self) -> list[Topic]:
+        """Every topic the API shows as a NATS stream: the namespace's topics and the
+        KV buckets, by NATS name."""
+        out: list[Topic] = []
+        for s in self.broker.catalog.streams.values():
+            if s.name == self.namespace:
+                out.extend(s.topics.values())
+            elif s.name == KV_STREAM:
+                out.extend(t for t in s.topics.values() if t.config.kv is not None)
+        return sorted(out, key=self.stream_name)
+
+
+from . import _consumers as _js_consumers, _streams as _js_streams  # noqa: E402  (they import this module)

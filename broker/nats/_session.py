@@ -1,0 +1,653 @@
+"""One NATS client connection: the NATS listener's sibling of ``_session.py``.
+
+:class:`NatsSession` is a :class:`~broker.server._session.Session` that speaks the NATS
+client protocol (``protocol._nats``) instead of ttlbroker's frames. It keeps
+everything else of a session: the output queue counted in ``pending_bytes`` and in
+the broker's output budget, the slow-consumer cut-off, the connection limit and the
+graceful shutdown (``_limits.py``), and the rule that whatever the peer does, only
+this connection ends.
+
+The conversation, as nats-server holds it:
+
+* the server sends ``INFO`` at once (``server_id``, ``version``, ``proto`` 1,
+  ``headers``, ``max_payload``, ``auth_required`` with a token, ``tls_required``
+  with TLS); on a TLS listener the client then starts TLS (``_tls.py`` does the
+  handshake) and the protocol goes on inside it;
+* ``CONNECT`` carries the options (``verbose``: ``+OK`` after each operation;
+  ``pedantic``; ``headers``; ``no_responders``; ``echo``; ``auth_token``, compared
+  in constant time). With a token, anything else first, or a wrong token, is
+  answered ``-ERR 'Authorization Violation'`` and the connection closed (after the
+  failed-handshake delay of ``_limits.FailureThrottle``); no ``CONNECT`` within
+  ``limits.handshake_timeout`` is ``-ERR 'Authentication Timeout'``;
+* ``PUB``/``HPUB``: a subject the JetStream API handles goes to
+  ``broker.jetstream.request``; a subject a topic captures is stored through the
+  broker's one publish path (``_publishing.publish``), and a reply subject gets the
+  PubAck (``broker.jetstream.pub_ack``/``pub_error``) once the message is durable
+  as an ack is; any other subject is a core message (``_nats_core.send_core``),
+  and a request (a reply subject) that reaches nobody gets nats-server's
+  ``NATS/1.0 503`` status message (:meth:`NatsSession.no_responders`) when the
+  client asked for ``no_responders``;
+* ``SUB``/``UNSUB`` (with queue groups and a maximum) manage this connection's
+  subscriptions (``_nats_core.NatsSubscription``), at most
+  ``limits.max_subscriptions_per_connection`` (``-ERR 'maximum subscriptions
+  exceeded'``);
+* ``PING`` gets ``PONG``; the server sends ``PING`` every ``[nats] ping_interval``
+  and closes with ``-ERR 'Stale Connection'`` when ``[nats] max_pings_out`` of them
+  are unanswered.
+
+Bad bytes (an unknown operation, a control line over 4096 bytes, a payload over
+``limits.max_payload_bytes``) get nats-server's ``-ERR`` and close the connection;
+an invalid subject gets ``-ERR 'Invalid Subject'`` (SUB) or, with ``pedantic``,
+``-ERR 'Invalid Publish Subject'`` and the connection goes on.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+import protocol as P
+from protocol import ErrorCode
+from protocol._nats import (
+    NATS_NEED_DATA,
+    AckRun,
+    OK,
+    PING,
+    PONG,
+    NatsConnect,
+    NatsParser,
+    NatsPing,
+    NatsPong,
+    NatsProtocolError,
+    NatsPub,
+    NatsSub,
+    NatsUnsub,
+    encode_err,
+    encode_info,
+    encode_msg,
+    valid_nats_subject,
+)
+
+from broker.core._info import VERSION
+from broker.core._log import get_logger
+from ._core import NatsSubscription, send_core
+from broker.core._publishing import publish
+from broker.core._routing import NO_TOPIC
+from broker.server._session import GOODBYE_SECONDS, SHORT_READ, Session
+
+if TYPE_CHECKING:
+    from broker.core._broker import Broker
+    from broker.net._limits import ConnectionGuard
+    from broker.net._tls import TlsAcceptor
+
+__all__ = ["NatsSession", "SERVER_ID", "TOO_MANY_CONNECTIONS"]
+
+log = get_logger(__name__)
+
+#: This process's server id in INFO (nats-server's is a 56-character key).
+SERVER_ID = "TTLBROKER" + secrets.token_hex(12).upper()
+#: The nats-server version whose client protocol and JetStream API this listener
+#: follows, sent as INFO's ``version``: NATS clients gate features on it (nats.js
+#: refuses KV below 2.6.2; per-message TTL came with 2.11). Features of later servers
+#: that ttlbroker does not have (counters, atomic batches, schedules) are refused.
+#: ttlbroker's own version goes in ``ttlbroker_version``.
+NATS_VERSION = "2.11.0"
+
+AUTH_VIOLATION = "Authorization Violation"
+MAX_CONNECTIONS = "maximum connections exceeded"
+#: What each GOODBYE or refused handshake of a session (a slow consumer cut off, a
+#: handshake timeout, an eviction at the connection limit, a wrong token, a
+#: shutdown) becomes for a NATS client (None: just close, as nats-server does when
+#: it shuts down).
+_ERR_OF_CODE: dict[int, str | None] = {
+    ErrorCode.SLOW_CONSUMER: "Slow Consumer",
+    ErrorCode.HANDSHAKE_TIMEOUT: "Authentication Timeout",
+    ErrorCode.TOO_MANY_CONNECTIONS: MAX_CONNECTIONS,
+    ErrorCode.UNAUTHORIZED: AUTH_VIOLATION,
+    ErrorCode.SHUTTING_DOWN: None,
+}
+#: Consecutive PUBs to topics go to the publish path as one batch of at most this
+#: many messages or bytes (a batch costs the publish path about what one message does).
+BATCH_MESSAGES = 1000
+BATCH_BYTES = 1024 * 1024
+#: A client on a TLS listener that does not start TLS after INFO.
+TLS_REQUIRED = "Secure Connection - TLS Required"
+#: What a NATS client the broker cannot take is told (then closed).
+TOO_MANY_CONNECTIONS = encode_err(MAX_CONNECTIONS)
+
+
+class _NatsFrames:
+    """The frames ``Session``'s shared code writes (a refused handshake, a GOODBYE),
+    as a NATS client reads them: ``-ERR`` lines (a shutdown writes none,
+    :meth:`NatsSession._goodbye`)."""
+
+    @staticmethod
+    def send_error(correlation_id: int, code: int, err: P.BrokerError) -> bytes:
+        return encode_err(_ERR_OF_CODE.get(err.code) or err.message)
+
+    @staticmethod
+    def send_push(kind: P.PushKind, payload: bytes, code: int = 0, correlation_id: int = 0) -> bytes:
+        assert kind is P.PushKind.GOODBYE, kind  # deliveries to NATS clients are MSG/HMSG
+        return encode_err(_ERR_OF_CODE.get(code) or payload.decode())
+
+
+class NatsSession(Session):
+    """See the module docstring."""
+
+    protocol = "nats"
+
+    def __init__(
+        self, broker: Broker, stream: trio.abc.Stream, session_id: int, peer: str, guard: ConnectionGuard,
+        tls: TlsAcceptor | None = None,
+    ) -> None:
+        super().__init__(broker, stream, session_id, peer, guard)
+        self.conn = _NatsFrames()  # type: ignore[assignment]
+        self.parser = NatsParser(server=True, max_payload=broker.max_payload)
+        self.subs: dict[str, NatsSubscription] = {}  # type: ignore[assignment]
+        self.tls = tls
+        # nats-server's defaults (``defaultOpts``), for what CONNECT leaves out.
+        self.verbose = True
+        self.pedantic = True
+        self.headers = False
+        self.no_responders_wanted = False
+        self.echo = True
+        self.pings_out = 0
+        #: Messages for the publish path not yet handed to it: (body, reply, topic).
+        self._batch: list[tuple[bytes, str | None, Any]] = []
+        self._batch_bytes = 0
+        #: The last read was short and its answers wait for the group commit: the
+        #: next read waits for the socket first (:meth:`_receive`).
+        self._answers_wait = False
+
+    # -- output ----------------------------------------------------------------------
+
+    def push_nats(self, data: bytes, epoch: int = 0) -> bool:
+        """Queue a MSG/HMSG; False (nothing queued) when the connection is backed up
+        or the output budget has no room (deliveries are at most once). With
+        ``epoch``: it goes once the group commit has made that epoch durable (a
+        PubAck), written by the sync itself (``Session.send_durable``)."""
+        if self._closing or self.pending_bytes > self._limit or not self.budget.has_room(len(data)):
+            return False
+        if epoch:
+            self.send_durable(epoch, data)
+        else:
+            self.send_now(data)
+        return True
+
+    def on_sync(self) -> None:
+        """The group commit made answers of this connection durable: they go out
+        after the consumer deliveries the same sync released (``JetStream.release``)."""
+        self.broker.jetstream.release(self)
+
+    def _goodbye(self, code: ErrorCode, reason: str) -> None:
+        """A GOODBYE is a ``-ERR`` line, or nothing where nats-server just closes (a
+        shutdown): then nothing is queued (an empty write would hold the stream while
+        the close half-closes it)."""
+        if _ERR_OF_CODE.get(code, "") is None:
+            self._handling = False
+            return
+        super()._goodbye(code, reason)
+
+    def _fail(self, text: str, reason: str) -> None:
+        """``-ERR 'text'``, then close."""
+        self.broker.counters.request_errors += 1
+        log.debug("protocol_error", session=self.id, peer=self.peer, error=text, protocol="nats")
+        self.send_now(encode_err(text))
+        self._end_as(reason)
+        self._drain_seconds = GOODBYE_SECONDS
+
+    def _info(self) -> dict[str, Any]:
+        config = self.broker.config
+        host, port = self._address()
+        info: dict[str, Any] = {
+            "server_id": SERVER_ID, "server_name": config.server.name, "version": NATS_VERSION,
+            "ttlbroker_version": VERSION, "proto": 1,
+            "go": "python", "host": host, "port": port, "headers": True, "max_payload": self.broker.max_payload,
+            "client_id": self.id, "jetstream": True,
+        }
+        if config.server.auth_token:
+            info["auth_required"] = True
+        if self.tls is not None:
+            info["tls_required"] = True
+            info["tls_available"] = True
+            if config.server.tls_ca:
+                info["tls_verify"] = True
+        return info
+
+    def _address(self) -> tuple[str, int]:
+        """The listener's address this client reached (INFO's host and port)."""
+        socket = getattr(self.stream, "socket", None)
+        if socket is None:
+            return "", 0
+        name = socket.getsockname()
+        return name[0], name[1]
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def _writer(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pinger)
+            await super()._writer()
+
+    async def _pinger(self) -> None:
+        """Server PINGs; too many unanswered ones mean a stale connection."""
+        nats = self.broker.config.nats
+        while True:
+            await trio.sleep(nats.ping_interval)
+            if self._closing:
+                return
+            if self.pings_out >= nats.max_pings_out:
+                log.info("stale_connection", session=self.id, peer=self.peer, pings_out=self.pings_out)
+                self._fail("Stale Connection", "stale_connection")
+                self._stop_reading()
+                return
+            self.pings_out += 1
+            self.send_now(PING)
+
+    async def _read_loop(self) -> None:
+        if self.tls is None:
+            self.send_now(encode_info(self._info()))
+        elif not await self._open_tls():
+            return
+        parser = self.parser
+        budget = self.budget
+        committer = self.broker.committer
+        acked = False
+        while True:
+            if self._closing:
+                return
+            if self.pending_bytes > self._limit or budget.total > budget.limit:
+                await self._wait_room()
+            try:
+                data = await self._receive()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._lost()
+                return
+            if not data:
+                self._end_as("closed_mid_frame" if parser.buffered else "closed")
+                return
+            if self._closing:
+                return
+            # This read's writes leave the committer task asleep until the unhold: the
+            # sync_if_idle below makes them durable itself, or the unhold wakes it.
+            committer.hold()
+            try:
+                parser.receive_data(data)
+                short = len(data) < SHORT_READ
+                sent = self._sent_bytes
+                self._handling = True
+                handled = False
+                try:
+                    while True:
+                        if self.ready and not self.verbose and not self.pedantic and parser.at_ack():
+                            run = parser.ack_run()  # nats-py: one PUB per msg.ack(), many per read
+                            if run is not None and self._ack_run(*run):
+                                acked = True
+                                continue
+                            acks = parser.ack_pubs()  # other acks (a reply, a body), or a mix
+                            if acks:
+                                acked = True
+                                committer.unhold()  # (writes from here on wake it)
+                                if not await self._acks(acks):
+                                    return
+                                continue
+                        try:
+                            event = parser.next_event()
+                        except NatsProtocolError as err:
+                            self._flush()
+                            self._fail(err.text, "protocol_error")
+                            return
+                        if event is NATS_NEED_DATA:
+                            handled = True
+                            break
+                        if not self.ready:
+                            committer.unhold()
+                            if not await self._before_connect(event):
+                                return
+                        if self._closing:
+                            return
+                        self._event(event)
+                        if self._stopped_or_full():
+                            self._flush()
+                            committer.unhold()
+                            if await self._ending():
+                                return
+                finally:
+                    self._flush()
+                    self._handling = False
+                    if not handled:
+                        self._settle_soon()
+                all_out = not self._now or self._send_nowait()
+                if acked:
+                    acked = False
+                    self._settle_soon()  # after the send: a pull that went ahead of them is out
+                else:
+                    self._settle_held()
+                if not all_out:
+                    committer.unhold()
+                    self._reader_sending = True
+                    try:
+                        await self._send_ready()  # what the socket did not take at once
+                    finally:
+                        self._reader_sending = False
+                durable = short and bool(self._durable)
+                self._answers_wait = durable or (short and self._sent_bytes != sent)
+                if durable:
+                    committer.sync_if_idle()  # their client sends nothing more before them
+            finally:
+                committer.unhold()
+
+    async def _receive(self) -> bytes:
+        """``Session._receive``; but after a short read whose answers wait for the
+        group commit (one request, a publish or a KV put awaited by its client), or
+        went out during it (a KV get, any request answered at once), wait until the
+        socket is readable before reading: the client sends nothing more before its
+        answer, so reading at once would only find nothing (a system call and an
+        exception a request)."""
+        if self._answers_wait:
+            self._answers_wait = False
+            sock = self._sock
+            if sock is not None and self.stream is self._sock_stream:
+                self._unchecked = 0
+                await trio.lowlevel.wait_readable(sock)
+        return await super()._receive()
+
+    async def _open_tls(self) -> bool:
+        """INFO then the client's TLS handshake, or, with ``[nats]
+        tls_handshake_first``, the handshake first and INFO over TLS: always (true),
+        or when the client starts one within the configured wait. False: closed."""
+        first = self.broker.config.nats.tls_handshake_first
+        if first is not False and (first is True or await self._speaks_within(first)):
+            if not await self._start_tls():
+                return False
+            self.send_now(encode_info(self._info()))
+            return True
+        self.send_now(encode_info(self._info()))
+        return await self._start_tls()
+
+    async def _speaks_within(self, seconds: float) -> bool:
+        """Whether the client sends something (a TLS ClientHello, or its end) within
+        ``seconds``, before the server has said anything."""
+        with trio.move_on_after(seconds):
+            await trio.lowlevel.wait_readable(self.stream.socket)  # type: ignore[attr-defined]
+            return True
+        return False
+
+    async def _start_tls(self) -> bool:
+        """The client starts TLS: after INFO (nats-py's ``start_tls``), or first."""
+        await self._send_ready()
+        assert self.tls is not None
+        secured = await self.tls.accept(self.stream, self.peer, self.id, plain_reply=encode_err(TLS_REQUIRED))  # type: ignore[arg-type]
+        if secured is None:
+            self._end_as("tls_failed")
+            return False
+        self.stream = secured
+        return True
+
+    async def _before_connect(self, event: Any) -> bool:
+        """The first operation: CONNECT (checked against the token), or, without a
+        token, anything. False: the connection is refused."""
+        token = self.broker.config.server.auth_token
+        if event.__class__ is NatsConnect:
+            given = event.options.get("auth_token")
+            if token and not (isinstance(given, str) and hmac.compare_digest(given.encode(), token.encode())):
+                await self._refuse_auth()
+                return False
+        elif token:
+            await self._refuse_auth()
+            return False
+        self.ready = True
+        self.guard.waiting.pop(self, None)
+        if self._read_scope is not None:
+            self._read_scope.deadline = math.inf
+        return True
+
+    async def _refuse_auth(self) -> None:
+        """``-ERR 'Authorization Violation'`` and the close, counted, delayed and
+        logged as a refused handshake of the main port is."""
+        await self._refuse_handshake(0, P.error_class(ErrorCode.UNAUTHORIZED)("the auth token is missing or wrong"))
+
+    # -- operations ------------------------------------------------------------------
+
+    def _event(self, event: Any) -> None:
+        cls = event.__class__
+        if cls is NatsPub:
+            self._publish(event)
+        else:
+            self._flush()  # the messages that came before are handled first
+            if event is NatsPing:
+                self.send_now(PONG)
+                return
+            if event is NatsPong:
+                self.pings_out = 0
+                return
+            if cls is NatsSub:
+                if not self._subscribe(event):
+                    return
+            elif cls is NatsUnsub:
+                self._unsubscribe(event)
+            elif cls is NatsConnect:
+                self._connect(event.options)
+                if self._closing:
+                    return
+            if self.verbose:
+                self.send_now(OK)
+
+    def _ack_run(self, key: str, run: AckRun, end: int) -> bool:
+        """A run of plain acks of one consumer (``NatsParser.ack_run``), queued for one
+        settle as :meth:`_acks` queues them; False (nothing read) when the consumer is
+        not one the ack path has seen (:meth:`_acks` then reads them)."""
+        state = self.broker.jetstream.consumer_state
+        if state is None:
+            return False
+        self._flush()  # the messages that came before are handled first
+        if not state.take_ack_run(key, run):
+            return False
+        self.parser.skip_to(end)
+        return True
+
+    async def _acks(self, acks: list[tuple[str, str | None, bytes, str, int]]) -> bool:
+        """A run of PUBs on v1 ack subjects (``NatsParser.ack_pubs``), handled
+        as :meth:`_publish` would handle each: the plain acks of known consumers are
+        queued for one settle in a run (``State.take_acks``), anything else goes to
+        ``JetStream.request`` one by one, the output budget checked after each as
+        after any operation. False: the connection is closing."""
+        self._flush()  # the messages that came before are handled first
+        js = self.broker.jetstream
+        state = js.consumer_state
+        i = 0
+        n = len(acks)
+        while i < n:
+            if state is not None:
+                i += state.take_acks(acks, i)
+                if i == n:
+                    break
+            subject, reply, payload, _, _ = acks[i]
+            i += 1
+            js.request(subject, reply, None, payload, self)
+            state = js.consumer_state
+            if self._stopped_or_full() and await self._ending():
+                return False
+        return True
+
+    def _settle_soon(self) -> None:
+        """The acks :meth:`_acks` queued are settled in the next turn of the event loop
+        (unless a pull request read with them settled them already); those a pull went
+        ahead of (:meth:`_publish`) are settled now."""
+        state = self.broker.jetstream.consumer_state
+        if state is not None:
+            state.settle_held()
+            state.wake_acks()
+
+    def _settle_held(self) -> None:
+        """Settle now the acks a pull went ahead of (``State.may_pass``)."""
+        state = self.broker.jetstream.consumer_state
+        if state is not None and state.held:
+            state.settle_held()
+
+    async def _wait_room(self) -> None:
+        self._settle_soon()  # acks queued by this read are not held while it waits
+        await super()._wait_room()
+
+    def _connect(self, options: dict[str, Any]) -> None:
+        """CONNECT, as nats-server reads it into the options it has: a field left out
+        keeps its value (at first the server's defaults: verbose, pedantic and echo
+        on); then the protocol version and the no-responders/headers pairing are
+        checked, each refusal closing the connection."""
+        self.verbose = bool(options.get("verbose", self.verbose))
+        self.pedantic = bool(options.get("pedantic", self.pedantic))
+        self.headers = bool(options.get("headers", self.headers))
+        self.no_responders_wanted = bool(options.get("no_responders", self.no_responders_wanted))
+        self.echo = bool(options.get("echo", self.echo))
+        self.client_name = str(options.get("name", ""))[:256]
+        proto = options.get("protocol", 0)
+        if proto.__class__ is not int or not 0 <= proto <= 1:
+            self._fail("invalid client protocol", "protocol_error")
+        elif self.no_responders_wanted and not self.headers:
+            self._fail("no responders requires headers support", "protocol_error")
+
+    def _subscribe(self, ev: NatsSub) -> bool:
+        if not valid_nats_subject(ev.subject, wildcards=True) or (ev.queue is not None and not valid_nats_subject(ev.queue)):
+            self.broker.counters.request_errors += 1
+            self.send_now(encode_err("Invalid Subject"))
+            return False
+        if ev.sid in self.subs:
+            return True  # nats-server keeps the first subscription of a sid
+        limit = self.broker.config.limits.max_subscriptions_per_connection
+        if len(self.subs) >= limit:
+            self.broker.counters.request_errors += 1
+            self.send_now(encode_err("maximum subscriptions exceeded"))
+            return False
+        sub = NatsSubscription(self, ev.sid, ev.subject, ev.queue)
+        self.subs[ev.sid] = sub
+        self.broker.subs.add(sub)
+        return True
+
+    def _unsubscribe(self, ev: NatsUnsub) -> None:
+        sub = self.subs.get(ev.sid)
+        if sub is None:
+            return  # as nats-server: unknown sids are ignored
+        if ev.max_msgs and ev.max_msgs > sub.delivered:
+            sub.remaining = ev.max_msgs - sub.delivered
+        else:
+            self.remove_subscription(sub)
+
+    def remove_subscription(self, sub: NatsSubscription) -> None:
+        if self.subs.get(sub.sid) is sub:
+            del self.subs[sub.sid]
+            self.broker.subs.remove(sub)
+
+    def _publish(self, ev: NatsPub) -> None:
+        if ev.headers is not None and not self.headers:
+            # nats-server's parser knows HPUB only from a client whose CONNECT said headers.
+            self._fail("Unknown Protocol Operation", "protocol_error")
+            return
+        broker = self.broker
+        subject = ev.subject
+        js = broker.jetstream
+        handled = js.handles(subject)
+        # A subject JetStream handles is not checked (but under ``pedantic``): an API
+        # subject may end in a consumer's filter, wildcards and all
+        # ($JS.API.CONSUMER.CREATE.S.C.$KV.b.>, as nats.js's KV watch sends it), which
+        # nats-server's API subscription takes.
+        valid = (handled and not self.pedantic) or valid_nats_subject(subject)
+        if not valid and self.pedantic:
+            broker.counters.request_errors += 1
+            self.send_now(encode_err("Invalid Publish Subject"))
+        if self.verbose:
+            self.send_now(OK)  # as nats-server: after the header line's check, before any delivery
+        if not valid and self.pedantic:
+            return
+        if handled:
+            self._flush()
+            # The last operation of the read: the read loop sends what it queued,
+            # then settles any acks it went ahead of, before anything else.
+            js.request(subject, ev.reply, ev.headers, ev.payload, self, last=not self.parser.buffered)
+            return
+        if not valid:
+            return
+        subj = subject.encode()
+        route = broker.router.cache.get(subj) if len(subj) <= 255 else NO_TOPIC
+        if route is None:
+            route = broker.router.resolve(subj)
+        if route is NO_TOPIC:
+            self._flush()
+            broker.counters.messages_unrouted += 1  # as an unrouted publish of ours
+            if not send_core(broker, subject, ev.reply, ev.headers, ev.payload, origin=self) and ev.reply:
+                self.no_responders(ev.reply, subject)
+            return
+        self._store(ev, route)
+
+    def no_responders(self, reply: str, subject: str) -> None:
+        """A request on ``subject`` reached nobody: when this client's CONNECT asked
+        for ``no_responders``, a ``NATS/1.0 503`` status message carrying
+        ``Nats-Subject: <subject>`` to the first of its own subscriptions that match
+        the reply subject (in the order nats-server's sublist finds them), as
+        nats-server sends it (``client.processMsgResults``). Nobody else gets it."""
+        if not self.no_responders_wanted:
+            return
+        tokens = reply.split(".")
+        matching = [sub for sub in self.subs.values() if P.subject_matches(sub.tokens, tokens)]
+        if not matching:
+            return
+        sub = min(matching, key=lambda s: P.match_order(s.tokens))
+        self.push_nats(encode_msg(reply.encode(), sub.sid_bytes, None, P.no_responders_status(subject), b""))
+
+    def _store(self, ev: NatsPub, route: Any) -> None:
+        """A message a topic captures: queued for the broker's one publish path,
+        which takes consecutive ones as one batch (:meth:`_flush`)."""
+        topic = getattr(route, "topic", None)  # None: the route is the subject's error
+        try:
+            block = P.nats_to_record_headers(ev.headers) if ev.headers else b""
+            body = P.encode_body(ev.subject, ev.payload, block)
+        except P.BrokerError as err:
+            self._flush()
+            js = self.broker.jetstream
+            js.respond(ev.reply, js.pub_error(err, topic))
+            return
+        self._batch.append((body, ev.reply, topic))
+        self._batch_bytes += len(body)
+        if len(self._batch) >= BATCH_MESSAGES or self._batch_bytes >= BATCH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Store the queued messages as one publish, and send each one that has a
+        reply subject its PubAck once it is as durable as an ack is. Called before
+        anything else the client sent is handled, so the order holds."""
+        batch = self._batch
+        if not batch:
+            return
+        self._batch = []
+        self._batch_bytes = 0
+        broker = self.broker
+        acked = any(reply for _, reply, _ in batch)
+        cmd = P.Publish.from_bodies([body for body, _, _ in batch], 0 if acked else P.PUBLISH_NO_ACK)
+        result = publish(broker, self, cmd, stored=True)
+        if not acked:
+            return
+        payload, epoch = result if isinstance(result, tuple) else (result, 0)
+        if not broker.committer.acks_wait:
+            epoch = 0
+        js = broker.jetstream
+        if payload.__class__ is int:  # all stored, in order, from this offset on
+            offset = payload
+            for _, reply, topic in batch:
+                if reply:
+                    js.respond(reply, js.pub_ack(topic, offset, False), epoch=epoch)
+                offset += 1
+            return
+        assert isinstance(payload, bytes), payload  # publish() without frames: the encoded acks
+        acks = (P.Acks.first(payload),) if len(batch) == 1 else P.Acks.decode(payload)  # one: one unpack
+        for i, (_, reply, topic) in enumerate(batch):
+            if not reply:
+                continue
+            ack = acks[i]
+            if ack.error is not None:
+                answer = js.pub_error(ack.error, topic)
+            else:
+                answer = js.pub_ack(topic, ack.offset, ack.status == ErrorCode.DUPLICATE_MESSAGE)
+            js.respond(reply, answer, epoch=epoch)
