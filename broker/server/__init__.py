@@ -3,5 +3,6 @@
 from ._server import ServerHandle as ServerHandle
 from ._server import run_server as run_server
 from ._server import serve as serve
+from ._startup import StartupError as StartupError
 
-__all__ = ["ServerHandle", "run_server", "serve"]
+__all__ = ["ServerHandle", "StartupError", "run_server", "serve"]
