@@ -1,4 +1,4 @@
-"""Consumer groups (decision 12.3): a ``partitioned`` consumer gives each partition
+"""Consumer groups: a ``partitioned`` consumer gives each partition
 to one member at a time, so one member processes a subject in order.
 
 Members are connections that join under a member name (``JOIN_GROUP``); a
@@ -14,49 +14,26 @@ when it only stopped pulling, what it held waits for its ack wait as usual.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import trio
 
 from protocol import PullEnd
 
-from broker.core._log import get_logger
+from broker.core import Clock, ExpiryEngine, get_logger
+
+from ._model import Consumer, Engine, Member, PullClient
 from ._pulls import end
 
-if TYPE_CHECKING:
-    from ._engine import Consumer, ConsumerEngine
-    from ._pulls import PullRequest  # noqa: F401
-
-__all__ = ["Member", "GroupTimers", "join", "leave", "rebalance"]
+__all__ = ["GroupTimers", "any_draining", "join", "leave", "owned", "rebalance"]
 
 log = get_logger(__name__)
-
-
-class Member:
-    def __init__(self, consumer: Consumer, name: str, session: Any, serial: int) -> None:
-        self.consumer = consumer
-        self.name = name
-        self.session = session
-        self.serial = serial
-        self.pulls = 0
-        self.last_active = trio.current_time()
-
-    def pull_started(self) -> None:
-        self.pulls += 1
-        self.last_active = trio.current_time()
-
-    def pull_ended(self, req: PullRequest) -> None:
-        self.pulls -= 1
-        self.last_active = trio.current_time()
-        if self.pulls <= 0 and self.consumer.members.get(self.name) is self:
-            self.consumer.engine.group_timers.watch(self)
 
 
 class GroupTimers:
     """Owner of member-timeout entries in the deadline structure (ids: serials)."""
 
-    def __init__(self, engine: ConsumerEngine) -> None:
-        self.engine = engine
+    def __init__(self, clock: Clock, expiry: ExpiryEngine) -> None:
+        self.clock = clock
+        self.expiry = expiry
         self.members: dict[int, Member] = {}
         self.serial = 0
 
@@ -67,9 +44,8 @@ class GroupTimers:
     def watch(self, m: Member) -> None:
         """Check ``m`` once its timeout could have run out."""
         self.members[m.serial] = m
-        engine = self.engine
-        due = engine.clock.to_wall_ns(m.last_active + m.consumer.config.member_timeout)
-        engine.expiry.schedule_timers(self, (m.serial,), due)
+        due = self.clock.to_wall_ns(m.last_active + m.consumer.config.member_timeout)
+        self.expiry.schedule_timers(self, (m.serial,), due)
 
     def timers_due(self, serials: list[int], now_ns: int) -> None:
         now = trio.current_time()
@@ -84,11 +60,11 @@ class GroupTimers:
                 self.watch(m)
 
 
-def join(engine: ConsumerEngine, c: Consumer, session: Any, name: str) -> Member:
+def join(engine: Engine, c: Consumer, session: PullClient, name: str) -> Member:
     old = c.members.get(name)
     if old is not None and old.session is session:
         return old
-    m = Member(c, name, session, engine.group_timers.new_serial())
+    m = Member(c, name, session, engine.new_member_serial())
     if old is not None:  # the same member on a new connection: it keeps what it holds
         for cp in c.parts:
             if cp.owner is old:
@@ -98,7 +74,7 @@ def join(engine: ConsumerEngine, c: Consumer, session: Any, name: str) -> Member
             end(req, PullEnd.NOT_A_MEMBER)
     c.members[name] = m
     session.members[c] = m
-    engine.group_timers.watch(m)
+    engine.watch_member(m)
     rebalance(engine, c)
     log.info("member_joined", consumer=c.name, member=name, partitions=owned(c, m))
     return m
@@ -133,7 +109,7 @@ def owned(c: Consumer, m: Member) -> list[int]:
     return [cp.part.number for cp in c.parts if cp.owner is m and not cp.draining]
 
 
-def rebalance(engine: ConsumerEngine, c: Consumer) -> None:
+def rebalance(engine: Engine, c: Consumer) -> None:
     """Deal the partitions out again; a partition whose owner still holds some of its
     messages drains first."""
     alive = sorted(c.members.values(), key=lambda m: m.name)

@@ -1,28 +1,27 @@
 """The consumer commands (130..138): create, update, info, list, delete, pull, ack,
-join and leave. The engine they drive is ``_consumers.py``; pulls are ``_pulls.py``,
-groups ``_groups.py``, durability ``_consumer_journal.py``."""
+join and leave, as functions ``(engine, session, command) -> Reply``. The engine
+they drive is ``_engine.py``; pulls are ``_pulls.py``, groups ``_groups.py``,
+durability ``_journal.py``."""
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import protocol as P
 from protocol import ErrorCode, PullEnd, encode_pull_batch, error_class, normalize_name
 
-from ._config import ConsumerConfig
-from ._engine import MS, Consumer, ConsumerPartition
-from ._groups import any_draining, join, leave, owned, rebalance
-from broker.core._log import get_logger
-from ._pulls import PullRequest, collect, end, fail, retire
+from broker.core import Reply, Topic, get_logger
 
-if TYPE_CHECKING:
-    from broker.core._broker import Broker, Reply
-    from broker.core._catalog import Topic
+from ._config import ConsumerConfig
+from ._engine import ConsumerEngine
+from ._groups import any_draining, join, leave, owned, rebalance
+from ._model import MS, Consumer, ConsumerPartition, PullClient, PullRequest
+from ._pulls import collect, end, retire
 
 __all__ = [
     "create_consumer", "update_consumer", "consumer_info", "list_consumers", "delete_consumer", "pull", "ack",
-    "join_group", "leave_group", "end_pulls", "new_consumer", "change_consumer", "remove_consumer", "forget_consumer",
+    "join_group", "leave_group", "end_pulls", "new_consumer", "change_consumer", "remove_consumer", "session_closed",
 ]
 
 log = get_logger(__name__)
@@ -32,9 +31,9 @@ def _name(raw: str) -> str:
     return normalize_name(raw, "consumer name")
 
 
-def _find(broker: Broker, cmd: Any) -> Consumer:
-    topic = broker.catalog.topic(cmd.stream, cmd.topic)
-    c = topic.consumer_set.get(_name(cmd.name))
+def _find(engine: ConsumerEngine, cmd: Any) -> Consumer:
+    topic = engine.broker.catalog.topic(cmd.stream, cmd.topic)
+    c = engine.consumers_of(topic).get(_name(cmd.name))
     if c is None:
         raise error_class(ErrorCode.CONSUMER_NOT_FOUND)("consumer not found")
     return c
@@ -47,30 +46,29 @@ def _info(c: Consumer) -> bytes:
 # -- create, update, delete ----------------------------------------------------------
 
 
-def create_consumer(broker: Broker, session: Any, cmd: P.CreateConsumer) -> Reply:
-    topic = broker.catalog.topic(cmd.stream, cmd.topic)
+def create_consumer(engine: ConsumerEngine, session: PullClient, cmd: P.CreateConsumer) -> Reply:
+    topic = engine.broker.catalog.topic(cmd.stream, cmd.topic)
     name = _name(cmd.name)
     cfg = ConsumerConfig.from_map(dict(cmd.config))
-    existing = topic.consumer_set.get(name)
+    existing = engine.consumers_of(topic).get(name)
     if existing is not None:
         if existing.config == cfg:
             return _info(existing)
         raise error_class(ErrorCode.CONSUMER_EXISTS)("consumer already exists")
-    c, epoch = new_consumer(broker, topic, name, cfg)
+    c, epoch = new_consumer(engine, topic, name, cfg)
     return _info(c), epoch
 
 
-def new_consumer(broker: Broker, topic: Topic, name: str, cfg: ConsumerConfig) -> tuple[Consumer, int]:
+def new_consumer(engine: ConsumerEngine, topic: Topic, name: str, cfg: ConsumerConfig) -> tuple[Consumer, int]:
     """Create a consumer that does not exist yet; returns it and the journal epoch
     that makes it durable."""
-    limit = broker.config.limits.max_consumers_per_topic
-    if len(topic.consumer_set) >= limit:
+    limit = engine.broker.config.limits.max_consumers_per_topic
+    journal = engine.journal_of(topic)
+    if len(journal.consumers) >= limit:
         raise error_class(ErrorCode.INVALID_CONSUMER_CONFIG)(f"topic {topic.full_name} already has {limit} consumers, the maximum")
-    engine = broker.consumers
-    journal = topic.consumer_journal
     cid = journal.next_id
     journal.next_id += 1
-    now = broker.clock.now_ns()
+    now = engine.clock.now_ns()
     c = Consumer(engine, topic, cid, name, cfg, now)
     starts = []
     for cp in c.parts:
@@ -78,14 +76,14 @@ def new_consumer(broker: Broker, topic: Topic, name: str, cfg: ConsumerConfig) -
         starts.append([cp.cursor, sorted(cp.only) if cp.only is not None else None, cp.only_until])
         cp.npending = cp.count_from(cp.cursor)
     epoch = journal.write(["c", cid, name, cfg.to_map(), now, starts])
-    topic.consumer_set[name] = c
+    journal.consumers[name] = c
     engine.attach(c)
     log.info("consumer_created", topic=topic.full_name, consumer=name, deliver=cfg.deliver_policy, ack=cfg.ack_policy)
     return c, epoch
 
 
 def _start(cp: ConsumerPartition, cfg: ConsumerConfig, now: int) -> None:
-    """Where a new consumer starts in one partition (SEMANTICS 11.1 deliver policies)."""
+    """Where a new consumer starts in one partition (its deliver policy)."""
     part = cp.part
     plog = part.log
     nxt = plog.next_offset
@@ -118,70 +116,57 @@ def _start(cp: ConsumerPartition, cfg: ConsumerConfig, now: int) -> None:
             cp.cursor = first + bisect_left(offsets, t, key=lambda o: ts(o)) if offsets else nxt
 
 
-def update_consumer(broker: Broker, session: Any, cmd: P.UpdateConsumer) -> Reply:
-    c = _find(broker, cmd)
-    epoch = change_consumer(broker, c, ConsumerConfig.from_map(dict(cmd.config)))
+def update_consumer(engine: ConsumerEngine, session: PullClient, cmd: P.UpdateConsumer) -> Reply:
+    c = _find(engine, cmd)
+    epoch = change_consumer(engine, c, ConsumerConfig.from_map(dict(cmd.config)))
     return (_info(c), epoch) if epoch else _info(c)
 
 
-def change_consumer(broker: Broker, c: Consumer, cfg: ConsumerConfig) -> int:
-    """Update a consumer's configuration (what may change, SEMANTICS 11.1); returns
+def change_consumer(engine: ConsumerEngine, c: Consumer, cfg: ConsumerConfig) -> int:
+    """Update a consumer's configuration (``ConsumerConfig.check_update`` says what may change); returns
     the journal epoch (0: nothing changed)."""
     c.config.check_update(cfg)
     if cfg == c.config:
         return 0
-    epoch = c.topic.consumer_journal.write(["u", c.id, cfg.to_map()])
+    epoch = engine.journal_of(c.topic).write(["u", c.id, cfg.to_map()])
     refilter = cfg.filter_subjects != c.config.filter_subjects
     c.config = cfg
     if refilter:
         for cp in c.parts:
             cp.npending = cp.count_from(cp.cursor)
-    broker.consumers.kick(c)
+    engine.kick(c)
     log.info("consumer_updated", topic=c.topic.full_name, consumer=c.name)
     return epoch
 
 
-def consumer_info(broker: Broker, session: Any, cmd: P.ConsumerInfoRequest) -> Reply:
-    return _info(_find(broker, cmd))
+def consumer_info(engine: ConsumerEngine, session: PullClient, cmd: P.ConsumerInfoRequest) -> Reply:
+    return _info(_find(engine, cmd))
 
 
-def list_consumers(broker: Broker, session: Any, cmd: P.ListConsumers) -> Reply:
-    topic = broker.catalog.topic(cmd.stream, cmd.topic)
-    return P.InfoMap({"consumers": [c.info() for c in sorted(topic.consumer_set.values(), key=lambda c: c.name)]}).encode()
+def list_consumers(engine: ConsumerEngine, session: PullClient, cmd: P.ListConsumers) -> Reply:
+    topic = engine.broker.catalog.topic(cmd.stream, cmd.topic)
+    consumers = engine.consumers_of(topic).values()
+    return P.InfoMap({"consumers": [c.info() for c in sorted(consumers, key=lambda c: c.name)]}).encode()
 
 
-def delete_consumer(broker: Broker, session: Any, cmd: P.DeleteConsumer) -> Reply:
-    return b"", remove_consumer(broker, _find(broker, cmd))
+def delete_consumer(engine: ConsumerEngine, session: PullClient, cmd: P.DeleteConsumer) -> Reply:
+    return b"", remove_consumer(engine, _find(engine, cmd))
 
 
-def remove_consumer(broker: Broker, c: Consumer) -> int:
+def remove_consumer(engine: ConsumerEngine, c: Consumer) -> int:
     """Delete a consumer; returns the journal epoch that makes it durable."""
     topic = c.topic
-    epoch = topic.consumer_journal.write(["x", c.id])
-    forget_consumer(broker, c, "consumer deleted")
+    epoch = engine.journal_of(topic).write(["x", c.id])
+    engine.forget(c, "consumer deleted")
     log.info("consumer_deleted", topic=topic.full_name, consumer=c.name)
     return epoch
-
-
-def forget_consumer(broker: Broker, c: Consumer, why: str) -> None:
-    """Take a consumer out (deleted, or its topic is): its waiting pulls end with
-    CONSUMER_NOT_FOUND, its members and timers go."""
-    c.topic.consumer_set.pop(c.name, None)
-    broker.consumers.detach(c)
-    for req in list(c.waiting):
-        fail(req, error_class(ErrorCode.CONSUMER_NOT_FOUND)(why))
-    for m in list(c.members.values()):
-        if m.session is not None:
-            m.session.members.pop(c, None)
-    c.members.clear()
 
 
 # -- pull and ack ----------------------------------------------------------------------
 
 
-def pull(broker: Broker, session: Any, cmd: P.Pull) -> Reply | None:
-    c = _find(broker, cmd)
-    engine = broker.consumers
+def pull(engine: ConsumerEngine, session: PullClient, cmd: P.Pull) -> Reply | None:
+    c = _find(engine, cmd)
     member = None
     if c.config.mode == "partitioned":
         member = session.members.get(c)
@@ -209,8 +194,8 @@ def pull(broker: Broker, session: Any, cmd: P.Pull) -> Reply | None:
         if req.bytes_left:
             req.bytes_left = max(req.bytes_left - sum(len(p) for p in parts[1::2]), 1)
     if cmd.expires_ms:
-        req.expires = broker.clock.now_ns() + cmd.expires_ms * MS
-        engine.pull_timers.add(engine, req)
+        req.expires = engine.clock.now_ns() + cmd.expires_ms * MS
+        engine.pull_timers.add(req)
     c.waiting.append(req)
     session.pulls.add(req)
     if member is not None:
@@ -218,41 +203,41 @@ def pull(broker: Broker, session: Any, cmd: P.Pull) -> Reply | None:
     return None  # answered when it ends (_pulls.end)
 
 
-def ack(broker: Broker, session: Any, cmd: P.AckMessages) -> Reply | None:
+def ack(engine: ConsumerEngine, session: PullClient, cmd: P.AckMessages) -> Reply | None:
     try:
-        c = _find(broker, cmd)
+        c = _find(engine, cmd)
     except P.BrokerError:
         if cmd.sync:
             raise
         return None  # an ack nobody waits for, of a consumer that is gone: harmless
-    epoch = broker.consumers.settle(c, cmd.entries, cmd.sync)
+    epoch = engine.settle(c, cmd.entries, cmd.sync)
     if c.config.mode == "partitioned" and any_draining(c):
-        rebalance(broker.consumers, c)
+        rebalance(engine, c)
     if not cmd.sync:
         return None
     if not epoch:
         # Nothing changed: the entries (if any) were settled by an earlier ack sent
         # without sync, perhaps not durable yet. The answer waits until everything
         # written so far is, as an ack sync promises.
-        epoch = broker.committer.durable_at()
+        epoch = engine.committer.durable_at()
     return (b"", epoch) if epoch else b""
 
 
 # -- groups ----------------------------------------------------------------------------
 
 
-def join_group(broker: Broker, session: Any, cmd: P.JoinGroup) -> Reply:
-    c = _find(broker, cmd)
+def join_group(engine: ConsumerEngine, session: PullClient, cmd: P.JoinGroup) -> Reply:
+    c = _find(engine, cmd)
     if c.config.mode != "partitioned":
         raise error_class(ErrorCode.INVALID_CONSUMER_CONFIG)(
             f"consumer {c.name} is not partitioned (mode {c.config.mode!r}): pull from it without joining"
         )
-    m = join(broker.consumers, c, session, normalize_name(cmd.member, "member name"))
+    m = join(engine, c, session, normalize_name(cmd.member, "member name"))
     return P.InfoMap({"member": m.name, "partitions": owned(c, m)}).encode()
 
 
-def leave_group(broker: Broker, session: Any, cmd: P.LeaveGroup) -> Reply:
-    c = _find(broker, cmd)
+def leave_group(engine: ConsumerEngine, session: PullClient, cmd: P.LeaveGroup) -> Reply:
+    c = _find(engine, cmd)
     m = session.members.get(c)
     if m is None:
         raise error_class(ErrorCode.NOT_A_MEMBER)(f"this connection is not a member of consumer {c.name}")
@@ -260,14 +245,14 @@ def leave_group(broker: Broker, session: Any, cmd: P.LeaveGroup) -> Reply:
     return b""
 
 
-def end_pulls(broker: Broker, session: Any, cmd: P.EndPulls) -> Reply:
-    c = _find(broker, cmd)
+def end_pulls(engine: ConsumerEngine, session: PullClient, cmd: P.EndPulls) -> Reply:
+    c = _find(engine, cmd)
     for req in [r for r in c.waiting if r.session is session]:
         end(req, PullEnd.ENDED)
     return b""
 
 
-def session_closed(broker: Broker, session: Any) -> None:
+def session_closed(engine: ConsumerEngine, session: PullClient) -> None:
     """A connection ended: its waiting pulls go, its memberships end (what its
     members held comes back at once)."""
     for req in list(session.pulls):

@@ -1,4 +1,5 @@
-"""The consumers' journal of one topic: what the engine writes, and how it is read back.
+"""The consumers of one topic and their journal: what the engine writes, and how it
+is read back.
 
 Each change of consumer state is one msgpack event appended to the topic's
 :class:`storage.Journal` (two checksummed, mirrored copies) and made durable by the
@@ -16,7 +17,7 @@ so they go with the next sync (within ``LAZY_SYNC_SECONDS`` under ``always``). E
 
 When the file grows past its limit it is compacted to one snapshot. Deadlines are
 kept in milliseconds of wall-clock time, so after a restart an outstanding message
-comes back when its ack wait ends, not up to a second early (decision 12.5).
+comes back when its ack wait ends, not up to a second early.
 
 Reading back is self-checking: a ``d`` event names where its scan started, so if
 events are missing (damage both copies share, reported by storage) the messages in
@@ -26,21 +27,17 @@ once: a lost event can cause a redelivery, never a lost message.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 
 from protocol import AckKind
+from storage import Journal
+
+from broker.core import Topic, get_logger
 
 from ._config import ConsumerConfig
-from ._engine import MS, Consumer, ConsumerPartition, Outstanding
-from broker.core._log import get_logger
-
-if TYPE_CHECKING:
-    from storage import Journal
-
-    from broker.core._catalog import Topic
-    from ._engine import ConsumerEngine
+from ._model import MS, Consumer, ConsumerPartition, Engine, Outstanding
 
 __all__ = ["TopicJournal"]
 
@@ -53,9 +50,16 @@ _pack = msgpack.Packer(use_bin_type=True).pack
 
 
 class TopicJournal:
-    def __init__(self, engine: ConsumerEngine, topic: Topic) -> None:
+    """Args:
+    engine: the engine that holds the topic's consumers.
+    topic: the topic.
+    """
+
+    def __init__(self, engine: Engine, topic: Topic) -> None:
         self.engine = engine
         self.topic = topic
+        #: The topic's consumers, by name.
+        self.consumers: dict[str, Consumer] = {}
         self.file: Journal | None = None
         self.next_id = 1
         self.limit = COMPACT_BYTES
@@ -74,7 +78,7 @@ class TopicJournal:
         (``Committer.note_write``) and 0 is returned."""
         f = self._open()
         f.append(_pack(event))
-        epoch = self.engine.committer.note_write(f, lazy)
+        epoch = self.engine.broker.committer.note_write(f, lazy)
         if f.size > self.limit:
             self.compact()
         return epoch
@@ -94,7 +98,7 @@ class TopicJournal:
 
     def snapshot(self) -> dict[str, Any]:
         consumers = []
-        for c in self.topic.consumer_set.values():
+        for c in self.consumers.values():
             consumers.append({
                 "id": c.id, "name": c.name, "config": c.config.to_map(), "created": c.created_ns, "dseq": c.dseq,
                 "parts": [
@@ -112,7 +116,7 @@ class TopicJournal:
     # -- reading back --------------------------------------------------------------------------
 
     def load(self) -> list[Consumer]:
-        """Replay the journal into the topic's ``consumer_set`` (startup, after the
+        """Replay the journal into :attr:`consumers` (startup, after the
         partitions are recovered); returns the consumers."""
         t = self.topic
         if not self.engine.broker.datadir.has_consumer_journal(t.stream.id, t.id):
@@ -131,7 +135,7 @@ class TopicJournal:
         out = list(consumers.values())
         for c in out:
             self._reconcile(c)
-        t.consumer_set = {c.name: c for c in out}
+        self.consumers = {c.name: c for c in out}
         if holes:
             log.warning("consumer_journal_gap", topic=t.full_name, redelivered=holes,
                         action="messages whose events were lost are delivered again")

@@ -1,19 +1,17 @@
 """Stored consumer offsets: STORE, GET and DELETE_CONSUMER_OFFSET, kept per topic in
 its offsets file (written with the group commit).
 
-These are the offsets a client stores by name; the consumer engine (server-side
-consumers) is a family of its own, in its own modules."""
+These are the offsets a client stores by name (Iggy's consumer offsets); the
+consumer engine's durable consumers keep their own state, in their journal."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import protocol as P
 from protocol import ErrorCode, error_class, normalize_name
 
-if TYPE_CHECKING:
-    from broker.core._broker import Broker, Reply
-    from broker.core._catalog import Topic
+from broker.core import Broker, Reply, Topic
 
 __all__ = ["delete_consumer_offset", "get_consumer_offset", "store_consumer_offset"]
 

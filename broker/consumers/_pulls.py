@@ -1,5 +1,4 @@
-"""Pull requests (SEMANTICS 11.2): collecting messages for a pull, and the pulls
-that wait.
+"""Pull requests: collecting messages for a pull, and the pulls that wait.
 
 A pull first takes what is ready at once, redeliveries first, then new messages up to
 ``max_ack_pending``; what it collects goes in its response when the pull ends at
@@ -13,70 +12,32 @@ changed hands) :func:`fill` hands messages to the waiting pulls in turn.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import protocol as P
-from protocol import PullEnd, encode_pull_batch, encode_pull_entry
+from protocol import PullEnd, encode_pull_entry
 from protocol._consumers import PulledRun, pull_entries
 
-from ._engine import MS, Outstanding
+from broker.core import ExpiryEngine
 
-if TYPE_CHECKING:
-    from ._engine import Consumer, ConsumerEngine, ConsumerPartition
-    from ._groups import Member
+from ._model import MS, Consumer, Engine, Outstanding, PullRequest
 
-__all__ = ["PullRequest", "collect", "fill", "end", "fail", "retire", "PullTimers"]
-
-
-class PullRequest:
-    __slots__ = ("session", "corr", "consumer", "remaining", "bytes_left", "expires", "member", "id", "ended")
-
-    #: Its messages may come as a ``PulledRun`` and the run, where a whole run of
-    #: first deliveries is taken (its ``respond``/``more`` handle them).
-    takes_runs = False
-
-    def __init__(self, session: Any, corr: int, consumer: Consumer, batch: int, max_bytes: int, member: Member | None) -> None:
-        self.session = session
-        self.corr = corr
-        self.consumer = consumer
-        self.remaining = batch
-        self.bytes_left = max_bytes
-        self.expires = 0
-        self.member = member
-        self.id = 0
-        self.ended = False
-
-    # How a pull's messages and end reach its client (the NATS listener's pulls,
-    # ``_js_consumers.py``, answer in their own protocol).
-
-    def respond(self, status: PullEnd, parts: list[Any], count: int) -> None:
-        """The response that ends the pull, with its last messages."""
-        t = self.consumer.topic
-        payload = encode_pull_batch(int(status), t.stream.id, t.id, count, parts)
-        self.session.send_now(self.session.conn.send_raw_response(self.corr, P.Command.PULL, payload))
-
-    def more(self, parts: list[Any], count: int) -> None:
-        """Messages for the pull, which goes on waiting."""
-        t = self.consumer.topic
-        self.session.push_pull(self.corr, encode_pull_batch(int(PullEnd.MORE), t.stream.id, t.id, count, parts))
-
-    def refuse(self, err: P.BrokerError) -> None:
-        """End the pull with an error (its consumer is gone)."""
-        self.session.send_now(self.session.conn.send_error(self.corr, P.Command.PULL, err))
+__all__ = ["PullTimers", "collect", "end", "fail", "fill", "retire"]
 
 
 class PullTimers:
     """Owner of the expiry entries of waiting pulls (``offsets`` are pull ids)."""
 
-    def __init__(self) -> None:
+    def __init__(self, expiry: ExpiryEngine) -> None:
+        self.expiry = expiry
         self.by_id: dict[int, PullRequest] = {}
         self.next_id = 0
 
-    def add(self, engine: ConsumerEngine, req: PullRequest) -> None:
+    def add(self, req: PullRequest) -> None:
         self.next_id += 1
         req.id = self.next_id
         self.by_id[req.id] = req
-        engine.expiry.schedule_timers(self, (req.id,), req.expires)
+        self.expiry.schedule_timers(self, (req.id,), req.expires)
 
     def timers_due(self, ids: list[int], now_ns: int) -> None:
         for i in ids:
@@ -95,7 +56,7 @@ def retire(req: PullRequest) -> bool:
         c.waiting.remove(req)
     except ValueError:
         pass
-    c.engine.pull_timers.by_id.pop(req.id, None)
+    c.engine.pull_retired(req)
     req.session.pulls.discard(req)
     if req.member is not None:
         req.member.pull_ended(req)
@@ -114,7 +75,7 @@ def fail(req: PullRequest, err: P.BrokerError) -> None:
         req.refuse(err)
 
 
-def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list[Any], int, bool]:
+def collect(engine: Engine, c: Consumer, req: PullRequest) -> tuple[list[Any], int, bool]:
     """Take up to ``req.remaining`` messages (and ``req.bytes_left`` bytes) for a pull:
     redeliveries first, then new messages while ``max_ack_pending`` allows. Returns
     ``(parts, count, max_bytes_hit)``; ``parts`` are entry heads and records (and,
@@ -258,7 +219,7 @@ def collect(engine: ConsumerEngine, c: Consumer, req: PullRequest) -> tuple[list
     return parts, count, hit
 
 
-def fill(engine: ConsumerEngine, c: Consumer) -> None:
+def fill(engine: Engine, c: Consumer) -> None:
     """Hand what is ready to the waiting pulls, in turn (one pass: each takes what it
     still wants; the next pass starts with the next pull)."""
     for req in list(c.waiting):

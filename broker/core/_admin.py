@@ -9,46 +9,41 @@ longer does), so a crash in between leaves nothing unaccounted for.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 import protocol as P
 from protocol import EXPIRY_NONE, BrokerError, ErrorCode, error_class, normalize_name, validate_filter
 
-from broker.consumers._handlers import forget_consumer
-from ._catalog import Stream, Topic
+from ._broker import Broker, Reply
 from ._log import get_logger
-from ._publishing import enforce_max_msgs
 from ._topic_config import TopicConfig, apply_changes, check_option_types, resolve
-
-if TYPE_CHECKING:
-    from ._broker import Broker, Reply
+from ._topics import Stream, Topic
 
 __all__ = [
     "create_stream", "create_topic", "delete_stream", "delete_topic", "get_stream", "get_topic",
     "list_streams", "list_topics", "update_stream", "update_topic",
 ]
 
-# The events keep the logger name they had when these handlers lived in _broker.py.
-log = get_logger("broker.core._broker")
+log = get_logger(__name__)
 
 
 # -- streams -------------------------------------------------------------------
 
 
-def _stream_details(stream: Stream, with_topics: bool) -> P.StreamDetails:
-    topics = tuple(t.details() for t in sorted(stream.topics.values(), key=lambda t: t.id)) if with_topics else ()
+def _stream_details(broker: Broker, stream: Stream, with_topics: bool) -> P.StreamDetails:
+    topics = tuple(broker.topic_details(t) for t in sorted(stream.topics.values(), key=lambda t: t.id)) if with_topics else ()
     return P.StreamDetails(stream.id, len(stream.topics), stream.size_bytes, stream.messages_count, stream.name, topics)
 
 
 def get_stream(broker: Broker, session: Any, cmd: P.GetStream) -> Reply:
-    return _stream_details(broker.catalog.stream(cmd.stream), True).encode()
+    return _stream_details(broker, broker.catalog.stream(cmd.stream), True).encode()
 
 
 def list_streams(broker: Broker, session: Any, cmd: P.ListStreams) -> Reply:
     streams = sorted(broker.catalog.streams.values(), key=lambda s: s.id)
-    return P.StreamList(tuple(_stream_details(s, False) for s in streams)).encode()
+    return P.StreamList(tuple(_stream_details(broker, s, False) for s in streams)).encode()
 
 
 async def _new_id(wanted: int, kind: str, used: set[int], on_disk: Callable[[], set[int]], pending: set[int],
@@ -95,7 +90,7 @@ async def create_stream(broker: Broker, session: Any, cmd: P.CreateStream) -> Re
             del broker.catalog.streams[sid]
             raise
         log.info("stream_created", stream=name, id=sid)
-        return _stream_details(stream, True).encode()
+        return _stream_details(broker, stream, True).encode()
 
 
 async def update_stream(broker: Broker, session: Any, cmd: P.UpdateStream) -> Reply:
@@ -110,7 +105,7 @@ async def update_stream(broker: Broker, session: Any, cmd: P.UpdateStream) -> Re
         except BaseException:
             stream.name = old
             raise
-        return _stream_details(stream, True).encode()
+        return _stream_details(broker, stream, True).encode()
 
 
 async def delete_stream(broker: Broker, session: Any, cmd: P.DeleteStream) -> Reply:
@@ -130,12 +125,12 @@ async def delete_stream(broker: Broker, session: Any, cmd: P.DeleteStream) -> Re
 
 
 def get_topic(broker: Broker, session: Any, cmd: P.GetTopic) -> Reply:
-    return broker.catalog.topic(cmd.stream, cmd.topic).details().encode()
+    return broker.topic_details(broker.catalog.topic(cmd.stream, cmd.topic)).encode()
 
 
 def list_topics(broker: Broker, session: Any, cmd: P.ListTopics) -> Reply:
     stream = broker.catalog.stream(cmd.stream)
-    return P.TopicList(tuple(t.details() for t in sorted(stream.topics.values(), key=lambda t: t.id))).encode()
+    return P.TopicList(tuple(broker.topic_details(t) for t in sorted(stream.topics.values(), key=lambda t: t.id))).encode()
 
 
 def _expiry(broker: Broker, wire_value: int) -> int:
@@ -207,7 +202,7 @@ async def create_topic(broker: Broker, session: Any, cmd: P.CreateTopic) -> Repl
             raise
         broker.router.rebuild(broker.catalog.topics())
         log.info("topic_created", topic=topic.full_name, id=tid, partitions=cfg.partitions_count, subjects=",".join(cfg.subjects))
-        return topic.details().encode()
+        return broker.topic_details(topic).encode()
 
 
 async def update_topic(broker: Broker, session: Any, cmd: P.UpdateTopic) -> Reply:
@@ -229,7 +224,7 @@ async def update_topic(broker: Broker, session: Any, cmd: P.UpdateTopic) -> Repl
             p.log.segment_size = new.segment_size
         if new.max_msgs_per_subject and new.max_msgs_per_subject != old.max_msgs_per_subject:
             for p in topic.partitions:
-                enforce_max_msgs(broker, p, [s for s, st in p.index.subjects.items() if st.count])
+                broker.publisher.enforce_max_msgs(p, [s for s, st in p.index.subjects.items() if st.count])
         if new.message_expiry != old.message_expiry:
             for p in topic.partitions:
                 broker.retention.rearm_age(p)
@@ -239,7 +234,7 @@ async def update_topic(broker: Broker, session: Any, cmd: P.UpdateTopic) -> Repl
         # every TTL, so none of its stored messages carries one (docs/semantics.md).
         broker.router.rebuild(broker.catalog.topics())
         log.info("topic_updated", topic=topic.full_name, changes=",".join(sorted(cmd.changes)))
-        return topic.details().encode()
+        return broker.topic_details(topic).encode()
 
 
 async def delete_topic(broker: Broker, session: Any, cmd: P.DeleteTopic) -> Reply:
@@ -288,10 +283,8 @@ async def _list_as_garbage(broker: Broker, entry: tuple[int, int | None], undo: 
 
 
 def _close_topic(broker: Broker, topic: Topic) -> None:
-    for c in list(topic.consumer_set.values()):
-        forget_consumer(broker, c, f"topic {topic.full_name} was deleted")
-    if topic.consumer_journal is not None:
-        topic.consumer_journal.close()
+    for hooks in broker.topic_hooks:
+        hooks.topic_deleted(topic)
     for p in topic.partitions:
         broker.retention.forget(p)
         p.log.close()

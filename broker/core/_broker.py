@@ -1,137 +1,90 @@
-"""The broker's shared state and lifecycle, and its tables of command handlers.
+"""The broker's shared state and its lifecycle.
 
 One :class:`Broker` owns the catalog (streams, topics, partitions), the router, the
-core subscriptions, the group committer and the counters; it opens and closes them,
-lists the background tasks and the sync sources. The command handlers live in one
-module per family, as plain functions ``(broker, session, cmd)`` bound once to the
-broker in ``sync_handlers`` and ``async_handlers``:
+core subscriptions, the group committer, retention (expiry, markers, the cleaner),
+republish, the publish path, the sealer and the exporter, and the counters. It
+opens and closes them (:meth:`Broker.open` recovers every topic at start), and
+lists the background tasks and the sync sources.
 
-- ``_publishing.py``: PUBLISH (the hot path), admission, rollups, max msgs per subject
-- ``_reading.py``: FETCH, GET_LAST
-- ``_removing.py``: DELETE_MESSAGE, PURGE
-- ``_subscriptions.py``: SUBSCRIBE, UNSUBSCRIBE, and the deliveries to subscribers
-- ``_offsets.py``: stored consumer offsets
-- ``_admin.py``: streams and topics
-- ``_kv.py``: KV_GET, KV_TOUCH, KV_KEYS
-- ``_info.py``: PING, GET_SERVER_INFO, GET_STATS, EXPORT
-- ``_consumers.py`` (not written yet): the consumer engine, a family of its own that
-  adds its commands to ``SYNC_HANDLERS`` / ``ASYNC_HANDLERS`` like the others
-
-Handlers run on the event loop; the ones that only touch memory and append to files
-are plain functions (the publish path never awaits), the ones that rewrite the
-catalog are async and take ``admin_lock`` so that concurrent creates and deletes
-cannot interleave.
-
-A handler returns the response payload, or ``(payload, epoch)`` when the response
-must wait until the group commit has made epoch ``epoch`` durable (publishes,
-deletes, purges, consumer offsets under ``fsync = "always"``).
+It does not know who calls it. The command handlers are functions of their own
+modules (``_admin.py``, ``_reading.py``, ``_removing.py``, ``_info.py``, and the
+families of ``broker.consumers`` and ``broker.kv``), which take the broker as their
+first argument; each session dispatches through its own table
+(``broker.server``'s for the binary protocol, ``broker.nats`` for the JetStream
+API). What lives above the core and keeps state per topic (the consumer engine,
+the KV leases) registers a :class:`TopicHooks` in :attr:`Broker.topic_hooks`, which
+the broker calls as it opens, closes and deletes topics.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Callable
-from functools import partial
-from types import MethodType
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import trio
 
-import protocol as P
-from protocol import BrokerError
+from protocol import BrokerError, TopicDetails
 from storage import Damage, DataDir, PartitionLog, RecoveryReport
 
-from broker.core import _admin, _info, _publishing, _reading, _removing, _subscriptions
-from broker.consumers import _handlers as _consumer_handlers, _offsets
-from broker.kv import _reads as _kv
-from ._catalog import Catalog, Stream, Topic
+from broker.config import Config
+
+from ._catalog import Catalog
 from ._clock import Clock
-from ._commit import Committer
-from broker.consumers._journal import TopicJournal
-from broker.consumers._engine import ConsumerEngine
+from ._commit import Committer, Reply
 from ._export import Exporter
-from ._info import VERSION
-from broker.nats._jetstream import JetStream
-from broker.kv._reads import KvReads, load_leases
 from ._log import get_logger
-from ._partition import Partition
+from ._publishing import Publisher
 from ._republish import Republisher
 from ._retention import Retention
-from ._sealing import Sealer
-from broker.server._session import RECEIVE_SIZE
 from ._routing import Router
+from ._sealing import Sealer
 from ._stats import Counters
 from ._subscriptions import SubscriptionIndex
 from ._topic_config import TopicConfig
-from broker.config import Config
+from ._topics import Partition, Stream, Topic
 
-__all__ = ["Broker", "Reply", "VERSION"]
+__all__ = ["Broker", "Reply", "SyncSource", "TopicHooks"]
 
 log = get_logger(__name__)
 
-Reply = bytes | tuple[bytes, int]
+#: A file the group commit syncs (anything with a ``fileno``): a partition log, a
+#: topic's offsets file, a consumer journal.
+SyncSource = Any
 
-Handler = Callable[["Broker", Any, Any], Reply]
-AsyncHandler = Callable[["Broker", Any, Any], Awaitable[Reply]]
 
-# Each command's handler, by family. The consumer engine (server-side consumers) is
-# the next family: its module, ``_consumers.py``, adds its commands to these tables.
-SYNC_HANDLERS: dict[type, Handler] = {
-    # _info.py
-    P.Ping: _info.ping,
-    P.GetServerInfo: _info.server_info,
-    # _publishing.py
-    P.Publish: _publishing.publish,
-    # _reading.py
-    P.Fetch: _reading.fetch,
-    P.GetLast: _reading.get_last,
-    # _removing.py
-    P.DeleteMessage: _removing.delete_message,
-    P.Purge: _removing.purge,
-    # _subscriptions.py
-    P.Subscribe: _subscriptions.subscribe,
-    P.Unsubscribe: _subscriptions.unsubscribe,
-    # _offsets.py
-    P.StoreConsumerOffset: _offsets.store_consumer_offset,
-    P.GetConsumerOffset: _offsets.get_consumer_offset,
-    P.DeleteConsumerOffset: _offsets.delete_consumer_offset,
-    # _admin.py
-    P.GetStream: _admin.get_stream,
-    P.ListStreams: _admin.list_streams,
-    P.GetTopic: _admin.get_topic,
-    P.ListTopics: _admin.list_topics,
-    # _kv.py
-    P.KvGet: _kv.kv_get,
-    P.KvTouch: _kv.kv_touch,
-    P.KvKeys: _kv.kv_keys,
-    # _consumer_handlers.py
-    P.CreateConsumer: _consumer_handlers.create_consumer,
-    P.UpdateConsumer: _consumer_handlers.update_consumer,
-    P.ConsumerInfoRequest: _consumer_handlers.consumer_info,
-    P.ListConsumers: _consumer_handlers.list_consumers,
-    P.DeleteConsumer: _consumer_handlers.delete_consumer,
-    P.Pull: _consumer_handlers.pull,
-    P.AckMessages: _consumer_handlers.ack,
-    P.JoinGroup: _consumer_handlers.join_group,
-    P.LeaveGroup: _consumer_handlers.leave_group,
-    P.EndPulls: _consumer_handlers.end_pulls,
-}
-ASYNC_HANDLERS: dict[type, AsyncHandler] = {
-    # _info.py
-    P.GetStats: _info.stats,
-    P.Export: _info.export,
-    # _admin.py
-    P.CreateStream: _admin.create_stream,
-    P.UpdateStream: _admin.update_stream,
-    P.DeleteStream: _admin.delete_stream,
-    P.CreateTopic: _admin.create_topic,
-    P.UpdateTopic: _admin.update_topic,
-    P.DeleteTopic: _admin.delete_topic,
-}
+class TopicHooks:
+    """What a package above the core does as topics come and go (each method does
+    nothing unless overridden). Called in the order the hooks were registered."""
+
+    def topic_opened(self, topic: Topic, recovering: bool) -> None:
+        """``topic``'s partitions and offsets file are open: at start (``recovering``,
+        in the worker thread of :meth:`Broker.open`) or for a new topic."""
+
+    def topic_deleted(self, topic: Topic) -> None:
+        """``topic`` is being deleted (its own, or its stream's, deletion), before
+        its partitions close."""
+
+    def topic_closed(self, topic: Topic) -> None:
+        """The broker is closing (:meth:`Broker.close`), after ``topic``'s
+        partitions and offsets file."""
+
+    def sync_sources(self, topic: Topic) -> Iterable[SyncSource]:
+        """Files of ``topic`` that the final sync of a shutdown must cover."""
+        return ()
+
+    def topic_info(self, topic: Topic) -> dict[str, Any]:
+        """What a topic's details show beyond the core's own (its consumers)."""
+        return {}
 
 
 class Broker:
+    """Args:
+    config: the broker's configuration.
+    clock: where time comes from (tests give a clock under trio's ``MockClock``).
+    """
+
     def __init__(self, config: Config, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or Clock()
@@ -139,41 +92,33 @@ class Broker:
         self.datadir = DataDir(config.system.path, report=self._damage)
         self.catalog = Catalog()
         self.router = Router()
-        self.subs = SubscriptionIndex()
-        #: Where the sessions read their sockets (``Session._receive``: one read at a
-        #: time on the event loop, copied out before the next).
-        self.receive_buffer = memoryview(bytearray(RECEIVE_SIZE))
+        self.subs = SubscriptionIndex(self.counters)
         self.committer = Committer(config.system.partition.fsync, self.counters)
-        self.retention = Retention(self.clock, self.counters, self.committer, partial(_subscriptions.deliver, self))
+        self.retention = Retention(self.clock, self.counters, self.committer, self.subs.deliver)
         self.republisher = Republisher(
-            self.counters, self.committer, config.limits.max_republish_hops,
-            lambda bodies: _publishing.publish(self, None, P.Publish.from_bodies(bodies, P.PUBLISH_NO_ACK), trusted=True),
-            self.router, self.subs,
+            self.counters, self.committer, config.limits.max_republish_hops, self._republish, self.router, self.subs,
         )
         self.retention.on_markers = lambda part, res, epoch, removed: self.republisher.after_append(
             part, res, removed, epoch
+        )
+        self.max_payload = config.limits.max_payload_bytes
+        self.publisher = Publisher(
+            self.max_payload, self.router, self.clock, self.counters, self.subs, self.committer, self.retention,
+            self.republisher,
         )
         #: Finishes the seals of segment rolls off the event loop (``_sealing.py``).
         self.sealer = Sealer()
         self.exporter = Exporter(
             config.export.dir, config.export.interval, self.counters, self.sealer, config.export.worker_priority
         )
-        self.kv = KvReads(self.committer)
-        self.consumers = ConsumerEngine(self)
-        #: The NATS listener's JetStream API (``_jetstream.py``).
-        self.jetstream = JetStream(self)
-        self.sessions: set[Any] = set()
+        #: What the packages above keep per topic (:class:`TopicHooks`).
+        self.topic_hooks: list[TopicHooks] = []
         self.started_at = time.time()
         self.shutting_down = False
         self.admin_lock = trio.Lock()
-        self.max_payload = config.limits.max_payload_bytes
-        # Bound once: calling a handler costs what calling a method did.
-        self.sync_handlers: dict[type, Callable[[Any, Any], Reply]] = {
-            cmd: MethodType(fn, self) for cmd, fn in SYNC_HANDLERS.items()
-        }
-        self.async_handlers: dict[type, Callable[[Any, Any], Awaitable[Reply]]] = {
-            cmd: MethodType(fn, self) for cmd, fn in ASYNC_HANDLERS.items()
-        }
+
+    def _republish(self, bodies: list[bytes]) -> None:
+        self.publisher.publish_bodies(bodies)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -247,12 +192,8 @@ class Broker:
                 self.retention.rebuild(part)
             topic.partitions.append(part)
         topic.consumers = self.datadir.consumer_offsets(topic.stream.id, topic.id)
-        if recovering and topic.config.kv is not None:
-            load_leases(topic)
-        topic.consumer_journal = TopicJournal(self.consumers, topic)
-        if recovering:
-            for c in topic.consumer_journal.load():
-                self.consumers.attach(c)
+        for hooks in self.topic_hooks:
+            hooks.topic_opened(topic, recovering)
 
     def _damage(self, damage: Damage) -> None:
         """Damage storage found: logged once with its file and position, counted."""
@@ -296,14 +237,14 @@ class Broker:
                 p.log.close()
             if topic.consumers is not None:
                 topic.consumers.close()
-            if topic.consumer_journal is not None:
-                topic.consumer_journal.close()
+            for hooks in self.topic_hooks:
+                hooks.topic_closed(topic)
         self.datadir.unlock()
 
     def background_tasks(self) -> list[Callable[[], Awaitable[None]]]:
         """Tasks the server runs beside the listeners for the broker's lifetime: the
         expiry engine, and the segment cleaner when enabled."""
-        tasks: list[Callable[[], Awaitable[None]]] = [self.retention.engine.run, self.consumers.run, self.sealer.run]
+        tasks: list[Callable[[], Awaitable[None]]] = [self.retention.engine.run, self.sealer.run]
         cleaner = self.config.message_cleaner
         if cleaner.enabled:
             keep = self.exporter.keeps if self.exporter.enabled else None
@@ -312,33 +253,26 @@ class Broker:
             tasks.append(lambda: self.exporter.run(self.all_partitions))
         return tasks
 
+    def topic_details(self, topic: Topic) -> TopicDetails:
+        """``topic``'s details, with what each hook adds (``TopicHooks.topic_info``)."""
+        extra: dict[str, Any] = {}
+        for hooks in self.topic_hooks:
+            extra.update(hooks.topic_info(topic))
+        return topic.details(extra or None)
+
     def all_partitions(self) -> list[Partition]:
         return [p for t in self.catalog.topics() for p in t.partitions]
 
-    def all_sync_sources(self) -> list[Any]:
-        out: list[Any] = []
+    def all_sync_sources(self) -> list[SyncSource]:
+        """Every file a write of the broker may have left unsynced."""
+        out: list[SyncSource] = []
         for topic in self.catalog.topics():
             out.extend(p.log for p in topic.partitions)
             if topic.consumers is not None:
                 out.append(topic.consumers)
-            journal = topic.consumer_journal
-            if journal is not None and journal.file is not None:
-                out.append(journal.file)
+            for hooks in self.topic_hooks:
+                out.extend(hooks.sync_sources(topic))
         return out
 
     async def save_catalog(self) -> None:
         await trio.to_thread.run_sync(self.datadir.save_catalog, self.catalog.to_json())
-
-    # -- sessions ------------------------------------------------------------------
-
-    def info(self) -> dict[str, Any]:
-        """What the handshake and GET_SERVER_INFO tell a client about this server."""
-        return _info.info(self)
-
-    def drop_session(self, session: Any) -> None:
-        for sub in session.subs.values():
-            self.subs.remove(sub)
-        session.subs.clear()
-        if session.pulls or session.members:
-            _consumer_handlers.session_closed(self, session)
-        self.sessions.discard(session)

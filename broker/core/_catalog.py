@@ -1,7 +1,7 @@
-"""Streams and topics: names, ids, lookups and the persisted catalog.
+"""The catalog: every stream the broker holds, looked up by id or name, the checks a
+new or changed topic must pass, and the JSON the data directory keeps of it.
 
-Ids are ``u32`` from 1 (Iggy). Names follow the Iggy rule (``protocol.normalize_name``)
-and are unique within their parent. A subject filter belongs to at most one topic in
+A subject filter belongs to at most one topic in
 the whole broker: a create or update whose filters overlap another topic's is refused
 with SUBJECTS_OVERLAP naming both topics.
 """
@@ -9,16 +9,14 @@ with SUBJECTS_OVERLAP naming both topics.
 from __future__ import annotations
 
 import zlib
-from typing import Any, TypeVar
+from typing import Any
 
-from protocol import ErrorCode, Identifier, SubjectTransform, TopicDetails, error_class, filters_overlap
-from storage import ConsumerOffsets
+from protocol import ErrorCode, Identifier, SubjectTransform, error_class, filters_overlap
 
-from ._dedup import DedupTable
-from ._partition import Partition
 from ._topic_config import TopicConfig
+from ._topics import Stream, Topic, by_name
 
-__all__ = ["Stream", "Topic", "Catalog", "partition_of"]
+__all__ = ["Catalog", "partition_of"]
 
 
 def partition_of(subject: bytes, partitions_count: int) -> int:
@@ -26,166 +24,6 @@ def partition_of(subject: bytes, partitions_count: int) -> int:
     the partitions count. Stable across processes, machines and versions (Python's
     ``hash()`` is salted per process and would scatter subjects on every restart)."""
     return zlib.crc32(subject) % partitions_count
-
-
-class Topic:
-    def __init__(self, stream: Stream, topic_id: int, config: TopicConfig, created_at: int) -> None:
-        self.stream = stream
-        self.id = topic_id
-        self.config = config  # also compiles the republish transform
-        self.created_at = created_at
-        self.partitions: list[Partition] = []
-        self.consumers: ConsumerOffsets | None = None
-        #: Durable consumers by name, and their journal (``_consumer_journal.py``).
-        self.consumer_set: dict[str, Any] = {}
-        self.consumer_journal: Any = None
-        #: Messages removed since start, by reason (``ttl``, ``max_age``, ``delete``,
-        #: ``purge``, ``rollup``, ``max_msgs_per_subject``).
-        self.removed: dict[str, int] = {}
-        #: Subject delete markers written since start, by reason (``MaxAge``, ...).
-        self.markers: dict[str, int] = {}
-        #: ``Nats-Msg-Id`` de-duplication (``_dedup.py``), and the duplicates refused
-        #: since start.
-        self.dedup = DedupTable()
-        self.duplicates = 0
-
-    @property
-    def config(self) -> TopicConfig:
-        return self._config
-
-    @config.setter
-    def config(self, value: TopicConfig) -> None:
-        self._config = value
-        rp = value.republish
-        #: The compiled republish transform, or None.
-        self.republisher = SubjectTransform(rp["src"], rp["dest"]) if rp else None
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def full_name(self) -> str:
-        return f"{self.stream.name}/{self.name}"
-
-    def partition_for(self, subject: bytes) -> Partition:
-        n = len(self.partitions)
-        return self.partitions[zlib.crc32(subject) % n if n > 1 else 0]
-
-    def partition(self, number: int) -> Partition:
-        if not 0 <= number < len(self.partitions):
-            raise error_class(ErrorCode.PARTITION_NOT_FOUND)(
-                f"topic {self.full_name} has partitions 0..{len(self.partitions) - 1}, not {number}"
-            )
-        return self.partitions[number]
-
-    @property
-    def messages_count(self) -> int:
-        return sum(p.log.live_count for p in self.partitions)
-
-    @property
-    def size_bytes(self) -> int:
-        return sum(p.log.size_bytes for p in self.partitions)
-
-    @property
-    def live_bytes(self) -> int:
-        """The bytes of the live messages' records (what ``size_bytes`` holds less
-        what was removed and not yet cleaned away)."""
-        return sum(p.log.live_bytes() for p in self.partitions)
-
-    def details(self, extra: dict[str, Any] | None = None) -> TopicDetails:
-        info: dict[str, Any] = {
-            "stream_id": self.stream.id,
-            "stream": self.stream.name,
-            "created_at": self.created_at,
-            "options": self.config.options(),
-            "pending_expiries": sum(p.pending for p in self.partitions),
-            "removed": dict(self.removed),
-            "markers": dict(self.markers),
-            "duplicates": self.duplicates,
-            "dedup_ids": len(self.dedup),
-            "partitions": [
-                {
-                    "partition": p.number,
-                    "first_offset": p.log.first_offset,
-                    "last_offset": p.log.last_offset,
-                    "messages": p.log.live_count,
-                    "size_bytes": p.log.size_bytes,
-                    "segments": len(p.log.segments),
-                    "subjects": sum(1 for st in p.index.subjects.values() if st.count),
-                }
-                for p in self.partitions
-            ],
-        }
-        if self.consumer_set:
-            info["consumers"] = [c.summary() for _, c in sorted(self.consumer_set.items())]
-        if extra:
-            info.update(extra)
-        return TopicDetails(
-            self.id, self.config.partitions_count, self.config.message_expiry, self.size_bytes, self.messages_count,
-            self.name, info,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "created_at": self.created_at, "config": self.config.to_json()}
-
-
-_Named = TypeVar("_Named", "Topic", "Stream")
-
-
-def by_name(by_id: dict[int, _Named], names: dict[str, _Named], name: str) -> _Named | None:
-    """The stream or topic of ``by_id`` called ``name``, through ``names``, an index
-    that is checked on every hit (the entry must still be in ``by_id`` under that
-    name) and made again from ``by_id`` on a miss or a stale entry: creations and
-    deletions need not keep it up to date."""
-    found = names.get(name)
-    if found is not None and by_id.get(found.id) is found and found.name == name:
-        return found
-    names.clear()
-    names.update((x.name, x) for x in by_id.values())
-    return names.get(name)
-
-
-class Stream:
-    def __init__(self, stream_id: int, name: str, created_at: int) -> None:
-        self.id = stream_id
-        self.name = name
-        self.created_at = created_at
-        self.topics: dict[int, Topic] = {}
-        #: The highest topic id ever given in this stream (ids are never reused).
-        self.topic_id_mark = 0
-        self._by_name: dict[str, Topic] = {}
-
-    def topic(self, ident: Identifier) -> Topic:
-        if ident.is_numeric:
-            t = self.topics.get(ident.value)  # type: ignore[arg-type]
-        else:
-            t = by_name(self.topics, self._by_name, ident.value)  # type: ignore[arg-type]
-        if t is None:
-            raise error_class(ErrorCode.TOPIC_NOT_FOUND)(f"stream {self.name!r} has no topic {ident.value!r}")
-        return t
-
-    def next_topic_id(self) -> int:
-        """One more than the highest id this stream ever gave a topic (the broker
-        also skips ids that have a directory on disk)."""
-        return max(max(self.topics, default=0), self.topic_id_mark) + 1
-
-    @property
-    def size_bytes(self) -> int:
-        return sum(t.size_bytes for t in self.topics.values())
-
-    @property
-    def messages_count(self) -> int:
-        return sum(t.messages_count for t in self.topics.values())
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "created_at": self.created_at,
-            "next_topic_id": self.next_topic_id(),
-            "topics": [t.to_json() for t in sorted(self.topics.values(), key=lambda t: t.id)],
-        }
 
 
 class Catalog:

@@ -35,9 +35,13 @@ from ._log import get_logger
 from ._runq import tasks_runnable
 from ._stats import Counters
 
-__all__ = ["Committer"]
+__all__ = ["Committer", "Reply"]
 
 log = get_logger(__name__)
+
+#: A command's answer: its response payload, or ``(payload, epoch)`` when it may go
+#: only once the group commit has made ``epoch`` durable.
+Reply = bytes | tuple[bytes, int]
 
 #: Sync on the event loop itself while the last sync took less than this; a slower
 #: disk is synced from the sync thread so that it never freezes the loop for long.
@@ -175,6 +179,12 @@ class Committer:
             if self._dirty and not self._work.is_set():
                 self._work.set()
 
+    @property
+    def slow_disk(self) -> bool:
+        """The last sync took :data:`INLINE_SYNC_SECONDS` or more: syncs go to the
+        sync thread (the loop is not frozen for them)."""
+        return self.last_sync_seconds >= INLINE_SYNC_SECONDS
+
     def watch(self, session: object) -> None:
         """Have ``session.on_sync()`` called after the next sync completes."""
         self._watchers.add(session)
@@ -254,7 +264,7 @@ class Committer:
         if fds:
             started = time.perf_counter()
             try:
-                if self.last_sync_seconds < INLINE_SYNC_SECONDS:
+                if not self.slow_disk:
                     # A fast disk: blocking the loop for a fraction of a millisecond
                     # costs less than the round trip through the sync thread, and the
                     # requests that arrive meanwhile join the next group anyway.

@@ -53,7 +53,7 @@ from ._stalls import LoopWatch
 
 if TYPE_CHECKING:
     from ._clock import Clock
-    from ._partition import Partition
+    from ._topics import Partition
 
 __all__ = ["DeadlineQueue", "ExpiryEngine", "BUCKET_NS", "TIMER_NS", "TICK_NS", "SLICE_NS", "LAG_BUCKETS_NS", "fire_time"]
 

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from ._sealing import Sealer
 
-    from ._partition import Partition
+    from ._topics import Partition
     from ._stats import Counters
 
 __all__ = ["Exporter"]

@@ -3,13 +3,12 @@ GET_LAST (the last message on a subject)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import protocol as P
 from protocol import ErrorCode, error_class, validate_filter, validate_subject
 
-if TYPE_CHECKING:
-    from ._broker import Broker, Reply
+from ._broker import Broker, Reply
 
 __all__ = ["fetch", "get_last"]
 

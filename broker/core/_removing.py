@@ -4,16 +4,14 @@ reply once the group commit has made the removal durable."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import protocol as P
 from protocol import RemovalReason as R
 from protocol import ErrorCode, error_class, validate_filter
 
-if TYPE_CHECKING:
-    from ._broker import Broker, Reply
-    from ._catalog import Topic
-    from ._partition import Partition
+from ._broker import Broker, Reply
+from ._topics import Partition, Topic
 
 __all__ = ["delete_message", "matching_subjects", "purge"]
 

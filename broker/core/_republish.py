@@ -33,10 +33,10 @@ from collections.abc import Callable
 from protocol import BrokerError, SubjectTransform, copy_plan, hops_of, record_keys, republish_bodies, validate_subject
 from storage import AppendResult
 
-from ._catalog import Topic
+from ._topics import Topic
 from ._commit import Committer
 from ._log import get_logger
-from ._partition import Partition
+from ._topics import Partition
 from ._routing import NO_TOPIC, Router
 from ._stats import Counters
 from ._subscriptions import SubscriptionIndex

@@ -43,7 +43,7 @@ from ._clock import Clock
 from ._commit import Committer
 from ._expiry import ExpiryEngine
 from ._log import get_logger
-from ._partition import Partition, Removed
+from ._topics import Partition, Removed
 from ._stats import Counters
 from ._subject_index import MARKER, NO_MARKER
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from protocol import BrokerError, ErrorCode, error_class, subject_matches, validate_subject
 
-from ._catalog import Topic
-from ._partition import Partition
+from ._topics import Topic
+from ._topics import Partition
 
 __all__ = ["Router", "NO_TOPIC"]
 

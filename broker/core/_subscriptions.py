@@ -1,9 +1,11 @@
 """Core subscriptions: who receives a published message, at most once.
 
-A subscription is a subject filter held by one connection, of either protocol
-(a NATS ``SUB`` is a ``_nats_core.NatsSubscription``; one with a queue group gets
-each message only if it is the member of its group picked for that message, at
-random, as nats-server does). Matching a published subject against every
+A subscription is a subject filter held by one connection, of either protocol: a
+ttlbroker SUBSCRIBE (``broker.server``) or a NATS ``SUB`` (``broker.nats``), each
+class meeting the :class:`Subscriber` protocol, so that this index and the message
+path never ask which protocol a subscriber speaks. One with a queue group (NATS)
+gets each message only if it is the member of its group picked for that message,
+at random, as nats-server does. Matching a published subject against every
 subscription would cost O(subscriptions) per message, so the answer is cached per
 subject (cleared when subscriptions change or the cache grows past
 ``CACHE_LIMIT``), and a miss looks only at the subscriptions that can match: they
@@ -20,41 +22,74 @@ inbox's ``_INBOX.<id>.*``), the answer depends on the subject's first two tokens
 its number of tokens alone: it is cached under that *shape* too, and a subject of the
 same shape takes it from there (no queue groups; cleared with the other cache).
 
-The SUBSCRIBE and UNSUBSCRIBE handlers are here too, and ``deliver``, which pushes
-published (and republished or marker) records to the matching subscriptions.
+:meth:`SubscriptionIndex.deliver` pushes stored (and republished, marker or
+unrouted) records to the matching subscriptions.
 """
 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-import protocol as P
-from protocol import ErrorCode, error_class, subject_matches, validate_filter
+from protocol import subject_matches
 
-if TYPE_CHECKING:
-    from ._broker import Broker, Reply
-    from broker.server._session import Session
+from ._stats import Counters
 
-__all__ = ["Subscription", "SubscriptionIndex", "deliver", "subscribe", "unsubscribe"]
+__all__ = ["CACHE_LIMIT", "Entry", "PushTarget", "Subscriber", "SubscriptionIndex"]
 
 CACHE_LIMIT = 100_000
 
+#: One record for the subscribers of its subject: (subject, the DELIVERY entry head
+#: naming its place, the record's bytes).
+Entry = tuple[bytes, bytes, memoryview | bytes]
 
-class Subscription:
-    __slots__ = ("session", "sid", "subject_filter", "tokens", "delivered", "dropped")
 
-    def __init__(self, session: Session, sid: int, subject_filter: str) -> None:
-        self.session = session
-        self.sid = sid
-        self.subject_filter = subject_filter
-        self.tokens = tuple(subject_filter.split("."))
-        self.delivered = 0
-        self.dropped = 0
+class PushTarget(Protocol):
+    """The connection a subscription belongs to, as deliveries see it."""
+
+    def accepts_pushes(self) -> bool:
+        """False when a push would be dropped (the connection or the broker is full)."""
+        ...
+
+
+class Subscriber(Protocol):
+    """A core subscription of either protocol."""
+
+    #: The subject filter's tokens, and the NATS queue group (None: no group).
+    tokens: tuple[str, ...]
+    queue: str | None
+    delivered: int
+    dropped: int
+
+    @property
+    def session(self) -> PushTarget: ...
+
+    def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
+        """Stored records for it, in publish order: ``parts`` alternates each
+        record's DELIVERY entry head and its bytes. Counts what it delivers and
+        what it drops in ``counters``."""
+        ...
+
+    def send_core(
+        self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int,
+        record: Callable[[], bytes], skip: object,
+    ) -> bool:
+        """One core (unstored) message: ``headers`` a NATS header block or None,
+        ``record`` makes the ttlbroker record of it (offset 0; b"" when ttlbroker
+        cannot carry it), ``skip`` a session whose own subscriptions must not get it
+        (a NATS client without echo). With ``epoch``, it goes once the group commit
+        has made that epoch durable. True when it was queued."""
+        ...
 
 
 class SubscriptionIndex:
-    def __init__(self) -> None:
+    """Args:
+    counters: the broker's counters (deliveries and drops); a new set if None.
+    """
+
+    def __init__(self, counters: Counters | None = None) -> None:
+        self.counters = counters if counters is not None else Counters()
         self._all: set[Any] = set()
         #: The subscriptions by their first two tokens, by their first token alone
         #: (the second is a wildcard, or there is none), and those whose first token
@@ -172,6 +207,30 @@ class SubscriptionIndex:
         return hit
 
 
+    def deliver(self, entries: list[Entry]) -> None:
+        """Deliver records to the matching subscriptions, in the order given (publish
+        order), in one batch per subscription."""
+        match = self.match
+        batches: dict[Subscriber, list[bytes | memoryview]] = {}
+        for subj, head, rec in entries:
+            subs = match(subj)
+            if not subs:
+                continue
+            for sub in subs:
+                parts = batches.get(sub)
+                if parts is None:
+                    batches[sub] = parts = []
+                parts.append(head)
+                parts.append(rec)
+        counters = self.counters
+        for sub in [s for s in batches if not s.session.accepts_pushes()]:
+            count = len(batches.pop(sub)) // 2  # not even encoded: it would be dropped
+            sub.dropped += count
+            counters.deliveries_dropped += count
+        for sub, parts in batches.items():
+            sub.deliver_records(parts, counters)
+
+
 def _wild_after_two(tokens: tuple[str, ...]) -> bool:
     """Does a filter with these tokens match a subject whatever the subject's tokens
     after its second (given their number)?"""
@@ -179,68 +238,3 @@ def _wild_after_two(tokens: tuple[str, ...]) -> bool:
         if t != "*" and t != ">":
             return False
     return True
-
-
-# -- handlers ------------------------------------------------------------------
-
-
-def subscribe(broker: Broker, session: Any, cmd: P.Subscribe) -> Reply:
-    validate_filter(cmd.subject_filter)
-    if cmd.subscription_id in session.subs:
-        raise error_class(ErrorCode.SUBSCRIPTION_EXISTS)(f"subscription id {cmd.subscription_id} is already in use")
-    limit = broker.config.limits.max_subscriptions_per_connection
-    if len(session.subs) >= limit:
-        raise error_class(ErrorCode.TOO_MANY_SUBSCRIPTIONS)(f"a connection may hold at most {limit} subscriptions")
-    sub = Subscription(session, cmd.subscription_id, cmd.subject_filter)
-    session.subs[cmd.subscription_id] = sub
-    broker.subs.add(sub)
-    return b""
-
-
-def unsubscribe(broker: Broker, session: Any, cmd: P.Unsubscribe) -> Reply:
-    sub = session.subs.pop(cmd.subscription_id, None)
-    if sub is None:
-        raise error_class(ErrorCode.SUBSCRIPTION_NOT_FOUND)(f"no subscription with id {cmd.subscription_id}")
-    broker.subs.remove(sub)
-    return b""
-
-
-# -- core deliveries -------------------------------------------------------------
-
-
-def deliver(broker: Broker, entries: list[tuple[bytes, bytes, memoryview | bytes]]) -> None:
-    """Deliver ``(subject, entry head, record)`` to matching subscriptions, in the
-    order given (publish order), one DELIVERY push per subscription."""
-    match = broker.subs.match
-    batches: dict[Subscription, list[bytes | memoryview]] = {}
-    for subj, head, rec in entries:
-        subs = match(subj)
-        if not subs:
-            continue
-        for sub in subs:
-            parts = batches.get(sub)
-            if parts is None:
-                batches[sub] = parts = []
-            parts.append(head)
-            parts.append(rec)
-    for sub in [s for s in batches if not s.session.accepts_pushes()]:
-        count = len(batches.pop(sub)) // 2  # not even encoded: it would be dropped
-        sub.dropped += count
-        broker.counters.deliveries_dropped += count
-    _flush_deliveries(broker, batches)
-
-
-def _flush_deliveries(broker: Broker, batches: dict[Subscription, list[bytes | memoryview]]) -> None:
-    for sub, parts in batches.items():
-        if sub.__class__ is not Subscription:  # a NATS SUB (_nats_core.py)
-            sub.deliver_records(parts[1::2])  # type: ignore[attr-defined]
-            continue
-        count = len(parts) // 2
-        payload = P.encode_delivery(sub.sid, count, parts)
-        if sub.session.push(P.PushKind.DELIVERY, payload):
-            sub.delivered += count
-            broker.counters.messages_out += count
-            broker.counters.bytes_out += len(payload)
-        else:
-            sub.dropped += count
-            broker.counters.deliveries_dropped += count

@@ -5,7 +5,7 @@ one partition, per-message TTLs, rollups and subject delete markers; its keys ar
 the subjects ``$KV.<bucket>.<key>``. Puts, creates, updates, deletes and purges are
 ordinary publishes (the client sets the headers); this module answers what a
 publish cannot: get with the bucket's rules, touch, and the list of keys
-(``KvReads``, and the KV_GET, KV_TOUCH and KV_KEYS handlers at the end).
+(:class:`KvReads`; the KV_GET, KV_TOUCH and KV_KEYS handlers are ``_handlers.py``).
 
 **One pending entry per key, re-armed lazily.** A key's message has one entry in the
 deadline structure, armed at its timestamp + TTL when it was stored. A read (with
@@ -30,29 +30,13 @@ after its deadline even if the expiry pass has not removed it yet;
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import protocol as P
-from protocol import (
-    TTL_NEVER,
-    ErrorCode,
-    decode_headers,
-    error_class,
-    read_record_info,
-    record_spans,
-    validate_filter,
-    validate_subject,
-)
+from protocol import TTL_NEVER, ErrorCode, decode_headers, error_class, read_record_info, record_spans, subject_matches
 
-from broker.core._subject_index import MARKER, TOMBSTONE
+from broker.core import MARKER, TOMBSTONE, Broker, Partition, Topic, TopicHooks
 
-if TYPE_CHECKING:
-    from broker.core._broker import Broker, Reply
-    from broker.core._catalog import Topic
-    from broker.core._commit import Committer
-    from broker.core._partition import Partition
-
-__all__ = ["KvReads", "LEASE_PREFIX", "kv_get", "kv_get_frames", "kv_keys", "kv_touch", "load_leases"]
+__all__ = ["KvReads", "LEASE_PREFIX", "load_leases"]
 
 NS = 1_000_000_000
 LEASE_PREFIX = "$refresh."
@@ -84,13 +68,20 @@ def _operation(flags: int, headers: dict[str, str]) -> str:
     return "PUT"
 
 
-class KvReads:
+class KvReads(TopicHooks):
     """Args:
-    committer: the group committer (leases are writes).
+    broker: the broker whose buckets it reads; it registers in its
+        ``topic_hooks`` (a bucket's leases come back when the broker recovers it).
     """
 
-    def __init__(self, committer: Committer) -> None:
-        self.committer = committer
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.committer = broker.committer
+        broker.topic_hooks.append(self)
+
+    def topic_opened(self, topic: Topic, recovering: bool) -> None:
+        if recovering and topic.config.kv is not None:
+            load_leases(topic)
 
     @staticmethod
     def bucket(topic: Topic) -> dict[str, Any]:
@@ -219,8 +210,6 @@ class KvReads:
     def keys(self, topic: Topic, subject_filter: str, now_ns: int) -> list[str]:
         """Subjects (under the filter) whose latest message is a value, not a
         tombstone or a marker (and, with ``never_return_expired``, not expired)."""
-        from protocol import subject_matches
-
         kv = self.bucket(topic)
         ftokens = tuple(subject_filter.split("."))
         hide_expired = kv["visibility"] == "never_return_expired"
@@ -239,99 +228,3 @@ class KvReads:
                         continue
                 out.append(text)
         return sorted(out)
-
-
-# -- handlers ------------------------------------------------------------------
-
-
-def kv_get(broker: Broker, session: Any, cmd: P.KvGet) -> Reply:
-    topic = broker.catalog.topic(cmd.stream, cmd.topic)
-    validate_subject(cmd.subject)
-    entry, epoch = broker.kv.get(topic, cmd.subject, cmd.revision, broker.clock.now_ns())
-    broker.counters.messages_out += 1
-    payload = P.InfoMap.pack(entry)
-    return (payload, epoch) if epoch else payload
-
-
-def kv_get_frames(
-    broker: Broker, requests: list[tuple[int, bytes]], start: int, max_bytes: int
-) -> tuple[list[bytes], int, int, Exception | None]:
-    """KV_GET requests of one read (``(correlation id, payload)`` each, as
-    ``ProtocolConnection.take_requests`` takes them), from ``start`` on, answered as
-    one run: the bucket looked up once for consecutive requests naming it the same
-    way, the clock read once, no command object per request, each answer packed
-    straight into its frame (``protocol.info_map_frame``). Each answer is the frame
-    :func:`kv_get` gives for it, byte for byte.
-
-    Returns the answers' frames, their size in bytes, the index of the first request
-    not answered (``len(requests)``: all were) and, when it stopped before the end:
-    the error that request's handler raises (the session answers it as any
-    handler's error); or None: the answers reached ``max_bytes`` (the session
-    looks at its output limits before it goes on), or else that request must take
-    the ordinary path (its payload is not a well-formed KV_GET with a valid UTF-8
-    key, whose refusal the decoder words; or its bucket refreshes keys on read, a
-    get that writes a lease and waits for its sync).
-    """
-    lookup = broker.catalog.topic
-    get = broker.kv.get
-    now = broker.clock.now_ns()
-    out: list[bytes] = []
-    size = 0
-    target = None
-    topic: Topic | None = None
-    i = start
-    n = len(requests)
-    code = P.Command.KV_GET
-    frame = P.info_map_frame
-    split = P.KvGet.split
-    try:
-        while i < n:
-            corr, payload = requests[i]
-            parts = split(payload)
-            if parts is None:
-                break
-            here, key, revision = parts
-            if here != target:
-                # Another bucket, or another spelling of it: the decoder checks the
-                # identifiers, the catalog finds the topic (or refuses).
-                try:
-                    cmd = P.KvGet.decode(payload)
-                except Exception:
-                    break
-                target = None
-                topic = lookup(cmd.stream, cmd.topic)
-                kv = topic.config.kv
-                if kv is not None and kv["refresh"] == "on_read_and_write":
-                    break
-                target = here
-            try:
-                subject = key.decode()
-            except UnicodeDecodeError:
-                break
-            validate_subject(subject)
-            entry, _ = get(topic, subject, revision, now)  # type: ignore[arg-type]
-            answer = frame(code, corr, entry)
-            out.append(answer)
-            i += 1
-            size += len(answer)
-            if size >= max_bytes:
-                break
-    except Exception as exc:
-        broker.counters.messages_out += i - start
-        return out, size, i, exc
-    broker.counters.messages_out += i - start
-    return out, size, i, None
-
-
-def kv_touch(broker: Broker, session: Any, cmd: P.KvTouch) -> Reply:
-    topic = broker.catalog.topic(cmd.stream, cmd.topic)
-    validate_subject(cmd.subject)
-    entry, epoch = broker.kv.touch(topic, cmd.subject, broker.clock.now_ns())
-    payload = P.InfoMap(entry).encode()
-    return (payload, epoch) if epoch else payload
-
-
-def kv_keys(broker: Broker, session: Any, cmd: P.KvKeys) -> Reply:
-    topic = broker.catalog.topic(cmd.stream, cmd.topic)
-    validate_filter(cmd.subject_filter)
-    return P.InfoMap({"keys": broker.kv.keys(topic, cmd.subject_filter, broker.clock.now_ns())}).encode()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -38,14 +38,9 @@ from prometheus_client.registry import Collector
 
 from protocol import PROTOCOL_VERSION
 
-from broker.core._expiry import LAG_BUCKETS_NS
-from broker.core._info import VERSION, stats_values
-from broker.core._stats import counter_help
+from broker.core import LAG_BUCKETS_NS, counter_help
 
-if TYPE_CHECKING:
-    from ._monitor import Monitor
-
-__all__ = ["BrokerCollector", "Metrics", "Snapshot", "take_snapshot", "families", "GAUGES", "COUNTERS", "RENAMED", "PREFIX"]
+__all__ = ["BrokerCollector", "Metrics", "Snapshot", "Source", "families", "GAUGES", "COUNTERS", "RENAMED", "PREFIX"]
 
 PREFIX = "ttlbroker_"
 
@@ -102,7 +97,7 @@ _CONSUMER_PARTITION = ["stream", "topic", "consumer", "partition"]
 @dataclass
 class Snapshot:
     """The broker's numbers at one moment, as plain data: read on the event loop
-    (:func:`take_snapshot`), turned into metric families anywhere (:func:`families`)."""
+    (``Source.snapshot``), turned into metric families anywhere (:func:`families`)."""
 
     counters: dict[str, int]
     ready: bool
@@ -122,32 +117,19 @@ class Snapshot:
     consumers: list[dict[str, Any]] = field(default_factory=list)
 
 
-def take_snapshot(monitor: Monitor, bytes_on_disk: int) -> Snapshot:
-    """Read everything ``/metrics`` shows. Only on the event loop: nothing moves
-    under it there. ``bytes_on_disk`` is the data directory's size (a worker
-    thread's walk)."""
-    broker = monitor.broker
-    http = monitor.http
-    snap = Snapshot(
-        broker.counters.as_dict(), monitor.healthy, broker.started_at,
-        http.connections_total, http.connections_refused, dict(http.responses),
-    )
-    if not monitor.recovered:
-        return snap  # the catalog is being built in a worker thread
-    snap.stats = stats_values(broker, bytes_on_disk, monitor.budget)
-    engine = broker.retention.engine
-    snap.lag_counts = list(engine.lag_counts)
-    snap.lag_ns_sum = engine.lag_ns_sum
-    parts = snap.partitions
-    for topic in broker.catalog.topics():
-        sname, tname = topic.stream.name, topic.name
-        for p in topic.partitions:
-            log_ = p.log
-            parts.append((sname, tname, p.number, log_.live_count, log_.size_bytes, log_.first_offset, log_.last_offset,
-                          len(log_.segments), p.pending))
-        snap.topics.append((sname, tname, dict(topic.removed), dict(topic.markers), topic.duplicates, len(topic.dedup)))
-        snap.consumers.extend(c.info() for _, c in sorted(topic.consumer_set.items()))
-    return snap
+class Source(Protocol):
+    """Where ``/metrics`` reads the broker's numbers (the :class:`~._monitor.Monitor`)."""
+
+    #: Whether the catalog is complete (recovery finished): only then may it be read.
+    recovered: bool
+
+    def snapshot(self, bytes_on_disk: int) -> Snapshot:
+        """Read everything ``/metrics`` shows (on the event loop)."""
+        ...
+
+    def size_on_disk(self) -> int:
+        """The data directory's size (a walk of it: in a worker thread)."""
+        ...
 
 
 def families(snap: Snapshot, helps: dict[str, str]) -> list[Metric]:
@@ -273,16 +255,16 @@ def _consumers(snap: Snapshot) -> list[Metric]:
 class BrokerCollector(Collector):
     """A ``prometheus_client`` collector of the broker's families, read from its
     live state when collected: collect only on the event loop. (A scrape splits the
-    same work: :func:`take_snapshot` on the loop, :func:`families` in a thread.)"""
+    same work: ``Source.snapshot`` on the loop, :func:`families` in a thread.)"""
 
-    def __init__(self, monitor: Monitor) -> None:
-        self.monitor = monitor
+    def __init__(self, source: Source) -> None:
+        self.source = source
         #: The data directory's size, as last measured (a scrape sets it first).
         self.bytes_on_disk = 0
         self.helps = counter_help()
 
     def collect(self) -> list[Metric]:
-        return families(take_snapshot(self.monitor, self.bytes_on_disk), self.helps)
+        return families(self.source.snapshot(self.bytes_on_disk), self.helps)
 
 
 class _Collected(Collector):
@@ -298,9 +280,9 @@ class _Collected(Collector):
 class Metrics:
     """What ``GET /metrics`` answers (see the module docstring)."""
 
-    def __init__(self, monitor: Monitor) -> None:
-        self.monitor = monitor
-        self.collector = BrokerCollector(monitor)
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.collector = BrokerCollector(source)
         # Each scrape registers them in a registry of its own (the one they register
         # themselves in when made is never read).
         made = CollectorRegistry(auto_describe=False)
@@ -309,10 +291,10 @@ class Metrics:
     async def scrape(self, accept: str = "") -> tuple[bytes, str]:
         """The exposition (text format, or OpenMetrics if ``accept`` asks for it)
         and its content type."""
-        monitor = self.monitor
-        if monitor.recovered:
-            self.collector.bytes_on_disk = await trio.to_thread.run_sync(monitor.broker.datadir.size_on_disk)
-        snap = take_snapshot(monitor, self.collector.bytes_on_disk)  # on the loop: nothing moves under it
+        source = self.source
+        if source.recovered:
+            self.collector.bytes_on_disk = await trio.to_thread.run_sync(source.size_on_disk)
+        snap = source.snapshot(self.collector.bytes_on_disk)  # on the loop: nothing moves under it
         encoder, content_type = choose_encoder(accept)
         return await trio.to_thread.run_sync(self._encode, snap, encoder), content_type
 

@@ -6,8 +6,8 @@
   and from the moment it starts shutting down.
 - ``GET /metrics``: the Prometheus exposition (``_metrics.py``).
 - ``GET /varz``: server information as JSON, after nats-server's ``/varz``: what the
-  handshake tells a client (``_info.info``), every number of ``stats``
-  (``_info.stats_values``, the same names), the addresses, the start time and
+  handshake tells a client (``broker.core.info``), every number of ``stats``
+  (``_stats.stats_values``, the same names), the addresses, the start time and
   uptime, and the configuration that matters when reading the numbers.
 
 ``HEAD`` works wherever ``GET`` does; other methods get 405, other paths 404.
@@ -23,17 +23,17 @@ import json
 import resource
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
-from ._http import HttpStats, Request, Response
-from broker.core._info import info, stats_values
-from ._metrics import Metrics
+from broker.consumers import ConsumerEngine
+from broker.core import Broker, info
+from broker.net import ConnectionGuard
 
-if TYPE_CHECKING:
-    from broker.core._broker import Broker
-    from broker.net._limits import OutputBudget
+from ._http import HttpStats, Request, Response
+from ._metrics import Metrics, Snapshot
+from ._stats import stats_values
 
 __all__ = ["Monitor", "State"]
 
@@ -52,12 +52,14 @@ class State(enum.Enum):
 class Monitor:
     """Args:
     broker: the broker (not yet opened: the endpoints answer during recovery).
-    budget: the connections' shared output budget (its numbers are in stats).
+    consumers: its consumer engine.
+    guard: the connections' limits and registry (their numbers are in stats).
     """
 
-    def __init__(self, broker: Broker, budget: OutputBudget | None = None) -> None:
+    def __init__(self, broker: Broker, consumers: ConsumerEngine, guard: ConnectionGuard) -> None:
         self.broker = broker
-        self.budget = budget
+        self.consumers = consumers
+        self.guard = guard
         self.state = State.RECOVERING
         #: Whether the catalog is complete (recovery finished): only then may the
         #: endpoints walk it (recovery builds it in a worker thread).
@@ -74,6 +76,36 @@ class Monitor:
     @property
     def healthy(self) -> bool:
         return self.state is State.READY and not self.broker.shutting_down
+
+    def size_on_disk(self) -> int:
+        return self.broker.datadir.size_on_disk()
+
+    def snapshot(self, bytes_on_disk: int) -> Snapshot:
+        """Read everything ``/metrics`` shows. Only on the event loop: nothing moves
+        under it there. ``bytes_on_disk`` is the data directory's size (a worker
+        thread's walk)."""
+        broker = self.broker
+        http = self.http
+        snap = Snapshot(
+            broker.counters.as_dict(), self.healthy, broker.started_at,
+            http.connections_total, http.connections_refused, dict(http.responses),
+        )
+        if not self.recovered:
+            return snap  # the catalog is being built in a worker thread
+        snap.stats = stats_values(broker, self.consumers, self.guard, bytes_on_disk)
+        engine = broker.retention.engine
+        snap.lag_counts = list(engine.lag_counts)
+        snap.lag_ns_sum = engine.lag_ns_sum
+        parts = snap.partitions
+        for topic in broker.catalog.topics():
+            sname, tname = topic.stream.name, topic.name
+            for p in topic.partitions:
+                log_ = p.log
+                parts.append((sname, tname, p.number, log_.live_count, log_.size_bytes, log_.first_offset, log_.last_offset,
+                              len(log_.segments), p.pending))
+            snap.topics.append((sname, tname, dict(topic.removed), dict(topic.markers), topic.duplicates, len(topic.dedup)))
+            snap.consumers.extend(c.info() for _, c in sorted(self.consumers.consumers_of(topic).items()))
+        return snap
 
     async def handle(self, request: Request) -> Response:
         """The ``_http.serve_http`` handler."""
@@ -124,7 +156,7 @@ class Monitor:
         )
         if self.recovered:
             disk = await trio.to_thread.run_sync(broker.datadir.size_on_disk)
-            out.update(stats_values(broker, disk, self.budget))
+            out.update(stats_values(broker, self.consumers, self.guard, disk))
         else:
             out.update(broker.counters.as_dict())
         li = cfg.limits

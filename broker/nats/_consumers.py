@@ -66,16 +66,25 @@ from protocol._js_consumers import (
     status_message,
 )
 
-from broker.consumers._config import ConsumerConfig
-from broker.consumers._handlers import change_consumer, new_consumer, remove_consumer
-from broker.consumers._engine import MS
-from broker.core._log import get_logger
+from broker.consumers import (
+    MS,
+    ConsumerConfig,
+    PullRequest,
+    change_consumer,
+    collect,
+    end,
+    new_consumer,
+    remove_consumer,
+    retire,
+)
+from broker.core import get_logger
+
 from ._core import NatsSubscription, send_core
-from broker.consumers._pulls import PullRequest, collect, end, retire
 
 if TYPE_CHECKING:
-    from broker.core._catalog import Topic
-    from broker.consumers._engine import Consumer
+    from broker.consumers import Consumer
+    from broker.core import Topic
+
     from ._jetstream import JetStream
 
 __all__ = ["consumer_api", "ack", "run", "NatsPull", "PushWindow", "Push"]
@@ -145,7 +154,7 @@ class State:
     def __init__(self, js: JetStream) -> None:
         self.js = js
         self.broker = js.broker
-        self.engine = js.broker.consumers
+        self.engine = js.consumers
         self.owner = _Owner()
         self.ticks = Ticks(self)
         self.pushes: weakref.WeakKeyDictionary[Consumer, Push] = weakref.WeakKeyDictionary()
@@ -185,7 +194,7 @@ class State:
         ephemeral consumers restart their inactivity clock and push consumers wait
         for a subscriber again."""
         for topic in self.broker.catalog.topics():
-            for c in list(topic.consumer_set.values()):
+            for c in list(self.engine.consumers_of(topic).values()):
                 if c.config.nats is not None:
                     self.start(c, self.settings_of(c))
 
@@ -544,7 +553,7 @@ def _next(st: State, c: Consumer, reply: str | None, payload: bytes, last: bool 
             return
         if nr.expires_ns:
             req.expires = st.broker.clock.now_ns() + nr.expires_ns
-            engine.pull_timers.add(engine, req)
+            engine.pull_timers.add(req)
         c.waiting.append(req)
         st.owner.pulls.add(req)
         if nr.heartbeat_ns:
@@ -700,7 +709,7 @@ def _delete(st: State, c: Consumer) -> int:
     push = st.pushes.pop(c, None)
     if push is not None:
         push.stop()
-    return remove_consumer(st.broker, c)
+    return remove_consumer(st.engine, c)
 
 
 # -- the API -------------------------------------------------------------------------------
@@ -740,7 +749,7 @@ def _lookup(st: State, tokens: list[str]) -> Consumer | None:
         return None
     try:
         topic = st.js.topic(tokens[0])
-        return topic.consumer_set.get(normalize_name(tokens[1], "consumer name"))
+        return st.engine.consumers_of(topic).get(normalize_name(tokens[1], "consumer name"))
     except (JSError, BrokerError):
         return None
 
@@ -750,7 +759,7 @@ def _find(st: State, tokens: list[str]) -> Consumer:
         raise JSError(400, 10003, "bad request")
     topic = st.js.topic(tokens[0])
     try:
-        c = topic.consumer_set.get(normalize_name(tokens[1], "consumer name"))
+        c = st.engine.consumers_of(topic).get(normalize_name(tokens[1], "consumer name"))
     except BrokerError:
         c = None
     if c is None:
@@ -820,7 +829,7 @@ def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple
         raise JSError(400, 10094, err.message) from None
     config = ConsumerConfig.from_map(ours)
     action = req.get("action") or ""
-    existing = topic.consumer_set.get(cname)
+    existing = st.engine.consumers_of(topic).get(cname)
     epoch = 0
     if existing is not None:
         if existing.config != config:
@@ -831,13 +840,13 @@ def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple
                 raise JSError(400, 10148, "consumer already exists")
             existing.config.check_update(config)
             _check_update(st, old, settings, existing.config, config)
-            epoch = change_consumer(st.broker, existing, config)
+            epoch = change_consumer(st.engine, existing, config)
             st.updated(existing, old, settings)
         c = existing
     else:
         if action == "update":
             raise JSError(400, 10149, "consumer does not exist")
-        c, epoch = new_consumer(st.broker, topic, cname, config)
+        c, epoch = new_consumer(st.engine, topic, cname, config)
         st.start(c, settings)
     return _info(st, c), epoch
 
@@ -920,7 +929,7 @@ def _page(st: State, tokens: list[str], payload: bytes, limit: int) -> tuple[lis
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise js_error(INVALID_JSON, "invalid JSON: offset must be a non-negative integer")
     topic = st.js.topic(tokens[0])
-    consumers = sorted(topic.consumer_set.values(), key=lambda c: c.name)
+    consumers = sorted(st.engine.consumers_of(topic).values(), key=lambda c: c.name)
     return consumers[offset : offset + limit], len(consumers), offset
 
 

@@ -23,18 +23,15 @@ its output budget, drops them and counts them (``_limits.py``, rule 2).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import protocol as P
 from protocol._nats import encode_msg, nats_message_of_record
 
-if TYPE_CHECKING:
-    from broker.core._broker import Broker
+from broker.core import Broker, Counters
 
 __all__ = ["NatsSubscription", "send_core"]
-
-_NO_PLACE = P.delivery_entry(0, 0, 0)
-
 
 class NatsSubscription:
     """One NATS ``SUB`` of a :class:`~broker.nats._session.NatsSession`."""
@@ -98,13 +95,22 @@ class NatsSubscription:
                 session.remove_subscription(self)
         return n
 
-    def deliver_records(self, records: list[bytes | memoryview]) -> None:
-        """Stored (or unrouted) records from ``_subscriptions.deliver``, in order."""
-        for rec in records:
+    def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
+        """Stored (or unrouted) records from ``SubscriptionIndex.deliver`` (entry heads
+        and records, alternating), in order, as ``MSG``/``HMSG`` without a reply."""
+        for rec in parts[1::2]:
             if self.remaining is not None and self.remaining <= 0:
                 return
             subject, headers, payload = nats_message_of_record(rec)
             self.send(subject, None, headers, payload)
+
+    def send_core(
+        self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int,
+        record: Callable[[], bytes], skip: object,
+    ) -> bool:
+        """A core message, with its reply subject (nothing for the subscriptions of
+        ``skip``, a publisher whose CONNECT said ``echo: false``)."""
+        return self.session is not skip and self.send(subject, reply, headers, payload, epoch)
 
 
 def send_core(
@@ -126,34 +132,18 @@ def send_core(
         return 0
     subj = shown or raw
     rep = reply.encode() if reply else None
-    record: bytes | None = None
+    made: list[bytes] = []
+
+    def record() -> bytes:  # made once, for the ttlbroker subscribers only
+        if not made:
+            made.append(_record(broker, subj, headers, payload))
+        return made[0]
+
     skip = origin if origin is not None and not origin.echo else None
     reached = 0
     for sub in subs:
-        if sub.__class__ is NatsSubscription:
-            if sub.session is not skip and sub.send(subj, rep, headers, payload, epoch):
-                reached += 1
-            continue
-        if record is None:
-            record = _record(broker, subj, headers, payload)
-        if not record:
-            continue  # a subject or headers ttlbroker cannot carry: NATS subscribers only
-        delivery = P.encode_delivery(sub.sid, 1, (_NO_PLACE, record))
-        session = sub.session
-        if not epoch:
-            pushed = session.push(P.PushKind.DELIVERY, delivery)
-        else:
-            pushed = session.accepts_pushes() and session.budget.has_room(len(delivery) + 16)
-            if pushed:
-                session.send_durable(epoch, session.conn.send_push(P.PushKind.DELIVERY, delivery))
-        if pushed:
-            sub.delivered += 1
-            broker.counters.messages_out += 1
-            broker.counters.bytes_out += len(payload)
+        if sub.send_core(subj, rep, headers, payload, epoch, record, skip):
             reached += 1
-        else:
-            sub.dropped += 1
-            broker.counters.deliveries_dropped += 1
     return reached
 
 

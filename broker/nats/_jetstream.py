@@ -31,7 +31,7 @@ ttlbroker stream is named ``<stream>/<topic>`` in PubAcks (as in ``Nats-Stream``
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -40,13 +40,12 @@ from protocol._jetstream import ACK_PREFIX, API_PREFIX, FC_PREFIX, STREAM_NOT_FO
 from protocol._jetstream import pub_ack as _pub_ack
 from protocol._jetstream import pub_error as _pub_error
 
-from broker.core._log import get_logger
-from ._core import send_core
+from broker.consumers import ConsumerEngine
+from broker.core import Broker, Stream, Topic, get_logger
+from broker.kv import KvReads
 from broker.server._session import Session
 
-if TYPE_CHECKING:
-    from broker.core._broker import Broker
-    from broker.core._catalog import Stream, Topic
+from ._core import send_core
 
 __all__ = ["JetStream", "KV_STREAM", "KV_PREFIX"]
 
@@ -69,10 +68,14 @@ TOPIC_CACHE_LIMIT = 1024
 class JetStream:
     """Args:
     broker: the broker whose topics the API shows as NATS streams.
+    consumers: its consumer engine.
+    kv: its KV reads.
     """
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, consumers: ConsumerEngine, kv: KvReads) -> None:
         self.broker = broker
+        self.consumers = consumers
+        self.kv = kv
         self.nursery: trio.Nursery | None = None
         #: API requests served and refused since start (``$JS.API.INFO``'s ``api``).
         self.api_total = 0
@@ -183,7 +186,7 @@ class JetStream:
         sessions, self._released = self._released, []
         if not sessions:
             return
-        if self.broker.consumers.filling and self.nursery is not None:
+        if self.consumers.filling and self.nursery is not None:
             self.nursery.start_soon(self._release_later, sessions)
             return
         for session in sessions:

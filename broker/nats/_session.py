@@ -72,17 +72,15 @@ from protocol._nats import (
     valid_nats_subject,
 )
 
-from broker.core._info import VERSION
-from broker.core._log import get_logger
-from ._core import NatsSubscription, send_core
-from broker.core._publishing import publish
-from broker.core._routing import NO_TOPIC
+from broker.consumers import session_closed
+from broker.core import NO_TOPIC, VERSION, Broker, get_logger
+from broker.net import ConnectionGuard, TlsAcceptor
 from broker.server._session import GOODBYE_SECONDS, SHORT_READ, Session
 
+from ._core import NatsSubscription, send_core
+
 if TYPE_CHECKING:
-    from broker.core._broker import Broker
-    from broker.net._limits import ConnectionGuard
-    from broker.net._tls import TlsAcceptor
+    from ._jetstream import JetStream
 
 __all__ = ["NatsSession", "SERVER_ID", "TOO_MANY_CONNECTIONS"]
 
@@ -141,10 +139,11 @@ class NatsSession(Session):
     protocol = "nats"
 
     def __init__(
-        self, broker: Broker, stream: trio.abc.Stream, session_id: int, peer: str, guard: ConnectionGuard,
+        self, broker: Broker, js: JetStream, stream: trio.abc.Stream, session_id: int, peer: str, guard: ConnectionGuard,
         tls: TlsAcceptor | None = None,
     ) -> None:
         super().__init__(broker, stream, session_id, peer, guard)
+        self.js = js
         self.conn = _NatsFrames()  # type: ignore[assignment]
         self.parser = NatsParser(server=True, max_payload=broker.max_payload)
         self.subs: dict[str, NatsSubscription] = {}  # type: ignore[assignment]
@@ -181,7 +180,7 @@ class NatsSession(Session):
     def on_sync(self) -> None:
         """The group commit made answers of this connection durable: they go out
         after the consumer deliveries the same sync released (``JetStream.release``)."""
-        self.broker.jetstream.release(self)
+        self.js.release(self)
 
     def _goodbye(self, code: ErrorCode, reason: str) -> None:
         """A GOODBYE is a ``-ERR`` line, or nothing where nats-server just closes (a
@@ -441,7 +440,7 @@ class NatsSession(Session):
         """A run of plain acks of one consumer (``NatsParser.ack_run``), queued for one
         settle as :meth:`_acks` queues them; False (nothing read) when the consumer is
         not one the ack path has seen (:meth:`_acks` then reads them)."""
-        state = self.broker.jetstream.consumer_state
+        state = self.js.consumer_state
         if state is None:
             return False
         self._flush()  # the messages that came before are handled first
@@ -457,7 +456,7 @@ class NatsSession(Session):
         ``JetStream.request`` one by one, the output budget checked after each as
         after any operation. False: the connection is closing."""
         self._flush()  # the messages that came before are handled first
-        js = self.broker.jetstream
+        js = self.js
         state = js.consumer_state
         i = 0
         n = len(acks)
@@ -478,14 +477,14 @@ class NatsSession(Session):
         """The acks :meth:`_acks` queued are settled in the next turn of the event loop
         (unless a pull request read with them settled them already); those a pull went
         ahead of (:meth:`_publish`) are settled now."""
-        state = self.broker.jetstream.consumer_state
+        state = self.js.consumer_state
         if state is not None:
             state.settle_held()
             state.wake_acks()
 
     def _settle_held(self) -> None:
         """Settle now the acks a pull went ahead of (``State.may_pass``)."""
-        state = self.broker.jetstream.consumer_state
+        state = self.js.consumer_state
         if state is not None and state.held:
             state.settle_held()
 
@@ -536,6 +535,15 @@ class NatsSession(Session):
         else:
             self.remove_subscription(sub)
 
+    def _closed(self) -> None:
+        """The connection ended: its subscriptions, waiting pulls and memberships go."""
+        subs = self.broker.subs
+        for sub in self.subs.values():
+            subs.remove(sub)
+        self.subs.clear()
+        if self.pulls or self.members:
+            session_closed(self.js.consumers, self)
+
     def remove_subscription(self, sub: NatsSubscription) -> None:
         if self.subs.get(sub.sid) is sub:
             del self.subs[sub.sid]
@@ -548,7 +556,7 @@ class NatsSession(Session):
             return
         broker = self.broker
         subject = ev.subject
-        js = broker.jetstream
+        js = self.js
         handled = js.handles(subject)
         # A subject JetStream handles is not checked (but under ``pedantic``): an API
         # subject may end in a consumer's filter, wildcards and all
@@ -606,7 +614,7 @@ class NatsSession(Session):
             body = P.encode_body(ev.subject, ev.payload, block)
         except P.BrokerError as err:
             self._flush()
-            js = self.broker.jetstream
+            js = self.js
             js.respond(ev.reply, js.pub_error(err, topic))
             return
         self._batch.append((body, ev.reply, topic))
@@ -626,13 +634,13 @@ class NatsSession(Session):
         broker = self.broker
         acked = any(reply for _, reply, _ in batch)
         cmd = P.Publish.from_bodies([body for body, _, _ in batch], 0 if acked else P.PUBLISH_NO_ACK)
-        result = publish(broker, self, cmd, stored=True)
+        result = broker.publisher.publish(self, cmd, stored=True)
         if not acked:
             return
         payload, epoch = result if isinstance(result, tuple) else (result, 0)
         if not broker.committer.acks_wait:
             epoch = 0
-        js = broker.jetstream
+        js = self.js
         if payload.__class__ is int:  # all stored, in order, from this offset on
             offset = payload
             for _, reply, topic in batch:

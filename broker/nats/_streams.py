@@ -2,8 +2,8 @@
 ``STREAM.CREATE|UPDATE|INFO|DELETE|PURGE|NAMES|LIST|MSG.GET|MSG.DELETE`` and
 ``DIRECT.GET``.
 
-Every request maps onto what our own protocol's handlers do (``_admin.py``,
-``_removing.py``, ``_kv.py``, the partition's index and log): no second copy of
+Every request maps onto what our own protocol's handlers do (``core.py``,
+``core.py``, ``_kv.py``, the partition's index and log): no second copy of
 topic creation, purge, delete or KV reads. JSON shapes and error numbers are the
 NATS server's (``protocol/_jetstream.py``); what ttlbroker lacks is refused there.
 
@@ -30,13 +30,14 @@ from protocol._jetstream import (
 )
 from protocol._nats import decode_nats_headers, encode_nats_headers, nats_message_of_record
 
-from broker.core import _admin, _removing
+import broker.core as core
+from broker.core import DEFAULT_DUPLICATE_WINDOW, TopicConfig, check_option_types, get_logger, resolve
+
 from ._jetstream import KV_PREFIX, KV_STREAM
-from broker.core._log import get_logger
-from broker.core._topic_config import DEFAULT_DUPLICATE_WINDOW, TopicConfig, check_option_types, resolve
 
 if TYPE_CHECKING:
-    from broker.core._catalog import Topic
+    from broker.core import Topic
+
     from ._jetstream import JetStream
 
 __all__ = ["api", "kv_get", "stream_info"]
@@ -116,7 +117,7 @@ def account_info(js: JetStream) -> dict[str, Any]:
         "reserved_memory": 0,
         "reserved_storage": 0,
         "streams": len(topics),
-        "consumers": sum(len(t.consumer_set) for t in topics),
+        "consumers": sum(len(js.consumers.consumers_of(t)) for t in topics),
         "limits": {
             "max_memory": -1, "max_storage": -1, "max_streams": -1, "max_consumers": -1, "max_ack_pending": -1,
             "memory_max_stream_bytes": -1, "storage_max_stream_bytes": -1, "max_bytes_required": False,
@@ -158,7 +159,7 @@ def stream_info(js: JetStream, topic: Topic, subjects_filter: str | None = None)
         "first_ts": rfc3339(part.log.timestamp_of(first) if messages and part is not None else 0),
         "last_seq": last,
         "last_ts": rfc3339(part.log.timestamp_of(last) if last and part is not None and part.log.is_live(last) else 0),
-        "consumer_count": len(topic.consumer_set),
+        "consumer_count": len(js.consumers.consumers_of(topic)),
     }
     counts: dict[str, int] = {}
     for p in topic.partitions:
@@ -217,14 +218,14 @@ async def _create(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
         raise js_error(STREAM_NAME_EXIST)
     if not any(s.name == where for s in broker.catalog.streams.values()):
         try:
-            await _admin.create_stream(broker, None, P.CreateStream(0, where))
+            await core.create_stream(broker, None, P.CreateStream(0, where))
         except BrokerError as err:
             if err.code != ErrorCode.STREAM_NAME_EXISTS:
                 raise
     if pedantic:
         options["pedantic"] = True
     cmd = P.CreateTopic(Identifier.of(where), 0, 1, max_age or P.EXPIRY_NONE, topic_name, options)
-    await _admin.create_topic(broker, None, cmd)
+    await core.create_topic(broker, None, cmd)
     return {**stream_info(js, js.topic(name)), "did_create": True}
 
 
@@ -260,7 +261,7 @@ async def _update(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
     changes = {**options, "message_expiry": max_age}
     if pedantic:
         changes["pedantic"] = True
-    await _admin.update_topic(js.broker, None, P.UpdateTopic(Identifier.of(topic.stream.id), Identifier.of(topic.id), changes))
+    await core.update_topic(js.broker, None, P.UpdateTopic(Identifier.of(topic.stream.id), Identifier.of(topic.id), changes))
     return stream_info(js, topic)
 
 
@@ -289,7 +290,7 @@ def _info(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any]
 
 async def _delete(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, Any]:
     topic = js.topic(name)
-    await _admin.delete_topic(js.broker, None, P.DeleteTopic(Identifier.of(topic.stream.id), Identifier.of(topic.id)))
+    await core.delete_topic(js.broker, None, P.DeleteTopic(Identifier.of(topic.stream.id), Identifier.of(topic.id)))
     return {"success": True}
 
 
@@ -304,7 +305,7 @@ def _purge(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any
         raise js_error(BAD_REQUEST)
     if seq or keep:
         return _purge_some(js, topic, flt, seq, keep)
-    reply = _removing.purge(js.broker, None, P.Purge(Identifier.of(topic.stream.id), Identifier.of(topic.id), flt))
+    reply = core.purge(js.broker, None, P.Purge(Identifier.of(topic.stream.id), Identifier.of(topic.id), flt))
     payload, epoch = reply if isinstance(reply, tuple) else (reply, 0)
     return {"success": True, "purged": P.PurgeResult.decode(payload).purged}, epoch
 
@@ -315,7 +316,7 @@ def _purge_some(js: JetStream, topic: Topic, flt: str, seq: int, keep: int) -> t
     stopping once ``keep`` are left. Leaves ``Purge`` markers as any subject purge."""
     part = topic.partitions[0]  # a NATS stream has one partition
     if flt and flt != ">":
-        matching = sorted(o for _, subjects in _removing.matching_subjects(topic, flt) for s in subjects
+        matching = sorted(o for _, subjects in core.matching_subjects(topic, flt) for s in subjects
                           for o in part.subject_offsets(s))
     else:
         matching = part.live_offsets()
@@ -406,7 +407,7 @@ def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int
             raise js_error(NO_MESSAGE_FOUND)
         if topic.config.kv is not None:
             try:
-                read = js.broker.kv.read(topic, last_by, 0, js.broker.clock.now_ns())
+                read = js.kv.read(topic, last_by, 0, js.broker.clock.now_ns())
             except BrokerError:
                 raise js_error(NO_MESSAGE_FOUND) from None
             return _Found.of_kv_read(last_by, read), read[-1]
@@ -460,7 +461,7 @@ def kv_get(js: JetStream, bucket: str, reply: str | None, payload: bytes) -> boo
         return False
     js.api_total += 1
     try:
-        read = js.broker.kv.read(topic, subject, 0, js.broker.clock.now_ns())
+        read = js.kv.read(topic, subject, 0, js.broker.clock.now_ns())
     except BrokerError:
         _fail(js, reply, "stream_msg_get", js_error(NO_MESSAGE_FOUND))
         return True
@@ -479,7 +480,7 @@ def _msg_delete(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str
     if seq == 0:
         raise js_error(MSG_DELETE_FAILED, "no message found")  # before the first, as the server
     try:
-        reply = _removing.delete_message(
+        reply = core.delete_message(
             js.broker, None, P.DeleteMessage(Identifier.of(topic.stream.id), Identifier.of(topic.id), 0, seq)
         )
     except BrokerError as err:

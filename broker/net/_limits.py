@@ -33,17 +33,57 @@ Time is ``trio.current_time()``, so tests drive all of this with a MockClock.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 import trio
 
-if TYPE_CHECKING:
-    from broker.server._session import Session
-
 __all__ = [
-    "ConnectionGuard", "OutputBudget", "FailureThrottle", "LogLimiter", "watch_connections", "STALL_SECONDS", "SWEEP_SECONDS",
-    "LOG_INTERVAL_SECONDS",
+    "Connection", "ConnectionGuard", "OutputBudget", "FailureThrottle", "LogLimiter", "watch_connections",
+    "RECEIVE_SIZE", "STALL_SECONDS", "SWEEP_SECONDS", "LOG_INTERVAL_SECONDS",
 ]
+
+#: Bytes a connection reads from its socket at a time (once its handshake is done).
+RECEIVE_SIZE = 256 * 1024
+
+
+class Connection(Protocol):
+    """A client connection of either protocol, as the limits see it."""
+
+    #: Bytes queued or being written, and since when they are over the limit.
+    pending_bytes: int
+    over_limit_since: float | None
+
+    @property
+    def closing(self) -> bool: ...
+
+    #: Which protocol it speaks: ``"ttlbroker"`` or ``"nats"``.
+    @property
+    def protocol(self) -> str: ...
+
+    def write_stalled_since(self, now: float) -> float:
+        """Seconds the current write has been waiting for the peer (0 if none)."""
+        ...
+
+    def cut_off(self, reason: str, rule: str) -> None:
+        """Close it as a slow consumer (rule 3)."""
+
+    def evict(self, limit: int) -> None:
+        """Close it, still without a handshake, for a new connection (rule 4)."""
+
+    def kick(self) -> None:
+        """Wake its writer."""
+
+    async def drain_queued(self) -> None:
+        """Wait (a while) until what it has queued now is sent."""
+
+    def shut_down(self, reason: str) -> None:
+        """The broker is shutting down: say GOODBYE and end."""
+
+    def abort(self) -> None:
+        """End now, whatever it is doing."""
+
+    async def wait_ended(self) -> None: ...
 
 #: How often the watch looks at the connections' queues.
 SWEEP_SECONDS = 0.1
@@ -190,17 +230,23 @@ class ConnectionGuard:
     """What all connections of one broker share: the output budget, the throttle
     on failed handshakes, the rate limit of the log lines about failed TLS
     handshakes, and the connections still waiting for their handshake (oldest
-    first)."""
+    first), and the registry of open connections."""
 
     def __init__(self, limits: Any) -> None:
         self.budget = OutputBudget(limits.max_pending_bytes_total)
         self.throttle = FailureThrottle(limits.auth_failure_delay, limits.auth_failure_delay_max)
         self.log_limit = LogLimiter()
+        #: Every open connection, of both protocols.
+        self.sessions: set[Connection] = set()
         #: Connections without a handshake yet, oldest first, with their arrival time.
-        self.waiting: dict[Session, float] = {}
+        self.waiting: dict[Connection, float] = {}
         self.evict_after = min(EVICT_AFTER_SECONDS, limits.handshake_timeout / 2)
+        #: Where the connections read their sockets: one read at a time on the event
+        #: loop, copied out before the next (a read into a new buffer each time costs
+        #: an ``mmap`` and ``munmap`` per read once reads stop freeing whole buffers).
+        self.receive_buffer = memoryview(bytearray(RECEIVE_SIZE))
 
-    def evictable(self, now: float) -> Session | None:
+    def evictable(self, now: float) -> Connection | None:
         """The connection that has waited longest for its handshake, if it has waited
         long enough to be evicted for a new one. Runtime complexity: O(1)."""
         for session, since in self.waiting.items():
@@ -208,7 +254,7 @@ class ConnectionGuard:
         return None
 
 
-async def watch_connections(sessions: set[Any], budget: OutputBudget, limit: int, slow_seconds: float) -> None:
+async def watch_connections(sessions: Iterable[Connection], budget: OutputBudget, limit: int, slow_seconds: float) -> None:
     """Runs for the broker's lifetime: every :data:`SWEEP_SECONDS`, cut off the
     connections that are slow consumers (rule 3 above)."""
     while True:
@@ -217,10 +263,10 @@ async def watch_connections(sessions: set[Any], budget: OutputBudget, limit: int
         sweep(sessions, budget, limit, slow_seconds, trio.current_time())
 
 
-def sweep(sessions: set[Any], budget: OutputBudget, limit: int, slow_seconds: float, now: float) -> None:
+def sweep(sessions: Iterable[Connection], budget: OutputBudget, limit: int, slow_seconds: float, now: float) -> None:
     """One pass of :func:`watch_connections`. Runtime complexity: O(connections),
     plus O(k log k) to order the k stalled connections when over the budget."""
-    stalled: list[Session] = []
+    stalled: list[Connection] = []
     for s in list(sessions):
         if s.closing:
             continue

@@ -38,17 +38,13 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING
-
 import trio
 
 from protocol import ErrorCode, ProtocolConnection, PushKind, Role
 
-from broker.core._log import get_logger
+from broker.core import Broker, get_logger
 
-if TYPE_CHECKING:
-    from broker.core._broker import Broker
-    from ._limits import ConnectionGuard
+from ._limits import ConnectionGuard
 
 __all__ = ["TlsAcceptor", "TLS_REQUIRED_REASON"]
 

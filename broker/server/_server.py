@@ -52,21 +52,40 @@ import storage
 from protocol import ErrorCode, ProtocolConnection, PushKind, Role
 from storage import sync_fds
 
-from broker.core._broker import Broker
-from broker.core._clock import Clock
-from broker.net._limits import ConnectionGuard, watch_connections
-from broker.monitoring._http import serve_http
-from broker.core._log import get_logger
-from broker.monitoring._monitor import Monitor, State
-from broker.nats._session import TOO_MANY_CONNECTIONS, NatsSession
+from broker.config import Config, ConfigError
+from broker.consumers import ConsumerEngine
+from broker.core import Broker, Clock, get_logger
+from broker.kv import KvReads
+from broker.monitoring import Monitor, State, serve_http
+from broker.nats import TOO_MANY_CONNECTIONS, JetStream, NatsSession
+from broker.net import ConnectionGuard, TlsAcceptor, watch_connections
+
+from ._dispatch import Dispatch
 from ._session import DRAIN_SECONDS, GOODBYE_SECONDS, Session
 from ._startup import StartupError, startup_failure
-from broker.net._tls import TlsAcceptor
-from broker.config import Config, ConfigError
 
-__all__ = ["serve", "run_server", "ServerHandle"]
+__all__ = ["serve", "run_server", "ServerHandle", "Services"]
 
 log = get_logger(__name__)
+
+
+class Services:
+    """The broker and what the server builds around it, one of each: the consumer
+    engine and the KV reads (both register their topic hooks before the broker
+    recovers), the JetStream API, the connections' guard and the binary
+    protocol's command table.
+
+    Args:
+        broker: the broker, not opened yet.
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.kv = KvReads(broker)
+        self.consumers = ConsumerEngine(broker)
+        self.jetstream = JetStream(broker, self.consumers, self.kv)
+        self.guard = ConnectionGuard(broker.config.limits)
+        self.dispatch = Dispatch(broker, self.consumers, self.kv, self.guard)
 
 
 @dataclass
@@ -76,6 +95,8 @@ class ServerHandle:
     broker: Broker
     host: str
     port: int
+    #: The consumer engine, KV reads, JetStream API and connections around the broker.
+    services: Services
     #: The monitoring port's address (None with ``[http] port = 0``).
     http_host: str | None = None
     http_port: int | None = None
@@ -116,9 +137,8 @@ async def serve(
         tls_context = config.server.ssl_context()  # loaded again: the files may have changed
     except ConfigError as exc:
         raise StartupError(f"invalid configuration: {exc}") from None
-    broker = Broker(config, clock)
-    guard = ConnectionGuard(config.limits)
-    monitor = Monitor(broker, guard.budget)
+    services = Services(Broker(config, clock))
+    monitor = Monitor(services.broker, services.consumers, services.guard)
     # Both ports before the recovery: one in use fails now, not after it.
     listeners = await trio.open_tcp_listeners(config.server.port, host=config.server.host)
     http_listeners: list[trio.SocketListener] = []
@@ -144,7 +164,7 @@ async def serve(
                 await monitoring.start(run_http)
                 log.info("monitoring", host=http_host, port=http_port)
             try:
-                await _run(broker, monitor, listeners, nats_listeners, guard, tls_context, task_status)
+                await _run(services, monitor, listeners, nats_listeners, tls_context, task_status)
             except Exception as exc:
                 failed = exc  # raised below, not inside this nursery's exception group
             finally:
@@ -158,16 +178,16 @@ async def serve(
 
 
 async def _run(
-    broker: Broker,
+    services: Services,
     monitor: Monitor,
     listeners: list[trio.SocketListener],
     nats_listeners: list[trio.SocketListener],
-    guard: ConnectionGuard,
     tls_context: ssl.SSLContext | None,
     task_status: trio.TaskStatus[ServerHandle],
 ) -> None:
     """Recover, serve the bound ``listeners`` (and ``nats_listeners``) until
     cancelled, shut down."""
+    broker, guard = services.broker, services.guard
     config = broker.config
     await trio.to_thread.run_sync(broker.open)
     try:
@@ -177,7 +197,7 @@ async def _run(
         monitor.recovered = True
         host, port = _sockname(listeners[0])
         http_host, http_port = monitor.http_address or (None, None)
-        handle = ServerHandle(broker, host, port, http_host, http_port)
+        handle = ServerHandle(broker, host, port, services, http_host, http_port)
         if nats_listeners:
             handle.nats_host, handle.nats_port = _sockname(nats_listeners[0])
         ids = itertools.count(1)
@@ -187,9 +207,10 @@ async def _run(
             await nursery.start(broker.committer.run)
             for task in broker.background_tasks():
                 nursery.start_soon(task)
-            nursery.start_soon(broker.jetstream.run)  # the JetStream API's waiting work (_jetstream.py)
+            nursery.start_soon(services.consumers.run)
+            nursery.start_soon(services.jetstream.run)  # the JetStream API's waiting work
             nursery.start_soon(
-                watch_connections, broker.sessions, guard.budget, limits.max_pending_bytes_per_connection,
+                watch_connections, guard.sessions, guard.budget, limits.max_pending_bytes_per_connection,
                 limits.slow_consumer_seconds,
             )
             conn_nursery_holder: list[trio.Nursery] = []
@@ -198,13 +219,13 @@ async def _run(
                 async with trio.open_nursery() as conns:
                     conn_nursery_holder.append(conns)
                     await trio.serve_listeners(
-                        lambda stream: _connection(broker, guard, stream, next(ids), tls), listeners,
+                        lambda stream: _connection(services, stream, next(ids), tls), listeners,
                         handler_nursery=conns, task_status=task_status,
                     )
 
             async def accept_nats(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                 await trio.serve_listeners(
-                    lambda stream: _connection(broker, guard, stream, next(ids), tls, nats=True), nats_listeners,
+                    lambda stream: _connection(services, stream, next(ids), tls, nats=True), nats_listeners,
                     handler_nursery=conn_nursery_holder[0], task_status=task_status,
                 )
 
@@ -221,7 +242,7 @@ async def _run(
             finally:
                 monitor.state = State.SHUTTING_DOWN
                 with trio.CancelScope(shield=True):
-                    await _shutdown(broker, [*listeners, *nats_listeners])
+                    await _shutdown(broker, guard, [*listeners, *nats_listeners])
                 nursery.cancel_scope.cancel()
     finally:
         monitor.state = State.SHUTTING_DOWN
@@ -265,7 +286,7 @@ async def _listen_nats(config: Config) -> list[trio.SocketListener]:
         raise StartupError(f"cannot listen for NATS clients on {where}: {exc.strerror or exc} (set [nats] host)") from None
 
 
-async def _shutdown(broker: Broker, listeners: list[trio.SocketListener]) -> None:
+async def _shutdown(broker: Broker, guard: ConnectionGuard, listeners: list[trio.SocketListener]) -> None:
     """Refuse new work, make it durable, send what is queued, then say GOODBYE
     (SHUTTING_DOWN) to every connection and close it.
 
@@ -279,10 +300,10 @@ async def _shutdown(broker: Broker, listeners: list[trio.SocketListener]) -> Non
             await listener.aclose()
         with trio.move_on_after(DRAIN_SECONDS):
             await broker.committer.sync_now()
-            for session in list(broker.sessions):
+            for session in list(guard.sessions):
                 session.kick()
                 await session.drain_queued()
-        sessions = list(broker.sessions)
+        sessions = list(guard.sessions)
         log.info("shutting_down", connections=len(sessions))
         for session in sessions:
             session.shut_down("the broker is shutting down")
@@ -290,7 +311,7 @@ async def _shutdown(broker: Broker, listeners: list[trio.SocketListener]) -> Non
             for session in sessions:
                 await session.wait_ended()
     finally:
-        for session in list(broker.sessions):
+        for session in list(guard.sessions):
             session.abort()
 
 
@@ -317,8 +338,7 @@ def _peer_name(stream: trio.SocketStream) -> str:
 
 
 async def _connection(
-    broker: Broker, guard: ConnectionGuard, stream: trio.SocketStream, session_id: int, tls: TlsAcceptor | None = None,
-    nats: bool = False,
+    services: Services, stream: trio.SocketStream, session_id: int, tls: TlsAcceptor | None = None, nats: bool = False,
 ) -> None:
     """One accepted connection (``nats``: on the NATS port), from accept to close.
     Never raises (but Cancelled).
@@ -327,6 +347,7 @@ async def _connection(
     does that itself, after its INFO). At the connection limit it takes the place
     of the connection that has waited longest for its handshake, if any
     (``_limits.py``, rule 4)."""
+    broker, guard = services.broker, services.guard
     peer = "?"
     session_stream: trio.abc.Stream = stream
     try:
@@ -338,17 +359,17 @@ async def _connection(
                 return
             session_stream = secured
         limit = broker.config.limits.max_connections
-        if len(broker.sessions) >= limit or broker.shutting_down:
+        if len(guard.sessions) >= limit or broker.shutting_down:
             victim = None if broker.shutting_down else guard.evictable(trio.current_time())
             if victim is None:
                 await _refuse(broker, session_stream, peer, limit, nats)
                 return
             victim.evict(limit)
         if nats:
-            session: Session = NatsSession(broker, session_stream, session_id, peer, guard, tls)
+            session: Session = NatsSession(broker, services.jetstream, session_stream, session_id, peer, guard, tls)
         else:
-            session = Session(broker, session_stream, session_id, peer, guard)
-        broker.sessions.add(session)
+            session = Session(broker, session_stream, session_id, peer, guard, services.dispatch)
+        guard.sessions.add(session)
         log.debug("connection_opened", session=session_id, peer=peer)
         await session.run()
     except* Exception:

@@ -65,21 +65,19 @@ from protocol import (
     error_class,
 )
 
-from broker.core import _commit
-from broker.kv._reads import kv_get_frames
-from broker.net._limits import ConnectionGuard
-from broker.core._log import get_logger
-from broker.core._publishing import publish_frames
+from broker.core import Broker, get_logger
+from broker.core import info as server_info
+from broker.kv import kv_get_frames
+from broker.net import RECEIVE_SIZE, ConnectionGuard
 
 if TYPE_CHECKING:
-    from broker.core._broker import Broker
-    from broker.core._subscriptions import Subscription
+    from ._dispatch import Dispatch
+    from ._subscriptions import Subscription
 
 __all__ = ["Session"]
 
 log = get_logger(__name__)
 
-RECEIVE_SIZE = 256 * 1024
 #: Largest frame accepted before the handshake. A handshake is at most 534 bytes
 #: (16 header, 4 magic, 2 version, two str8 of at most 256).
 MAX_HANDSHAKE_FRAME = 1024
@@ -135,6 +133,9 @@ def _publish_request(request: tuple[int, bytes, int]) -> Request:
 
 
 class Session:
+    #: Which protocol it speaks (``net.Connection``).
+    protocol = "ttlbroker"
+
     def __init__(
         self,
         broker: Broker,
@@ -142,6 +143,7 @@ class Session:
         session_id: int,
         peer: str,
         guard: ConnectionGuard | None = None,
+        dispatch: Dispatch | None = None,
     ) -> None:
         limits = broker.config.limits
         self.broker = broker
@@ -156,6 +158,8 @@ class Session:
         self.peer = peer
         self.peer_host = peer.rsplit(":", 1)[0]
         self.guard = guard = guard or ConnectionGuard(limits)
+        #: The command table (None: a NATS session, which has its own).
+        self.dispatch = dispatch
         self.budget = guard.budget
         self.throttle = guard.throttle
         guard.waiting[self] = trio.current_time()  # until its handshake
@@ -399,7 +403,8 @@ class Session:
             log.error("connection_task_failed", exc_info=True, session=self.id, peer=self.peer)
         finally:
             self.guard.waiting.pop(self, None)
-            self.broker.drop_session(self)
+            self._closed()
+            self.guard.sessions.discard(self)
             leftover, self.pending_bytes = self.pending_bytes, 0
             self.budget.sent(leftover)
             self._now.clear()
@@ -413,6 +418,12 @@ class Session:
             if _FAILED.get(reason, True):
                 self.broker.counters.connections_failed += 1
             log.debug("connection_closed", session=self.id, peer=self.peer, reason=reason)
+
+    def _closed(self) -> None:
+        """The connection ended: what it held in the broker goes (its subscriptions,
+        waiting pulls and memberships)."""
+        assert self.dispatch is not None
+        self.dispatch.session_closed(self)
 
     async def _linger(self, seconds: float) -> None:
         """After the last frame: half-close, and read (discarding) until the client
@@ -487,7 +498,7 @@ class Session:
         if self._unchecked >= RECEIVE_SIZE:
             self._unchecked = 0
             await trio.lowlevel.checkpoint()
-        buffer = self.broker.receive_buffer
+        buffer = self.guard.receive_buffer
         while True:
             try:
                 data = buffer[: sock.recv_into(buffer, size)].tobytes()
@@ -507,7 +518,7 @@ class Session:
         receive = self._receive
         budget = self.budget
         broker = self.broker
-        sync_handlers = broker.sync_handlers
+        sync_handlers = self.dispatch.sync if self.dispatch is not None else {}
         while True:
             if self._closing:
                 return  # ended while the reader was writing
@@ -776,7 +787,7 @@ class Session:
         if self._read_scope is not None:
             self._read_scope.deadline = math.inf
         self.client_name = cmd.client_name
-        info = broker.info()
+        info = server_info(broker)
         info["session_id"] = self.id
         self.send_now(self.conn.send_raw_response(corr, Command.HANDSHAKE, HandshakeOk(PROTOCOL_VERSION, info).encode()))
 
@@ -844,7 +855,9 @@ class Session:
     async def _handle(self, event: Request) -> None:
         broker = self.broker
         cmd = event.command
-        handler = broker.sync_handlers.get(cmd.__class__)
+        dispatch = self.dispatch
+        assert dispatch is not None
+        handler = dispatch.sync.get(cmd.__class__)
         if handler is not None and not broker.shutting_down:
             self._handle_now(event, handler)
             return
@@ -855,7 +868,7 @@ class Session:
             self.corr = corr
             self._in_handler = True
             try:
-                result = await broker.async_handlers[cmd.__class__](self, cmd)
+                result = await dispatch.async_[cmd.__class__](self, cmd)
             finally:
                 self._in_handler = False
             if self._closing:
@@ -904,7 +917,8 @@ class Session:
         request on its own, what the read loop does after a request: send early,
         and wait while over the output limits. True: the connection is ending."""
         broker = self.broker
-        handler = broker.sync_handlers[KvGet]
+        assert self.dispatch is not None
+        handler = self.dispatch.sync[KvGet]
         n = len(requests)
         i = 0
         while i < n:
@@ -912,7 +926,7 @@ class Session:
                 self._kv_get_alone(requests[i], handler, None)
                 i += 1
             else:
-                frames, size, i, exc = kv_get_frames(broker, requests, i, SEND_EARLY)
+                frames, size, i, exc = kv_get_frames(self.dispatch.kv, requests, i, SEND_EARLY)
                 if frames:
                     self.corr = requests[i - 1][0]
                     self.send_now(frames[0] if len(frames) == 1 else b"".join(frames))
@@ -958,7 +972,7 @@ class Session:
             self._send_nowait()
         if self._durable:
             committer = self.broker.committer
-            if committer.last_sync_seconds >= _commit.INLINE_SYNC_SECONDS:
+            if committer.slow_disk:
                 return
             epoch = committer.epoch
             await trio.lowlevel.checkpoint()
@@ -981,14 +995,14 @@ class Session:
         if broker.shutting_down:
             return False
         if len(requests) == 1:
-            handler = broker.sync_handlers.get(Publish)
+            handler = self.dispatch.sync.get(Publish) if self.dispatch is not None else None
             if handler is None:
                 return False
             self._handle_now(_publish_request(requests[0]), handler)
             return True
         self.corr = requests[-1][0]
         try:
-            replies = publish_frames(broker, self, requests)
+            replies = broker.publisher.publish_frames(self, requests)
         except Exception as exc:
             self._failed([corr for corr, _, _ in requests], Command.PUBLISH, exc)
             return True

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.core._catalog import by_name
+from broker.core._topics import by_name
 
 
 @dataclass(eq=False)

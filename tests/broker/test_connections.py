@@ -635,7 +635,7 @@ async def test_a_bug_in_a_handler_costs_one_request(server: ServerHandle, client
     def broken(session: object, cmd: object) -> bytes:
         raise ZeroDivisionError("on purpose")
 
-    server.broker.sync_handlers[P.Ping] = broken
+    server.services.dispatch.sync[P.Ping] = broken
     with pytest.raises(P.InternalErrorError) as info:  # type: ignore[attr-defined]
         await client.ping()
     assert info.value.code == 1 and info.value.message == "internal error in PING: ZeroDivisionError: on purpose"
@@ -648,7 +648,8 @@ async def test_a_bug_in_a_connection_task_costs_that_connection(
 ) -> None:
     caplog.set_level(logging.ERROR, logger="broker")
     async with connect(server.address) as victim:
-        (session,) = [s for s in server.broker.sessions if s.id == max(x.id for x in server.broker.sessions)]
+        sessions = server.services.guard.sessions
+        (session,) = [s for s in sessions if s.id == max(x.id for x in sessions)]
         assert isinstance(session, Session)
 
         def boom() -> bytes:

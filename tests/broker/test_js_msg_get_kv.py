@@ -61,27 +61,27 @@ class _Inbox:
 def _publish(broker: Any, subject: str, value: bytes, headers: list[tuple[str, str]]) -> None:
     block = P.nats_to_record_headers(encode_nats_headers(headers)) if headers else b""
     cmd = P.Publish.from_bodies([P.encode_body(subject, value, block)], 0)
-    broker.sync_handlers[P.Publish](None, cmd)
+    broker.publisher.publish(None, cmd)
 
 
-def _expected_msg_get(broker: Any, topic: Any, subject: str) -> bytes:
+def _expected_msg_get(kv: Any, topic: Any, subject: str) -> bytes:
     """The answer as built from ``KvReads.get``'s entry (or its refusal)."""
     if topic is None:
         return api_error("stream_msg_get", js_error(STREAM_NOT_FOUND))
     if not P.is_literal(subject):
         return api_error("stream_msg_get", js_error(NO_MESSAGE_FOUND))
     try:
-        entry, _ = broker.kv.get(topic, subject, 0, broker.clock.now_ns())
+        entry, _ = kv.get(topic, subject, 0, kv.broker.clock.now_ns())
     except BrokerError:
         return api_error("stream_msg_get", js_error(NO_MESSAGE_FOUND))
     headers = encode_nats_headers(list(entry["headers"].items())) if entry["headers"] else None
     return msg_get_response(entry["subject"], entry["revision"], headers, entry["value"], rfc3339(entry["created"]))
 
 
-def _expected_direct_get(broker: Any, topic: Any, subject: str) -> tuple[bytes | None, bytes]:
+def _expected_direct_get(kv: Any, topic: Any, subject: str) -> tuple[bytes | None, bytes]:
     """``DIRECT.GET.KV_b.<subject>``'s headers and payload as built from the entry."""
     try:
-        entry, _ = broker.kv.get(topic, subject, 0, broker.clock.now_ns())
+        entry, _ = kv.get(topic, subject, 0, kv.broker.clock.now_ns())
     except BrokerError:
         return encode_nats_headers([], 404, "Message Not Found"), b""
     stored = encode_nats_headers(list(entry["headers"].items())) if entry["headers"] else None
@@ -98,7 +98,7 @@ async def test_kv_msg_get_answers_what_the_entry_gives(mock_clock, data_dir) -> 
         await c.kv_create("b", history=3)
         await c.kv_create("other", history=1)
         broker = h.broker
-        js = broker.jetstream
+        js = h.services.jetstream
         inbox = _Inbox(broker)
         sub = NatsSubscription(inbox, "1", INBOX, None)
         broker.subs.add(sub)
@@ -137,7 +137,7 @@ async def test_kv_msg_get_answers_what_the_entry_gives(mock_clock, data_dir) -> 
                     inbox.got.clear()
                     js.request(f"$JS.API.STREAM.MSG.GET.{name}", reply, None, b'{"last_by_subj":"%s"}' % subject.encode())
                     where = {"KV_b": topic, "KV_other": other}.get(name)
-                    want = _expected_msg_get(broker, where, subject)
+                    want = _expected_msg_get(h.services.kv, where, subject)
                     assert inbox.got == [encode_msg(reply.encode(), b"1", None, None, want)]
                 elif kind == "any":
                     # The fast path (JetStream.request) against api() itself.
@@ -161,7 +161,7 @@ async def test_kv_msg_get_answers_what_the_entry_gives(mock_clock, data_dir) -> 
                     reply = f"_INBOX.test.{n}"
                     inbox.got.clear()
                     js.request(f"$JS.API.DIRECT.GET.KV_b.{subject}", reply, None, b"")
-                    headers, payload = _expected_direct_get(broker, topic, subject)
+                    headers, payload = _expected_direct_get(h.services.kv, topic, subject)
                     assert inbox.got == [encode_msg(reply.encode(), b"1", None, headers, payload)]
 
         check()

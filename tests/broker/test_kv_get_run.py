@@ -19,7 +19,7 @@ from ttl_helpers import broker_and_client
 
 import protocol as P
 from broker.server import _session
-from broker.kv._reads import kv_get_frames
+from broker.kv import kv_get_frames
 from broker.server._session import Session
 
 KV_GET = int(P.Command.KV_GET)
@@ -138,7 +138,7 @@ async def test_errors_inside_a_run_get_the_answers_they_get_alone(mock_clock, da
         # answer or error, in its response frame.
         conn = P.ProtocolConnection(P.Role.SERVER)
         conn.state = P.State.READY
-        handler = h.broker.sync_handlers[P.KvGet]
+        handler = h.services.dispatch.sync[P.KvGet]
         for frame, got in zip([*frames, tail, get_frame(17, "b", "k0")], after):
             conn.receive_data(frame)
             event = conn.next_event()
@@ -173,7 +173,7 @@ async def test_errors_inside_a_run_get_the_answers_they_get_alone(mock_clock, da
 
 
 def _kv_lease(offset: int) -> str:
-    from broker.kv._reads import LEASE_PREFIX
+    from broker.kv import LEASE_PREFIX
 
     return f"{LEASE_PREFIX}{offset}"
 
@@ -216,6 +216,7 @@ async def test_runs_answer_byte_for_byte_what_each_request_gets_alone(mock_clock
         def session() -> tuple[Session, list[bytes]]:
             s = object.__new__(Session)
             s.broker = broker
+            s.dispatch = h.services.dispatch
             s.conn = P.ProtocolConnection(P.Role.SERVER)
             s.conn.state = P.State.READY
             s.id = 0
@@ -254,7 +255,7 @@ async def test_runs_answer_byte_for_byte_what_each_request_gets_alone(mock_clock
             # The read loop, one request at a time.
             alone, expected = session()
             alone.conn.receive_data(data)
-            handler = broker.sync_handlers[P.KvGet]
+            handler = h.services.dispatch.sync[P.KvGet]
             while (event := alone.conn.next_event()) is not P.NEED_DATA:
                 if isinstance(event, P.Request):
                     alone._handle_now(event, handler)

@@ -23,7 +23,7 @@ from broker.core import _commit
 from broker.server import _session
 from broker.core._commit import Committer
 from broker.core._stats import Counters
-from broker.core._publishing import publish_frames
+from broker.core import Publisher
 from broker.client import Client, connect
 from broker.server import ServerHandle
 from storage import FsyncPolicy
@@ -39,12 +39,14 @@ def spy_on_joins(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     it sent them back to go one at a time)."""
     joined: list[int] = []
 
-    def spy(broker: Any, session: Any, cmds: list[P.Publish]) -> Any:
-        reply = publish_frames(broker, session, cmds)
+    real = Publisher.publish_frames
+
+    def spy(publisher: Publisher, session: Any, cmds: list[P.Publish]) -> Any:
+        reply = real(publisher, session, cmds)
         joined.append(0 if reply is None else len(cmds))
         return reply
 
-    monkeypatch.setattr(_session, "publish_frames", spy)
+    monkeypatch.setattr(Publisher, "publish_frames", spy)
     return joined
 
 
@@ -288,14 +290,16 @@ def spy_on_runs(monkeypatch: pytest.MonkeyPatch, broker: Any) -> list[tuple[int,
     the run came)``."""
     runs: list[tuple[int, int, int, int]] = []
 
-    def spy(b: Any, session: Any, cmds: list[P.Publish]) -> Any:
+    real = Publisher.publish_frames
+
+    def spy(publisher: Publisher, session: Any, cmds: list[P.Publish]) -> Any:
         synced, sent = broker.committer.synced, session._sent_bytes
-        reply = publish_frames(b, session, cmds)
+        reply = real(publisher, session, cmds)
         assert reply is not None
         runs.append((len(cmds), reply[1], synced, sent))
         return reply
 
-    monkeypatch.setattr(_session, "publish_frames", spy)
+    monkeypatch.setattr(Publisher, "publish_frames", spy)
     return runs
 
 

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from ttl_helpers import broker_and_client
 
 import protocol as P
-from broker.core._publishing import publish
 
 SUBJECTS = ["t.a", "t.b", "two.x", "two.y", "ttl.x", "$KV.b.k1", "$KV.b.k2", "$KV.b.a..b", "none.x"]
 HEADERS: list[list[tuple[str, str]]] = [
@@ -60,6 +59,7 @@ async def test_stored_replies_the_first_offset_of_what_the_acks_say(mock_clock: 
         await setup(ca)
         await setup(cb)
         a, b = ha.broker, hb.broker
+        ja, jb = ha.services.jetstream, hb.services.jetstream
         seen = {"offsets": 0, "other": 0}
 
         message = st.tuples(st.sampled_from(SUBJECTS), st.sampled_from(HEADERS), st.binary(max_size=8))
@@ -73,8 +73,8 @@ async def test_stored_replies_the_first_offset_of_what_the_acks_say(mock_clock: 
         def check(batch: list[tuple[str, list[tuple[str, str]], bytes]]) -> None:
             bodies = [body(*m) for m in batch]
             cmd = P.Publish.from_bodies(bodies, 0)
-            want = publish(a, None, cmd)
-            got = publish(b, None, cmd, stored=True)
+            want = a.publisher.publish(None, cmd)
+            got = b.publisher.publish(None, cmd, stored=True)
             assert got is not None and want is not None
             if isinstance(got, tuple) and got[0].__class__ is int:
                 seen["offsets"] += 1
@@ -90,7 +90,7 @@ async def test_stored_replies_the_first_offset_of_what_the_acks_say(mock_clock: 
             # What a NATS client gets, made from either reply.
             topics = [b.router.resolve(s.encode()) for s, _, _ in batch]
             topic_of = [getattr(r, "topic", None) for r in topics]
-            assert pub_acks(got, len(batch), topic_of, b.jetstream) == pub_acks(want, len(batch), topic_of, a.jetstream)
+            assert pub_acks(got, len(batch), topic_of, jb) == pub_acks(want, len(batch), topic_of, ja)
 
         check()
         assert seen["offsets"] >= 10 and seen["other"] >= 10  # both replies were compared

@@ -15,8 +15,9 @@ from ttl_helpers import advance, broker_and_client
 
 import protocol as P
 from broker import Clock
-from broker.core._broker import Broker
-from broker.core._partition import Partition
+from broker.core import Broker
+from broker.server import Services
+from broker.core._topics import Partition
 from conftest import make_config
 
 ID = "Nats-Msg-Id"
@@ -82,7 +83,7 @@ def open_broker(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Broker
         return groups
 
     monkeypatch.setattr(Partition, "rebuild_index", spy)
-    broker = Broker(make_config(data_dir), Clock())
+    broker = Services(Broker(make_config(data_dir), Clock())).broker  # with the consumers' and KV's hooks
     broker.open()
     return broker, rebuilt
 

@@ -95,7 +95,7 @@ async def test_trio_client_publishes_and_fetches_over_tls(data_dir: Path, certs:
     async with start_server(tls_config(data_dir, certs)) as h:
         async with connect(h.address, tls=tls_context(ca=str(certs.ca))) as c:
             await publish_and_fetch(c)
-            (session,) = h.broker.sessions
+            (session,) = h.services.guard.sessions
             assert isinstance(session.stream, trio.SSLStream)
             assert session.stream.version() in ("TLSv1.2", "TLSv1.3")
             assert session.peer.startswith("127.0.0.1:")  # the peer's name survives the wrapping
@@ -113,12 +113,12 @@ async def test_the_trio_client_reconnects_over_tls(data_dir: Path, certs: Certs)
             h.address, tls=tls_context(ca=str(certs.ca)), reconnect_wait=0.01, on_reconnect=lambda n: reconnected.set(),
         ) as c:
             await c.ping()
-            for session in list(h.broker.sessions):
+            for session in list(h.services.guard.sessions):
                 session.abort()  # the broker drops the connection
             with trio.fail_after(10):
                 await reconnected.wait()
             assert await c.ping() >= 0 and c.reconnects == 1
-            (session,) = h.broker.sessions
+            (session,) = h.services.guard.sessions
             assert isinstance(session.stream, trio.SSLStream)
         assert h.broker.counters.tls_handshake_failures == 0
 

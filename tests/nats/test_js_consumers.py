@@ -791,8 +791,8 @@ async def test_deliveries_and_plain_acks_wait_for_no_sync_of_their_own_but_an_ac
     assert broker.committer.acks_wait
 
     def journal_dirty() -> bool:
-        topic = broker.jetstream.topic(STREAM)
-        return bool(topic.consumer_journal.file.dirty)
+        topic = nats_server.services.jetstream.topic(STREAM)
+        return bool(nats_server.services.consumers.journal_of(topic).file.dirty)
 
     def state() -> tuple[int, bool]:
         return broker.counters.fsyncs, journal_dirty()

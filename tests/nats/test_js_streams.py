@@ -354,7 +354,7 @@ async def test_waiting_requests_are_bounded(nats_server: ServerHandle, monkeypat
     import broker.nats._jetstream
 
     monkeypatch.setattr(broker.nats._jetstream, "MAX_WAITING_REQUESTS", 4)
-    js = nats_server.broker.jetstream
+    js = nats_server.services.jetstream
     for i in range(6):
         js.request(f"$JS.API.STREAM.CREATE.F{i}", None, None, json.dumps({"name": f"F{i}", "subjects": [f"f{i}"]}).encode())
     assert (js.waiting, js.api_errors) == (4, 2)
@@ -443,7 +443,7 @@ async def test_garbage_requests_are_answered_never_crash(nats_server: ServerHand
 
     answers: list[bytes] = []
     monkeypatch.setattr(broker.nats._jetstream, "send_core", lambda b, subject, reply, headers, body, **kw: answers.append(body) or 1)
-    js = nats_server.broker.jetstream
+    js = nats_server.services.jetstream
     js.request("$JS.API.STREAM.CREATE.G", "r", None, json.dumps({"name": "G", "subjects": ["g.>"], "allow_direct": True}).encode())
     while js.waiting:
         await trio.sleep(0.01)

@@ -40,7 +40,8 @@ import trio
 from conftest import env_with_project, make_config, start_server
 
 import protocol as P
-from broker.core._broker import Broker
+from broker.core import Broker
+from broker.server import Services
 from broker.client import connect
 from storage import ConsumerOffsets, Damage, DataDir
 
@@ -124,7 +125,7 @@ def _copy(template: Path, dest: Path) -> Path:
 
 
 def _open_broker(root: Path) -> tuple[Broker, list[Damage]]:
-    b = Broker(make_config(root))
+    b = Services(Broker(make_config(root))).broker  # with the consumers' and KV's hooks
     seen: list[Damage] = []
     forward = b.datadir.report
 

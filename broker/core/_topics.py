@@ -1,26 +1,44 @@
-"""A partition as the broker sees it: the storage log, plus the subject index with
-one flag byte per offset (pending expiry, never, marker, no-marker).
+"""Streams, topics and partitions: the objects a message lives in.
 
-Every removal goes through :meth:`Partition.remove`, so the log, the subject index
-and the deadline structure's count never disagree about what is live.
+They point at one another (a partition at its topic, a topic at its stream and its
+partitions), so they live in one module. A :class:`Partition` is the storage log as
+the broker sees it, plus the subject index with one flag byte per offset (pending
+expiry, never, marker, no-marker); every removal goes through
+:meth:`Partition.remove`, so the log, the subject index and the deadline
+structure's count never disagree about what is live.
+
+Ids are ``u32`` from 1 (Iggy's rule, never reused). Names follow the Iggy name rule
+(``protocol.normalize_name``) and are unique within their parent.
 """
+
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
-from protocol import FLAG_NO_MARKER, FLAG_TOMBSTONE, HOPS_HEADER, MARKER_MASK, TTL_NEVER, header_values
-from storage import AppendResult, PartitionLog, ReadResult
+from protocol import (
+    FLAG_NO_MARKER,
+    FLAG_TOMBSTONE,
+    HOPS_HEADER,
+    MARKER_MASK,
+    TTL_NEVER,
+    ErrorCode,
+    Identifier,
+    SubjectTransform,
+    TopicDetails,
+    error_class,
+    header_values,
+)
+from storage import AppendResult, ConsumerOffsets, PartitionLog, ReadResult
 
-from ._dedup import MSG_ID
+from ._dedup import MSG_ID, DedupTable
 from ._subject_index import MARKER, NEVER, NO_MARKER, PENDING, TOMBSTONE, SubjectIndex, SubjectState
+from ._topic_config import TopicConfig
 
-if TYPE_CHECKING:
-    from ._catalog import Topic
-
-__all__ = ["Partition", "Removed", "flags_for"]
+__all__ = ["Partition", "Removed", "Stream", "Topic", "by_name", "flags_for"]
 
 _HOPS = HOPS_HEADER.encode()
 _DEDUP_HEADERS = frozenset((MSG_ID, _HOPS))
@@ -309,3 +327,157 @@ class Partition:
             return None
         return self.log.get(st.last)
 
+
+class Topic:
+    def __init__(self, stream: Stream, topic_id: int, config: TopicConfig, created_at: int) -> None:
+        self.stream = stream
+        self.id = topic_id
+        self.config = config  # also compiles the republish transform
+        self.created_at = created_at
+        self.partitions: list[Partition] = []
+        self.consumers: ConsumerOffsets | None = None
+        #: Messages removed since start, by reason (``ttl``, ``max_age``, ``delete``,
+        #: ``purge``, ``rollup``, ``max_msgs_per_subject``).
+        self.removed: dict[str, int] = {}
+        #: Subject delete markers written since start, by reason (``MaxAge``, ...).
+        self.markers: dict[str, int] = {}
+        #: ``Nats-Msg-Id`` de-duplication (``_dedup.py``), and the duplicates refused
+        #: since start.
+        self.dedup = DedupTable()
+        self.duplicates = 0
+
+    @property
+    def config(self) -> TopicConfig:
+        return self._config
+
+    @config.setter
+    def config(self, value: TopicConfig) -> None:
+        self._config = value
+        rp = value.republish
+        #: The compiled republish transform, or None.
+        self.republisher = SubjectTransform(rp["src"], rp["dest"]) if rp else None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.stream.name}/{self.name}"
+
+    def partition_for(self, subject: bytes) -> Partition:
+        n = len(self.partitions)
+        return self.partitions[zlib.crc32(subject) % n if n > 1 else 0]
+
+    def partition(self, number: int) -> Partition:
+        if not 0 <= number < len(self.partitions):
+            raise error_class(ErrorCode.PARTITION_NOT_FOUND)(
+                f"topic {self.full_name} has partitions 0..{len(self.partitions) - 1}, not {number}"
+            )
+        return self.partitions[number]
+
+    @property
+    def messages_count(self) -> int:
+        return sum(p.log.live_count for p in self.partitions)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(p.log.size_bytes for p in self.partitions)
+
+    @property
+    def live_bytes(self) -> int:
+        """The bytes of the live messages' records (what ``size_bytes`` holds less
+        what was removed and not yet cleaned away)."""
+        return sum(p.log.live_bytes() for p in self.partitions)
+
+    def details(self, extra: dict[str, Any] | None = None) -> TopicDetails:
+        info: dict[str, Any] = {
+            "stream_id": self.stream.id,
+            "stream": self.stream.name,
+            "created_at": self.created_at,
+            "options": self.config.options(),
+            "pending_expiries": sum(p.pending for p in self.partitions),
+            "removed": dict(self.removed),
+            "markers": dict(self.markers),
+            "duplicates": self.duplicates,
+            "dedup_ids": len(self.dedup),
+            "partitions": [
+                {
+                    "partition": p.number,
+                    "first_offset": p.log.first_offset,
+                    "last_offset": p.log.last_offset,
+                    "messages": p.log.live_count,
+                    "size_bytes": p.log.size_bytes,
+                    "segments": len(p.log.segments),
+                    "subjects": sum(1 for st in p.index.subjects.values() if st.count),
+                }
+                for p in self.partitions
+            ],
+        }
+        if extra:
+            info.update(extra)
+        return TopicDetails(
+            self.id, self.config.partitions_count, self.config.message_expiry, self.size_bytes, self.messages_count,
+            self.name, info,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "created_at": self.created_at, "config": self.config.to_json()}
+
+
+_Named = TypeVar("_Named", "Topic", "Stream")
+
+
+def by_name(by_id: dict[int, _Named], names: dict[str, _Named], name: str) -> _Named | None:
+    """The stream or topic of ``by_id`` called ``name``, through ``names``, an index
+    that is checked on every hit (the entry must still be in ``by_id`` under that
+    name) and made again from ``by_id`` on a miss or a stale entry: creations and
+    deletions need not keep it up to date."""
+    found = names.get(name)
+    if found is not None and by_id.get(found.id) is found and found.name == name:
+        return found
+    names.clear()
+    names.update((x.name, x) for x in by_id.values())
+    return names.get(name)
+
+
+class Stream:
+    def __init__(self, stream_id: int, name: str, created_at: int) -> None:
+        self.id = stream_id
+        self.name = name
+        self.created_at = created_at
+        self.topics: dict[int, Topic] = {}
+        #: The highest topic id ever given in this stream (ids are never reused).
+        self.topic_id_mark = 0
+        self._by_name: dict[str, Topic] = {}
+
+    def topic(self, ident: Identifier) -> Topic:
+        if ident.is_numeric:
+            t = self.topics.get(ident.value)  # type: ignore[arg-type]
+        else:
+            t = by_name(self.topics, self._by_name, ident.value)  # type: ignore[arg-type]
+        if t is None:
+            raise error_class(ErrorCode.TOPIC_NOT_FOUND)(f"stream {self.name!r} has no topic {ident.value!r}")
+        return t
+
+    def next_topic_id(self) -> int:
+        """One more than the highest id this stream ever gave a topic (the broker
+        also skips ids that have a directory on disk)."""
+        return max(max(self.topics, default=0), self.topic_id_mark) + 1
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(t.size_bytes for t in self.topics.values())
+
+    @property
+    def messages_count(self) -> int:
+        return sum(t.messages_count for t in self.topics.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "created_at": self.created_at,
+            "next_topic_id": self.next_topic_id(),
+            "topics": [t.to_json() for t in sorted(self.topics.values(), key=lambda t: t.id)],
+        }

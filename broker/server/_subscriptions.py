@@ -1,0 +1,115 @@
+"""The binary protocol's core subscriptions: SUBSCRIBE, UNSUBSCRIBE, and the
+:class:`Subscription` a session holds for each (``broker.core``'s subscription index
+files it beside the NATS ones and picks the subscribers of each message)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import protocol as P
+from protocol import ErrorCode, ProtocolConnection, PushKind, error_class, validate_filter
+
+from broker.core import Broker, Counters, Reply
+from broker.net import OutputBudget
+
+__all__ = ["Subscriber", "Subscription", "subscribe", "unsubscribe"]
+
+
+class Subscriber(Protocol):
+    """A binary-protocol session, as its subscriptions see it."""
+
+    #: Its subscriptions, by subscription id.
+    subs: dict[int, Subscription]
+    broker: Broker
+    budget: OutputBudget
+
+    @property
+    def conn(self) -> ProtocolConnection: ...
+
+    def accepts_pushes(self) -> bool: ...
+
+    def push(self, kind: PushKind, payload: bytes) -> bool: ...
+
+    def send_durable(self, epoch: int, frame: bytes) -> None: ...
+
+#: The place a core message's record names in a DELIVERY: no stream, topic or
+#: partition (offset 0), as an unrouted publish of ours.
+_NO_PLACE = P.delivery_entry(0, 0, 0)
+
+
+class Subscription:
+    """One SUBSCRIBE of a binary-protocol session (``core.Subscriber``)."""
+
+    __slots__ = ("session", "sid", "subject_filter", "tokens", "delivered", "dropped")
+
+    #: Binary-protocol subscriptions have no queue groups.
+    queue = None
+
+    def __init__(self, session: Subscriber, sid: int, subject_filter: str) -> None:
+        self.session = session
+        self.sid = sid
+        self.subject_filter = subject_filter
+        self.tokens = tuple(subject_filter.split("."))
+        self.delivered = 0
+        self.dropped = 0
+
+    def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
+        """One DELIVERY push of every record in ``parts`` (entry heads and records)."""
+        count = len(parts) // 2
+        payload = P.encode_delivery(self.sid, count, parts)
+        if self.session.push(P.PushKind.DELIVERY, payload):
+            self.delivered += count
+            counters.messages_out += count
+            counters.bytes_out += len(payload)
+        else:
+            self.dropped += count
+            counters.deliveries_dropped += count
+
+    def send_core(
+        self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int,
+        record: Callable[[], bytes], skip: object,
+    ) -> bool:
+        """A core message as a DELIVERY of its record at offset 0 (its reply subject
+        has no place in it); none when ttlbroker cannot carry its subject or headers."""
+        rec = record()
+        if not rec:
+            return False  # a subject or headers ttlbroker cannot carry: NATS subscribers only
+        delivery = P.encode_delivery(self.sid, 1, (_NO_PLACE, rec))
+        session = self.session
+        counters = session.broker.counters
+        if not epoch:
+            pushed = session.push(P.PushKind.DELIVERY, delivery)
+        else:
+            pushed = session.accepts_pushes() and session.budget.has_room(len(delivery) + 16)
+            if pushed:
+                session.send_durable(epoch, session.conn.send_push(P.PushKind.DELIVERY, delivery))
+        if pushed:
+            self.delivered += 1
+            counters.messages_out += 1
+            counters.bytes_out += len(payload)
+        else:
+            self.dropped += 1
+            counters.deliveries_dropped += 1
+        return pushed
+
+
+def subscribe(broker: Broker, session: Subscriber, cmd: P.Subscribe) -> Reply:
+    validate_filter(cmd.subject_filter)
+    if cmd.subscription_id in session.subs:
+        raise error_class(ErrorCode.SUBSCRIPTION_EXISTS)(f"subscription id {cmd.subscription_id} is already in use")
+    limit = broker.config.limits.max_subscriptions_per_connection
+    if len(session.subs) >= limit:
+        raise error_class(ErrorCode.TOO_MANY_SUBSCRIPTIONS)(f"a connection may hold at most {limit} subscriptions")
+    sub = Subscription(session, cmd.subscription_id, cmd.subject_filter)
+    session.subs[cmd.subscription_id] = sub
+    broker.subs.add(sub)
+    return b""
+
+
+def unsubscribe(broker: Broker, session: Subscriber, cmd: P.Unsubscribe) -> Reply:
+    sub = session.subs.pop(cmd.subscription_id, None)
+    if sub is None:
+        raise error_class(ErrorCode.SUBSCRIPTION_NOT_FOUND)(f"no subscription with id {cmd.subscription_id}")
+    broker.subs.remove(sub)
+    return b""
