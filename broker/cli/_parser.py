@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from . import _args as A
-from broker.client._client import RECONNECT_ATTEMPTS
+from broker.client import RECONNECT_ATTEMPTS
 
 __all__ = ["add_client_commands", "completion_script", "SHELLS"]
 
