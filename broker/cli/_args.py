@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-from typing import Any
+import ssl
 
 from protocol import parse_go_duration
 from storage import parse_duration_ms
@@ -46,7 +46,7 @@ def global_options(*, defaults: bool) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("global options (before or after the command)")
 
-    def default(value: Any) -> Any:
+    def default(value: object) -> object:
         return value if defaults else argparse.SUPPRESS
 
     server = env.get(ENV["server"]) or DEFAULT_SERVER
@@ -75,7 +75,7 @@ def global_options(*, defaults: bool) -> argparse.ArgumentParser:
     return p
 
 
-def tls_option(args: argparse.Namespace) -> Any:
+def tls_option(args: argparse.Namespace) -> ssl.SSLContext | bool | None:
     """What ``connect(..., tls=...)`` takes for these arguments: None (no TLS), True
     (TLS with the system's CAs) or an ``ssl.SSLContext`` made from the files.
 

@@ -1,43 +1,37 @@
 """The ``ttlbroker`` commands that drive a running broker: streams, topics,
 publish, fetch, last, sub, stats, export, delete, purge and offsets (consumers are
-in ``_cli_consumer.py``, KV buckets in ``_cli_kv.py``), and :func:`run_client`,
-which connects and runs one of them.
+in ``_consumer.py``, KV buckets in ``_kv.py``). ``_run.py`` connects and runs one.
 
 Errors are one line on stderr naming the error and its code; the exit status is 1
-(2 when the broker cannot be reached or the connection is lost, 130 on Ctrl-C).
+(2 when the broker cannot be reached or the connection is lost, 130 on Ctrl-C):
+``_exits.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
 from protocol import BrokerError, Message
 
 from ._args import headers, ident, tls_option
-from ._output import Out, count, listing, rate, size
+from ._exits import ExitStatus, connection_loss_exits
+from ._output import Out, Where, count, listing, rate, size
 from ._tables import show_stats, show_streams, show_topic, show_topics, stream_json, topic_json
-from broker.client import Client, ConnectionClosedError, ReconnectFailedError, connect, encode_msg
+from broker.client import Client, ConnectionClosedError, connect, encode_msg
 
-__all__ = ["run_client", "ExitStatus", "connection_loss_exits"]
+if TYPE_CHECKING:
+    from ._progress import Progress
 
-Command = Callable[[Client, argparse.Namespace, Out], Awaitable[None]]
-
-
-class ExitStatus(Exception):
-    """End the command with this exit status (its message is already printed)."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
-
+__all__ = [
+    "cmd_stream", "cmd_topic", "cmd_pub", "cmd_fetch", "cmd_last", "cmd_sub", "cmd_stats", "cmd_export",
+    "cmd_delete", "cmd_purge", "cmd_offset",
+]
 
 # -- streams and topics ------------------------------------------------------------------
 
@@ -169,7 +163,7 @@ async def _publish_many(c: Client, args: argparse.Namespace, out: Out, body: byt
                 progress.update(tally.acked)
             nursery.cancel_scope.cancel()
     seconds = time.perf_counter() - started
-    summary: dict[str, Any] = {
+    summary: dict[str, object] = {
         "published": tally.published, "errors": tally.errors, "first_offset": tally.first, "last_offset": tally.last,
     }
     if tally.duplicates:
@@ -227,49 +221,13 @@ async def cmd_last(c: Client, args: argparse.Namespace, out: Out) -> None:
     out.message(m, args.stream, args.topic)
 
 
-def _closed_text(err: ConnectionClosedError) -> str:
-    """Why a connection went, for one line on stderr: the reason, and the GOODBYE's
-    code when there was one."""
-    code = err.code
-    if code is None:
-        return err.reason
-    name = getattr(code, "name", None)
-    return f"{err.reason} ({name} {int(code)})" if name else f"{err.reason} (code {int(code)})"
-
-
-def _on_disconnect(err: ConnectionClosedError) -> None:
-    print(f"disconnected: {_closed_text(err)}; reconnecting", file=sys.stderr, flush=True)
-
-
-def _on_reconnect_to(server: str, again: str = "subscribed again") -> Callable[[int], None]:
-    def on_reconnect(attempts: int) -> None:
-        tries = f"{attempts} attempt{'' if attempts == 1 else 's'}"
-        print(f"reconnected to {server} after {tries}; {again}", file=sys.stderr, flush=True)
-
-    return on_reconnect
-
-
-@contextlib.contextmanager
-def connection_loss_exits() -> Iterator[None]:
-    """A lost connection (or a client that gave up reconnecting) is one line on
-    stderr saying why, and exit status 2."""
-    try:
-        yield
-    except ReconnectFailedError as exc:
-        print(f"error: {exc.reason}", file=sys.stderr, flush=True)  # the reason names the loss
-        raise ExitStatus(2) from None
-    except ConnectionClosedError as exc:
-        print(f"error: connection lost: {_closed_text(exc)}", file=sys.stderr, flush=True)
-        raise ExitStatus(2) from None
-
-
 async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
     """Print what the subscription receives. A lost connection ends it with one line
     on stderr saying why, exit status 2; with ``--reconnect`` the client reconnects
     (a line on stderr for each disconnect and reconnect) until it gives up."""
-    names: dict[tuple[int, int], tuple[Any, Any]] = {}
+    names: dict[tuple[int, int], tuple[Where, Where]] = {}
 
-    async def where(m: Message) -> tuple[Any, Any]:
+    async def where(m: Message) -> tuple[Where, Where]:
         if not m.stream_id:
             return None, None
         key = (m.stream_id, m.topic_id)
@@ -280,7 +238,8 @@ async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
                 if c.closed:
                     raise
                 return m.stream_id, m.topic_id  # lost on the way: print the ids this time
-            names[key] = (t.extra.get("stream", m.stream_id), t.name)
+            stream = cast("str | int", t.extra.get("stream", m.stream_id))  # the stream's name (docs/protocol.md)
+            names[key] = (stream, t.name)
         return names[key]
 
     seen = 0
@@ -331,7 +290,7 @@ async def cmd_export(c: Client, args: argparse.Namespace, out: Out) -> None:
     )
 
 
-async def _export_with_progress(c: Client, args: argparse.Namespace, progress: Any) -> dict[str, Any]:
+async def _export_with_progress(c: Client, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """The export, while a second connection feeds ``progress``; the export's own
     error comes out as itself, not in an exception group."""
     res: dict[str, Any] = {}
@@ -351,7 +310,7 @@ async def _export_with_progress(c: Client, args: argparse.Namespace, progress: A
     return res
 
 
-async def _export_progress(args: argparse.Namespace, progress: Any) -> None:
+async def _export_progress(args: argparse.Namespace, progress: Progress) -> None:
     """Read the pass's progress four times a second; a watcher that cannot connect
     or loses its connection just stops (the export goes on)."""
     try:
@@ -387,67 +346,3 @@ async def cmd_offset(c: Client, args: argparse.Namespace, out: Out) -> None:
     else:
         await c.delete_offset(s, t, args.consumer, args.partition)
         out.obj({"consumer": args.consumer, "partition": args.partition, "deleted": True}, "deleted")
-
-
-def _commands() -> dict[str, Command]:
-    # consumer and kv import ExitStatus from here: imported when a command runs
-    from ._consumer import cmd_consumer
-    from ._kv import cmd_kv
-
-    return {
-        "consumer": cmd_consumer, "stream": cmd_stream, "topic": cmd_topic, "pub": cmd_pub, "fetch": cmd_fetch,
-        "last": cmd_last, "sub": cmd_sub, "stats": cmd_stats, "export": cmd_export, "kv": cmd_kv,
-        "delete": cmd_delete, "purge": cmd_purge, "offset": cmd_offset,
-    }
-
-
-
-# -- connecting -------------------------------------------------------------------------
-
-
-def _error_line(exc: BrokerError) -> str:
-    return f"error: {exc.code.name} ({int(exc.code)}): {exc.message}"
-
-
-async def run_client(args: argparse.Namespace) -> int:
-    """Connect to ``args.server`` and run ``args.command``; returns the exit status."""
-    out = Out(args.json)
-    # One-shot commands report a lost connection; only `sub --reconnect` reconnects.
-    options: dict[str, Any] = {"reconnect": False}
-    if getattr(args, "reconnect", False):
-        again = "pulling again" if args.command == "consumer" else "subscribed again"
-        options = {
-            "reconnect": True, "max_reconnect_attempts": args.max_reconnects,
-            "on_disconnect": _on_disconnect, "on_reconnect": _on_reconnect_to(args.server, again),
-        }
-    try:
-        tls = tls_option(args)
-    except (OSError, ValueError) as exc:  # ssl names no file: say which were given
-        given = " ".join(f"--tls-{k} {v}" for k in ("ca", "cert", "key") if (v := getattr(args, f"tls_{k}", None)))
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        print(f"error: cannot load the TLS files ({given}): {why}", file=sys.stderr)
-        return 2
-    if tls is not None:
-        options["tls"] = tls
-    try:
-        async with connect(args.server, token=args.token, name="ttlbroker-cli", **options) as c:
-            await _commands()[args.command](c, args, out)
-    except ExitStatus as exc:
-        return exc.status
-    except BrokerError as exc:
-        print(_error_line(exc), file=sys.stderr)
-        return 1
-    except ConnectionClosedError as exc:
-        cause = exc.__cause__
-        if isinstance(cause, BrokerError):
-            print(_error_line(cause), file=sys.stderr)
-            return 1
-        print(f"error: {exc.reason}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"error: cannot connect to {args.server}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except TimeoutError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0

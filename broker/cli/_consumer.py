@@ -7,10 +7,10 @@ import sys
 from typing import Any
 
 from ._args import ident
-from ._commands import ExitStatus, connection_loss_exits
+from ._exits import ExitStatus, connection_loss_exits
 from ._output import Out, duration
 from ._tables import show_consumer, show_consumers
-from broker.client import Client
+from broker.client import Client, ConsumerMessage
 
 __all__ = ["cmd_consumer"]
 
@@ -80,7 +80,7 @@ async def cmd_consumer(c: Client, args: argparse.Namespace, out: Out) -> None:
 
 
 async def _next(c: Client, args: argparse.Namespace, out: Out, s: int | str, t: int | str) -> None:
-    got: list[Any] = []
+    got: list[ConsumerMessage] = []
     while len(got) < args.count:
         batch = await c.pull(s, t, args.name, min(args.count - len(got), 1000), expires=args.wait)
         if not batch:

@@ -1,4 +1,4 @@
-"""``ttlbroker kv ...``: KV buckets (``broker/client/_kv.py``).
+"""``ttlbroker kv ...``: KV buckets (the client's ``KeyValue``, ``broker/client/_kv.py``).
 
 A bucket is the topic ``kv/<bucket>`` and a key the subject ``$KV.<bucket>.<key>``;
 that is the broker's business, so the errors people see name the key and the
@@ -16,17 +16,16 @@ from typing import Any
 
 from protocol import BrokerError, ErrorCode, rfc3339_ns
 
-from ._commands import ExitStatus
+from ._exits import fail
 from ._output import Out
 from ._tables import show_bucket, show_buckets
-from broker.client import Client
-from broker.client._kv import KV_STREAM
+from broker.client import KV_STREAM, Client, Entry, KeyValue
 
 __all__ = ["cmd_kv"]
 
 
-def _entry_json(e: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def _entry_json(e: Entry) -> dict[str, object]:
+    out: dict[str, object] = {
         "bucket": e.bucket, "key": e.key, "revision": e.revision, "operation": e.operation,
         "created": rfc3339_ns(e.created), "ttl_remaining": e.ttl_remaining,
     }
@@ -36,11 +35,6 @@ def _entry_json(e: Any) -> dict[str, Any]:
         out["value"] = base64.b64encode(e.value).decode()
         out["value_encoding"] = "base64"
     return out
-
-
-def _fail(text: str) -> ExitStatus:
-    print(f"error: {text}", file=sys.stderr, flush=True)
-    return ExitStatus(1)
 
 
 @contextlib.contextmanager
@@ -55,15 +49,15 @@ def _key_errors(key: str, revision: int = 0) -> Iterator[None]:
         why = "expired" if "expired" in msg else "deleted" if msg.endswith("(del)") else "purged" if msg.endswith("(purge)") else ""
         detail = [f"revision {revision}"] if revision else []
         detail += [why] if why else []
-        raise _fail(f"key not found: {key}" + (f" ({', '.join(detail)})" if detail else "")) from None
+        raise fail(f"key not found: {key}" + (f" ({', '.join(detail)})" if detail else "")) from None
 
 
-async def _bucket(c: Client, name: str) -> Any:
+async def _bucket(c: Client, name: str) -> KeyValue:
     try:
         return await c.kv(name)
     except BrokerError as exc:
         if exc.code in (ErrorCode.STREAM_NOT_FOUND, ErrorCode.TOPIC_NOT_FOUND):
-            raise _fail(f"bucket not found: {name}") from None
+            raise fail(f"bucket not found: {name}") from None
         raise
 
 

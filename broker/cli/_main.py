@@ -2,10 +2,11 @@
 
 ``ttlbroker serve`` runs a broker in the foreground and prints ``listening on
 HOST:PORT`` once it accepts connections, then ``monitoring on http://HOST:PORT``
-(unless ``--http-port 0``) and ``nats on nats://HOST:PORT`` (unless ``--no-nats``); when it cannot start it prints one line saying why and what
-to do, and exits 2 (``_startup.py``). ``check`` and ``repair`` look after a
-stopped broker's data directory. Every other command talks to a running broker
-(``_cli_commands.py`` and the modules next to it): the global options ``--server``,
+(unless ``--http-port 0``) and ``nats on nats://HOST:PORT`` (unless ``--no-nats``);
+when it cannot start it prints one line saying why and what to do, and exits 2
+(``broker.server.StartupError``). ``check`` and ``repair`` look after a stopped
+broker's data directory. Every other command talks to a running broker
+(``_run.py``, ``_commands.py`` and the modules next to them): the global options ``--server``,
 ``--token``, ``--json`` and ``--tls*`` go before or after the command, and take their
 defaults from ``$TTLBROKER_SERVER``, ``$TTLBROKER_TOKEN``, ``$TTLBROKER_TLS_CA``, ...
 With ``--json`` results are JSON (lists and messages as JSON Lines, one object each);
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 import trio
 
@@ -34,7 +34,7 @@ def _version() -> str:
     try:
         return version("ttlbroker")
     except PackageNotFoundError:  # run from a checkout that is not installed
-        from broker.core._info import VERSION
+        from broker.core import VERSION
 
         return VERSION
 
@@ -96,17 +96,16 @@ _SERVE_OVERRIDES = (
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from broker.core._log import configure_logging
     from broker.config import ANY_PORT, DEFAULT_CONFIG_TOML, ConfigError, load_config
-    from broker.server._startup import StartupError
-    from broker.server import run_server
+    from broker.core import configure_logging
+    from broker.server import StartupError, run_server
 
     if args.print_config:
         print(DEFAULT_CONFIG_TOML(), end="")
         return 0
     try:
         cfg = load_config(args.config)
-        changes: dict[str, Any] = {
+        changes: dict[str, object] = {
             key: getattr(args, name) for name, key in _SERVE_OVERRIDES if getattr(args, name) not in (None, "")
         }
         if args.http_port is None and args.port == 0:
@@ -130,7 +129,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    """``ttlbroker check`` / ``repair``: see ``storage/_check.py``."""
+    """``ttlbroker check`` / ``repair``: ``storage.check_data_dir`` over the data
+    directory, and the export's manifest when there is an export directory."""
     from storage import Damage, StorageFailure, check_data_dir
 
     from broker.config import ConfigError, load_config
@@ -154,11 +154,16 @@ def _check(args: argparse.Namespace) -> int:
         return 2 if "not a directory" in exc.message or "in use" in exc.message else 1
     found = len(summary.damage)
     if export_dir:
-        from spark_export._manifest import Manifest, ManifestUnreadable
+        from spark_export import Manifest, ManifestUnreadable
 
         manifest_damage: list[Damage] = []
+
+        def record(d: Damage) -> None:
+            manifest_damage.append(d)
+            show(d)
+
         try:
-            Manifest.load(export_dir, lambda d: (manifest_damage.append(d), show(d)), readonly=True)
+            Manifest.load(export_dir, record, readonly=True)
         except ManifestUnreadable as exc:
             print(f"damage export_manifest: {exc.message}")
         found += len(manifest_damage)
@@ -188,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "completion":
             print(completion_script(parser, args.shell), end="")
             return 0
-        from ._commands import run_client
+        from ._run import run_client  # the command modules: serve, check and repair need none of them
 
         return trio.run(run_client, args)
     except KeyboardInterrupt:

@@ -6,7 +6,7 @@ people, drawn by rich. Rich leaves out colours and styles when stdout is not a
 terminal; we also give it a wide page there, so that a table piped to ``less`` or
 ``grep`` is never wrapped at 80 columns, and strip the padding at line ends.
 
-Progress bars are in ``_cli_progress.py``.
+Progress bars are in ``_progress.py``.
 """
 
 from __future__ import annotations
@@ -15,13 +15,20 @@ import base64
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from protocol import TTL_NEVER, Message, rfc3339_ns
 
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
 __all__ = [
-    "Out", "message_json", "count", "size", "duration", "flag", "listing", "rate",
+    "Out", "Where", "message_json", "count", "size", "duration", "flag", "listing", "rate",
 ]
+
+#: A message's stream or topic as printed: the name (or id) given on the command
+#: line or looked up, or None for a message no topic stored.
+Where = int | str | None
 
 #: The page width when stdout is not a terminal: wide enough never to wrap a row.
 PIPE_WIDTH = 4096
@@ -57,11 +64,11 @@ def duration(seconds: float) -> str:
     return (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{rest / 1000:g}s" if rest else "")
 
 
-def flag(value: Any) -> str:
+def flag(value: object) -> str:
     return "yes" if value else "no"
 
 
-def listing(values: Iterable[Any], empty: str = "-") -> str:
+def listing(values: Iterable[object], empty: str = "-") -> str:
     text = ", ".join(str(v) for v in values)
     return text or empty
 
@@ -73,9 +80,9 @@ def rate(n: int, seconds: float) -> str:
 # -- messages -------------------------------------------------------------------------
 
 
-def message_json(m: Message, stream: Any, topic: Any) -> dict[str, Any]:
+def message_json(m: Message, stream: Where, topic: Where) -> dict[str, object]:
     """One message as the CLI prints it with ``--json``."""
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "stream": stream,
         "topic": topic,
         "partition": m.partition,
@@ -97,7 +104,7 @@ def message_json(m: Message, stream: Any, topic: Any) -> dict[str, Any]:
     return out
 
 
-def _message_line(m: Message, stream: Any, topic: Any) -> str:
+def _message_line(m: Message, stream: Where, topic: Where) -> str:
     payload = m.payload.decode(errors="replace")
     hdrs = " ".join(f"{k}={v}" for k, v in m.headers.items())
     where = f"{stream}/{topic}[{m.partition}]@{m.offset}" if m.offset else "(not stored)"
@@ -116,10 +123,10 @@ class Out:
 
     def __init__(self, as_json: bool) -> None:
         self.json = as_json
-        self._console: Any = None
+        self._console: Console | None = None
 
     @property
-    def console(self) -> Any:
+    def console(self) -> Console:
         if self._console is None:
             from rich.console import Console
 
@@ -129,14 +136,14 @@ class Out:
             )
         return self._console
 
-    def obj(self, value: Any, text: str | None = None) -> None:
+    def obj(self, value: object, text: str | None = None) -> None:
         """``value`` as JSON, or ``text`` for people."""
         if self.json:
             print(json.dumps(value, default=str), flush=True)
         elif text is not None:
             print(text, flush=True)
 
-    def message(self, m: Message, stream: Any, topic: Any) -> None:
+    def message(self, m: Message, stream: Where, topic: Where) -> None:
         if self.json:
             print(json.dumps(message_json(m, stream, topic)), flush=True)
         else:
@@ -172,7 +179,7 @@ class Out:
     def blank(self) -> None:
         print(flush=True)
 
-    def _print(self, renderable: Any) -> None:
+    def _print(self, renderable: RenderableType) -> None:
         c = self.console
         if c.is_terminal:
             c.print(renderable)

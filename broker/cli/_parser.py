@@ -1,26 +1,29 @@
 """The arguments of the ``ttlbroker`` client commands, and ``ttlbroker completion``.
 
-``broker/cli.py`` builds the main parser (and ``serve``, ``check``, ``repair``) and
+``_main.py`` builds the main parser (and ``serve``, ``check``, ``repair``) and
 calls :func:`add_client_commands`. Every client command, and every group of them
-(``stream``, ``topic``, ...), takes the global options too (``_cli_args.py``).
+(``stream``, ``topic``, ...), takes the global options too (``_args.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TypeAlias
 
-from . import _args as A
-from broker.client._client import RECONNECT_ATTEMPTS
+from ._args import durations, global_options, seconds, start_offset, start_time, ttl_value, whole_seconds
+from broker.client import RECONNECT_ATTEMPTS
 
 __all__ = ["add_client_commands", "completion_script", "SHELLS"]
 
 #: The shells ``ttlbroker completion`` writes a script for.
 SHELLS = ("bash", "zsh")
 
+#: What ``add_subparsers`` returns: the commands (or actions) of a parser.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
 
 def _topic_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--expiry", type=A.whole_seconds, metavar="DURATION",
+    p.add_argument("--expiry", type=whole_seconds, metavar="DURATION",
                    help="max age of a message, e.g. 3600, 90s, 1h30m (0 = none; default: the broker's)")
     p.add_argument("--subjects", nargs="+", metavar="FILTER", help="subject filters the topic captures")
     p.add_argument("--max-msgs-per-subject", type=int, metavar="N", help="keep at most N messages per subject (0 = unlimited)")
@@ -28,12 +31,12 @@ def _topic_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--segment-size", type=int, metavar="BYTES", help="seal segments at this size")
     p.add_argument("--allow-msg-ttl", action="store_true", help="accept per-message TTLs (once on, never off)")
     p.add_argument(
-        "--marker-ttl", type=A.whole_seconds, metavar="DURATION",
+        "--marker-ttl", type=whole_seconds, metavar="DURATION",
         help="leave a subject delete marker living this long when a subject's last message goes (0 = off)",
     )
     p.add_argument("--allow-rollup", action="store_true", help="honour Nats-Rollup headers (sub, all)")
     p.add_argument(
-        "--duplicate-window", type=A.whole_seconds, metavar="DURATION",
+        "--duplicate-window", type=whole_seconds, metavar="DURATION",
         help="remember Nats-Msg-Id this long to store each id once (default 2m, at most the max age; 0 = off)",
     )
     p.add_argument("--pedantic", action="store_true", help="refuse instead of fixing the configuration automatically")
@@ -54,16 +57,33 @@ def _reconnect_options(p: argparse.ArgumentParser, again: str) -> None:
     )
 
 
-def add_client_commands(sub: Any) -> None:
+def add_client_commands(sub: Subparsers) -> None:
     """Add the client commands to the main parser's subparsers ``sub``."""
-    g = [A.global_options(defaults=False)]
+    g = [global_options(defaults=False)]
 
-    def group(name: str, helptext: str) -> Any:
+    def group(name: str, helptext: str) -> Subparsers:
         return sub.add_parser(name, parents=g, help=helptext, description=helptext).add_subparsers(
             dest="action", required=True, metavar="ACTION",
         )
 
-    ss = group("stream", "create, list or delete streams")
+    _stream_commands(group("stream", "create, list or delete streams"), g)
+    _topic_commands(group("topic", "create, update, list, show or delete topics"), g)
+    _message_commands(sub, g)
+    _broker_commands(sub, g)
+    _removal_commands(sub, g)
+    _offset_commands(group("offset", "named consumer offsets"), g)
+    _consumer_commands(group("consumer", "durable consumers: add, info, list, rm, next, sub"), g)
+    _kv_commands(group("kv", "KV buckets with per-key TTLs that reads can refresh"), g)
+
+    p = sub.add_parser(
+        "completion", help="print a shell completion script (bash or zsh)",
+        description="Print a completion script for the shell. bash: source <(ttlbroker completion bash); "
+        "zsh: ttlbroker completion zsh > \"${fpath[1]}/_ttlbroker\"",
+    )
+    p.add_argument("shell", choices=SHELLS)
+
+
+def _stream_commands(ss: Subparsers, g: list[argparse.ArgumentParser]) -> None:
     q = ss.add_parser("create", parents=g, help="create a stream")
     q.add_argument("name")
     q.add_argument("--id", type=int, help="stream id (default: the next free one)")
@@ -71,7 +91,8 @@ def add_client_commands(sub: Any) -> None:
     q = ss.add_parser("delete", parents=g, help="delete a stream and its topics")
     q.add_argument("stream")
 
-    ts = group("topic", "create, update, list, show or delete topics")
+
+def _topic_commands(ts: Subparsers, g: list[argparse.ArgumentParser]) -> None:
     q = ts.add_parser("create", parents=g, help="create a topic")
     q.add_argument("stream")
     q.add_argument("name")
@@ -89,13 +110,16 @@ def add_client_commands(sub: Any) -> None:
         q.add_argument("stream")
         q.add_argument("topic")
 
+
+def _message_commands(sub: Subparsers, g: list[argparse.ArgumentParser]) -> None:
+    """``pub``, ``fetch``, ``last`` and ``sub``."""
     p = sub.add_parser("pub", parents=g, help="publish a message (DATA from stdin when absent)")
     p.add_argument("subject")
     p.add_argument("data", nargs="?")
     p.add_argument("--header", action="append", metavar="K=V", help="a header (repeatable)")
     p.add_argument("--count", type=int, default=1,
                    help="publish the message N times, in pipelined batches (progress on a terminal; Ctrl-C stops)")
-    p.add_argument("--ttl", type=A.ttl_value, metavar="DURATION",
+    p.add_argument("--ttl", type=ttl_value, metavar="DURATION",
                    help="per-message TTL, sent as the Nats-TTL header: 30, 90s, 1h30m or never")
 
     p = sub.add_parser("fetch", parents=g, help="read messages of a partition")
@@ -120,11 +144,16 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("--count", type=int, default=0, help="exit after N messages (0 = run until interrupted)")
     _reconnect_options(p, "subscribe again; messages published meanwhile are not delivered")
 
-    sub.add_parser("stats", parents=g, help="the broker's counters, grouped")
 
+def _broker_commands(sub: Subparsers, g: list[argparse.ArgumentParser]) -> None:
+    """``stats`` and ``export``."""
+    sub.add_parser("stats", parents=g, help="the broker's counters, grouped")
     p = sub.add_parser("export", parents=g, help="export sealed segments to Parquet now (the broker's --export-dir)")
     p.add_argument("--seal", action="store_true", help="seal the active segments first, so that everything stored is exported")
 
+
+def _removal_commands(sub: Subparsers, g: list[argparse.ArgumentParser]) -> None:
+    """``delete`` (one message) and ``purge``."""
     p = sub.add_parser("delete", parents=g, help="delete one message")
     p.add_argument("stream")
     p.add_argument("topic")
@@ -136,7 +165,8 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("topic")
     p.add_argument("--subject")
 
-    os_ = group("offset", "named consumer offsets")
+
+def _offset_commands(os_: Subparsers, g: list[argparse.ArgumentParser]) -> None:
     for action in ("get", "set", "delete"):
         q = os_.add_parser(action, parents=g, help=f"{action} a consumer's offset")
         q.add_argument("stream")
@@ -146,18 +176,8 @@ def add_client_commands(sub: Any) -> None:
         if action == "set":
             q.add_argument("offset", type=int)
 
-    _consumer_commands(group("consumer", "durable consumers: add, info, list, rm, next, sub"), g)
-    _kv_commands(group("kv", "KV buckets with per-key TTLs that reads can refresh"), g)
 
-    p = sub.add_parser(
-        "completion", help="print a shell completion script (bash or zsh)",
-        description="Print a completion script for the shell. bash: source <(ttlbroker completion bash); "
-        "zsh: ttlbroker completion zsh > \"${fpath[1]}/_ttlbroker\"",
-    )
-    p.add_argument("shell", choices=SHELLS)
-
-
-def _consumer_commands(cs: Any, g: list[argparse.ArgumentParser]) -> None:
+def _consumer_commands(cs: Subparsers, g: list[argparse.ArgumentParser]) -> None:
     q = cs.add_parser("add", parents=g, help="create a durable consumer (the same again is a no-op)")
     q.add_argument("stream")
     q.add_argument("topic")
@@ -165,16 +185,16 @@ def _consumer_commands(cs: Any, g: list[argparse.ArgumentParser]) -> None:
     q.add_argument("--filter", action="append", metavar="SUBJECT", help="a subject filter (repeatable; default: all)")
     q.add_argument("--deliver", choices=["all", "new", "last", "last_per_subject", "by_start_offset", "by_start_time"],
                    help="where it starts (default all)")
-    q.add_argument("--start-offset", type=A.start_offset, metavar="N|P:N,...", help="with by_start_offset")
-    q.add_argument("--start-time", type=A.start_time, metavar="ISO8601", help="with by_start_time")
+    q.add_argument("--start-offset", type=start_offset, metavar="N|P:N,...", help="with by_start_offset")
+    q.add_argument("--start-time", type=start_time, metavar="ISO8601", help="with by_start_time")
     q.add_argument("--ack", choices=["explicit", "none", "all"], help="ack policy (default explicit)")
-    q.add_argument("--ack-wait", type=A.seconds, metavar="DURATION", help="redeliver unacked after this (default 30s)")
+    q.add_argument("--ack-wait", type=seconds, metavar="DURATION", help="redeliver unacked after this (default 30s)")
     q.add_argument("--max-deliver", type=int, metavar="N", help="give a message up after N deliveries (-1 = never)")
-    q.add_argument("--backoff", type=A.durations, metavar="D,D,...", help="redelivery delays by delivery count (1s,5s,1m)")
+    q.add_argument("--backoff", type=durations, metavar="D,D,...", help="redelivery delays by delivery count (1s,5s,1m)")
     q.add_argument("--max-ack-pending", type=int, metavar="N", help="at most N unacked deliveries (-1 = unlimited)")
     q.add_argument("--max-waiting", type=int, metavar="N", help="at most N waiting pulls")
     q.add_argument("--partitioned", action="store_true", help="each partition owned by one member of its group")
-    q.add_argument("--member-timeout", type=A.seconds, metavar="DURATION", help="partitioned: a silent member leaves after this")
+    q.add_argument("--member-timeout", type=seconds, metavar="DURATION", help="partitioned: a silent member leaves after this")
     q.add_argument("--description")
     for action, helptext in (("info", "a consumer's configuration and state"), ("rm", "delete a consumer and its state")):
         q = cs.add_parser(action, parents=g, help=helptext)
@@ -190,7 +210,7 @@ def _consumer_commands(cs: Any, g: list[argparse.ArgumentParser]) -> None:
     q.add_argument("name")
     q.add_argument("--count", type=int, default=1, help="how many (default 1)")
     q.add_argument("--no-ack", action="store_true", help="do not ack (they come again after the ack wait)")
-    q.add_argument("--wait", type=A.seconds, default=5.0, metavar="DURATION", help="how long to wait for them (default 5s)")
+    q.add_argument("--wait", type=seconds, default=5.0, metavar="DURATION", help="how long to wait for them (default 5s)")
     q = cs.add_parser(
         "sub", parents=g, help="print and ack messages as they come, until interrupted",
         description="Print and ack a consumer's messages as they come. A lost connection ends it with one line on "
@@ -205,15 +225,15 @@ def _consumer_commands(cs: Any, g: list[argparse.ArgumentParser]) -> None:
     _reconnect_options(q, "pull again; unacked messages may come again")
 
 
-def _kv_commands(kv: Any, g: list[argparse.ArgumentParser]) -> None:
+def _kv_commands(kv: Subparsers, g: list[argparse.ArgumentParser]) -> None:
     q = kv.add_parser("add", parents=g, help="create a bucket")
     q.add_argument("bucket")
     q.add_argument("--history", type=int, default=1, help="revisions kept per key (default 1)")
-    q.add_argument("--ttl", type=A.whole_seconds, default=0, metavar="DURATION", help="default TTL of a key, e.g. 1h (0 = none)")
+    q.add_argument("--ttl", type=whole_seconds, default=0, metavar="DURATION", help="default TTL of a key, e.g. 1h (0 = none)")
     q.add_argument("--refresh", choices=["on_write", "on_read_and_write"], default="on_write")
     q.add_argument("--visibility", choices=["never_return_expired", "return_expired_if_not_cleaned_up"],
                    default="never_return_expired")
-    q.add_argument("--marker-ttl", type=A.whole_seconds, default=60, metavar="DURATION",
+    q.add_argument("--marker-ttl", type=whole_seconds, default=60, metavar="DURATION",
                    help="how long the marker an expired key leaves stays (default 1m)")
     kv.add_parser("ls", parents=g, help="the buckets, as a table")
     for action, helptext in (("put", "store a value"), ("create", "store a value only if the key holds none"),
@@ -224,7 +244,7 @@ def _kv_commands(kv: Any, g: list[argparse.ArgumentParser]) -> None:
         q.add_argument("value", nargs="?", help="(stdin when absent)")
         if action == "update":
             q.add_argument("--revision", type=int, required=True, help="the revision the key must be at")
-        q.add_argument("--ttl", type=A.ttl_value, metavar="DURATION", help="the key's TTL: 30, 90s, 1h30m or never")
+        q.add_argument("--ttl", type=ttl_value, metavar="DURATION", help="the key's TTL: 30, 90s, 1h30m or never")
     for action, helptext in (("get", "the value of a key"), ("delete", "delete a key (a DEL tombstone)"),
                              ("purge", "purge a key and its history"), ("history", "every stored revision of a key"),
                              ("touch", "restart a key's TTL without a new revision")):

@@ -10,7 +10,6 @@ tens of milliseconds to import.
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from rich import progress as rp
 from rich.console import Console
@@ -55,14 +54,16 @@ class Progress:
         #: A bar, rate and ETA (a total known now or later, given to update), or a spinner.
         self.bar = total is not None if bar is None else bar
         self._progress: rp.Progress | None = None
-        self._task: Any = None
+        self._task: rp.TaskID | None = None
 
     def __enter__(self) -> Progress:
         if not sys.stderr.isatty():
             return self
         console = Console(file=sys.stderr, highlight=False, markup=False, emoji=False)
         if not self.bar:
-            columns: list[Any] = [rp.SpinnerColumn(), rp.TextColumn("{task.description}"), rp.TimeElapsedColumn()]
+            columns: list[str | rp.ProgressColumn] = [
+                rp.SpinnerColumn(), rp.TextColumn("{task.description}"), rp.TimeElapsedColumn(),
+            ]
         else:
             columns = [
                 rp.TextColumn("{task.description}"), rp.BarColumn(), _CountColumn(),
@@ -79,8 +80,11 @@ class Progress:
         return self._progress is not None
 
     def update(self, completed: int, total: int | None = None) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, completed=completed, **({} if total is None else {"total": total}))
+        if self._progress is not None and self._task is not None:
+            if total is None:
+                self._progress.update(self._task, completed=completed)
+            else:
+                self._progress.update(self._task, completed=completed, total=total)
 
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:

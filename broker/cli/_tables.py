@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from protocol import EXPIRY_NONE
+from protocol import EXPIRY_NONE, StreamDetails, TopicDetails, rfc3339_ns
 
 from ._output import Out, count, duration, flag, listing, size
+from broker.client import ConsumerInfo
 
 __all__ = [
     "stream_json", "topic_json", "show_streams", "show_topics", "show_topic", "show_stats",
@@ -21,7 +22,7 @@ __all__ = [
 ]
 
 
-def value_text(v: Any) -> str:
+def value_text(v: object) -> str:
     """Any value of a details map, for people: never a Python repr."""
     if isinstance(v, bool):
         return flag(v)
@@ -45,11 +46,11 @@ def _off_or(fmt: Callable[[Any], str], off: str) -> Callable[[Any], str]:
 # -- streams ------------------------------------------------------------------------
 
 
-def stream_json(s: Any) -> dict[str, Any]:
+def stream_json(s: StreamDetails) -> dict[str, object]:
     return {"id": s.id, "name": s.name, "topics_count": s.topics_count, "size": s.size, "messages_count": s.messages_count}
 
 
-def show_streams(out: Out, streams: list[Any]) -> None:
+def show_streams(out: Out, streams: list[StreamDetails]) -> None:
     if out.json:
         for s in streams:
             out.obj(stream_json(s))
@@ -63,7 +64,14 @@ def show_streams(out: Out, streams: list[Any]) -> None:
 # -- topics -------------------------------------------------------------------------
 
 
-def topic_json(t: Any) -> dict[str, Any]:
+def _details(t: TopicDetails) -> Mapping[str, Any]:
+    """A topic's details map as the broker sent it (msgpack: each key's value is
+    what ``docs/protocol.md`` says, not a type the protocol declares)."""
+    return t.extra
+
+
+def topic_json(t: TopicDetails) -> dict[str, Any]:
+    x = _details(t)
     return {
         "id": t.id,
         "name": t.name,
@@ -72,12 +80,12 @@ def topic_json(t: Any) -> dict[str, Any]:
         "message_expiry": t.message_expiry,
         "size": t.size,
         "messages_count": t.messages_count,
-        **t.extra.get("options", {}),
-        "pending_expiries": t.extra.get("pending_expiries", 0),
-        "removed": t.extra.get("removed", {}),
-        "markers": t.extra.get("markers", {}),
-        "duplicates": t.extra.get("duplicates", 0),
-        "partitions": t.extra.get("partitions", []),
+        **t.options,
+        "pending_expiries": x.get("pending_expiries", 0),
+        "removed": x.get("removed", {}),
+        "markers": x.get("markers", {}),
+        "duplicates": x.get("duplicates", 0),
+        "partitions": x.get("partitions", []),
     }
 
 
@@ -100,7 +108,8 @@ def _bucket_options(kv: Mapping[str, Any] | None) -> str:
 
 
 def _nats_options(nats: Mapping[str, Any]) -> str:
-    """A NATS stream's settings with no topic equivalent (``protocol._jetstream``)."""
+    """A NATS stream's settings with no topic equivalent: the ``nats`` topic option
+    that the NATS listener's JetStream API sets (``docs/protocol.md``)."""
     extras = [k.replace("_", " ") for k in ("deny_delete", "allow_direct") if nats.get(k)]
     if nats.get("discard", "old") != "old":
         extras.append(f"discard {nats['discard']}")
@@ -123,7 +132,7 @@ _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
 }
 
 
-def show_topics(out: Out, topics: list[Any]) -> None:
+def show_topics(out: Out, topics: list[TopicDetails]) -> None:
     if out.json:
         for t in topics:
             out.obj(topic_json(t))
@@ -138,11 +147,11 @@ def show_topics(out: Out, topics: list[Any]) -> None:
         )
 
 
-def show_topic(out: Out, t: Any) -> None:
+def show_topic(out: Out, t: TopicDetails) -> None:
     if out.json:
         out.obj(topic_json(t))
         return
-    x = t.extra
+    x = _details(t)
     options = dict(x.get("options", {}))
     config = [("partitions", str(t.partitions_count)), ("max age", _max_age(t.message_expiry))]
     for key, (label, fmt) in _TOPIC_OPTIONS.items():
@@ -256,7 +265,7 @@ def show_stats(out: Out, stats: dict[str, Any]) -> None:
 # -- consumers --------------------------------------------------------------------------
 
 
-def _limit(v: Any) -> str:
+def _limit(v: int | None) -> str:
     return "unlimited" if v is None or v < 0 else count(v)
 
 
@@ -264,7 +273,7 @@ def _seq(d: Mapping[str, Any]) -> str:
     return f"consumer seq {d.get('consumer_seq', 0)}, stream seq {d.get('stream_seq', 0)}"
 
 
-def show_consumer(out: Out, info: Any) -> None:
+def show_consumer(out: Out, info: ConsumerInfo) -> None:
     if out.json:
         out.obj(info.raw)
         return
@@ -275,8 +284,6 @@ def show_consumer(out: Out, info: Any) -> None:
         start = cfg["opt_start_offset"]  # N, or {partition: N} as --start-offset P:N,... takes it
         deliver += " from " + (",".join(f"{p}:{o}" for p, o in start.items()) if isinstance(start, Mapping) else str(start))
     if "opt_start_time" in cfg:
-        from protocol import rfc3339_ns
-
         deliver += f" from {rfc3339_ns(cfg['opt_start_time'])}"
     fields = [
         ("filter", listing(cfg.get("filter_subjects") or [], empty="(all subjects)")),
@@ -327,7 +334,7 @@ def show_consumer(out: Out, info: Any) -> None:
         )
 
 
-def show_consumers(out: Out, infos: Iterable[Any]) -> None:
+def show_consumers(out: Out, infos: Iterable[ConsumerInfo]) -> None:
     infos = list(infos)
     if out.json:
         for info in infos:

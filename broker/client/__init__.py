@@ -24,6 +24,31 @@ see ``broker.client._client`` for what happens to requests in flight
 
 TLS: ``connect(address, tls=tls_context(ca="ca.pem"))`` (or ``tls=True`` for a
 certificate from a CA the system trusts); see :func:`tls_context`.
+
+What this package owns: the client side of the protocol, on both runtimes: the
+connection kept up (``_connection.py``), requests and the broker's commands
+(``_requests.py``), KV buckets (``_kv.py``), durable consumers (``_consumers.py``),
+all put together in :class:`Client` (``_client.py``), and the runtime backends
+(``_backend.py``) and TLS (``_tls.py``) under them.
+
+What it may import: ``protocol`` and the standard library (trio when it runs on
+trio, uvloop when installed), nothing else of ttlbroker: it is the layer below
+everything else, so that a program that only talks to a broker never loads the
+server.
+
+Public names (``__all__``): :func:`connect`, :class:`Client`, :class:`Subscription`,
+:class:`Msg`, :func:`encode_msg`, :class:`Fetched`, :data:`MSG_ID_HEADER`, the
+connection errors (:class:`ConnectionClosedError`, :class:`ConnectionLostError`,
+:class:`ReconnectFailedError`), the durable consumers' :class:`ConsumerInfo`,
+:class:`ConsumerMessage` and :class:`MessageStream`, the KV buckets' :class:`KeyValue`,
+:class:`Entry` and :data:`KV_STREAM` (the stream that holds every bucket),
+``connect``'s reconnection defaults :data:`RECONNECT_ATTEMPTS`, :data:`RECONNECT_WAIT`
+and :data:`RECONNECT_WAIT_MAX`, :func:`tls_context`, :func:`parse_address`,
+:class:`TrioBackend`, and from ``protocol`` the message and answer types
+(:class:`Message`, :class:`Ack`, :class:`Acks`, :class:`StreamDetails`,
+:class:`TopicDetails`, :class:`MarkerReason`, :data:`TTL_NEVER`), :class:`ErrorCode`,
+:class:`BrokerError` and its subclass for every error code. ``broker.client.aio`` is
+the asyncio flavour of :func:`connect`.
 """
 
 from __future__ import annotations
@@ -43,23 +68,27 @@ from protocol import Message as Message
 from protocol import StreamDetails as StreamDetails
 from protocol import TopicDetails as TopicDetails
 
-from ._backend import TrioBackend
-from ._client import MSG_ID_HEADER as MSG_ID_HEADER
-from ._client import RECONNECT_ATTEMPTS, RECONNECT_WAIT, RECONNECT_WAIT_MAX, Callback
+from ._backend import TrioBackend as TrioBackend
 from ._client import Client as Client
-from ._client import ConnectionClosedError as ConnectionClosedError
+from ._connection import RECONNECT_ATTEMPTS as RECONNECT_ATTEMPTS
+from ._connection import RECONNECT_WAIT as RECONNECT_WAIT
+from ._connection import RECONNECT_WAIT_MAX as RECONNECT_WAIT_MAX
+from ._connection import ErrorCallback, ReconnectCallback
+from ._connection import Subscription as Subscription
+from ._connection import parse_address as parse_address
 from ._consumers import ConsumerInfo as ConsumerInfo
 from ._consumers import ConsumerMessage as ConsumerMessage
 from ._consumers import MessageStream as MessageStream
-from ._client import ConnectionLostError as ConnectionLostError
-from ._client import ReconnectFailedError as ReconnectFailedError
-from ._client import Fetched as Fetched
-from ._client import Msg as Msg
+from ._errors import ConnectionClosedError as ConnectionClosedError
+from ._errors import ConnectionLostError as ConnectionLostError
+from ._errors import ReconnectFailedError as ReconnectFailedError
+from ._kv import KV_STREAM as KV_STREAM
 from ._kv import Entry as Entry
 from ._kv import KeyValue as KeyValue
-from ._client import Subscription as Subscription
-from ._client import encode_msg as encode_msg
-from ._client import parse_address as parse_address
+from ._messages import MSG_ID_HEADER as MSG_ID_HEADER
+from ._messages import Fetched as Fetched
+from ._messages import Msg as Msg
+from ._messages import encode_msg as encode_msg
 from ._tls import resolve_tls
 from ._tls import tls_context as tls_context
 
@@ -77,9 +106,9 @@ async def connect(
     max_reconnect_attempts: int = RECONNECT_ATTEMPTS,
     reconnect_wait: float = RECONNECT_WAIT,
     reconnect_wait_max: float = RECONNECT_WAIT_MAX,
-    on_disconnect: Callback | None = None,
-    on_reconnect: Callback | None = None,
-    on_closed: Callback | None = None,
+    on_disconnect: ErrorCallback | None = None,
+    on_reconnect: ReconnectCallback | None = None,
+    on_closed: ErrorCallback | None = None,
     tls: ssl.SSLContext | bool | None = None,
 ) -> AsyncIterator[Client]:
     """Connect (trio) and handshake; the connection closes when the block ends.
@@ -118,7 +147,6 @@ async def connect(
 __all__ = [
     n for n in dir()
     if not n.startswith("_") and n not in (
-        "annotations", "contextlib", "ssl", "AsyncIterator", "Callback", "RECONNECT_ATTEMPTS", "RECONNECT_WAIT",
-        "RECONNECT_WAIT_MAX", "resolve_tls",
+        "annotations", "contextlib", "ssl", "AsyncIterator", "ErrorCallback", "ReconnectCallback", "resolve_tls",
     )
 ]

@@ -29,14 +29,18 @@ import contextlib
 import logging
 import math
 import ssl
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+if TYPE_CHECKING:  # trio is imported when a TrioBackend is made: asyncio programs need none of it
+    import trio
 
 __all__ = ["Backend", "TrioBackend", "AsyncioBackend", "QueueFull", "QueueClosed", "Link", "Event"]
 
 log = logging.getLogger("broker.client")
 
-OnData = Callable[[bytes], None]
+OnData = Callable[[bytes | bytearray], None]
 OnLost = Callable[[BaseException | None], None]
 
 #: Bytes queued for sending before ``drain`` makes a writer wait.
@@ -102,7 +106,7 @@ class Backend(Protocol):
 
     async def start(self) -> None: ...
     async def aclose(self) -> None: ...
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None: ...
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None: ...
     async def sleep(self, seconds: float) -> None: ...
     def event(self) -> Event: ...
     def now(self) -> float: ...
@@ -185,7 +189,7 @@ class _TrioLink:
     """A trio stream with a reader task and a coalescing writer task (both run in
     the backend's nursery, under the link's own cancel scope)."""
 
-    def __init__(self, stream: Any, on_data: OnData, on_lost: OnLost) -> None:
+    def __init__(self, stream: trio.abc.Stream, on_data: OnData, on_lost: OnLost) -> None:
         import trio
 
         self._trio = trio
@@ -267,10 +271,10 @@ class TrioBackend:
 
         self._trio = trio
         self._tls = tls
-        self._nursery_cm: Any = None
-        self._nursery: Any = None
-        self._owner: Any = None
-        self._scopes: set[Any] = set()
+        self._nursery_cm: contextlib.AbstractAsyncContextManager[trio.Nursery] | None = None
+        self._nursery: trio.Nursery | None = None
+        self._owner: trio.lowlevel.Task | None = None
+        self._scopes: set[trio.CancelScope] = set()
         self._stopped = False
 
     async def start(self) -> None:
@@ -285,19 +289,20 @@ class TrioBackend:
         self._stopped = True
         for scope in list(self._scopes):
             scope.cancel()
-        if self._nursery is None or self._trio.lowlevel.current_task() is not self._owner:
+        cm = self._nursery_cm
+        if self._nursery is None or cm is None or self._trio.lowlevel.current_task() is not self._owner:
             return
         self._nursery = None
         try:
-            await self._nursery_cm.__aexit__(None, None, None)
+            await cm.__aexit__(None, None, None)
         except Exception:  # the tasks catch their own errors: this is a bug
             log.exception("a background task of the client failed")
 
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         if self._nursery is not None and not self._stopped:
             self._nursery.start_soon(self._task, fn, args)
 
-    async def _task(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+    async def _task(self, fn: Callable[..., Awaitable[object]], args: tuple[object, ...]) -> None:
         # Each task has its own scope: the nursery's would cancel the owner's code too.
         with self._trio.CancelScope() as scope:
             if self._stopped:
@@ -313,7 +318,7 @@ class TrioBackend:
     async def sleep(self, seconds: float) -> None:
         await self._trio.sleep(seconds)
 
-    def event(self) -> Any:
+    def event(self) -> trio.Event:
         return self._trio.Event()
 
     def now(self) -> float:
@@ -326,7 +331,7 @@ class TrioBackend:
         return _TrioQueue(maxsize)
 
     async def open_link(self, host: str, port: int, on_data: OnData, on_lost: OnLost) -> _TrioLink:
-        stream: Any = await self._trio.open_tcp_stream(host, port)
+        stream: trio.abc.Stream = await self._trio.open_tcp_stream(host, port)
         if self._tls is not None:
             stream = await self._tls_handshake(stream, host)
         if self._nursery is None or self._stopped:
@@ -336,7 +341,7 @@ class TrioBackend:
         self.spawn(link.run)
         return link
 
-    async def _tls_handshake(self, tcp: Any, host: str) -> Any:
+    async def _tls_handshake(self, tcp: trio.abc.Stream, host: str) -> trio.SSLStream[trio.abc.Stream]:
         """``tcp`` wrapped in TLS, handshake done; raises the ``ssl.SSLError`` that
         made it fail (trio wraps it in BrokenResourceError), as asyncio does."""
         trio = self._trio
@@ -357,7 +362,7 @@ class TrioBackend:
         return stream
 
     @contextlib.contextmanager
-    def timeout(self, seconds: float | None, shown: float | None = None) -> Any:
+    def timeout(self, seconds: float | None, shown: float | None = None) -> Iterator[None]:
         if seconds is None:
             yield
             return
@@ -380,7 +385,7 @@ class _AsyncioWaiter:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._fut = loop.create_future()
-        self._due: set[_AsyncioWaiter] | None = None
+        self._due: _Due | None = None
         self._seconds = 0.0
         self.deadline = math.inf
 
@@ -533,7 +538,7 @@ class AsyncioBackend:
             if isinstance(result, Exception):  # the tasks catch their own errors: a bug
                 log.error("a background task of the client failed", exc_info=result)
 
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         if self._closed:
             return
         task = asyncio.ensure_future(fn(*args))
@@ -590,6 +595,9 @@ class AsyncioBackend:
 
 _NO_TIMEOUT = contextlib.nullcontext()
 
+#: What ends at one deadline of :class:`_Deadlines`.
+_Due: TypeAlias = "set[_AsyncioWaiter | _AsyncioTimeout]"
+
 
 class _Deadlines:
     """The timers of one client's timeouts, shared: a timeout ends at the end of a
@@ -603,11 +611,11 @@ class _Deadlines:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._due: dict[float, set[Any]] = {}
+        self._due: dict[float, _Due] = {}
         #: ``(now, seconds, at, set)`` of the last call of :meth:`set_at`.
-        self._last: tuple[float, float, float, set[Any]] = (math.nan, math.nan, 0.0, set())
+        self._last: tuple[float, float, float, _Due] = (math.nan, math.nan, 0.0, set())
 
-    def set_at(self, seconds: float) -> tuple[float, set[Any]]:
+    def set_at(self, seconds: float) -> tuple[float, _Due]:
         """The deadline for a timeout of ``seconds`` from now, and the set of what
         ends then. The same as the last call's while the loop's clock has not moved
         (uvloop's moves once per turn: a thousand requests made in one turn work it
@@ -639,7 +647,7 @@ class _Deadlines:
 
     def _fire(self, at: float) -> None:
         for item in self._due.pop(at, ()):
-            if item.__class__ is _AsyncioWaiter:
+            if isinstance(item, _AsyncioWaiter):
                 item._due = None
                 item.set_exception(timeout_error(item._seconds))
             else:
@@ -668,7 +676,7 @@ class _AsyncioTimeout:
         if self._task is not None:
             self._task.cancel()
 
-    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._deadlines.discard(self._at, self)
         if typ is asyncio.CancelledError and self._fired:
             if self._task is not None:

@@ -1,11 +1,13 @@
 """Durable consumers in the client: pulls, acks and the consume loop.
 
-Written once for trio and asyncio, like the rest of the client (``_client.py``). The
-:class:`Client` inherits :class:`ConsumersMixin`. Its protocol object decodes pulled
-messages straight into :class:`ConsumerMessage` (``ProtocolConnection.pulled_class``);
-a PULL's response reaches the :class:`_PullCall` waiting under its correlation id like
-any response, and ``PULL_MESSAGES`` pushes, which carry that id, are routed to it by
-``_on_pull_push``.
+Written once for trio and asyncio, like the rest of the client. ``Client`` inherits
+:class:`ConsumerMethods`, which fills the hooks of ``_connection.Connection``: the
+connection's protocol object decodes pulled messages straight into
+:class:`ConsumerMessage` (``ProtocolConnection.pulled_class``); a PULL's response
+reaches the :class:`_PullCall` waiting under its correlation id like any response,
+and ``PULL_MESSAGES`` pushes, which carry that id, are routed to it by
+``_on_pull_push``; queued acks are dropped with a lost connection and made durable
+before the client closes.
 
 Acks that are not ``sync`` cost no round trip and no frame of their own: each
 consumer's entries are queued and one ACK frame (no response) carries all the
@@ -17,7 +19,7 @@ from __future__ import annotations
 import datetime as _dt
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, cast
 
 import protocol as P
 from protocol import (
@@ -30,16 +32,14 @@ from protocol import (
     PullBatch,
     PulledMessage,
     PullEnd,
-    PushKind,
 )
 
-if TYPE_CHECKING:
-    from ._client import Client, _Conn
+from ._backend import Event, Waiter
+from ._connection import _Conn
+from ._errors import ConnectionClosedError, ConnectionLostError
+from ._requests import Requests
 
-__all__ = [
-    "ConsumerInfo", "ConsumerMessage", "MessageStream", "ConsumersMixin", 
-    "consumer_config",
-]
+__all__ = ["ConsumerInfo", "ConsumerMessage", "MessageStream", "ConsumerMethods", "consumer_config"]
 
 #: Queued ack entries of one consumer that make the ACK frame go out at once. A
 #: quarter of the default max_ack_pending (1,000): while the application works
@@ -55,13 +55,10 @@ REJOIN_WAIT_MAX = 2.0
 _U32_MAX = 0xFFFFFFFF
 
 
-# -- the wire: PULL frames keep their correlation id ---------------------------------
-
-
 # -- configuration and info ---------------------------------------------------------
 
 
-def _seconds(value: Any, what: str) -> float:
+def _seconds(value: object, what: str) -> float:
     if isinstance(value, _dt.timedelta):
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -69,7 +66,7 @@ def _seconds(value: Any, what: str) -> float:
     return float(value)
 
 
-def _ns(value: Any) -> int:
+def _ns(value: object) -> int:
     if isinstance(value, _dt.datetime):
         if value.tzinfo is None:
             value = value.astimezone()  # local time, as datetime.timestamp() takes it
@@ -153,7 +150,7 @@ class ConsumerInfo:
         return self.raw.get("num_waiting", 0)
 
     @property
-    def partitions(self) -> Any:
+    def partitions(self) -> list[dict[str, Any]]:
         return self.raw.get("partitions", [])
 
     def __eq__(self, other: object) -> bool:
@@ -175,7 +172,7 @@ class _Acker:
 
     __slots__ = ("client", "stream", "topic", "name", "entries", "scheduled", "unsynced")
 
-    def __init__(self, client: Client, stream: Identifier, topic: Identifier, name: str) -> None:
+    def __init__(self, client: Requests, stream: Identifier, topic: Identifier, name: str) -> None:
         self.client = client
         self.stream = stream
         self.topic = topic
@@ -228,7 +225,7 @@ class _Acker:
         self.unsynced = False
 
 
-def _delay_ms(delay: Any) -> int:
+def _delay_ms(delay: float | _dt.timedelta | None) -> int:
     if delay is None:
         return 0
     ms = round(_seconds(delay, "delay") * 1000)
@@ -296,23 +293,32 @@ class ConsumerMessage(PulledMessage):
 # -- pulls ---------------------------------------------------------------------------
 
 
+class _Sink(Protocol):
+    """Where the frames of a pull go: a direct ``pull()`` (:class:`_OnePull`), a
+    :class:`MessageStream`, or NAKs (:class:`_NakSink`) once nobody waits."""
+
+    def _pull_frame(self, call: _PullCall, messages: tuple[ConsumerMessage, ...], status: int | None) -> None: ...
+    def _pull_failed(self, call: _PullCall, exc: BaseException) -> None: ...
+
+
 class _PullCall:
     """One PULL in flight, in its connection's ``pending`` under its correlation id
     (so a lost connection fails it like any request). Its frames go to ``sink``."""
 
     __slots__ = ("acker", "sink", "remaining", "conn")
 
-    def __init__(self, acker: _Acker, sink: Any, batch: int, conn: _Conn) -> None:
+    def __init__(self, acker: _Acker, sink: _Sink, batch: int, conn: _Conn) -> None:
         self.acker = acker
         self.sink = sink
         self.remaining = batch
         self.conn = conn
 
     def take(self, batch: PullBatch, final: bool) -> None:
-        messages = batch.messages
+        # Decoded as the connection's pulled_class, ConsumerMessage (``_pulled_class``).
+        messages = cast("tuple[ConsumerMessage, ...]", batch.messages)
         acker = self.acker
         for m in messages:
-            m._acker = acker  # type: ignore[attr-defined]
+            m._acker = acker
         self.remaining -= len(messages)
         self.sink._pull_frame(self, messages, batch.status if final else None)
 
@@ -331,7 +337,7 @@ class _PullCall:
 
 class _NakSink:
     @staticmethod
-    def _pull_frame(call: _PullCall, messages: Iterable[ConsumerMessage], status: int | None) -> None:
+    def _pull_frame(call: _PullCall, messages: tuple[ConsumerMessage, ...], status: int | None) -> None:
         for m in messages:
             call.acker.add((AckKind.NAK, m.partition, m.offset, 0))
 
@@ -348,7 +354,7 @@ class _OnePull:
 
     __slots__ = ("messages", "status", "waiter")
 
-    def __init__(self, waiter: Any) -> None:
+    def __init__(self, waiter: Waiter) -> None:
         self.messages: list[ConsumerMessage] = []
         self.status: int | None = None
         self.waiter = waiter
@@ -381,7 +387,7 @@ class MessageStream:
     """
 
     def __init__(
-        self, client: Client, stream: int | str, topic: int | str, name: str, *,
+        self, client: ConsumerMethods, stream: int | str, topic: int | str, name: str, *,
         batch: int, expires: float, max_bytes: int, member: str | None, max_pulls: int = 2,
     ) -> None:
         if batch < 1:
@@ -399,7 +405,7 @@ class MessageStream:
         self._calls: list[_PullCall] = []
         self._outstanding = 0
         self._conn: _Conn | None = None
-        self._wake: Any = None
+        self._wake: Event | None = None
         self._error: BaseException | None = None
         self._rejoin = False
         self._rejoins = 0
@@ -468,8 +474,6 @@ class MessageStream:
     async def _connect(self) -> None:
         """On the client's current connection (waiting for one): join the group when
         there is one, and pull."""
-        from ._client import ConnectionClosedError
-
         client = self._client
         while True:
             conn = await client._wait_connected()
@@ -511,8 +515,6 @@ class MessageStream:
         return await self._next_slow()
 
     async def _next_slow(self) -> ConsumerMessage:
-        from ._client import ConnectionClosedError
-
         client = self._client
         while not self._buffer:
             if self._closed:
@@ -564,8 +566,6 @@ class MessageStream:
         """Stop pulling: what still arrives for pulls in flight and what is buffered
         unread is NAKed (delivered again at once), queued acks are sent and made
         durable, and the group is left."""
-        from ._client import ConnectionClosedError
-
         if self._closed:
             return
         self._closed = True
@@ -608,17 +608,20 @@ class MessageStream:
 # -- the client's methods -------------------------------------------------------------
 
 
-class ConsumersMixin:
-    """The durable-consumer methods of :class:`Client`."""
+class ConsumerMethods(Requests):
+    """The durable-consumer methods of :class:`~broker.client.Client`, and what
+    consumers add to its connection (the hooks of ``Connection``)."""
 
+    _pulled_class = ConsumerMessage
     _ackers: dict[tuple[Identifier, Identifier, str], _Acker]
     _streams: set[MessageStream]
 
-    def _init_consumers(self) -> None:
+    def _init_parts(self) -> None:
+        super()._init_parts()
         self._ackers = {}
         self._streams = set()
 
-    def _acker(self: Any, stream: int | str, topic: int | str, name: str) -> _Acker:
+    def _acker(self, stream: int | str, topic: int | str, name: str) -> _Acker:
         s, t = Identifier.of(stream), Identifier.of(topic)
         key = (s, t, name)
         acker = self._ackers.get(key)
@@ -626,24 +629,24 @@ class ConsumersMixin:
             acker = self._ackers[key] = _Acker(self, s, t, name)
         return acker
 
-    def _on_pull_push(self: Any, conn: _Conn, event: Any) -> None:
+    def _on_pull_push(self, conn: _Conn, correlation_id: int, batch: PullBatch) -> None:
         """A ``PULL_MESSAGES`` push: to the pull it carries the correlation id of."""
-        call = conn.pending.get(event.correlation_id)
+        call = conn.pending.get(correlation_id)
         if isinstance(call, _PullCall):
-            call.take(event.value, False)
+            call.take(batch, False)
 
-    def _drop_queued_acks(self) -> None:
+    def _on_disconnected(self) -> None:
         """The connection went: acks queued for it go with it (those messages are
         delivered again after their ack wait)."""
+        super()._on_disconnected()
         for acker in self._ackers.values():
             acker.entries.clear()
             acker.unsynced = False
 
-    async def _flush_acks_before_close(self: Any) -> None:
+    async def _before_close(self) -> None:
         """Make queued acks, and those sent without a response, durable before the
         client closes (best effort)."""
-        from ._client import ConnectionClosedError
-
+        await super()._before_close()
         for stream in list(self._streams):
             try:
                 await stream.stop()
@@ -661,7 +664,7 @@ class ConsumersMixin:
 
     # -- management ---------------------------------------------------------------
 
-    async def create_consumer(self: Any, stream: int | str, topic: int | str, name: str, **config: Any) -> ConsumerInfo:
+    async def create_consumer(self, stream: int | str, topic: int | str, name: str, **config: Any) -> ConsumerInfo:
         """Create a durable consumer (idempotent with the same configuration).
 
         Keyword arguments are its configuration, with JetStream's names:
@@ -682,40 +685,40 @@ class ConsumersMixin:
         r = await self._request(P.CreateConsumer(Identifier.of(stream), Identifier.of(topic), name, consumer_config(**config)))
         return ConsumerInfo(r.values)
 
-    async def update_consumer(self: Any, stream: int | str, topic: int | str, name: str, **config: Any) -> ConsumerInfo:
+    async def update_consumer(self, stream: int | str, topic: int | str, name: str, **config: Any) -> ConsumerInfo:
         """Replace a consumer's configuration (the whole new one; fields that cannot
         change must stay as they are: ConsumerUpdateDeniedError)."""
         r = await self._request(P.UpdateConsumer(Identifier.of(stream), Identifier.of(topic), name, consumer_config(**config)))
         return ConsumerInfo(r.values)
 
-    async def consumer_info(self: Any, stream: int | str, topic: int | str, name: str) -> ConsumerInfo:
+    async def consumer_info(self, stream: int | str, topic: int | str, name: str) -> ConsumerInfo:
         """Raises: ConsumerNotFoundError."""
         r = await self._request(P.ConsumerInfoRequest(Identifier.of(stream), Identifier.of(topic), name))
         return ConsumerInfo(r.values)
 
-    async def list_consumers(self: Any, stream: int | str, topic: int | str) -> list[ConsumerInfo]:
+    async def list_consumers(self, stream: int | str, topic: int | str) -> list[ConsumerInfo]:
         r = await self._request(P.ListConsumers(Identifier.of(stream), Identifier.of(topic)))
         return [ConsumerInfo(v) for v in r.values.get("consumers", [])]
 
-    async def delete_consumer(self: Any, stream: int | str, topic: int | str, name: str) -> None:
+    async def delete_consumer(self, stream: int | str, topic: int | str, name: str) -> None:
         """Delete a consumer and all its state. Raises: ConsumerNotFoundError."""
         await self._request(P.DeleteConsumer(Identifier.of(stream), Identifier.of(topic), name))
         self._ackers.pop((Identifier.of(stream), Identifier.of(topic), name), None)
 
-    async def join_group(self: Any, stream: int | str, topic: int | str, name: str, member: str) -> dict[str, Any]:
+    async def join_group(self, stream: int | str, topic: int | str, name: str, member: str) -> dict[str, Any]:
         """Join a ``partitioned`` consumer as ``member`` (this connection); returns
         ``{"member": ..., "partitions": [...]}``. ``consume(member=...)`` does this
         for you, again after each reconnection."""
         r = await self._request(P.JoinGroup(Identifier.of(stream), Identifier.of(topic), name, member))
         return dict(r.values)
 
-    async def leave_group(self: Any, stream: int | str, topic: int | str, name: str) -> None:
+    async def leave_group(self, stream: int | str, topic: int | str, name: str) -> None:
         await self._request(P.LeaveGroup(Identifier.of(stream), Identifier.of(topic), name))
 
     # -- messages -----------------------------------------------------------------
 
     async def pull(
-        self: Any,
+        self,
         stream: int | str,
         topic: int | str,
         name: str,
@@ -737,8 +740,6 @@ class ConsumersMixin:
             TimeoutError: no answer (nor connection) within ``expires`` plus the
                 client's timeout.
         """
-        from ._client import ConnectionLostError
-
         if batch < 1:
             raise ValueError("batch must be at least 1")
         if no_wait:
@@ -776,7 +777,7 @@ class ConsumersMixin:
             raise self._timeout_error(exc) from None
 
     def consume(
-        self: Any,
+        self,
         stream: int | str,
         topic: int | str,
         name: str,

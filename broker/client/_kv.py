@@ -1,4 +1,5 @@
-"""KV buckets in the client: the same methods on trio and asyncio (``Client.kv``).
+"""KV buckets in the client: :class:`KeyValue`, and the methods of ``Client`` that
+give one (:class:`KVMethods`: ``kv_create``, ``kv``), the same on trio and asyncio.
 
 A bucket ``b`` is the topic ``kv/b`` capturing ``$KV.b.>``; a key ``k`` is the subject
 ``$KV.b.k``. Writes are publishes with the KV headers (``KV-Operation: DEL`` for a
@@ -12,15 +13,15 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import protocol as P
 from protocol import Command, ErrorCode, Identifier, error_class
 
-if TYPE_CHECKING:
-    from ._client import Client
+from ._connection import RECONNECTED
+from ._requests import Requests
 
-__all__ = ["KeyValue", "Entry", "KV_STREAM", "validate_key", "validate_bucket"]
+__all__ = ["KeyValue", "KVMethods", "Entry", "KV_STREAM", "validate_key", "validate_bucket"]
 
 #: The stream that holds every bucket.
 KV_STREAM = "kv"
@@ -102,7 +103,7 @@ def _operation(m: P.Message) -> str:
 class KeyValue:
     """A bucket. Get one with ``await client.kv_create(...)`` or ``await client.kv(name)``."""
 
-    def __init__(self, client: Client, bucket: str, info: P.TopicDetails) -> None:
+    def __init__(self, client: Requests, bucket: str, info: P.TopicDetails) -> None:
         self._client = client
         self.bucket = bucket
         self.info = info
@@ -185,7 +186,7 @@ class KeyValue:
 
     def _entry_of(self, raw: bytes) -> Entry:
         """The entry of a KV_GET answer, which comes as its raw payload
-        (``RAW_RESPONSES`` in ``_client.py``)."""
+        (``RAW_RESPONSES`` in ``_connection.py``)."""
         d = _values_of(raw)
         remaining = d.get("ttl_remaining_ms")
         return _make_entry(
@@ -239,8 +240,6 @@ class KeyValue:
 
         Across a reconnection of the client nothing is missed: what was written
         meanwhile is fetched from the bucket and given first (each revision once)."""
-        from ._client import RECONNECTED
-
         subject = self._prefix + keys
         seen = 0  # the revisions up to this one have been given (or predate the watch)
         if not include_current:
@@ -302,3 +301,59 @@ class KeyValue:
             "bytes": t.size,
             "pending_expiries": t.extra.get("pending_expiries", 0),
         }
+
+
+# -- the client's methods ---------------------------------------------------------------
+
+
+class KVMethods(Requests):
+    """The KV-bucket methods of :class:`~broker.client.Client`."""
+
+    async def kv_create(
+        self,
+        bucket: str,
+        *,
+        history: int = 1,
+        ttl: int = 0,
+        refresh: str = "on_write",
+        visibility: str = "never_return_expired",
+        marker_ttl: int = 60,
+    ) -> KeyValue:
+        """Create a KV bucket (Flink FLIP-25's state TTL; ``docs/semantics.md``, "KV
+        buckets").
+
+        Args:
+            history: revisions kept per key.
+            ttl: default TTL of a key in seconds (0: keys live until deleted).
+            refresh: ``on_write`` (a put restarts the TTL) or ``on_read_and_write``
+                (a get does too).
+            visibility: ``never_return_expired`` or ``return_expired_if_not_cleaned_up``.
+            marker_ttl: how long the marker an expired key leaves stays, in seconds.
+
+        Raises:
+            InvalidKeyError: a bad bucket name. TopicNameExistsError: it exists.
+        """
+        name = validate_bucket(bucket)
+        try:
+            await self.create_stream(KV_STREAM)
+        except P.BrokerError as err:
+            if err.code != P.ErrorCode.STREAM_NAME_EXISTS:
+                raise
+        info = await self.create_topic(
+            KV_STREAM, name, partitions=1, message_expiry=0, subjects=[f"$KV.{name}.>"],
+            max_msgs_per_subject=history, allow_msg_ttl=True, allow_rollup=True, subject_delete_marker_ttl=marker_ttl,
+            kv={"ttl": ttl, "refresh": refresh, "visibility": visibility},
+        )
+        return KeyValue(self, name, info)
+
+    async def kv(self, bucket: str) -> KeyValue:
+        """An existing bucket.
+
+        Raises:
+            StreamNotFoundError / TopicNotFoundError: no such bucket. NotABucketError.
+        """
+        name = validate_bucket(bucket)
+        info = await self.get_topic(KV_STREAM, name)
+        if not info.options.get("kv"):
+            raise P.error_class(P.ErrorCode.NOT_A_BUCKET)(f"topic {KV_STREAM}/{name} is not a KV bucket")
+        return KeyValue(self, name, info)

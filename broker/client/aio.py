@@ -17,13 +17,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 from ._backend import AsyncioBackend
-from ._client import RECONNECT_ATTEMPTS, RECONNECT_WAIT, RECONNECT_WAIT_MAX, Callback, Client, parse_address
-from ._client import ConnectionClosedError, ConnectionLostError, ReconnectFailedError
+from ._client import Client
+from ._connection import (
+    RECONNECT_ATTEMPTS,
+    RECONNECT_WAIT,
+    RECONNECT_WAIT_MAX,
+    ErrorCallback,
+    ReconnectCallback,
+    parse_address,
+)
 from ._consumers import ConsumerInfo, ConsumerMessage, MessageStream
+from ._errors import ConnectionClosedError, ConnectionLostError, ReconnectFailedError
 from ._tls import resolve_tls, tls_context
 
 __all__ = [
@@ -45,9 +53,9 @@ async def connect(
     max_reconnect_attempts: int = RECONNECT_ATTEMPTS,
     reconnect_wait: float = RECONNECT_WAIT,
     reconnect_wait_max: float = RECONNECT_WAIT_MAX,
-    on_disconnect: Callback | None = None,
-    on_reconnect: Callback | None = None,
-    on_closed: Callback | None = None,
+    on_disconnect: ErrorCallback | None = None,
+    on_reconnect: ReconnectCallback | None = None,
+    on_closed: ErrorCallback | None = None,
     tls: ssl.SSLContext | bool | None = None,
 ) -> AsyncIterator[Client]:
     """Connect (asyncio) and handshake; the connection closes when the block ends.
@@ -66,7 +74,7 @@ async def connect(
         await client.aclose()
 
 
-def loop_factory() -> Any:
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's loop factory if uvloop is installed, else None (asyncio's default)."""
     try:
         import uvloop

@@ -38,7 +38,7 @@ from broker.client import (
     connect,
     encode_msg,
 )
-from broker.client._client import RECONNECT_ATTEMPTS, RECONNECT_WAIT, RECONNECT_WAIT_MAX
+from broker.client import RECONNECT_ATTEMPTS, RECONNECT_WAIT, RECONNECT_WAIT_MAX
 
 GOODBYE = "the broker said goodbye: the broker is shutting down"
 CLOSED = "the broker closed the connection"

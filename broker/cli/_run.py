@@ -1,0 +1,101 @@
+"""Running one ``ttlbroker`` client command: :func:`run_client` connects to the
+broker, runs the command (``_commands.py``; consumers in ``_consumer.py``, KV buckets
+in ``_kv.py``) and turns what went wrong into one line on stderr and the exit status
+(``_exits.py``).
+
+One-shot commands report a lost connection; only ``sub`` and ``consumer sub`` with
+``--reconnect`` reconnect, with a line on stderr for each disconnect and reconnect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Awaitable, Callable
+
+from protocol import BrokerError
+
+from ._args import tls_option
+from ._commands import (
+    cmd_delete,
+    cmd_export,
+    cmd_fetch,
+    cmd_last,
+    cmd_offset,
+    cmd_pub,
+    cmd_purge,
+    cmd_stats,
+    cmd_stream,
+    cmd_sub,
+    cmd_topic,
+)
+from ._consumer import cmd_consumer
+from ._exits import ExitStatus, closed_text, error_line
+from ._kv import cmd_kv
+from ._output import Out
+from broker.client import RECONNECT_ATTEMPTS, Client, ConnectionClosedError, connect
+
+__all__ = ["run_client", "COMMANDS"]
+
+Command = Callable[[Client, argparse.Namespace, Out], Awaitable[None]]
+
+#: Each client command (``args.command``) and the function that runs it.
+COMMANDS: dict[str, Command] = {
+    "consumer": cmd_consumer, "stream": cmd_stream, "topic": cmd_topic, "pub": cmd_pub, "fetch": cmd_fetch,
+    "last": cmd_last, "sub": cmd_sub, "stats": cmd_stats, "export": cmd_export, "kv": cmd_kv,
+    "delete": cmd_delete, "purge": cmd_purge, "offset": cmd_offset,
+}
+
+
+def _on_disconnect(err: ConnectionClosedError) -> None:
+    print(f"disconnected: {closed_text(err)}; reconnecting", file=sys.stderr, flush=True)
+
+
+def _on_reconnect_to(server: str, again: str = "subscribed again") -> Callable[[int], None]:
+    def on_reconnect(attempts: int) -> None:
+        tries = f"{attempts} attempt{'' if attempts == 1 else 's'}"
+        print(f"reconnected to {server} after {tries}; {again}", file=sys.stderr, flush=True)
+
+    return on_reconnect
+
+
+async def run_client(args: argparse.Namespace) -> int:
+    """Connect to ``args.server`` and run ``args.command``; returns the exit status."""
+    out = Out(args.json)
+    reconnect = bool(getattr(args, "reconnect", False))
+    again = "pulling again" if args.command == "consumer" else "subscribed again"
+    try:
+        tls = tls_option(args)
+    except (OSError, ValueError) as exc:  # ssl names no file: say which were given
+        given = " ".join(f"--tls-{k} {v}" for k in ("ca", "cert", "key") if (v := getattr(args, f"tls_{k}", None)))
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"error: cannot load the TLS files ({given}): {why}", file=sys.stderr)
+        return 2
+    try:
+        async with connect(
+            args.server, token=args.token, name="ttlbroker-cli", reconnect=reconnect,
+            max_reconnect_attempts=args.max_reconnects if reconnect else RECONNECT_ATTEMPTS,
+            on_disconnect=_on_disconnect if reconnect else None,
+            on_reconnect=_on_reconnect_to(args.server, again) if reconnect else None,
+            tls=tls,
+        ) as c:
+            await COMMANDS[args.command](c, args, out)
+    except ExitStatus as exc:
+        return exc.status
+    except BrokerError as exc:
+        print(error_line(exc), file=sys.stderr)
+        return 1
+    except ConnectionClosedError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, BrokerError):
+            print(error_line(cause), file=sys.stderr)
+            return 1
+        print(f"error: {exc.reason}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: cannot connect to {args.server}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

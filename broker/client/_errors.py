@@ -1,0 +1,116 @@
+"""The errors of a lost connection, and the short text that says what failed.
+
+:class:`ConnectionClosedError` says why a connection went (a GOODBYE's reason and
+code when the broker sent one); :class:`ConnectionLostError` fails a request that was
+in flight then, :class:`ReconnectFailedError` every call once the client gave up
+reconnecting. The broker's own refusals are the ``protocol`` error classes.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+
+from protocol import BrokerError, ErrorCode
+
+__all__ = ["ConnectionClosedError", "ConnectionLostError", "ReconnectFailedError", "describe", "error_code"]
+
+
+class ConnectionClosedError(ConnectionError):
+    """The connection to the broker is gone.
+
+    Attributes:
+        reason: why, in words (for a GOODBYE: ``"the broker said goodbye: " +`` the
+            broker's reason).
+        code: the GOODBYE's status (an :class:`ErrorCode`, e.g. ``SHUTTING_DOWN``),
+            or None when the broker sent none.
+    """
+
+    def __init__(self, reason: str, code: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+class ConnectionLostError(ConnectionClosedError):
+    """The connection was lost while this request was in flight: the broker may or
+    may not have carried it out. Retry it if it is idempotent (a publish with a
+    ``Nats-Msg-Id`` header is, within its topic's duplicate window). ``__cause__``
+    is the :class:`ConnectionClosedError` that says why the connection went."""
+
+    def __init__(self, lost: ConnectionClosedError) -> None:
+        super().__init__(
+            f"the connection was lost while the request was in flight, so it may or may not have been "
+            f"carried out ({lost.reason})",
+            lost.code,
+        )
+        self.__cause__ = lost
+
+
+class ReconnectFailedError(ConnectionClosedError):
+    """The client gave up reconnecting: ``attempts`` attempts in a row failed, the last
+    with ``last_error``. ``code`` is the code of the loss (e.g. ``SHUTTING_DOWN``);
+    ``__cause__`` is the :class:`ConnectionClosedError` that says why the connection
+    went."""
+
+    def __init__(self, lost: ConnectionClosedError, attempts: int, last_error: BaseException | None) -> None:
+        tries = f"{attempts} attempt{'' if attempts == 1 else 's'}"
+        last = f"; the last one failed: {describe(last_error)}" if last_error is not None else ""
+        super().__init__(f"gave up reconnecting after {tries} ({lost.reason}{last})", lost.code)
+        self.attempts = attempts
+        self.last_error = last_error
+        self.__cause__ = lost
+
+
+def describe(exc: BaseException) -> str:
+    """A short text for what failed (the same on trio and asyncio: the system's
+    error text where there is one, e.g. "Connection refused")."""
+    if isinstance(exc, ConnectionClosedError):
+        return exc.reason
+    if isinstance(exc, BrokerError):
+        return f"{exc.code.name} ({int(exc.code)}): {exc.message}"
+    if isinstance(exc, TimeoutError):
+        return str(exc) or "timed out"
+    tls = _ssl_error(exc)
+    if tls is not None:  # its errno is OpenSSL's, not the system's
+        if isinstance(tls, ssl.SSLCertVerificationError) and tls.verify_message:
+            return f"TLS: certificate verify failed: {tls.verify_message}"
+        text = str(tls.strerror or tls.reason or tls).split(" (_ssl.c:")[0]
+        return f"TLS: {text}"
+    errno = _errno(exc)
+    if errno is not None:
+        return os.strerror(errno)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _ssl_error(exc: BaseException | None, depth: int = 0) -> ssl.SSLError | None:
+    """The first ``ssl.SSLError`` in ``exc`` and its causes (trio wraps it)."""
+    if exc is None or depth > 5:
+        return None
+    if isinstance(exc, ssl.SSLError):
+        return exc
+    return _ssl_error(exc.__cause__ or exc.__context__, depth + 1)
+
+
+def _errno(exc: BaseException | None, depth: int = 0) -> int | None:
+    """The first OS error number in ``exc``, its causes and (for trio's "all attempts
+    to connect failed") the exception group behind it."""
+    if exc is None or depth > 5:
+        return None
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _errno(inner, depth + 1)
+            if found is not None:
+                return found
+    return _errno(exc.__cause__ or exc.__context__, depth + 1)
+
+
+def error_code(status: int) -> int:
+    """A frame's status as an :class:`ErrorCode` when it is one, else as it is."""
+    try:
+        return ErrorCode(status)  # type: ignore[call-arg]  # a lookup by value, not __new__(value, description)
+    except ValueError:
+        return status
