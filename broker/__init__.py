@@ -18,8 +18,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from broker.core._clock import Clock as Clock
-    from broker.core._info import VERSION as __version__
+    from .core import VERSION as __version__
+    from .core import Clock as Clock
     from .config import Config as Config
     from .config import ConfigError as ConfigError
     from .config import load_config as load_config
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["Clock", "Config", "ConfigError", "ServerHandle", "load_config", "run_server", "serve", "__version__"]
 
 _WHERE = {
-    "Clock": (".core._clock", "Clock"), "__version__": (".core._info", "VERSION"),
+    "Clock": (".core", "Clock"), "__version__": (".core", "VERSION"),
     "Config": (".config", "Config"), "ConfigError": (".config", "ConfigError"), "load_config": (".config", "load_config"),
     "ServerHandle": (".server", "ServerHandle"), "run_server": (".server", "run_server"), "serve": (".server", "serve"),
 }

@@ -11,8 +11,10 @@ decoder), ``_records`` (message bodies and records, shared with the disk),
 ``_state`` + ``_connection`` (the handshake state machine and the object that ties
 it together), and the pure helpers ``_names`` (the Iggy name rule, identifiers),
 ``_subjects`` (subjects, filters, matching, overlap) and ``_errors`` (the error
-code table). ``_nats`` is the NATS client protocol (the NATS listener's parser and
-writer, and NATS header blocks); import its writers from ``protocol._nats``.
+code table). The NATS client protocol and the JetStream JSON are the subpackage
+``protocol.nats``, which builds on this one (this package never imports it).
+
+Public names: below, in ``__all__``.
 """
 
 from ._codes import HANDSHAKE_MAGIC as HANDSHAKE_MAGIC
@@ -94,26 +96,6 @@ from ._frames import FLAG_RESPONSE as FLAG_RESPONSE
 from ._frames import Frame as Frame
 from ._frames import FrameDecoder as FrameDecoder
 from ._frames import encode_frame as encode_frame
-from ._nats import NATS_NEED_DATA as NATS_NEED_DATA
-from ._nats import NatsConnect as NatsConnect
-from ._nats import NatsErr as NatsErr
-from ._nats import NatsInfo as NatsInfo
-from ._nats import NatsMsg as NatsMsg
-from ._nats import NatsOk as NatsOk
-from ._nats import NatsParser as NatsParser
-from ._nats import NatsPing as NatsPing
-from ._nats import NatsPong as NatsPong
-from ._nats import NatsProtocolError as NatsProtocolError
-from ._nats import NatsPub as NatsPub
-from ._nats import NatsSub as NatsSub
-from ._nats import NatsUnsub as NatsUnsub
-from ._nats import decode_nats_headers as decode_nats_headers
-from ._nats import encode_nats_headers as encode_nats_headers
-from ._nats import no_responders_status as no_responders_status
-from ._nats import nats_message_of_record as nats_message_of_record
-from ._nats import nats_to_record_headers as nats_to_record_headers
-from ._nats import record_to_nats_headers as record_to_nats_headers
-from ._nats import valid_nats_subject as valid_nats_subject
 from ._names import Identifier as Identifier
 from ._names import normalize_name as normalize_name
 from ._records import BODY as BODY

@@ -15,6 +15,8 @@ from conftest import env_with_project
 
 import protocol as P
 
+import protocol.nats as PN
+
 T = TypeVar("T")
 
 
@@ -153,19 +155,19 @@ class RawNats(RawPeer):
     """A trio TCP connection to a NATS listener that sends raw bytes and parses
     what the server sends (``protocol.NatsParser`` on the client side)."""
 
-    NEED_DATA = P.NATS_NEED_DATA
+    NEED_DATA = PN.NATS_NEED_DATA
     RESET_IS_EOF = True
 
     def __init__(self, stream: trio.SocketStream) -> None:
         super().__init__(stream)
-        self.conn = P.NatsParser(server=False, max_payload=1 << 30)
+        self.conn = PN.NatsParser(server=False, max_payload=1 << 30)
 
     async def connect(self, **options: Any) -> dict[str, Any]:
         """Read INFO, send CONNECT with ``options`` (``verbose`` and ``pedantic`` off
         unless given, as every NATS client library sends them: the server's defaults
         are on); returns the INFO."""
         info = await self.next_event()
-        assert isinstance(info, P.NatsInfo), info
+        assert isinstance(info, PN.NatsInfo), info
         await self.send(b"CONNECT " + json.dumps({"verbose": False, "pedantic": False, **options}).encode() + b"\r\n")
         return info.info
 

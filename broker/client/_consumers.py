@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol, cast
 
 import protocol as P

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from collections.abc import Iterable
 from typing import Any
 
-from protocol._jetstream import NATS_SETTINGS
+from protocol.nats import NATS_SETTINGS
 from protocol import ErrorCode, SubjectTransform, TransformError, error_class, filters_overlap, validate_filter
 
 __all__ = ["DEFAULT_DUPLICATE_WINDOW", "TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]

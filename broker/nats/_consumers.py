@@ -47,11 +47,11 @@ import trio
 
 from protocol import AckKind, BrokerError, PullEnd, normalize_name
 from protocol._consumers import expand_runs
-from protocol._nats import AckRun
-from protocol._jetstream import (
+from protocol.nats import AckRun
+from protocol.nats import (
     ACK_PREFIX, FC_PREFIX, INVALID_JSON, STREAM_MISMATCH, JSError, api_error, api_response, js_error, parse_request, rfc3339,
 )
-from protocol._js_consumers import (
+from protocol.nats import (
     ACK_NEXT,
     NextRequest,
     PushSettings,

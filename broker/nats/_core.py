@@ -27,7 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 import protocol as P
-from protocol._nats import encode_msg, nats_message_of_record
+
+import protocol.nats as PN
+from protocol.nats import encode_msg, nats_message_of_record
 
 from broker.core import Broker, Counters
 
@@ -151,7 +153,7 @@ def _record(broker: Broker, subject: bytes, headers: bytes | None, payload: byte
     """The record a ttlbroker subscriber gets for a core message (offset 0), or b""
     when the subject (over 255 bytes) or the headers break ttlbroker's rules."""
     try:
-        block = P.nats_to_record_headers(headers) if headers else b""
+        block = PN.nats_to_record_headers(headers) if headers else b""
         body = P.encode_body(subject, payload, block)
     except P.BrokerError:
         return b""

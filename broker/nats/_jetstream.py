@@ -36,9 +36,9 @@ from typing import Any
 import trio
 
 from protocol import BrokerError, normalize_name
-from protocol._jetstream import ACK_PREFIX, API_PREFIX, FC_PREFIX, STREAM_NOT_FOUND, JSError, api_error, js_error
-from protocol._jetstream import pub_ack as _pub_ack
-from protocol._jetstream import pub_error as _pub_error
+from protocol.nats import ACK_PREFIX, API_PREFIX, FC_PREFIX, STREAM_NOT_FOUND, JSError, api_error, js_error
+from protocol.nats import pub_ack as _pub_ack
+from protocol.nats import pub_error as _pub_error
 
 from broker.consumers import ConsumerEngine
 from broker.core import Broker, Stream, Topic, get_logger

@@ -51,8 +51,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 import protocol as P
+
+import protocol.nats as PN
 from protocol import ErrorCode
-from protocol._nats import (
+from protocol.nats import (
     NATS_NEED_DATA,
     AckRun,
     OK,
@@ -603,14 +605,14 @@ class NatsSession(Session):
         if not matching:
             return
         sub = min(matching, key=lambda s: P.match_order(s.tokens))
-        self.push_nats(encode_msg(reply.encode(), sub.sid_bytes, None, P.no_responders_status(subject), b""))
+        self.push_nats(encode_msg(reply.encode(), sub.sid_bytes, None, PN.no_responders_status(subject), b""))
 
     def _store(self, ev: NatsPub, route: Any) -> None:
         """A message a topic captures: queued for the broker's one publish path,
         which takes consecutive ones as one batch (:meth:`_flush`)."""
         topic = getattr(route, "topic", None)  # None: the route is the subject's error
         try:
-            block = P.nats_to_record_headers(ev.headers) if ev.headers else b""
+            block = PN.nats_to_record_headers(ev.headers) if ev.headers else b""
             body = P.encode_body(ev.subject, ev.payload, block)
         except P.BrokerError as err:
             self._flush()

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
 from protocol import RemovalReason as R
-from protocol._jetstream import (
+from protocol.nats import (
     BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
     stream_config, last_by_subj_of, parse_request, stream_config_to_topic,
 )
-from protocol._nats import decode_nats_headers, encode_nats_headers, nats_message_of_record
+from protocol.nats import decode_nats_headers, encode_nats_headers, nats_message_of_record
 
 import broker.core as core
 from broker.core import DEFAULT_DUPLICATE_WINDOW, TopicConfig, check_option_types, get_logger, resolve

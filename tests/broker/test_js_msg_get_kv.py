@@ -17,11 +17,13 @@ from hypothesis import strategies as st
 from ttl_helpers import broker_and_client
 
 import protocol as P
+
+import protocol.nats as PN
 from broker.nats._streams import api
 from broker.nats._core import NatsSubscription
 from protocol import BrokerError
-from protocol._jetstream import NO_MESSAGE_FOUND, STREAM_NOT_FOUND, api_error, js_error, msg_get_response, rfc3339
-from protocol._nats import decode_nats_headers, encode_msg, encode_nats_headers
+from protocol.nats import NO_MESSAGE_FOUND, STREAM_NOT_FOUND, api_error, js_error, msg_get_response, rfc3339
+from protocol.nats import decode_nats_headers, encode_msg, encode_nats_headers
 
 KEYS = ["k0", "k1", "k2", "a.b", "x"]
 NAMES = ["KV_b", "KV_other", "KV_nope", "KV_", "KV_b.x", "kv_b", "KV_B", "S"]
@@ -59,7 +61,7 @@ class _Inbox:
 
 
 def _publish(broker: Any, subject: str, value: bytes, headers: list[tuple[str, str]]) -> None:
-    block = P.nats_to_record_headers(encode_nats_headers(headers)) if headers else b""
+    block = PN.nats_to_record_headers(encode_nats_headers(headers)) if headers else b""
     cmd = P.Publish.from_bodies([P.encode_body(subject, value, block)], 0)
     broker.publisher.publish(None, cmd)
 

@@ -15,6 +15,8 @@ from ttl_helpers import broker_and_client
 
 import protocol as P
 
+import protocol.nats as PN
+
 SUBJECTS = ["t.a", "t.b", "two.x", "two.y", "ttl.x", "$KV.b.k1", "$KV.b.k2", "$KV.b.a..b", "none.x"]
 HEADERS: list[list[tuple[str, str]]] = [
     [], [], [],
@@ -34,7 +36,7 @@ async def setup(c: Any) -> None:
 
 
 def body(subject: str, headers: list[tuple[str, str]], payload: bytes) -> bytes:
-    block = P.nats_to_record_headers(P.encode_nats_headers(headers)) if headers else b""
+    block = PN.nats_to_record_headers(PN.encode_nats_headers(headers)) if headers else b""
     return P.encode_body(subject, payload, block)
 
 

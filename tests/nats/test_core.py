@@ -27,15 +27,17 @@ from conftest import make_config, start_server
 from helpers import RawNats, in_asyncio
 
 import protocol as P
+
+import protocol.nats as PN
 from broker import Config, ServerHandle
 from broker.core._info import VERSION
 from broker.client import connect
 
-PING, PONG, OK = P.NatsPing, P.NatsPong, P.NatsOk
+PING, PONG, OK = PN.NatsPing, PN.NatsPong, PN.NatsOk
 
 
-def err(text: str) -> P.NatsErr:
-    return P.NatsErr(text)
+def err(text: str) -> PN.NatsErr:
+    return PN.NatsErr(text)
 
 
 async def wait_for(event: threading.Event) -> None:
@@ -157,9 +159,9 @@ async def test_no_responders(nats_url: str) -> None:
     assert await in_asyncio(scenario) == "no responders"
 
 
-def no_responders(reply: str, sid: str, subject: str) -> P.NatsMsg:
+def no_responders(reply: str, sid: str, subject: str) -> PN.NatsMsg:
     """The status message nats-server 2.15 sends for a request on ``subject``."""
-    return P.NatsMsg(reply, sid, None, b"NATS/1.0 503\r\nNats-Subject: " + subject.encode() + b"\r\n\r\n", b"")
+    return PN.NatsMsg(reply, sid, None, b"NATS/1.0 503\r\nNats-Subject: " + subject.encode() + b"\r\n\r\n", b"")
 
 
 async def test_no_responders_status_message_bytes(nats_url: str) -> None:
@@ -232,7 +234,7 @@ async def test_a_client_without_header_support_gets_the_payload(nats_url: str) -
     await publisher.connect(headers=True)
     await publisher.send(b"HPUB h 18 20\r\nNATS/1.0\r\nA: b\r\n\r\nhi\r\nPING\r\n")
     assert await publisher.next_event() is PONG
-    assert await peer.next_event() == P.NatsMsg("h", "1", None, None, b"hi")
+    assert await peer.next_event() == PN.NatsMsg("h", "1", None, None, b"hi")
 
 
 async def test_hpub_needs_headers_in_connect(nats_url: str) -> None:
@@ -248,7 +250,7 @@ async def test_connect_defaults_are_the_servers(nats_url: str) -> None:
     (a +OK for each operation, wildcards refused in a PUB subject); a later CONNECT
     changes only the fields it has."""
     peer = await RawNats.open(nats_url)
-    assert isinstance(await peer.next_event(), P.NatsInfo)
+    assert isinstance(await peer.next_event(), PN.NatsInfo)
     await peer.send(b"CONNECT {}\r\nSUB a 1\r\nPUB a.* 1\r\nx\r\nUNSUB 99\r\nPING\r\n")
     assert [await peer.next_event() for _ in range(6)] == [OK, OK, err("Invalid Publish Subject"), OK, OK, PONG]
     await peer.send(b'CONNECT {"verbose": false}\r\nPUB a.* 1\r\nx\r\nPING\r\n')
@@ -350,7 +352,7 @@ async def test_nats_publishes_on_a_topic_subject_are_stored_with_a_puback(
 async def test_info_describes_the_listener(nats_server: ServerHandle, nats_url: str) -> None:
     peer = await RawNats.open(nats_url)
     info = await peer.next_event()
-    assert isinstance(info, P.NatsInfo)
+    assert isinstance(info, PN.NatsInfo)
     i = info.info
     assert (i["proto"], i["headers"], i["max_payload"], i["port"]) == (1, True, 1024 * 1024, nats_server.nats_port)
     assert "auth_required" not in i and "tls_required" not in i and i["server_id"] and i["version"] == "2.11.0"
@@ -363,7 +365,7 @@ async def test_verbose_answers_ok(nats_url: str) -> None:
     await peer.send(b"SUB a 1\r\nPUB a 1\r\nx\r\nUNSUB 1\r\nPING\r\n")
     # As nats-server: a PUB's +OK goes before the message it delivers.
     assert [await peer.next_event() for _ in range(6)] == [
-        OK, OK, OK, P.NatsMsg("a", "1", None, None, b"x"), OK, PONG]
+        OK, OK, OK, PN.NatsMsg("a", "1", None, None, b"x"), OK, PONG]
 
     async def with_nats_py() -> bool:
         nc = await nats.connect(nats_url, verbose=True)
@@ -410,7 +412,7 @@ async def test_no_connect_in_time_is_an_authentication_timeout(data_dir: Path) -
     config = make_config(data_dir, **{"nats.enabled": True, "server.auth_token": "t", "limits.handshake_timeout": 0.2})
     async with start_server(config) as handle:
         peer = await RawNats.open(handle.nats_url or "")
-        assert isinstance(await peer.next_event(), P.NatsInfo)
+        assert isinstance(await peer.next_event(), PN.NatsInfo)
         assert await peer.until_closed() == [err("Authentication Timeout")]
 
 
@@ -547,7 +549,7 @@ async def test_slow_consumer_is_cut_off(data_dir: Path) -> None:
         await in_asyncio(flood)
         events = await sleeper.until_closed(timeout=20)
         assert events[-1] == err("Slow Consumer") and counters.deliveries_dropped > 0
-        assert all(isinstance(e, P.NatsMsg) for e in events[:-1])
+        assert all(isinstance(e, PN.NatsMsg) for e in events[:-1])
 
 
 # -- TLS -----------------------------------------------------------------------------------
@@ -688,10 +690,10 @@ async def test_pipelined_publishes_keep_their_order_and_each_get_their_ack(
     deliveries, acks = [], {}
     while len(acks) < 3:
         ev = await peer.next_event()
-        assert isinstance(ev, P.NatsMsg) or ev is PONG, ev
-        if isinstance(ev, P.NatsMsg) and ev.sid == "3":
+        assert isinstance(ev, PN.NatsMsg) or ev is PONG, ev
+        if isinstance(ev, PN.NatsMsg) and ev.sid == "3":
             acks[ev.subject] = json.loads(ev.payload)
-        elif isinstance(ev, P.NatsMsg):
+        elif isinstance(ev, PN.NatsMsg):
             deliveries.append(ev.subject)
     assert deliveries == ["orders.a", "chat", "orders.c", "orders.d"]
     assert (acks["r.1"]["seq"], acks["r.3"]["seq"]) == (1, 2)

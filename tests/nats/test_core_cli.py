@@ -12,7 +12,8 @@ import trio
 from conftest import BrokerProcess, env_with_project, make_config
 from helpers import RawNats
 
-import protocol as P
+
+import protocol.nats as PN
 from broker import Config
 from broker.config import ConfigError, load_config
 
@@ -24,7 +25,7 @@ async def test_serve_port_0_prints_a_free_nats_port(tmp_path: Path) -> None:
         assert url.startswith("nats://127.0.0.1:") and not url.endswith(":4222")
         peer = await RawNats.open(url)
         info = await peer.next_event()
-        assert isinstance(info, P.NatsInfo) and info.info["port"] == int(url.rsplit(":", 1)[1])
+        assert isinstance(info, PN.NatsInfo) and info.info["port"] == int(url.rsplit(":", 1)[1])
         await peer.stream.aclose()
     finally:
         assert broker.stop() == 0

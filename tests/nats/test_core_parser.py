@@ -10,8 +10,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import protocol as P
+
+import protocol.nats as PN
 from broker.nats._consumers import _V1_ACK
-from protocol._nats import (
+from protocol.nats import (
     ACK_RUN_LIMIT,
     encode_connect,
     encode_err,
@@ -33,12 +35,12 @@ PAYLOAD = st.binary(max_size=200)
 
 
 def events_of(data: bytes, *, server: bool = True, splits: list[int] | None = None, **limits: int) -> list[object]:
-    parser = P.NatsParser(server=server, **limits)
+    parser = PN.NatsParser(server=server, **limits)
     cuts = sorted({0, len(data), *(splits or [])})
     events: list[object] = []
     for a, b in zip(cuts, cuts[1:]):
         parser.receive_data(data[a:b])
-        while (ev := parser.next_event()) is not P.NATS_NEED_DATA:
+        while (ev := parser.next_event()) is not PN.NATS_NEED_DATA:
             events.append(ev)
     return events
 
@@ -48,18 +50,18 @@ def client_ops(draw: st.DrawFn) -> tuple[bytes, object]:
     kind = draw(st.sampled_from(["connect", "pub", "hpub", "sub", "unsub", "ping", "pong"]))
     if kind == "connect":
         opts = draw(st.fixed_dictionaries({"verbose": st.booleans(), "headers": st.booleans(), "name": TOKEN}))
-        return encode_connect(opts), P.NatsConnect(opts)
+        return encode_connect(opts), PN.NatsConnect(opts)
     if kind in ("pub", "hpub"):
         subject, reply, payload = draw(SUBJECT), draw(st.none() | SUBJECT), draw(PAYLOAD)
-        headers = P.encode_nats_headers(draw(PAIRS), draw(st.none() | st.integers(100, 599))) if kind == "hpub" else None
-        return encode_pub(subject, reply, headers, payload), P.NatsPub(subject, reply, headers, payload)
+        headers = PN.encode_nats_headers(draw(PAIRS), draw(st.none() | st.integers(100, 599))) if kind == "hpub" else None
+        return encode_pub(subject, reply, headers, payload), PN.NatsPub(subject, reply, headers, payload)
     if kind == "sub":
         subject, queue, sid = draw(FILTER), draw(st.none() | TOKEN), draw(SID)
-        return encode_sub(subject, queue, sid), P.NatsSub(subject, queue, sid)
+        return encode_sub(subject, queue, sid), PN.NatsSub(subject, queue, sid)
     if kind == "unsub":
         sid, n = draw(SID), draw(st.none() | st.integers(1, 10**6))
-        return encode_unsub(sid, n), P.NatsUnsub(sid, n)
-    return (b"PING\r\n", P.NatsPing) if kind == "ping" else (b"PONG\r\n", P.NatsPong)
+        return encode_unsub(sid, n), PN.NatsUnsub(sid, n)
+    return (b"PING\r\n", PN.NatsPing) if kind == "ping" else (b"PONG\r\n", PN.NatsPong)
 
 
 @given(st.lists(client_ops(), max_size=8), st.lists(st.integers(0, 4000), max_size=10))
@@ -74,33 +76,33 @@ def test_client_operations_round_trip_whatever_the_split(ops: list[tuple[bytes, 
 @given(SUBJECT, SID, st.none() | SUBJECT, st.none() | PAIRS, PAYLOAD, st.lists(st.integers(0, 500), max_size=5))
 def test_server_messages_round_trip(subject: str, sid: str, reply: str | None, pairs: list[tuple[str, str]] | None,
                                     payload: bytes, splits: list[int]) -> None:
-    headers = None if pairs is None else P.encode_nats_headers(pairs)
+    headers = None if pairs is None else PN.encode_nats_headers(pairs)
     data = (encode_info({"server_id": "x", "proto": 1}) + encode_msg(subject.encode(), sid.encode(), reply.encode() if reply else None, headers, payload)
             + b"+OK\r\n" + encode_err("Stale Connection") + b"PING\r\n")
-    want = [P.NatsInfo({"server_id": "x", "proto": 1}), P.NatsMsg(subject, sid, reply, headers, payload), P.NatsOk,
-            P.NatsErr("Stale Connection"), P.NatsPing]
+    want = [PN.NatsInfo({"server_id": "x", "proto": 1}), PN.NatsMsg(subject, sid, reply, headers, payload), PN.NatsOk,
+            PN.NatsErr("Stale Connection"), PN.NatsPing]
     assert events_of(data, server=False, splits=[s % (len(data) + 1) for s in splits]) == want
 
 
 def test_operation_names_in_any_case_and_arguments_split_by_tabs() -> None:
     data = b"pub\ta.b  r\t 2\r\nhi\r\nSuB a.* q 7\nping\r\n"
-    assert events_of(data) == [P.NatsPub("a.b", "r", None, b"hi"), P.NatsSub("a.*", "q", "7"), P.NatsPing]
+    assert events_of(data) == [PN.NatsPub("a.b", "r", None, b"hi"), PN.NatsSub("a.*", "q", "7"), PN.NatsPing]
 
 
-class _GeneralOnly(P.NatsParser):
+class _GeneralOnly(PN.NatsParser):
     """The parser without its one-step path for plain PUBs."""
 
     def _plain_pub(self, buf: bytearray) -> None:
         return None
 
 
-def _outcome(parser: P.NatsParser, data: bytes) -> tuple[list[object], str | None]:
+def _outcome(parser: PN.NatsParser, data: bytes) -> tuple[list[object], str | None]:
     parser.receive_data(data)
     events: list[object] = []
     try:
-        while (ev := parser.next_event()) is not P.NATS_NEED_DATA:
+        while (ev := parser.next_event()) is not PN.NATS_NEED_DATA:
             events.append(ev)
-    except P.NatsProtocolError as err:
+    except PN.NatsProtocolError as err:
         return events, err.text
     return events, None
 
@@ -133,7 +135,7 @@ def test_plain_pubs_parse_as_the_general_path_does(lines: list[bytes]) -> None:
     """The one-step path for ``PUB subject [reply] size`` gives exactly the events
     and the error of the general path, whatever the spacing, sizes and bytes."""
     data = b"".join(lines)
-    assert _outcome(P.NatsParser(max_control_line=40, max_payload=20), data) == _outcome(
+    assert _outcome(PN.NatsParser(max_control_line=40, max_payload=20), data) == _outcome(
         _GeneralOnly(max_control_line=40, max_payload=20), data)
 
 
@@ -141,7 +143,7 @@ def test_plain_pubs_parse_as_the_general_path_does(lines: list[bytes]) -> None:
 def test_garbage_gives_the_protocol_error_only(data: bytes, splits: list[int]) -> None:
     try:
         events_of(data, splits=[s % (len(data) + 1) for s in splits], max_control_line=64, max_payload=100)
-    except P.NatsProtocolError as err:
+    except PN.NatsProtocolError as err:
         assert err.text in ("Unknown Protocol Operation", "maximum control line exceeded", "Maximum Payload Violation")
         assert isinstance(err, P.RemoteProtocolError)
 
@@ -151,15 +153,15 @@ def test_the_error_does_not_depend_on_the_split(ops: list[tuple[bytes, object]],
     data = b"".join(raw for raw, _ in ops) + tail
 
     def outcome(splits: list[int]) -> tuple[list[object], str | None]:
-        parser = P.NatsParser(max_control_line=64)
+        parser = PN.NatsParser(max_control_line=64)
         cuts = sorted({0, len(data), *splits})
         events: list[object] = []
         try:
             for a, b in zip(cuts, cuts[1:]):
                 parser.receive_data(data[a:b])
-                while (ev := parser.next_event()) is not P.NATS_NEED_DATA:
+                while (ev := parser.next_event()) is not PN.NATS_NEED_DATA:
                     events.append(ev)
-        except P.NatsProtocolError as err:
+        except PN.NatsProtocolError as err:
             return events, err.text
         return events, None
 
@@ -190,32 +192,32 @@ def test_the_error_does_not_depend_on_the_split(ops: list[tuple[bytes, object]],
     ],
 )
 def test_violations_and_their_texts(data: bytes, text: str) -> None:
-    with pytest.raises(P.NatsProtocolError) as info:
+    with pytest.raises(PN.NatsProtocolError) as info:
         events_of(data, max_payload=100)
     assert info.value.text == text
 
 
 def test_a_control_line_of_exactly_the_maximum_is_accepted() -> None:
     line = b"SUB " + b"a" * 4088 + b" 1"
-    assert len(line) == 4094 and events_of(line + b"\r\n", max_control_line=4094) == [P.NatsSub("a" * 4088, None, "1")]
-    with pytest.raises(P.NatsProtocolError, match="maximum control line exceeded"):
+    assert len(line) == 4094 and events_of(line + b"\r\n", max_control_line=4094) == [PN.NatsSub("a" * 4088, None, "1")]
+    with pytest.raises(PN.NatsProtocolError, match="maximum control line exceeded"):
         events_of(line + b"\r\n", max_control_line=4093)
 
 
 @given(PAIRS, st.none() | st.integers(100, 999), st.text(alphabet="abcXYZ ", max_size=12).map(str.strip))
 def test_header_blocks_round_trip(pairs: list[tuple[str, str]], status: int | None, description: str) -> None:
-    block = P.encode_nats_headers(pairs, status, description)
+    block = PN.encode_nats_headers(pairs, status, description)
     assert block.startswith(b"NATS/1.0") and block.endswith(b"\r\n\r\n")
-    assert P.decode_nats_headers(block) == (status, description if status is not None else "", pairs)
+    assert PN.decode_nats_headers(block) == (status, description if status is not None else "", pairs)
     ours = P.encode_headers(pairs)
-    assert P.nats_to_record_headers(block) == ours
-    assert P.record_to_nats_headers(ours) == (P.encode_nats_headers(pairs) if pairs else b"")
+    assert PN.nats_to_record_headers(block) == ours
+    assert PN.record_to_nats_headers(ours) == (PN.encode_nats_headers(pairs) if pairs else b"")
 
 
 def test_status_line_of_no_responders_and_no_messages() -> None:
-    assert P.encode_nats_headers([], 503) == b"NATS/1.0 503\r\n\r\n"
-    assert P.encode_nats_headers([], 404, "No Messages") == b"NATS/1.0 404 No Messages\r\n\r\n"
-    assert P.decode_nats_headers(b"NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: 1\r\n\r\n") == (
+    assert PN.encode_nats_headers([], 503) == b"NATS/1.0 503\r\n\r\n"
+    assert PN.encode_nats_headers([], 404, "No Messages") == b"NATS/1.0 404 No Messages\r\n\r\n"
+    assert PN.decode_nats_headers(b"NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: 1\r\n\r\n") == (
         408, "Request Timeout", [("Nats-Pending-Messages", "1")])
 
 
@@ -232,21 +234,21 @@ def test_status_line_of_no_responders_and_no_messages() -> None:
 )
 def test_malformed_header_blocks(block: bytes, message: str) -> None:
     with pytest.raises(P.InvalidHeadersError, match=message) as info:  # type: ignore[attr-defined]
-        P.decode_nats_headers(block)
+        PN.decode_nats_headers(block)
     assert info.value.code == P.ErrorCode.INVALID_HEADERS
 
 
 def test_headers_ttlbroker_cannot_carry_are_refused_on_conversion() -> None:
     with pytest.raises(P.BrokerError) as info:
-        P.nats_to_record_headers(b"NATS/1.0\r\nBad\x01Name: v\r\n\r\n")
+        PN.nats_to_record_headers(b"NATS/1.0\r\nBad\x01Name: v\r\n\r\n")
     assert info.value.code == P.ErrorCode.INVALID_HEADERS
 
 
 def test_a_stored_record_as_a_nats_message() -> None:
     body = P.encode_body("a.b", b"payload", P.encode_headers({"Nats-TTL": "5s"}))
-    subject, headers, payload = P.nats_message_of_record(P.encode_record(3, 7, body))
+    subject, headers, payload = PN.nats_message_of_record(P.encode_record(3, 7, body))
     assert (subject, headers, bytes(payload)) == (b"a.b", b"NATS/1.0\r\nNats-TTL: 5s\r\n\r\n", b"payload")
-    subject, headers, payload = P.nats_message_of_record(P.encode_record(3, 7, P.encode_body("x", b"")))
+    subject, headers, payload = PN.nats_message_of_record(P.encode_record(3, 7, P.encode_body("x", b"")))
     assert (subject, headers, bytes(payload)) == (b"x", None, b"")
 
 
@@ -255,8 +257,8 @@ def test_a_stored_record_as_a_nats_message() -> None:
     ("", False, False), ("a b", False, False), (".a", False, False), ("a*.b", True, True),
 ])
 def test_subject_validity_as_nats_server_sees_it(subject: str, literal: bool, wildcard: bool) -> None:
-    assert P.valid_nats_subject(subject) is literal
-    assert P.valid_nats_subject(subject, wildcards=True) is wildcard
+    assert PN.valid_nats_subject(subject) is literal
+    assert PN.valid_nats_subject(subject, wildcards=True) is wildcard
 
 
 def _valid_by_tokens(subject: str, wildcards: bool) -> bool:
@@ -275,7 +277,7 @@ def _valid_by_tokens(subject: str, wildcards: bool) -> bool:
 
 @given(st.text(alphabet="ab.*> \t\u00e9", max_size=12) | st.text(max_size=12), st.booleans())
 def test_subject_validity_is_the_token_by_token_answer(subject: str, wildcards: bool) -> None:
-    assert P.valid_nats_subject(subject, wildcards) is _valid_by_tokens(subject, wildcards)
+    assert PN.valid_nats_subject(subject, wildcards) is _valid_by_tokens(subject, wildcards)
 
 
 @given(st.text(max_size=30), st.integers(1, 2**63), st.none() | st.binary(max_size=40), st.binary(max_size=40), st.text(max_size=30))
@@ -286,7 +288,7 @@ def test_templated_jetstream_answers_are_the_json_encoders(subject: str, seq: in
     import base64
     import json
 
-    from protocol._jetstream import api_response, msg_get_response, pub_ack
+    from protocol.nats import api_response, msg_get_response, pub_ack
 
     def dumps(obj: object) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
@@ -312,7 +314,7 @@ def test_pull_delivery_frames_are_each_deliverys_msg(messages: list[tuple[str, b
     """The frames of a pull batch formatted in one pass are, byte for byte, the MSG or
     HMSG ``encode_msg`` gives for each message's ``js_delivery`` (with and without
     headers, headers only, a client without header support)."""
-    from protocol._js_consumers import js_delivery, js_delivery_frames
+    from protocol.nats import js_delivery, js_delivery_frames
 
     parts: list[bytes | memoryview] = []
     for i, (subject, payload, hdrs, offset, ts, delivered, pending) in enumerate(messages):
@@ -340,7 +342,7 @@ def test_pulled_runs_frame_as_their_entries(messages: list[tuple[str, bytes, dic
     for a NATS pull) frame, byte for byte, as the entry heads and records
     ``expand_runs`` (``pull_entries``) gives for them, beside ordinary entries."""
     from protocol._consumers import PulledRun, expand_runs
-    from protocol._js_consumers import js_delivery_frames
+    from protocol.nats import js_delivery_frames
 
     records = [
         P.encode_record(100 + i, ts, P.encode_body(subject, payload, P.encode_headers(hdrs) if hdrs else b""))
@@ -376,7 +378,7 @@ def test_api_requests_read_as_json_loads_reads_them(before: str, name: str, midd
     what ``json.loads`` gives, or the same refusal."""
     import json
 
-    from protocol._jetstream import JSError, parse_request
+    from protocol.nats import JSError, parse_request
 
     text = f'{before}{{{middle}"{name}"{middle}:{middle}' + (f'"{value}"' if raw else json.dumps(value, ensure_ascii=False)) + f"}}{after}"
     payload = text.encode("latin-1" if latin and all(ord(c) < 256 for c in text) else "utf-8", "surrogatepass")
@@ -392,7 +394,7 @@ def test_api_requests_read_as_json_loads_reads_them(before: str, name: str, midd
     assert got == expected
 
 
-def _runs_outcome(parser: P.NatsParser, data: bytes, limit: int) -> tuple[list[object], str | None]:
+def _runs_outcome(parser: PN.NatsParser, data: bytes, limit: int) -> tuple[list[object], str | None]:
     """What ``parser`` gives reading ``data`` with :meth:`NatsParser.ack_pubs` first at
     each step (as the NATS session reads ack runs), its tuples as NatsPub events; the
     consumer key and stream sequence of each checked against the broker's ``_V1_ACK``
@@ -407,13 +409,13 @@ def _runs_outcome(parser: P.NatsParser, data: bytes, limit: int) -> tuple[list[o
                 for subject, reply, payload, key, seq in run:
                     m = _V1_ACK.fullmatch(subject)
                     assert m is not None and (m.group(1), int(m.group(2))) == (key, seq)
-                    events.append(P.NatsPub(subject, reply, None, payload))
+                    events.append(PN.NatsPub(subject, reply, None, payload))
                 continue
             ev = parser.next_event()
-            if ev is P.NATS_NEED_DATA:
+            if ev is PN.NATS_NEED_DATA:
                 break
             events.append(ev)
-    except P.NatsProtocolError as err:
+    except PN.NatsProtocolError as err:
         return events, err.text
     return events, None
 
@@ -456,8 +458,8 @@ def test_ack_pub_runs_parse_as_the_general_path_does(lines: list[bytes], limit: 
     general path, however the bytes arrive."""
     data = b"".join(lines)
     want = _outcome(_GeneralOnly(max_control_line=60, max_payload=20), data)
-    assert _runs_outcome(P.NatsParser(max_control_line=60, max_payload=20), data, limit) == want
-    parser = P.NatsParser(max_control_line=60, max_payload=20)
+    assert _runs_outcome(PN.NatsParser(max_control_line=60, max_payload=20), data, limit) == want
+    parser = PN.NatsParser(max_control_line=60, max_payload=20)
     cuts = sorted({0, len(data), *(s % (len(data) + 1) for s in splits)})
     events: list[object] = []
     error = None
@@ -473,15 +475,15 @@ def test_ack_pubs_takes_the_v1_acks_nats_py_sends() -> None:
     """The run nats-py writes for ``msg.ack()`` calls is taken whole; an ack subject
     of another form stops it."""
     acks = [b"PUB $JS.ACK.S.c.1.%d.%d.1763937600000000000.0 0\r\n\r\n" % (i, i) for i in range(5)]
-    parser = P.NatsParser()
+    parser = PN.NatsParser()
     parser.receive_data(b"".join(acks) + b"PUB $JS.ACK.S.c.1.9.9.x.0 0\r\n\r\n" + acks[0])
     assert [(k, n) for _, _, _, k, n in parser.ack_pubs()] == [("$JS.ACK.S.c", i) for i in range(5)]
     assert parser.ack_pubs() == []
-    assert parser.next_event() == P.NatsPub("$JS.ACK.S.c.1.9.9.x.0", None, None, b"")
+    assert parser.next_event() == PN.NatsPub("$JS.ACK.S.c.1.9.9.x.0", None, None, b"")
     assert len(parser.ack_pubs()) == 1
 
 
-def _ack_run_outcome(parser: P.NatsParser, data: bytes) -> tuple[list[object], str | None]:
+def _ack_run_outcome(parser: PN.NatsParser, data: bytes) -> tuple[list[object], str | None]:
     """What ``parser`` gives reading ``data`` as the NATS session does: a run of
     nats-py's plain acks (:meth:`NatsParser.ack_run`) first, then ``ack_pubs``, then the
     general path (the first two only where ``at_ack`` says so: elsewhere they give
@@ -503,11 +505,11 @@ def _ack_run_outcome(parser: P.NatsParser, data: bytes) -> tuple[list[object], s
                 general = _GeneralOnly(max_control_line=parser.max_control_line, max_payload=parser.max_payload)
                 general.receive_data(before[: end - parser._pos])
                 pubs = []
-                while (ev := general.next_event()) is not P.NATS_NEED_DATA:
+                while (ev := general.next_event()) is not PN.NATS_NEED_DATA:
                     pubs.append(ev)
                 assert len(pubs) == len(seqs)
                 for ev, seq in zip(pubs, seqs):
-                    assert isinstance(ev, P.NatsPub) and ev.reply is None and ev.payload == b"" and ev.headers is None
+                    assert isinstance(ev, PN.NatsPub) and ev.reply is None and ev.payload == b"" and ev.headers is None
                     m = _V1_ACK.fullmatch(ev.subject)
                     assert m is not None and (m.group(1), int(m.group(2))) == (key, seq)
                 parser.skip_to(end)
@@ -515,13 +517,13 @@ def _ack_run_outcome(parser: P.NatsParser, data: bytes) -> tuple[list[object], s
                 continue
             acks = parser.ack_pubs()
             if acks:
-                events += [P.NatsPub(subject, reply, None, payload) for subject, reply, payload, _, _ in acks]
+                events += [PN.NatsPub(subject, reply, None, payload) for subject, reply, payload, _, _ in acks]
                 continue
             ev = parser.next_event()
-            if ev is P.NATS_NEED_DATA:
+            if ev is PN.NATS_NEED_DATA:
                 break
             events.append(ev)
-    except P.NatsProtocolError as err:
+    except PN.NatsProtocolError as err:
         return events, err.text
     return events, None
 
@@ -541,8 +543,8 @@ def test_ack_runs_parse_as_the_general_path_does(lines: list[bytes], max_line: i
     control line too long), to the other paths, however the bytes arrive."""
     data = b"".join(lines)
     want = _outcome(_GeneralOnly(max_control_line=max_line, max_payload=20), data)
-    assert _ack_run_outcome(P.NatsParser(max_control_line=max_line, max_payload=20), data) == want
-    parser = P.NatsParser(max_control_line=max_line, max_payload=20)
+    assert _ack_run_outcome(PN.NatsParser(max_control_line=max_line, max_payload=20), data) == want
+    parser = PN.NatsParser(max_control_line=max_line, max_payload=20)
     cuts = sorted({0, len(data), *(s % (len(data) + 1) for s in splits)})
     events: list[object] = []
     error = None
@@ -557,7 +559,7 @@ def test_ack_runs_parse_as_the_general_path_does(lines: list[bytes], max_line: i
 def test_ack_run_takes_the_acks_nats_py_sends_in_one_run_per_consumer() -> None:
     acks = [b"PUB $JS.ACK.S.c.1.%d.%d.1763937600000000000.0  0\r\n\r\n" % (i, i) for i in range(300)]
     other = b"PUB $JS.ACK.S.d.1.7.7.1763937600000000000.0  0\r\n\r\n"
-    parser = P.NatsParser()
+    parser = PN.NatsParser()
     parser.receive_data(b"".join(acks) + other + acks[0] + b"PING\r\n")
     key, run, end = parser.ack_run()
     assert (key, run.seqs()) == ("$JS.ACK.S.c", list(range(ACK_RUN_LIMIT)))
@@ -572,4 +574,4 @@ def test_ack_run_takes_the_acks_nats_py_sends_in_one_run_per_consumer() -> None:
     key, run, end = parser.ack_run()
     assert (key, run.seqs()) == ("$JS.ACK.S.c", [0])
     parser.skip_to(end)
-    assert parser.ack_run() is None and parser.next_event() is P.NatsPing
+    assert parser.ack_run() is None and parser.next_event() is PN.NatsPing

@@ -26,9 +26,10 @@ from helpers import RawNats, api_request, in_asyncio
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
-import protocol as P
+
+import protocol.nats as PN
 from broker.nats._consumers import _V1_ACK
-from protocol._js_consumers import parse_ack_subject
+from protocol.nats import parse_ack_subject
 
 STREAM = "ORDERS"
 
@@ -941,8 +942,8 @@ async def test_pull_batches_reach_subscriptions_with_a_maximum_and_ttlbroker_sub
     await peer.connect(headers=True)
     await peer.send(b"SUB _INBOX.limited 5\r\nUNSUB 5 2\r\nPUB %s _INBOX.limited 11\r\n{\"batch\":3}\r\nPING\r\n" % api_subject.encode())
     limited = [await peer.next_event() for _ in range(3)]
-    assert limited[2] is P.NatsPong  # two messages, then nothing for that subscription
-    got = [seen(m.subject, m.reply, dict(P.decode_nats_headers(m.headers)[2]) if m.headers else None, m.payload)
+    assert limited[2] is PN.NatsPong  # two messages, then nothing for that subscription
+    got = [seen(m.subject, m.reply, dict(PN.decode_nats_headers(m.headers)[2]) if m.headers else None, m.payload)
            for m in limited[:2]]
     async with native(nats_server.address) as client:
         mixed = await client.subscribe("_INBOX.mixed")

@@ -23,7 +23,7 @@ async def test_nodejs_pull_consumer_and_kv_watch(node_nats: Path, nats_url: str)
 def test_hpub_with_no_header_block_is_a_message_without_headers() -> None:
     """nats.js publishes a message without headers as ``HPUB subject reply 0 size``
     (nats-server accepts a header size of 0): the parser takes it, without headers."""
-    from protocol._nats import NatsParser, NatsPub
+    from protocol.nats import NatsParser, NatsPub
 
     p = NatsParser()
     p.receive_data(b"HPUB nj.a _INBOX.x 0 2\r\nhi\r\n")

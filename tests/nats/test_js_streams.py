@@ -18,7 +18,8 @@ from conftest import make_config, start_server
 from helpers import RawNats, api_request, in_asyncio, run_cli
 from nats.js.api import RePublish, StreamConfig
 
-import protocol as P
+
+import protocol.nats as PN
 from broker import ServerHandle
 from broker.client import connect
 from protocol import BrokerError
@@ -338,7 +339,7 @@ def test_error_table_documented() -> None:
     import re
     from pathlib import Path
 
-    from protocol._jetstream import NATS_ERRORS
+    from protocol.nats import NATS_ERRORS
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
     m = re.search(r"<!-- table: nats_errors -->\n(.*?)<!-- /table -->", text, re.S)
@@ -502,22 +503,22 @@ async def test_api_no_responders_bytes_go_to_the_requester_only(nats_url: str) -
     other = await RawNats.open(nats_url)
     await other.connect(headers=True, no_responders=True)
     await other.send(b"SUB _INBOX.> 1\r\nPING\r\n")
-    assert await other.next_event() is P.NatsPong
+    assert await other.next_event() is PN.NatsPong
     peer = await RawNats.open(nats_url)
     await peer.connect(headers=True, no_responders=True)
     await peer.send(b"SUB _INBOX.r.* 7\r\nPING\r\n")
-    assert await peer.next_event() is P.NatsPong
+    assert await peer.next_event() is PN.NatsPong
     for subject in ("$JS.API.DIRECT.GET.ND.nd.a", "$JS.API.DIRECT.GET.NOPE", "$JS.API.CONSUMER.MSG.NEXT.ND.nope",
                     "$JS.API.CONSUMER.FOO.ND", "$JS.API.STREAM.BOGUS"):
         await peer.send(b"PUB %s _INBOX.r.1 0\r\n\r\n" % subject.encode())
         status = b"NATS/1.0 503\r\nNats-Subject: " + subject.encode() + b"\r\n\r\n"
-        assert await peer.next_event() == P.NatsMsg("_INBOX.r.1", "7", None, status, b""), subject
+        assert await peer.next_event() == PN.NatsMsg("_INBOX.r.1", "7", None, status, b""), subject
     quiet = await RawNats.open(nats_url)
     await quiet.connect(headers=True)  # no_responders not asked for: no status
     await quiet.send(b"SUB _INBOX.q.* 1\r\nPUB $JS.API.DIRECT.GET.ND.nd.a _INBOX.q.1 0\r\n\r\nPING\r\n")
-    assert await quiet.next_event() is P.NatsPong
+    assert await quiet.next_event() is PN.NatsPong
     await other.send(b"PING\r\n")
-    assert await other.next_event() is P.NatsPong  # nothing reached it before
+    assert await other.next_event() is PN.NatsPong  # nothing reached it before
 
 
 async def test_msg_delete_refusals_as_the_servers_file_store(nats_url: str) -> None:

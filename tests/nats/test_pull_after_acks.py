@@ -19,7 +19,8 @@ import trio
 import trio.testing
 from helpers import RawNats
 
-import protocol as P
+
+import protocol.nats as PN
 from broker.nats._consumers import State
 
 STREAM = "ORDERS"
@@ -32,7 +33,7 @@ def pub(subject: bytes | str, payload: bytes = b"", reply: str | None = None) ->
     return b"PUB %s %s%d\r\n%s\r\n" % (subject, (reply + " ").encode() if reply else b"", len(payload), payload)
 
 
-def ack(msg: P.NatsMsg) -> bytes:
+def ack(msg: PN.NatsMsg) -> bytes:
     """``msg.ack()`` as nats-py writes it."""
     assert msg.reply is not None
     return b"PUB %s  0\r\n\r\n" % msg.reply.encode()
@@ -59,14 +60,14 @@ class Peer:
     async def api(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         await self.raw.send(pub(subject, json.dumps(body).encode() if body is not None else b"", "_INBOX.api"))
         ev = await self.raw.next_event()
-        assert isinstance(ev, P.NatsMsg) and ev.subject == "_INBOX.api", ev
+        assert isinstance(ev, PN.NatsMsg) and ev.subject == "_INBOX.api", ev
         return json.loads(ev.payload)  # type: ignore[no-any-return]
 
-    async def msgs(self, n: int) -> list[P.NatsMsg]:
+    async def msgs(self, n: int) -> list[PN.NatsMsg]:
         out = []
         for _ in range(n):
             ev = await self.raw.next_event()
-            assert isinstance(ev, P.NatsMsg) and ev.subject.startswith("orders."), ev
+            assert isinstance(ev, PN.NatsMsg) and ev.subject.startswith("orders."), ev
             out.append(ev)
         return out
 
@@ -76,7 +77,7 @@ class Peer:
                 i["num_redelivered"], i["num_waiting"])
 
 
-def seen(msgs: list[P.NatsMsg]) -> list[tuple[int, int, int, int]]:
+def seen(msgs: list[PN.NatsMsg]) -> list[tuple[int, int, int, int]]:
     """(stream sequence, consumer sequence, times delivered, pending) of each, from
     its ``$JS.ACK`` reply."""
     out = []
@@ -96,7 +97,7 @@ async def peer(nats_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     for i in range(9):
         await p.raw.send(pub(f"orders.{i}", b"m%d" % i, "_INBOX.api"))
         ev = await p.raw.next_event()
-        assert isinstance(ev, P.NatsMsg) and json.loads(ev.payload)["seq"] == i + 1
+        assert isinstance(ev, PN.NatsMsg) and json.loads(ev.payload)["seq"] == i + 1
     passed: list[bool] = []
     may_pass = State.may_pass
 
@@ -122,7 +123,7 @@ async def consumer(p: Peer, **config: Any) -> None:
     assert first.reply is not None
     await p.raw.send(pub(first.reply, b"", "_INBOX.api"))
     ev = await p.raw.next_event()
-    assert isinstance(ev, P.NatsMsg) and ev.subject == "_INBOX.api" and ev.payload == b""
+    assert isinstance(ev, PN.NatsMsg) and ev.subject == "_INBOX.api" and ev.payload == b""
 
 
 async def test_plain_acks_of_delivered_messages_let_the_pull_go_first(mock_clock: Any, peer: Any) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol._jetstream import NS, JSError, rfc3339, stream_config, stream_config_to_topic
+from protocol.nats import NS, JSError, rfc3339, stream_config, stream_config_to_topic
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats(allow_nan=False) | st.text(max_size=8),

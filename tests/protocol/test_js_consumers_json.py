@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol import AckKind
-from protocol._jetstream import JSError, rfc3339
-from protocol._js_consumers import (
+from protocol.nats import JSError, rfc3339
+from protocol.nats import (
     ACK_NEXT,
     NextRequest,
     PushSettings,

@@ -27,16 +27,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ErrorCode, RemoteProtocolError, error_class
-from ._records import FIXED_SIZE, RECORD_FIXED, _check_header_name, _check_header_value, _iter_header_block, encode_headers
+from .._errors import ErrorCode, RemoteProtocolError, error_class
+from .._records import FIXED_SIZE, RECORD_FIXED, _check_header_name, _check_header_value, _iter_header_block, encode_headers
 
 __all__ = [
-    "NatsProtocolError", "NatsParser", "AckRun", "NATS_NEED_DATA", "NatsConnect", "NatsPub", "NatsSub", "NatsUnsub", "NatsPing",
-    "NatsPong", "NatsInfo", "NatsMsg", "NatsOk", "NatsErr", "PING", "PONG", "OK", "encode_info", "encode_connect",
-    "encode_pub", "encode_sub", "encode_unsub", "encode_msg", "encode_err", "encode_nats_headers", "decode_nats_headers",
-    "no_responders_status",
-    "nats_to_record_headers", "record_to_nats_headers", "nats_message_of_record", "MAX_CONTROL_LINE",
-    "valid_nats_subject",
+    "NatsProtocolError", "NatsParser", "AckRun", "NATS_NEED_DATA", "NatsConnect", "NatsPub", "NatsSub", "NatsUnsub",
+    "NatsPing", "NatsPong", "NatsInfo", "NatsMsg", "NatsOk", "NatsErr", "PING", "PONG", "OK", "encode_info",
+    "encode_connect", "encode_pub", "encode_sub", "encode_unsub", "encode_msg", "encode_err", "encode_nats_headers",
+    "decode_nats_headers", "no_responders_status", "nats_to_record_headers", "record_to_nats_headers",
+    "nats_message_of_record", "MAX_CONTROL_LINE", "valid_nats_subject", "ACK_RUN_LIMIT",
 ]
 
 #: nats-server's default ``max_control_line``.

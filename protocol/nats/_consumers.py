@@ -25,27 +25,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from ._consumers import _PULL_ENTRY, AckKind, PulledRun, encode_pull_entry
+from .._consumers import _PULL_ENTRY, AckKind, PulledRun, encode_pull_entry
 from ._jetstream import JSError, rfc3339
-from ._nats import encode_msg, encode_nats_headers, nats_message_of_record
-from ._records import FIXED_SIZE, RECORD_FIXED
+from ._wire import encode_msg, encode_nats_headers, nats_message_of_record
+from .._records import FIXED_SIZE, RECORD_FIXED
 
 __all__ = [
-    "PushSettings",
-    "NextRequest",
-    "ACK_NEXT",
-    "consumer_config_from_nats",
-    "consumer_config_to_nats",
-    "parse_next_request",
-    "ack_subject",
-    "parse_ack_subject",
-    "AckReply",
-    "parse_ack_body",
-    "parse_rfc3339",
-    "js_delivery",
-    "js_delivery_frames",
-    "status_message",
-    "idle_heartbeat",
+    "PushSettings", "NextRequest", "ACK_NEXT", "consumer_config_from_nats", "consumer_config_to_nats",
+    "parse_next_request", "ack_subject", "parse_ack_subject", "AckReply", "parse_ack_body", "parse_rfc3339",
+    "js_delivery", "js_delivery_frames", "status_message", "idle_heartbeat",
 ]
 
 NS = 1_000_000_000

@@ -29,12 +29,14 @@ from binascii import b2a_base64
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from ._errors import BrokerError, ErrorCode
+from .._errors import BrokerError, ErrorCode
 
 __all__ = [
     "API_PREFIX", "ACK_PREFIX", "FC_PREFIX", "NS", "JSError", "NATS_ERRORS", "nats_error", "api_response",
     "api_error", "pub_ack", "pub_error", "rfc3339", "stream_config_to_topic", "stream_config", "NATS_SETTINGS",
-    "check_stream_name", "parse_request", "js_error",
+    "check_stream_name", "parse_request", "js_error", "BAD_REQUEST", "INVALID_JSON", "MSG_DELETE_FAILED",
+    "NO_MESSAGE_FOUND", "PURGE_FAILED", "SEQUENCE_NOT_FOUND", "STREAM_INVALID_CONFIG", "STREAM_MISMATCH",
+    "STREAM_NAME_EXIST", "STREAM_NOT_FOUND", "last_by_subj_of", "msg_get_response",
 ]
 
 API_PREFIX = "$JS.API."
