@@ -38,10 +38,13 @@ from ._consumers import ListConsumers as ListConsumers
 from ._consumers import Pull as Pull
 from ._consumers import PullBatch as PullBatch
 from ._consumers import PullEnd as PullEnd
+from ._consumers import PulledRun as PulledRun
 from ._consumers import PulledMessage as PulledMessage
 from ._consumers import UpdateConsumer as UpdateConsumer
 from ._consumers import encode_pull_batch as encode_pull_batch
 from ._consumers import encode_pull_entry as encode_pull_entry
+from ._consumers import expand_runs as expand_runs
+from ._consumers import pull_entries as pull_entries
 from ._commands import EXPIRY_NONE as EXPIRY_NONE
 from ._commands import EXPORT_SEAL as EXPORT_SEAL
 from ._commands import Export as Export

@@ -16,7 +16,7 @@ from typing import Any
 
 import protocol as P
 from protocol import PullEnd, encode_pull_entry
-from protocol._consumers import PulledRun, pull_entries
+from protocol import PulledRun, pull_entries
 
 from broker.core import ExpiryEngine
 

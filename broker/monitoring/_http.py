@@ -32,7 +32,7 @@ from http import HTTPStatus
 import h11
 import trio
 
-from broker.core._log import get_logger
+from broker.core import get_logger
 
 __all__ = ["Request", "Response", "HttpStats", "serve_http", "MAX_HEAD_BYTES", "MAX_BODY_BYTES", "MAX_CONNECTIONS"]
 

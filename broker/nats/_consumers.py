@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from protocol import AckKind, BrokerError, PullEnd, normalize_name
-from protocol._consumers import expand_runs
+from protocol import expand_runs
 from protocol.nats import AckRun
 from protocol.nats import (
     ACK_PREFIX, FC_PREFIX, INVALID_JSON, STREAM_MISMATCH, JSError, api_error, api_response, js_error, parse_request, rfc3339,
