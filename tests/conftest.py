@@ -15,6 +15,7 @@ while the broker runs on the test's trio loop.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import socket
 import sys
@@ -230,6 +231,30 @@ def spark(java: None):  # type: ignore[no-untyped-def]
         yield session
     finally:
         session.stop()
+
+
+#: What each optional extra of pyproject.toml brings, as importable modules.
+EXTRAS = {"spark": ("pyspark", "pyarrow", "numpy", "pandas", "duckdb", "matplotlib")}
+
+
+def extra_missing(extra: str) -> str | None:
+    """Why the ``extra`` of pyproject.toml is not usable here (one line), or None."""
+    missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return f"the {extra!r} extra is not installed ({', '.join(missing)} missing: pip install -e '.[{extra}]')"
+
+
+def require_extra(extra: str, what: str) -> None:
+    """At the top of a test module that needs an optional extra, before it imports
+    from it: nothing when it is installed; else the module fails under CI (``CI``
+    set), which installs every extra, and is skipped with the reason elsewhere (a
+    run with the ``test`` extra alone)."""
+    missing = extra_missing(extra)
+    if missing is not None and os.environ.get("CI"):
+        pytest.fail(f"{missing} (CI must run {what})", pytrace=False)
+    if missing is not None:
+        pytest.skip(f"{missing}: {what} need it (CI runs them)", allow_module_level=True)
 
 
 def require(missing: str | None, what: str) -> None:

@@ -14,6 +14,10 @@ a JVM per line would triple the test's time).
 
 from __future__ import annotations
 
+from conftest import require_extra
+
+require_extra("spark", "the README tour")  # before the imports it guards
+
 import json
 import re
 import shlex

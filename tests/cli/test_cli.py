@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BrokerProcess, env_with_project
+from conftest import BrokerProcess, env_with_project, extra_missing, require
 from helpers import json_lines as lines
 from helpers import run_cli as run
 
@@ -260,6 +260,7 @@ def test_kv_commands(broker: BrokerProcess) -> None:
 
 
 def test_export_command(tmp_path: Path) -> None:
+    require(extra_missing("spark"), "the export command's test")
     data, export = tmp_path / "data", tmp_path / "export"
     data.mkdir()
     proc = BrokerProcess(data, "--export-dir", str(export))

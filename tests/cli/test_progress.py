@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BrokerProcess, env_with_project
+from conftest import BrokerProcess, env_with_project, extra_missing, require
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -27,6 +27,7 @@ def cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    require(extra_missing("spark"), "the CLI's progress tests (their broker exports)")
     root = tmp_path_factory.mktemp("progress")
     (root / "data").mkdir()
     proc = BrokerProcess(root / "data", "--fsync", "never", "--export-dir", str(root / "export"))

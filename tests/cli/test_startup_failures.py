@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BrokerProcess, env_with_project
+from conftest import BrokerProcess, env_with_project, extra_missing, require
 
 
 def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
@@ -102,6 +102,7 @@ def test_invalid_configuration(tmp_path: Path) -> None:
 
 
 def test_export_without_pyarrow(tmp_path: Path) -> None:
+    require(extra_missing("spark"), "this test, which hides pyarrow from a complete install,")
     fake = tmp_path / "fake" / "pyarrow"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('No module named pyarrow')\n")

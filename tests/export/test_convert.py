@@ -5,6 +5,10 @@ refused alike, for any batch size."""
 
 from __future__ import annotations
 
+from conftest import require_extra
+
+require_extra("spark", "the export and Spark tests")  # before the imports it guards
+
 import tempfile
 from pathlib import Path
 from typing import Any

@@ -3,6 +3,10 @@ every step, idempotence, and the cleaner keeping what is not exported yet."""
 
 from __future__ import annotations
 
+from conftest import require_extra
+
+require_extra("spark", "the export and Spark tests")  # before the imports it guards
+
 import json
 import os
 import signal

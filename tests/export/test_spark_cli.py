@@ -10,6 +10,10 @@ from the virtual environment); brokers that ``load`` talks to run as subprocesse
 
 from __future__ import annotations
 
+from conftest import require_extra
+
+require_extra("spark", "the export and Spark tests")  # before the imports it guards
+
 import datetime as dt
 import json
 import os

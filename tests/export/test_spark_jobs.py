@@ -3,6 +3,10 @@ computed from the same Parquet files; and loading a snapshot back into a broker.
 
 from __future__ import annotations
 
+from conftest import require_extra
+
+require_extra("spark", "the export and Spark tests")  # before the imports it guards
+
 import datetime as dt
 import os
 import subprocess

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from conftest import require_extra
+
+require_extra("spark", "the export and Spark tests")  # before the imports it guards
+
 import dataclasses
 import io
 from array import array

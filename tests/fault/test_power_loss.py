@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 import trio
-from conftest import make_config, start_server
+from conftest import extra_missing, make_config, require, start_server
 from helpers import RawPeer
 
 import protocol as P
@@ -1264,7 +1264,7 @@ async def test_a_power_loss_during_a_segment_roll_reports_no_damage(tmp_path: Pa
 async def test_an_acknowledged_export_survives(tmp_path: Path, export_dir_exists: bool) -> None:
     """After ``export`` returns, the manifest is there and every segment it lists has
     its Parquet file (a manifest naming a lost file would never export it again)."""
-    pytest.importorskip("pyarrow")
+    require(extra_missing("spark"), "the export's power-loss test")
     root = tmp_path / "root"
     data, export = root / "data", root / "export"
     data.mkdir(parents=True)

@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 import trio
-from conftest import env_with_project, make_config, start_server
+from conftest import env_with_project, extra_missing, make_config, require, start_server
 
 import protocol as P
 from broker.core import Broker
@@ -635,6 +635,7 @@ async def test_consumer_offsets_survive_a_flipped_bit_in_one_mirror(data_dir: Pa
 
 
 def _manifest_template(root: Path) -> dict[str, Any]:
+    require(extra_missing("spark"), "the export manifest tests")
     from spark_export import Manifest
 
     m = Manifest.load(str(root))
@@ -650,6 +651,7 @@ def _manifest_template(root: Path) -> dict[str, Any]:
 
 
 def test_export_manifest_trials(tmp_path: Path) -> None:
+    require(extra_missing("spark"), "the export manifest tests")
     from spark_export import MANIFEST_NAME, Manifest
 
     src = tmp_path / "template"
@@ -684,6 +686,7 @@ def test_export_manifest_trials(tmp_path: Path) -> None:
 
 def test_readonly_reports_the_same_damage_and_changes_nothing(template: Path, tmp_path: Path) -> None:
     """``ttlbroker check`` opens every kind read-only: same reports, no byte changed."""
+    require(extra_missing("spark"), "the export manifest tests")
     from spark_export import MANIFEST_NAME, Manifest
 
     root = _copy(template, tmp_path / "data")
