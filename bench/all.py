@@ -2,9 +2,10 @@
 
 Runs each benchmark of ``bench/`` as a subprocess (each with nats-server side by
 side where it has a nats side, each recording the machine's load), keeps their
-JSON records in ``bench/results/all-<date>/``, then reads the rows of issue 13
-(and issue 14's NATS-listener workloads, from ``nats_compat.py``) out of them and writes one table, every row against its target, to
-``bench/results/all-<date>.md`` (and ``.json``)::
+JSON records in ``bench/results/all-<date>/``, then reads the rows of the targets
+(``bench/README.md``, "Targets": the speed targets, then the NATS listener's
+workloads, from ``nats_compat.py``) out of them and writes one table, every row
+against its target, to ``bench/results/all-<date>.md`` (and ``.json``)::
 
     .venv/bin/python bench/all.py                        # about 15 minutes
     .venv/bin/python bench/all.py --only kv,republish    # some benchmarks only
@@ -61,8 +62,9 @@ BENCHES = (
     Bench("export", ("--messages", "1000000", "--no-spark", "--latency-seconds", "5"), 240),
     Bench("startup", ("--messages", "1000000", "--topics", "200", "--scrapes", "5", "--runs", "2"), 180),
     Bench("consume", ("--messages", "200000", "--seconds", "5"), 120),
-    # Issue 14: nats-py against nats-server and against ttlbroker's NATS listener; phases of
-    # a second or more each (a 3,000-key KV get phase lasted under half a second: noise).
+    # The NATS listener's target: nats-py against nats-server and against ttlbroker's NATS
+    # listener; phases of a second or more each (a 3,000-key KV get phase lasted under half
+    # a second: noise).
     Bench("nats_compat", ("--messages", "20000", "--serial", "5000", "--keys", "10000"), 600),
 )
 
@@ -205,8 +207,8 @@ def _consume_rows(r: Results) -> list[Row]:
                       dig(c, "ttlbroker", "consume", "msgs_per_s"), dig(c, "nats", "consume", "msgs_per_s"), 5)]
 
 
-#: nats_compat's workloads, each a row of issue 14's target (at least as fast as
-#: nats-server, both driven by nats-py at equal durability).
+#: nats_compat's workloads, each a row of the NATS listener's target (at least as fast
+#: as nats-server, both driven by nats-py at equal durability).
 NATS_WORKLOADS = (
     ("publish", "awaited publish"),
     ("publish_async", "publish_async, 1,000 in flight"),
@@ -225,7 +227,7 @@ def _nats_compat_rows(r: Results) -> list[Row]:
     rate = lambda server, key: dig(nc, server, key, "msgs_per_s")  # noqa: E731
     rows = []
     for key, label in NATS_WORKLOADS:
-        path = f"NATS listener (issue 14): nats-py {label}, sync {sync}"
+        path = f"NATS listener: nats-py {label}, sync {sync}"
         ours, theirs = rate("ttlbroker", key), rate("nats", key)
         med = dig(r, "nats_compat", "ratios", key, "median")
         each = dig(r, "nats_compat", "ratios", key, "rounds") or []
@@ -238,8 +240,8 @@ def _nats_compat_rows(r: Results) -> list[Row]:
     return rows
 
 
-#: Which rows come from which benchmark, in the order of issue 13's table (then
-#: issue 14's).
+#: Which rows come from which benchmark, in the order of the table of targets in
+#: ``bench/README.md`` (the speed targets, then the NATS listener's).
 ROWS: tuple[tuple[str, Callable[[Results], list[Row]]], ...] = (
     ("publish_fetch", _publish_rows),
     ("ttl", _ttl_rows),

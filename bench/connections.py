@@ -9,10 +9,10 @@ phases:
   every subject of a topic and then never read a byte, while one asyncio client
   publishes ``--megabytes`` (500) MB to that topic in batches of 64 messages of
   16 KiB, 4 batches in flight. Every message is stored and offered to every
-  subscriber: 100 times the published bytes of deliveries. Before issue 10 the
-  broker queued them all (6.6 GB RSS); now it queues at most the output budget
-  (``limits.max_pending_bytes_total``, 512 MiB by default), cuts the subscribers off
-  as slow consumers and drops what they cannot take.
+  subscriber: 100 times the published bytes of deliveries. Before the output budget
+  and the slow-consumer limits the broker queued them all (6.6 GB RSS); now it queues
+  at most the output budget (``limits.max_pending_bytes_total``, 512 MiB by default),
+  cuts the subscribers off as slow consumers and drops what they cannot take.
 * **connections that never handshake**: ``--attempts`` (10,000) connection attempts,
   ``--concurrency`` (2,000) at a time, each of which connects, sends nothing, and
   reads until the broker closes it. The broker holds at most

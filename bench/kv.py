@@ -30,7 +30,7 @@ Workloads (ttlbroker: ``await kv.put/get/touch``; nats: ``await kv.put/get``):
   ``allow_msg_ttl``): ``publish(subject, value, ttl=TTL)`` of new then existing
   (random) subjects, and ``get_last`` of random subjects, pipelined. A second table
   gives each KV workload against its reference and the server CPU the KV part adds
-  per operation (issue 13: KV should cost a plain operation plus what is truly extra).
+  per operation (the aim: KV should cost a plain operation plus what is truly extra).
 
 **on_read_and_write against on_write** (ttlbroker): the same server holds a second
 bucket of N keys with ``refresh="on_read_and_write"``; its gets run alternately with

@@ -1,6 +1,7 @@
 """nats-py against nats-server and against ttlbroker's NATS listener, side by side.
 
-The same nats-py code runs against both servers (issue 14): only the URL differs.
+The same nats-py code runs against both servers: only the URL differs. The target
+(``bench/README.md``, "Targets") is at least nats-server's rate on every workload.
 Each server gets a fresh store; the stream ``BENCH`` captures ``bench.>`` (on
 ttlbroker: the topic ``nats/bench``, one partition), payloads are ``--size`` bytes
 (default 128). Workloads, in table order:

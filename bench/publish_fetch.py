@@ -412,7 +412,7 @@ def cpu_table(results: dict[str, dict[str, Rate]]) -> str:
 
 
 def targets(results: dict[str, dict[str, Rate]]) -> str:
-    """The issue's targets, each against what was measured."""
+    """This benchmark's first targets, each against what was measured."""
     rows = []
     policies = [server.split(" ", 1)[1] for server in results if server.startswith("ttlbroker ")]
 
@@ -551,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     t = targets(results)
     if t:
         print()
-        print("Targets from the issue:")
+        print("Targets:")
         print()
         print(t)
     c = cpu_table(results)

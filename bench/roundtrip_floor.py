@@ -1,14 +1,15 @@
 """The floor under an awaited round trip: what a request answered one at a time costs
 with nothing in it, next to a ttlbroker publish and a nats-server publish.
 
-Issue 13 asks for publishes awaited one by one at 2x nats-server+nats-py. Each such
-publish is one round trip, so its rate is bounded by the cheapest round trip the
-server's event loop and the client's can make. This benchmark measures that bound on
+The speed targets (``bench/README.md``, "Targets") ask for publishes awaited one by
+one at 2x nats-server+nats-py. Each such publish is one round trip, so its rate is
+bounded by the cheapest round trip the server's event loop and the client's can make. This benchmark measures that bound on
 this machine, in the same run as the real thing:
 
 * **trio echo**: a trio server answering each read with 16 bytes, reading and
-  writing its socket the way ``broker/_session.py`` does (non-blocking ``recv`` and
-  ``send`` on the socket itself, ``wait_readable`` when nothing is there), and
+  writing its socket the way the binary protocol's sessions (``broker.server``) do
+  (non-blocking ``recv`` and ``send`` on the socket itself, ``wait_readable`` when
+  nothing is there), and
 * **uvloop echo**: the same answer from an asyncio protocol on uvloop, for scale,
 
 both driven by the leanest client possible (an asyncio protocol on uvloop: one

@@ -45,7 +45,7 @@ Both servers get the same durability setting (``--sync``, default ``2m``:
 ttlbroker ``--fsync 2m``, nats ``sync_interval: "2m"``, which is nats's own
 default; ``always`` is possible but nats then publishes at a few thousand
 messages a second). So that TTLs below the marker TTL are not raised to it
-(ADR-43; SEMANTICS 2.3), both have ``max_msgs_per_subject = 1``, which changes
+(ADR-43; docs/semantics.md §6.7), both have ``max_msgs_per_subject = 1``, which changes
 nothing else here since every subject has one message.
 
 Each server runs three times, fresh each time: (1) publish without TTL, RSS;

@@ -80,7 +80,7 @@ class Command(IntEnum):
     GET_STREAM = 200
     #: Summaries of every stream.
     LIST_STREAMS = 201
-    #: Create a stream (Iggy seed layout).
+    #: Create a stream (Apache Iggy's layout).
     CREATE_STREAM = 202
     #: Delete a stream and everything in it.
     DELETE_STREAM = 203
@@ -91,7 +91,7 @@ class Command(IntEnum):
     GET_TOPIC = 300
     #: Details of every topic of a stream.
     LIST_TOPICS = 301
-    #: Create a topic (Iggy seed layout, then the options map).
+    #: Create a topic (Apache Iggy's layout, then the options map).
     CREATE_TOPIC = 302
     #: Delete a topic and all its messages.
     DELETE_TOPIC = 303

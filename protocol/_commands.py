@@ -397,7 +397,7 @@ class ListStreams(_Empty):
 
 @dataclass(frozen=True, slots=True)
 class CreateStream(_Request):
-    """``u32 stream_id | u8 name_len | name`` (Iggy seed; id 0 = the next free id)"""
+    """``u32 stream_id | u8 name_len | name`` (Apache Iggy's layout; id 0 = the next free id)"""
 
     CODE: ClassVar[Command] = Command.CREATE_STREAM
     stream_id: int
@@ -476,7 +476,7 @@ EXPIRY_NONE = 0xFFFFFFFF
 class CreateTopic(_Request):
     """``ident stream | u32 topic_id | u32 partitions_count | u32 message_expiry | u8 name_len | name | map options``
 
-    The fixed part is the Iggy seed's layout; the options (subjects and the
+    The fixed part is Apache Iggy's layout; the options (subjects and the
     JetStream-style policies) follow as one msgpack map. ``topic_id`` 0 = the next
     free id; ``message_expiry`` 0 = the broker default, ``EXPIRY_NONE`` = none.
     """

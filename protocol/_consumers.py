@@ -1,8 +1,8 @@
 """Durable consumers on the wire: their commands, the pulled-message batches and the
-acknowledgements (codes 130..139, ``docs/protocol.md`` "Consumers").
+acknowledgements (codes 130..139, ``docs/protocol.md`` §5.8a).
 
 A consumer's configuration and its info travel as one msgpack map (the JetStream field
-names of SEMANTICS 11.1); the hot path, the messages a pull delivers and the acks
+names of ``docs/semantics.md`` §16.1); the hot path, the messages a pull delivers and the acks
 that settle them, is fixed binary layout:
 
 * a **pull** is a request whose response ends it. Messages that are ready at once
@@ -61,7 +61,7 @@ ACK_SYNC = 0x1
 
 
 class AckKind(IntEnum):
-    """How an ack entry settles a delivery (SEMANTICS 11.3)."""
+    """How an ack entry settles a delivery (``docs/semantics.md`` §16.5)."""
 
     #: Processed: settled, never delivered again.
     ACK = 0
@@ -358,7 +358,7 @@ class PulledRun(NamedTuple):
     to back), where :func:`pull_entries` would put the run's heads and records
     (taking all of them): ``messages`` records, delivery sequences from ``dseq`` on,
     ``pending`` counting down from ``pending - 1`` (never below 0). A listener that
-    formats the messages itself (``_js_consumers.js_delivery_frames``) reads the run
+    formats the messages itself (``protocol.nats.js_delivery_frames``) reads the run
     once, without heads to pack and unpack; :func:`expand_runs` gives the heads."""
 
     partition: int

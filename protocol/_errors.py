@@ -1,6 +1,7 @@
 """The one table of numeric error codes, and the exceptions that carry them.
 
-Two axes, kept apart (STYLE.md, "what our project should absorb" 3):
+Two axes, kept apart (the first split as h11 splits it, into ``LocalProtocolError`` and
+``RemoteProtocolError``):
 
 * *Who broke the protocol*: :class:`LocalProtocolError` (our own caller asked for
   something the protocol cannot express) and :class:`RemoteProtocolError` (the peer

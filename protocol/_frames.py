@@ -13,8 +13,9 @@ Every frame, in both directions, starts with the same 16-byte header::
     16     ...  payload
 
 The decoder checks ``length`` against the maximum as soon as the header is in, before
-buffering any of the payload (the order h2's frame buffer gets wrong: STYLE.md 2), so
-a peer can never make us hold more than ``max_frame_size`` bytes of one frame.
+buffering any of the payload (h2's frame buffer, for one, checks a frame's length only
+once the whole frame is in), so a peer can never make us hold more than
+``max_frame_size`` bytes of one frame.
 """
 
 from __future__ import annotations

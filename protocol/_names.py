@@ -1,6 +1,6 @@
 """Names and identifiers of streams, topics and consumers.
 
-The name rule is Iggy's (seed 003): the name is trimmed, lowercased, every inner
+The name rule is Apache Iggy's: the name is trimmed, lowercased, every inner
 whitespace character becomes ``.``, and the result must match ``^[\\w\\.\\-\\s]+$``
 and be 1..255 bytes of UTF-8 (its length travels in one byte). So ``"  My Topic "``
 becomes ``my.topic`` and ``"a/b"`` or ``""`` are refused. Names never become file

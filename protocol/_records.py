@@ -26,7 +26,8 @@ files and also what a fetch, a get-last or a delivery sends, byte for byte::
 The header block is a run of ``u8 name_len | name | u16 value_len | value``. Names
 are 1..255 bytes of visible ASCII without ``:``; values at most 65535 bytes of UTF-8
 without CR or LF, so every header set can also travel as NATS headers. A name may
-repeat; readers take the first occurrence, as the NATS server does (SEMANTICS 1).
+repeat; readers take the first occurrence, as the NATS server does
+(``docs/semantics.md`` §2.6).
 
 Speed: the broker builds records for a whole batch in one pass
 (:func:`build_records`) and the client decodes a fetched run of records in one pass
@@ -90,7 +91,7 @@ FIXED_SIZE = RECORD_FIXED.size  # 38
 
 MARKER_MASK = 0x03
 #: Set by the broker on a message whose removal by age must not leave a marker (a KV
-#: purge tombstone, ``KV-Operation: PURGE``: SEMANTICS 5.1).
+#: purge tombstone, ``KV-Operation: PURGE``: ``docs/semantics.md`` §9.2).
 FLAG_NO_MARKER = 0x04
 #: Set by the broker on a KV tombstone (``KV-Operation: DEL`` or ``PURGE``).
 FLAG_TOMBSTONE = 0x08
@@ -262,7 +263,7 @@ def find_header(block: bytes | memoryview, name: bytes) -> bytes | None:
     """The value of the first header called ``name`` (exact, case-sensitive), or None.
 
     Leading spaces of the value are skipped, as the NATS server's header reader does
-    (SEMANTICS 1); trailing ones are kept.
+    (``docs/semantics.md`` §2.6); trailing ones are kept.
     """
     for key, value in _iter_header_block(block):
         if key == name:
@@ -310,7 +311,8 @@ def encode_body(
 
 def replace_header(block: bytes, name: str, value: str) -> bytes:
     """The header block with every ``name`` header removed and ``name: value``
-    appended at the end (the NATS server's rewrite of ``Nats-TTL``, SEMANTICS 2.3)."""
+    appended at the end (the NATS server's rewrite of ``Nats-TTL``, ``docs/semantics.md``
+    §6.7)."""
     raw_name = name.encode()
     kept = [(k.decode("ascii"), v.decode()) for k, v in _iter_header_block(block) if k != raw_name]
     return encode_headers(kept + [(name, value)])

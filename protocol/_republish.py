@@ -1,4 +1,4 @@
-"""The headers of a republished message (ADR-28, SEMANTICS 6.3), as bytes.
+"""The headers of a republished message (ADR-28, ``docs/semantics.md`` §13.4), as bytes.
 
 A republished message carries the stored message's headers, then, in the NATS
 server's order, ``Nats-Stream``, ``Nats-Subject``, ``Nats-Sequence``,

@@ -415,7 +415,7 @@ class ConsumerOffset(_Response):
 class TopicDetails(_Response):
     """``u32 id | u32 partitions_count | u32 message_expiry | u64 size | u64 messages_count | u8 name_len | name | map extra``
 
-    The fixed part is the Iggy seed's topic layout; ``extra`` carries the stream id,
+    The fixed part is Apache Iggy's topic layout; ``extra`` carries the stream id,
     the options (subjects and policies) and per-partition state.
     """
 
@@ -460,7 +460,7 @@ class TopicDetails(_Response):
 class StreamDetails(_Response):
     """``u32 id | u32 topics_count | u64 size | u64 messages_count | u8 name_len | name | topics``
 
-    The fixed part is the Iggy seed's stream layout. ``topics`` is ``topics_count``
+    The fixed part is Apache Iggy's stream layout. ``topics`` is ``topics_count``
     topic details back to back when the response answers GET_STREAM or
     CREATE_STREAM, and absent inside a LIST_STREAMS response.
     """

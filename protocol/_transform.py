@@ -22,13 +22,13 @@ A function's name accepts a capital first letter of each camel part
 and ``$`` followed by anything but digits is a literal token. A size that is not
 strictly between 0 and the value's length leaves the value whole.
 
-Validation follows the server (SEMANTICS 7.1): both sides must be valid subjects
+Validation follows the server (``docs/semantics.md`` §13.6, §13.7): both sides must be valid subjects
 with no empty token; ``dest`` has no ``*``; ``src`` has ``>`` exactly when ``dest``
 has; a reference must name an existing ``*`` of ``src``; a ``src`` without ``*`` allows
 only ``partition`` (of the whole subject) and ``random``. Errors carry the server's
 texts, ``invalid mapping destination: <reason> in <token>`` or ``invalid subject``.
-One decision of ours (10.14): wildcard index 0 is refused (the server accepts it by
-accident).
+One decision of ours (``docs/semantics.md`` §13.6): wildcard index 0 is refused
+(ADR-30 numbers wildcards from 1; the server accepts 0 by accident).
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ class SubjectTransform:
             if npwcs == 0 and not (p.kind == _RANDOM or (p.kind == _PARTITION and not p.indexes)):
                 raise _dest_error(_OUT_OF_RANGE, token)
             for index in p.indexes:
-                if index < 1 or index > npwcs:  # index 0: decision 10.14
+                if index < 1 or index > npwcs:  # index 0: refused, docs/semantics.md §13.6
                     raise _dest_error(_OUT_OF_RANGE, f"{token}: [{index}]")
             parsed.append(p)
         self._dtokens = tuple(parsed)
@@ -233,7 +233,8 @@ class SubjectTransform:
         """The transformed subject, or None when ``subject`` does not match ``src``.
 
         The result is not validated: a function can produce an empty token or a
-        character a subject may not hold (the caller checks it, SEMANTICS 6.3).
+        character a subject may not hold (the caller checks it: ``docs/semantics.md``
+        §13.6).
         """
         if self._identity:
             return subject

@@ -1,13 +1,14 @@
 """Per-message TTL values: the ``Nats-TTL`` header and the binary TTL field.
 
-The header is parsed exactly as the NATS server parses it (``stream.go``
-``parseMessageTTL``, ``SEMANTICS.md`` 2.1), with one decision of ours (10.1):
+The header is parsed exactly as the NATS server parses it (``server/stream.go``
+``parseMessageTTL``; ``docs/semantics.md`` §6.1), with one difference, where we follow
+ADR-43 over the server (§6.2):
 
 1. empty (or absent) -> no TTL;
 2. ``never`` in any case -> never expires;
 3. a Go duration (``time.ParseDuration``: ``90s``, ``1h30m``, ``1.5s``, ``500ms``,
-   signed, fractional, compound; bare ``0``): exactly zero -> **no TTL** (the seed's
-   rule, decision 10.1; the current server refuses it); below one second or
+   signed, fractional, compound; bare ``0``): exactly zero -> **no TTL** (ADR-43's
+   rule, docs/semantics.md §6.2; the current server refuses it); below one second or
    negative -> invalid; otherwise whole seconds, truncated (``1500ms`` -> 1);
 4. otherwise a plain run of ASCII digits -> that many seconds (``00`` -> 0 -> no
    TTL); anything else (a sign, a space, a dot, an unknown unit like ``1d``) ->
@@ -169,7 +170,7 @@ def parse_ttl(value: bytes | str | None) -> int:
         pass
     else:
         if ns == 0:
-            return TTL_NONE  # decision 10.1: a TTL of zero is ignored (seed 001)
+            return TTL_NONE  # a TTL of zero is ignored (ADR-43; docs/semantics.md §6.2)
         if ns < _S:
             return TTL_INVALID
         seconds = ns // _S
@@ -184,7 +185,8 @@ def parse_ttl(value: bytes | str | None) -> int:
 
 def format_go_duration(seconds: int) -> str:
     """Whole seconds as Go's ``Duration.String()`` prints them: ``1s``, ``1m0s``,
-    ``1m30s``, ``1h0m0s`` (the form of a marker's ``Nats-TTL``, SEMANTICS 5.2)."""
+    ``1m30s``, ``1h0m0s`` (the form of a marker's ``Nats-TTL``, ``docs/semantics.md``
+    §9.3)."""
     if seconds < 60:
         return f"{seconds}s"
     m, s = divmod(seconds, 60)

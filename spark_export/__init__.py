@@ -1,6 +1,6 @@
 """ttlbroker's export to Parquet, and the PySpark jobs over it.
 
-* The broker's export task (``broker/_export.py``) snapshots sealed segments on its
+* The broker's export task (``broker/core/_export.py``) snapshots sealed segments on its
   event loop and runs :func:`export_segments` in a worker process
   (:func:`export_in_worker`, ``python -m spark_export.worker``): numpy and pyarrow
   only.

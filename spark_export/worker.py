@@ -1,6 +1,6 @@
 """``python -m spark_export.worker``: the broker's export pass, in a process of its own.
 
-The broker (``broker/_export.py``, through :func:`spark_export.export_in_worker`)
+The broker (``broker/core/_export.py``, through :func:`spark_export.export_in_worker`)
 starts one worker per pass, so that the conversion never shares the broker's GIL and
 a crash of pyarrow or of the worker costs the pass, never the broker. The broker
 lowers the worker's priority as it starts it (``_spawn.lower_priority``, the

@@ -1,4 +1,5 @@
-"""Package boundaries (DESIGN.md) and public surfaces."""
+"""Package boundaries (each package's ``__init__`` docstring says what it may import;
+``docs/architecture.md``) and public surfaces."""
 
 from __future__ import annotations
 

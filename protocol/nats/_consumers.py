@@ -1,4 +1,4 @@
-"""JetStream consumers as NATS clients see them, sans-IO (issue 14): the consumer
+"""JetStream consumers as NATS clients see them, sans-IO: the consumer
 configuration in the server's JSON, the pull request (``CONSUMER.MSG.NEXT``), the
 ``$JS.ACK`` reply subjects and the acknowledgement bodies.
 
@@ -473,7 +473,7 @@ def parse_ack_body(payload: bytes) -> tuple[int, int]:
 def js_delivery(
     head: bytes | memoryview, record: bytes | memoryview, stream: str, consumer: str, headers_only: bool = False,
 ) -> tuple[bytes, bytes, bytes | None, bytes | memoryview]:
-    """One message of a pull batch (its entry head and record, ``_pulls.collect``) as
+    """One message of a pull batch (its entry head and record, from ``broker.consumers``' pulls) as
     the server delivers it: ``(subject, $JS.ACK reply, NATS header block or None,
     payload)``. ``headers_only``: no payload, and a ``Nats-Msg-Size`` header with its
     size (as the server's ``HeadersOnly``)."""
@@ -491,7 +491,7 @@ def js_delivery_frames(
     parts: list[Any], sid: bytes, stream: str, consumer: str, headers_only: bool = False, headers: bool = True,
 ) -> tuple[bytes, int]:
     """The messages of a pull batch (entry head and record each, or a
-    :class:`~protocol._consumers.PulledRun` and its run) as the MSG/HMSG frames of
+    :class:`~protocol.PulledRun` and its run) as the MSG/HMSG frames of
     the subscription ``sid``, and their payload bytes: byte for byte ``encode_msg``
     of each :func:`js_delivery` (``headers`` False: a client without header support,
     which gets the payloads alone), a message without headers in one formatting step."""

@@ -1,6 +1,6 @@
 """JetStream's JSON, sans-IO: API responses, errors, PubAcks, and stream configs.
 
-What the NATS listener's JetStream API (``broker/_jetstream.py``) says on the wire,
+What the NATS listener's JetStream API (in ``broker.nats``) says on the wire,
 with the NATS server's field names (``server/stream.go`` ``StreamConfig``,
 ``StreamInfo``, ``PubAck``; ``server/store.go`` ``StreamState``) and its numbers
 (``server/errors.json``):
@@ -8,7 +8,7 @@ with the NATS server's field names (``server/stream.go`` ``StreamConfig``,
 * :data:`NATS_ERRORS` maps each of our :class:`ErrorCode` values to the server's
   ``{code, err_code, description}``; :func:`nats_error` applies it. A fixed server
   description replaces ours; where the server's text is ``{err}`` (a reason), ours
-  is the reason (our texts already follow the server's, SEMANTICS 1).
+  is the reason (our texts already follow the server's where it has one).
 * :func:`stream_config_to_topic` turns a JetStream stream config into a topic's
   options, refusing what ttlbroker does not have (replicas > 1, mirrors, sources,
   work-queue and interest retention, memory storage, message limits, ...) with the
@@ -374,7 +374,8 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
     (0 = none). Raises :class:`JSError` for what ttlbroker does not have, with the
     server's error numbers (``num_replicas`` > 1: 10074; the rest: 10052 naming the
     field), and for the server's own rules that we check here (max age >= 100 ms,
-    marker TTL >= 1 s); the topic rules (``_topic_config.resolve``) do the rest."""
+    marker TTL >= 1 s); the topic rules (``broker.core``, ``_topic_config.resolve``) do
+    the rest."""
     if not isinstance(cfg, dict):
         raise js_error(INVALID_JSON, "invalid JSON: the stream config must be an object")
     name = check_stream_name(cfg.get("name"))

@@ -1,6 +1,6 @@
-"""The client's durable-consumer API end to end (``docs/semantics.md``, "Durable
-consumers"): management, ``pull`` and the message settle methods, the ``consume``
-loop, reconnections, and the asyncio flavour.
+"""The client's durable-consumer API end to end (``docs/semantics.md`` §16):
+management, ``pull`` and the message settle methods, the ``consume`` loop,
+reconnections, and the asyncio flavour.
 
 Time-dependent checks run on virtual time (``mock_clock``, moved by ``advance``), so
 ack waits and pull expiries are exact and nothing sleeps on the wall clock.

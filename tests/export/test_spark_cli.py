@@ -265,7 +265,7 @@ def test_the_readme_cluster_command_runs_in_local_mode_without_the_venv_on_path(
     words = shlex.split(line)
     assert words[:3] == [".venv/bin/python", "-m", "spark_export.submit"]
     out = tmp_path / "snapshot"
-    swap = {"spark://host:7077": "local[2]", "/shared/export": str(tour_export), "/shared/snapshot": str(out)}
+    swap = {"spark://host:7077": "local[2]", "/nfs/export": str(tour_export), "/nfs/snapshot": str(out)}
     words = [swap.get(w, w) for w in words]
     env = {
         "PATH": os.pathsep.join([os.path.dirname(find_java()), "/usr/bin", "/bin"]),

@@ -81,9 +81,10 @@ def test_pull_entries_frame_stored_records(messages, partition, dseq, pending, b
 
 @given(_MESSAGES, st.integers(0, 3), st.integers(1, 2**40), st.integers(-3, 20), st.integers(0, 600))
 def test_a_pulled_run_expands_to_the_entries_pull_entries_gives(messages, partition, dseq, pending, extra) -> None:  # type: ignore[no-untyped-def]
-    """``_pulls.collect`` puts a ``PulledRun`` and the run where the whole run fits its
-    budget: ``expand_runs`` gives for it what ``pull_entries`` would have appended
-    (every record taken, none hit the budget), entries around it kept."""
+    """The consumer engine's pulls (``broker.consumers``) put a ``PulledRun`` and the
+    run where the whole run fits its budget: ``expand_runs`` gives for it what
+    ``pull_entries`` would have appended (every record taken, none hit the budget),
+    entries around it kept."""
     records = _records(messages, 100)
     run = memoryview(b"".join(records))
     expected: list[bytes | memoryview] = []

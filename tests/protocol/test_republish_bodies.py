@@ -1,5 +1,5 @@
 """The bodies of republished copies (protocol/_republish.py) against the header rules
-of SEMANTICS 6.3, built the slow way with encode_headers and encode_body."""
+of docs/semantics.md §13.4, built the slow way with encode_headers and encode_body."""
 
 from __future__ import annotations
 

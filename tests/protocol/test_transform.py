@@ -1,5 +1,5 @@
 """Subject transforms (ADR-30), table-driven from the NATS server's own tests
-(``subject_transform_test.go``, SEMANTICS 7.2) plus hypothesis properties."""
+(nats-server's ``server/subject_transform_test.go``) plus hypothesis properties."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ BAD: list[tuple[str, str, str]] = [
     ("foo.*", "x.{{split(1,a b)}}", "invalid mapping destination: function argument is invalid or in the wrong format in {{split(1,a b)}}"),
     ("foo.*", "x.{{left(1,2,3)}}", "invalid mapping destination: too many arguments passed to the function in {{left(1,2,3)}}"),
     ("foo.*", "x.{{random(1,2)}}", "invalid mapping destination: too many arguments passed to the function in {{random(1,2)}}"),
-    # decision 10.14: wildcard index 0 is refused (the server reads token 0 by accident)
+    # wildcard index 0 is refused (docs/semantics.md §13.6; the server reads token 0 by accident)
     ("foo.*", "x.$0", "invalid mapping destination: wildcard index out of range in $0: [0]"),
     ("*", "bar.{{partition(10, 0)}}", "invalid mapping destination: wildcard index out of range in {{partition(10, 0)}}: [0]"),
 ]

@@ -1,4 +1,4 @@
-"""The Nats-TTL parser and Go's duration syntax (SEMANTICS 2.1), table-driven and
+"""The Nats-TTL parser and Go's duration syntax (docs/semantics.md §6.1), table-driven and
 with hypothesis."""
 
 from __future__ import annotations
