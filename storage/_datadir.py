@@ -122,10 +122,6 @@ class DataDir:
     # -- catalog ---------------------------------------------------------------------
 
     @property
-    def catalog_path(self) -> str:
-        return self._catalog.paths[0]
-
-    @property
     def catalog_generation(self) -> int:
         return self._catalog.generation
 

@@ -340,7 +340,7 @@ class PartitionLog:
         return max(bisect_right(self._bases, offset) - 1, 0)
 
     def is_live(self, offset: int) -> bool:
-        # _segment_index and Segment.is_live written out (once per KV get).
+        # _segment_index and the segment's state looked up in line (once per KV get).
         i = bisect_right(self._bases, offset) - 1
         seg = self.segments[i if i > 0 else 0]
         rel = offset - seg.base

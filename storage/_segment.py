@@ -620,20 +620,6 @@ class Segment:
             ))
             i = j + 1
 
-    def _index_fits(self, positions: array, size: int, expected_count: int) -> bool:
-        if len(positions) != expected_count:
-            return False
-        if not positions:
-            return size == 0
-        last = positions[-1]
-        if last >= size or positions[0] != 0:
-            return False
-        try:
-            (length,) = _U32.unpack(os.pread(self._fd, 4, last))
-        except struct.error:
-            return False
-        return last + 4 + length == size
-
     def _load(self, positions: array, time_rel: array | list[int], time_ts: array | list[int], size: int) -> None:
         self.positions = positions
         n = len(positions)
@@ -765,14 +751,6 @@ class Segment:
     def next_offset(self) -> int:
         return self.base + len(self.positions)
 
-    @property
-    def last_timestamp(self) -> int:
-        return self.time_ts[-1] if self.time_ts else 0
-
-    @property
-    def first_timestamp(self) -> int:
-        return self.time_ts[0] if self.time_ts else 0
-
     def timestamp_of(self, rel: int) -> int:
         """The append time of record ``rel``. Runtime complexity: O(log batches)."""
         return self.time_ts[bisect_right(self.time_rel, rel) - 1]
@@ -780,9 +758,6 @@ class Segment:
     def first_live_rel(self, start: int = 0) -> int:
         """The first live record at or after ``start``, or -1."""
         return self.state.find(b"\x01", start)
-
-    def is_live(self, rel: int) -> bool:
-        return 0 <= rel < len(self.state) and self.state[rel] == LIVE
 
     # -- writing -------------------------------------------------------------------
 
@@ -813,15 +788,6 @@ class Segment:
     def _release_preallocation(self) -> bool:
         """Cut the space allocated ahead of the last record; True if there was some."""
         return self._out is not None and self._out.cut()
-
-    def delete(self, rel: int) -> bool:
-        """Mark record ``rel`` deleted, durably once the ``.del`` file is synced.
-
-        Returns False when it was not live.
-        """
-        if not self.is_live(rel):
-            return False
-        return self.delete_many([rel]) == 1
 
     def delete_many(self, rels: list[int], tag: int = 0, corrupt: bool = False) -> int:
         """Mark several records deleted with one write to each copy of the deletions;
