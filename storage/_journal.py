@@ -41,11 +41,11 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from ._damage import Damage, Report, ignore_damage
-from ._datadir import MirroredFiles, _scan
 from ._durability import fsync_dir
 from ._errors import StorageFailure
 from ._files import AppendFile, atomic_write, makedirs, open_file
 from ._files import keep_aside as _keep_aside
+from ._mirrored import MirroredFiles, scan_entries
 
 __all__ = ["Journal", "JOURNAL_MAGIC"]
 
@@ -105,7 +105,7 @@ class Journal(MirroredFiles):
         self.path = path
         self.paths = (path, path + _MIRROR)
         self.report = report
-        self._fds = [-1, -1]
+        self.fds = [-1, -1]
         self._out: list[AppendFile] = []
         self.dirty = False
         self.payloads: list[bytes] = []
@@ -136,7 +136,7 @@ class Journal(MirroredFiles):
         for k, (p, raw) in enumerate(zip(self.paths, raws)):
             if raw is None:
                 continue
-            entries, damaged = _scan(raw, _entry_at, bytes([JOURNAL_MAGIC]))
+            entries, damaged = scan_entries(raw, _entry_at, bytes([JOURNAL_MAGIC]))
             if damaged and damaged[-1][1] == len(raw) and raw.count(0, damaged[-1][0]) == len(raw) - damaged[-1][0]:
                 # Zero bytes only after the last entry: space allocated ahead, not damage.
                 raws[k] = raw = raw[: damaged.pop()[0]]
@@ -191,11 +191,11 @@ class Journal(MirroredFiles):
         created = False
         for i, p in enumerate(self.paths):
             created |= not os.path.exists(p)
-            self._fds[i] = open_file(p, os.O_WRONLY | os.O_CREAT)
+            self.fds[i] = open_file(p, os.O_WRONLY | os.O_CREAT)
             if allocated[i] and not rewrite:
                 # Not synced: until it is, a crash leaves the same zeros to cut again.
-                os.ftruncate(self._fds[i], len(raws[i] or b""))
-            self._out.append(AppendFile(self._fds[i], os.fstat(self._fds[i]).st_size))
+                os.ftruncate(self.fds[i], len(raws[i] or b""))
+            self._out.append(AppendFile(self.fds[i], os.fstat(self.fds[i]).st_size))
         if created:
             fsync_dir(folder)
 
@@ -208,7 +208,7 @@ class Journal(MirroredFiles):
         """Append one entry to both copies (durable at the next group commit)."""
         self._seq += 1
         entry = encode_entry(self._seq, payload)
-        for i, fd in enumerate(self._fds):
+        for i, fd in enumerate(self.fds):
             if fd < 0:
                 raise StorageFailure(f"consumer journal {self.paths[i]} is closed")
             self._out[i].append(entry)
@@ -224,19 +224,19 @@ class Journal(MirroredFiles):
             parts.append(encode_entry(self._seq, payload))
         data = b"".join(parts)
         for i in (1, 0):  # the mirror first: a crash in between leaves the old first copy whole
-            if self._fds[i] >= 0:
-                os.close(self._fds[i])
-                self._fds[i] = -1
+            if self.fds[i] >= 0:
+                os.close(self.fds[i])
+                self.fds[i] = -1
             atomic_write(self.paths[i], data)
-            self._fds[i] = open_file(self.paths[i], os.O_WRONLY)
-            self._out[i] = AppendFile(self._fds[i], len(data))
+            self.fds[i] = open_file(self.paths[i], os.O_WRONLY)
+            self._out[i] = AppendFile(self.fds[i], len(data))
         self.dirty = False
 
     def close(self) -> None:
         """Close both copies, each cut to its last entry first (a failure to cut
         leaves zero bytes that the next open cuts)."""
         for i, out in enumerate(self._out):
-            if self._fds[i] >= 0:
+            if self.fds[i] >= 0:
                 try:
                     out.cut()
                 except OSError:
