@@ -27,7 +27,9 @@ from ._durability import fsync_dir, sync_fds
 from ._errors import CorruptedRecord
 from ._files import keep_aside, makedirs
 from ._columns import FIELDS, FIELDS_AT, Columns
-from ._segment import CORRUPT, LIVE, Opening, RecoveryReport, Segment
+from ._log import CORRUPT, LIVE, LIVE_BYTE
+from ._recovery import Opening, RecoveryReport
+from ._segment import Segment
 from ._state import STATE_NAME, StateFile
 
 __all__ = ["PartitionLog", "ReadResult", "AppendResult", "LiveRecords"]
@@ -290,7 +292,7 @@ class PartitionLog:
         active one, or drop it if it is empty (an empty file holds nothing)."""
         if self.segments:
             old = self.segments[-1]
-            if old.count == 0 and old._file_size == 0:
+            if old.count == 0 and old.file_size == 0:
                 old.remove_files()
                 self.segments.pop()
             else:
@@ -332,7 +334,7 @@ class PartitionLog:
         after ``start``), at C speed (a count over the segments' state bytes)."""
         n = 0
         for seg in self.segments[self._segment_index(start) :]:
-            n += seg.state.count(b"\x01", max(start - seg.base, 0))
+            n += seg.state.count(LIVE_BYTE, max(start - seg.base, 0))
         return n
 
     def _segment_index(self, offset: int) -> int:
@@ -643,7 +645,7 @@ class PartitionLog:
         sync, and :meth:`synced` once it is done)."""
         fds: list[int] = []
         for seg in self.segments:
-            if seg.dirty or seg.del_dirty:
+            if seg.dirty or seg.deletions.dirty:
                 fds.extend(seg.take_dirty_fds())
         if fds:
             self._syncing_next = self.next_offset
@@ -751,7 +753,7 @@ class PartitionLog:
         if offset < 1 or offset >= self.next_offset or offset <= self.purged_through:
             raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(f"no message at offset {offset}")
         if rel < 0 or rel >= seg.count or seg.state[rel] != LIVE:
-            if 0 <= rel < seg.count and seg.state[rel] == 2:
+            if 0 <= rel < seg.count and seg.state[rel] == CORRUPT:
                 raise CorruptedRecord(f"record at offset {offset} is corrupted", offset)
             raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(f"no message at offset {offset}")
         return seg.read_one(rel, self._corrupt)
@@ -829,13 +831,13 @@ class PartitionLog:
                 reason = f"record holds offset {off}, expected {base + rel}"
             else:
                 continue
-            seg._mark_corrupt(rel)
+            seg.mark_corrupt(rel)
             self._corrupt(base + rel, reason)
             failed += 1
         return failed
 
 
-_LIVE_RUN = re.compile(rb"\x01+")
+_LIVE_RUN = re.compile(LIVE_BYTE + b"+")  # a run of live slots in a segment's state bytes
 _OFFSET = struct.Struct("<Q")
 
 
@@ -851,7 +853,7 @@ def _live_records(seg: Segment, buf: bytes, cols: Columns, want_headers: bool) -
     timestamp_of = seg.timestamp_of
     for rel, n, ttl in cols.ttl_runs:
         end = rel + n
-        if state.count(b"\x01", rel, end) == n:
+        if state.count(LIVE_BYTE, rel, end) == n:
             offsets = list(range(base + rel, base + end))
         else:
             offsets = [base + r for r in range(rel, end) if state[r] == LIVE]
