@@ -200,26 +200,9 @@ class PartitionLog:
         bases = sorted(
             int(name[:-4]) for name in os.listdir(path) if name.endswith(".log") and name[:-4].isdigit()
         )
-        strict = sf.found != "new"
-        if expect_existing and not existed:
-            report(Damage("segment", path, None, "the partition directory is missing",
-                          "started the partition empty; its messages are lost unless restored from a backup"))
-        if sf.found == "new" and (bases or os.path.exists(os.path.join(path, _OLD_PURGE))):
-            sf.state.purged_through = _read_old_purge(os.path.join(path, _OLD_PURGE), report)
-        elif sf.found == "new" and expect_existing and existed:
-            report(Damage("partition_state", sf.path, None, "missing", "recreated from the segment files"))
-        for pos in sf.bad_positions:
-            both = sf.found == "both_bad"
-            action = (
-                "purge watermark and high-water mark taken from the segment files; offsets skip ahead by the "
-                "largest reservation" if both else "used the other copy; rewritten"
-            )
-            report(Damage(
-                "partition_state", sf.path, pos, "slot fails its checksum",
-                f"not changed; the next start or `ttlbroker repair`: {action}" if readonly else action,
-            ))
+        _check_state_file(sf, path, bases, report, existed, expect_existing, readonly)
         st = sf.state
-        opening = Opening(report, st.clean, strict, quarantine_dir or os.path.join(path, "quarantine"), readonly)
+        opening = Opening(report, st.clean, sf.found != "new", quarantine_dir or os.path.join(path, "quarantine"), readonly)
         if sf.found == "both_bad":
             # The watermark is lost: every purge removed whole segments below the
             # active one, so the first segment left bounds it.
@@ -229,63 +212,81 @@ class PartitionLog:
             doomed = Segment(path, bases.pop(0))
             if not readonly:
                 doomed.remove_files()
-        reports = []
-        for i, base in enumerate(bases[:-1]):
-            seg, rep = Segment.open_sealed(path, base, bases[i + 1] - base, opening)
-            log.segments.append(seg)
-            reports.append(rep)
-        if bases:
-            seg, rep = Segment.open_active(path, bases[-1], opening)
-            if not readonly:
-                seg.preallocate_limit = segment_size
-            log.segments.append(seg)
-            reports.append(rep)
-            found_next = seg.next_offset
-            if st.acked_next > found_next:
-                # Acknowledged records are missing: damage, never a torn tail to cut.
-                seg.seal_damaged(st.acked_next - seg.base, opening)
-            else:
-                seg.cut_tail(rep, opening)
+        reports = log._open_segments(bases, opening)
         found_next = log.segments[-1].next_offset if log.segments else max(1, st.purged_through + 1)
         next_offset = max(found_next, st.reserved_next, st.acked_next, st.purged_through + 1, 1)
         if sf.found == "both_bad":
             next_offset = found_next + RESERVE_MAX
         if readonly:
-            log._bases = [s.base for s in log.segments]
-            for seg in log.segments:
-                if seg.base <= st.purged_through:
-                    seg.drop_in_memory(st.purged_through - seg.base + 1)
-            log.live_count = sum(s.live_count for s in log.segments)
+            log._drop_purged()
             return log, reports
         last = log.segments[-1] if log.segments else None
         if last is None or next_offset != last.next_offset or last.sealed or last.uncertain:
             log._start_segment_at(next_offset, found_next)
-        for seg in log.segments:
-            if seg.base <= st.purged_through:
-                seg.drop_in_memory(st.purged_through - seg.base + 1)
-        log._bases = [s.base for s in log.segments]
-        log.live_count = sum(s.live_count for s in log.segments)
+        log._drop_purged()
         log.size_bytes = sum(s.size for s in log.segments)
         for rep in reports:
             log.corrupt_detected += len(rep.corrupt_offsets)
-        # From here on the partition is open: a crash is an unclean stop.
+        log._record_open()
+        return log, reports
+
+    def _open_segments(self, bases: list[int], opening: Opening) -> list[RecoveryReport]:
+        """Open the segments ``bases`` (recovery): every one sealed but the last, the
+        active one, whose tail beyond its last valid record is cut, unless
+        acknowledged records are missing (then it is sealed with them marked
+        corrupt)."""
+        path = self.path
+        reports = []
+        for i, base in enumerate(bases[:-1]):
+            seg, rep = Segment.open_sealed(path, base, bases[i + 1] - base, opening)
+            self.segments.append(seg)
+            reports.append(rep)
+        if bases:
+            seg, rep = Segment.open_active(path, bases[-1], opening)
+            if not opening.readonly:
+                seg.preallocate_limit = self.segment_size
+            self.segments.append(seg)
+            reports.append(rep)
+            acked_next = self._state.state.acked_next
+            if acked_next > seg.next_offset:
+                # Acknowledged records are missing: damage, never a torn tail to cut.
+                seg.seal_damaged(acked_next - seg.base, opening)
+            else:
+                seg.cut_tail(rep, opening)
+        return reports
+
+    def _drop_purged(self) -> None:
+        """After opening: the records at or below the purge watermark deleted in
+        memory, the segment bases and the live count taken."""
+        purged = self._state.state.purged_through
+        for seg in self.segments:
+            if seg.base <= purged:
+                seg.drop_in_memory(purged - seg.base + 1)
+        self._bases = [s.base for s in self.segments]
+        self.live_count = sum(s.live_count for s in self.segments)
+
+    def _record_open(self) -> None:
+        """Record in ``partition.state`` that the partition is open: from here on a
+        crash is an unclean stop (and, with offsets reserved ahead, reserve the first
+        step)."""
+        sf = self._state
+        st = sf.state
         was_clean = st.clean
         before = (st.purged_through, st.reserved_next, st.acked_next)
         st.clean = False
-        st.reserved_next = max(st.reserved_next, log.next_offset)
-        if reserve:
-            st.reserved_next = log.next_offset + log._reserve_step
-            log._reserved_at = time.monotonic()
+        st.reserved_next = max(st.reserved_next, self.next_offset)
+        if self._reserve:
+            st.reserved_next = self.next_offset + self._reserve_step
+            self._reserved_at = time.monotonic()
         if sf.found != "ok" or (st.purged_through, st.reserved_next, st.acked_next) != before:
             if sf.write():
-                fsync_dir(path)
+                fsync_dir(self.path)
         elif was_clean:
             # Only the clean flag changes. It must be on disk before anything written
             # from now on is, and the first group commit syncs it with those writes
             # (a restart of many partitions does not pay two fsyncs each).
             sf.write_lazy()
-            log._state_unsynced = True
-        return log, reports
+            self._state_unsynced = True
 
     def _start_segment_at(self, next_offset: int, found_next: int) -> None:
         """Start a new active segment at ``next_offset`` (recovery): seal the old
@@ -876,6 +877,31 @@ def _live_records(seg: Segment, buf: bytes, cols: Columns, want_headers: bool) -
                 s = p + RECORD_FIXED.size + sl
                 headers.append((base + rel, ts, buf[s : s + hl]))
     return LiveRecords(base, runs, cols.names, cols.sids, cols.flags, stats, ttls, headers)
+
+
+def _check_state_file(
+    sf: StateFile, path: str, bases: list[int], report: Report, existed: bool, expect_existing: bool, readonly: bool
+) -> None:
+    """Report what is wrong with the partition's directory and state file as
+    :meth:`PartitionLog.open` found them; a partition of the first format (segments,
+    no state file) takes its purge watermark from its old watermark file."""
+    if expect_existing and not existed:
+        report(Damage("segment", path, None, "the partition directory is missing",
+                      "started the partition empty; its messages are lost unless restored from a backup"))
+    if sf.found == "new" and (bases or os.path.exists(os.path.join(path, _OLD_PURGE))):
+        sf.state.purged_through = _read_old_purge(os.path.join(path, _OLD_PURGE), report)
+    elif sf.found == "new" and expect_existing and existed:
+        report(Damage("partition_state", sf.path, None, "missing", "recreated from the segment files"))
+    for pos in sf.bad_positions:
+        both = sf.found == "both_bad"
+        action = (
+            "purge watermark and high-water mark taken from the segment files; offsets skip ahead by the "
+            "largest reservation" if both else "used the other copy; rewritten"
+        )
+        report(Damage(
+            "partition_state", sf.path, pos, "slot fails its checksum",
+            f"not changed; the next start or `ttlbroker repair`: {action}" if readonly else action,
+        ))
 
 
 def _read_old_purge(path: str, report: Report) -> int:
