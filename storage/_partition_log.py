@@ -59,7 +59,9 @@ class ReadResult(NamedTuple):
 
     records: list[memoryview]
     runs: list[tuple[int, int]]
-    count: int
+    # A field named like tuple.count shadows that method (mypy: [assignment]); the
+    # broker reads the number of records as ``.count``, so the name stays.
+    count: int  # type: ignore[assignment]
     next_offset: int
 
     @property
