@@ -6,7 +6,7 @@ network, of subjects' meaning, or of TTL policy. The record layout it writes is
 
 Public surface: :class:`DataDir` (layout, lock, catalog), :class:`PartitionLog`
 (append, read, delete, purge, recovery), :class:`Segment` (one segment's files, for
-the cleaner and the exporter) and the states of its records (:class:`RecordState`:
+the cleaner and the exporter) and the states of its records (:data:`RecordState`:
 ``LIVE``, ``DELETED``, ``CORRUPT``), :class:`ConsumerOffsets`, the fsync policy and
 :func:`sync_fds`, and the errors.
 """

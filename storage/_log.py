@@ -14,7 +14,7 @@ them (each record's position and state, and the time index).
 
 In memory a segment holds the offset index (4 bytes per record: the file position of
 record *i*, whose offset is ``base + i``), one state byte per record
-(:class:`RecordState`: live, deleted, corrupt) and the time index (12 bytes per
+(:data:`RecordState`: live, deleted, corrupt) and the time index (12 bytes per
 batch: the relative offset of the batch's first record and its timestamp; every
 record of a batch carries the batch's timestamp).
 
@@ -32,7 +32,7 @@ import zlib
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable
-from enum import IntEnum
+from typing import Final, NewType
 
 from ._errors import CorruptedRecord, StorageFailure
 from ._files import AppendFile, open_file
@@ -42,23 +42,21 @@ __all__ = [
 ]
 
 
-class RecordState(IntEnum):
-    """What a record slot of a segment holds. Kept one byte per slot, in a
-    ``bytearray`` (``SegmentLog.state``): an item read back from it is the plain
-    ``int``, which compares equal to the member of the same value."""
+#: What a record slot of a segment holds: :data:`DELETED`, :data:`LIVE` or
+#: :data:`CORRUPT`, kept one byte per slot in a ``bytearray`` (``SegmentLog.state``).
+#: A distinct type for the type checker, a plain ``int`` at run time: the per-record
+#: loops (reads, scans, deletions) compare the state bytes with these, and CPython's
+#: fast path for comparing two ints does not apply to an ``IntEnum`` member (the
+#: reads of a filtered fetch measured 5% more instructions with one).
+RecordState = NewType("RecordState", int)
 
-    #: Deleted (by a delete, a purge or a repair's write-off): never served again.
-    DELETED = 0
-    #: Stored, not deleted, not found damaged.
-    LIVE = 1
-    #: Found damaged or missing, or put aside (its segment's deletions could not all
-    #: be read): reads of it fail with ``CORRUPTED_RECORD``. Never proof of garbage.
-    CORRUPT = 2
-
-
-LIVE = RecordState.LIVE
-DELETED = RecordState.DELETED
-CORRUPT = RecordState.CORRUPT
+#: Deleted (by a delete, a purge or a repair's write-off): never served again.
+DELETED: Final = RecordState(0)
+#: Stored, not deleted, not found damaged.
+LIVE: Final = RecordState(1)
+#: Found damaged or missing, or put aside (its segment's deletions could not all be
+#: read): reads of it fail with ``CORRUPTED_RECORD``. Never proof of garbage.
+CORRUPT: Final = RecordState(2)
 #: A live slot, as the state bytes hold it (for ``bytes`` searches and counts).
 LIVE_BYTE = bytes((LIVE,))
 #: ``bytes.translate`` table: LIVE stays 1, every other state becomes 0.
@@ -290,39 +288,72 @@ class SegmentLog:
         record if one is there), at the end of the segment, or before a corrupt
         record. Returns ``(next_rel, records_taken, stopped_on_corrupt)``.
 
-        In steps: skip what is neither live nor wanted (:func:`_first_to_read`), find
-        how far one read may go (:func:`_window`, :func:`_within_bytes`), read those
-        bytes with one ``pread``, then verify and take the records: in one pass when
-        they are all live and back to back (:meth:`_back_to_back`), else record by
-        record (:func:`_take_runs`).
+        In steps: skip what is neither live nor wanted, find how far one read may go,
+        read that with one ``pread``, then verify and take the records: in one pass
+        (:meth:`_back_to_back`), else record by record (:func:`_take_runs`). The
+        steps of every call stay in line: a function call costs ~0.2 µs, a few
+        percent of a read of a few records.
 
         Raises:
             CorruptedRecord: the very first record it would return is corrupt (and
                 ``runs`` is empty).
         """
-        count = len(self.positions)
+        positions = self.positions
+        state = self.state
+        count = len(positions)
         if rel >= count or max_count <= 0:
             return rel, 0, False
-        rel = _first_to_read(self, rel, wanted)
+        base = self.base
+        # Skip what is not live and not wanted without touching the disk.
+        while rel < count and (state[rel] == DELETED or (wanted is not None and state[rel] == LIVE and not wanted(base + rel))):
+            rel += 1
         if rel >= count:
             return rel, 0, False
-        positions = self.positions
         start = positions[rel]
         limit = start + max(max_bytes, 1)
-        end_rel, scanned, unwanted = _window(self, rel, max_count, limit, wanted)
+        unwanted: set[int] | None = None
+        if wanted is None:
+            end_rel = scanned = min(count, rel + max_count)
+        else:
+            # Read only up to the last record this call can return (the
+            # ``max_count``-th wanted one, or the last before the bytes run out):
+            # reading to the segment's end cost a pread of up to ``max_bytes`` per
+            # call. What the scan passed after it is not wanted (``scanned``).
+            scanned = end_rel = rel
+            found = 0
+            while scanned < count:
+                st = state[scanned]
+                scanned += 1
+                if st != DELETED:
+                    if st == LIVE and not wanted(base + scanned - 1):
+                        if unwanted is None:
+                            unwanted = set()
+                        unwanted.add(scanned - 1)
+                    else:
+                        end_rel = scanned
+                        found += 1
+                        if found >= max_count:
+                            break
+                if scanned < count and positions[scanned] > limit:
+                    break
         scan_end = end_rel
-        end_rel, end_pos = _within_bytes(self, rel, end_rel, limit)
+        # The records that end by ``limit`` (at least one).
+        end_pos = positions[end_rel] if end_rel < count else self.size
+        if end_pos > limit:
+            j = bisect_right(positions, limit, rel + 1, end_rel) - 1
+            end_rel = max(j, rel + 1)
+            end_pos = positions[end_rel] if end_rel < count else self.size
         buf = os.pread(self.fd, end_pos - start, start)
         view = memoryview(buf)
         if (
             unwanted is None and end_rel > rel and len(buf) == end_pos - start
-            and self.state.count(LIVE, rel, end_rel) == end_rel - rel
+            and state.count(LIVE, rel, end_rel) == end_rel - rel
             and self._back_to_back(buf, view, rel, end_rel, start)
         ):
             # What _take_runs gives for live records back to back that pass its
             # checks: one run of them all (every one is taken: none is unwanted, and
             # ``end_rel`` is within ``max_count``).
-            runs.append((view, self.base + rel, end_rel - rel))
+            runs.append((view, base + rel, end_rel - rel))
             i, got, stopped = end_rel, end_rel - rel, False
         else:
             i, got, stopped = _take_runs(self, buf, view, rel, end_rel, start, max_count, unwanted, runs, on_corrupt)
@@ -416,70 +447,6 @@ class SegmentLog:
                 os.close(fd)
             except OSError:
                 pass
-
-
-def _first_to_read(log: SegmentLog, rel: int, wanted: Callable[[int], bool] | None) -> int:
-    """The first record of ``log`` at or after ``rel`` that is not deleted and, if
-    live, is ``wanted``: skipped without touching the disk."""
-    state = log.state
-    count = len(log.positions)
-    base = log.base
-    while rel < count and (state[rel] == DELETED or (wanted is not None and state[rel] == LIVE and not wanted(base + rel))):
-        rel += 1
-    return rel
-
-
-def _window(
-    log: SegmentLog, rel: int, max_count: int, limit: int, wanted: Callable[[int], bool] | None
-) -> tuple[int, int, set[int] | None]:
-    """The records of ``log`` one read from ``rel`` looks at: ``(end_rel, scanned,
-    unwanted)``, records ``rel..end_rel-1`` to read, ``scanned`` the first one the
-    scan did not look at (everything it passed after ``end_rel`` is not wanted),
-    and the live records in the window that are not wanted (None: none).
-
-    With a filter, only up to the last record this call can return (the
-    ``max_count``-th wanted one, or the last before the file position ``limit``):
-    reading to the segment's end cost a pread of up to ``max_bytes`` per call."""
-    positions = log.positions
-    count = len(positions)
-    if wanted is None:
-        end_rel = min(count, rel + max_count)
-        return end_rel, end_rel, None
-    state = log.state
-    base = log.base
-    unwanted: set[int] | None = None
-    scanned = end_rel = rel
-    found = 0
-    while scanned < count:
-        st = state[scanned]
-        scanned += 1
-        if st != DELETED:
-            if st == LIVE and not wanted(base + scanned - 1):
-                if unwanted is None:
-                    unwanted = set()
-                unwanted.add(scanned - 1)
-            else:
-                end_rel = scanned
-                found += 1
-                if found >= max_count:
-                    break
-        if scanned < count and positions[scanned] > limit:
-            break
-    return end_rel, scanned, unwanted
-
-
-def _within_bytes(log: SegmentLog, rel: int, end_rel: int, limit: int) -> tuple[int, int]:
-    """``(end_rel, end_pos)``: records ``rel..end_rel-1`` of ``log`` cut to those
-    that end by the file position ``limit`` (at least one), and where the last one
-    ends."""
-    positions = log.positions
-    count = len(positions)
-    end_pos = positions[end_rel] if end_rel < count else log.size
-    if end_pos > limit:
-        j = bisect_right(positions, limit, rel + 1, end_rel) - 1
-        end_rel = max(j, rel + 1)
-        end_pos = positions[end_rel] if end_rel < count else log.size
-    return end_rel, end_pos
 
 
 def _take_runs(
