@@ -6,7 +6,8 @@ network, of subjects' meaning, or of TTL policy. The record layout it writes is
 
 Public surface: :class:`DataDir` (layout, lock, catalog), :class:`PartitionLog`
 (append, read, delete, purge, recovery), :class:`Segment` (one segment's files, for
-the cleaner and the exporter), :class:`ConsumerOffsets`, the fsync policy and
+the cleaner and the exporter) and the states of its records (:data:`RecordState`:
+``LIVE``, ``DELETED``, ``CORRUPT``), :class:`ConsumerOffsets`, the fsync policy and
 :func:`sync_fds`, and the errors.
 """
 
@@ -37,12 +38,13 @@ from ._partition_log import AppendResult as AppendResult
 from ._partition_log import PartitionLog as PartitionLog
 from ._partition_log import ReadResult as ReadResult
 from ._partition_log import LiveRecords as LiveRecords
-from ._segment import CORRUPT as CORRUPT
-from ._segment import DELETED as DELETED
-from ._segment import LIVE as LIVE
-from ._segment import RecoveryReport as RecoveryReport
+from ._deletions import read_deletion_tags as read_deletion_tags
+from ._log import CORRUPT as CORRUPT
+from ._log import DELETED as DELETED
+from ._log import LIVE as LIVE
+from ._log import RecordState as RecordState
+from ._recovery import RecoveryReport as RecoveryReport
 from ._segment import Segment as Segment
-from ._segment import read_deletion_tags as read_deletion_tags
 from ._segment import segment_name as segment_name
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -35,7 +35,7 @@ import shutil
 import struct
 import zlib
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from dataclasses import dataclass
 
 from ._copies import Copies, CopiesUnreadable
@@ -44,6 +44,7 @@ from ._durability import fsync_dir
 from ._errors import StorageFailure
 from ._files import atomic_write, makedirs, open_file, write_all
 from ._files import keep_aside as _keep_aside
+from ._mirrored import MirroredFiles, scan_entries
 
 if TYPE_CHECKING:
     from ._journal import Journal
@@ -120,10 +121,6 @@ class DataDir:
         return _keep_aside(path, self.quarantine_dir if rel == "." else os.path.join(self.quarantine_dir, rel))
 
     # -- catalog ---------------------------------------------------------------------
-
-    @property
-    def catalog_path(self) -> str:
-        return self._catalog.paths[0]
 
     @property
     def catalog_generation(self) -> int:
@@ -383,46 +380,15 @@ def _old_entry_at(raw: bytes, pos: int) -> _Entry | None:
     return _Entry(0, name, partition, offset, pos, end)
 
 
-def _scan(raw: bytes, at: Callable[[bytes, int], Any], magic: bool | bytes) -> tuple[list[Any], list[tuple[int, int]]]:
-    """Every entry that validates, resynchronising past damage: after a position where
-    no entry validates, the next candidate is the next position where one does
-    (``magic``: the byte every entry starts with, ``True`` for 0xC0, to jump between
-    candidates; false: try every position)."""
-    if magic is True:
-        magic = b"\xc0"
-    entries: list[Any] = []
-    damaged: list[tuple[int, int]] = []
-    pos, n = 0, len(raw)
-    while pos < n:
-        e = at(raw, pos)
-        if e is not None:
-            entries.append(e)
-            pos = e.end
-            continue
-        start = pos
-        pos += 1
-        while pos < n:
-            if magic:
-                pos = raw.find(magic, pos)
-                if pos < 0:
-                    pos = n
-                    break
-            if at(raw, pos) is not None:
-                break
-            pos += 1
-        damaged.append((start, pos))
-    return entries, damaged
-
-
 def _parse(path: str) -> _Parsed:
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
         return _Parsed(path, False, b"", [], [])
-    entries, damaged = _scan(raw, _entry_at, True)
+    entries, damaged = scan_entries(raw, _entry_at, bytes([_MAGIC]))
     if raw and not entries:
-        old, old_damaged = _scan(raw, _old_entry_at, False)
+        old, old_damaged = scan_entries(raw, _old_entry_at, None)
         if old:
             for i, e in enumerate(old):
                 e.seq = i + 1
@@ -440,25 +406,6 @@ def _parse(path: str) -> _Parsed:
             p.entries.append(e)
             keys.add((e.name, e.partition))
     return p
-
-
-class MirroredFiles:
-    """Two copies written alike (``_fds``), synced together by the group commit."""
-
-    _fds: list[int]
-    dirty: bool
-
-    def take_dirty_fds(self) -> list[int]:
-        if self.dirty:
-            self.dirty = False
-            return [fd for fd in self._fds if fd >= 0]
-        return []
-
-    def close(self) -> None:
-        for i, fd in enumerate(self._fds):
-            if fd >= 0:
-                os.close(fd)
-                self._fds[i] = -1
 
 
 class ConsumerOffsets(MirroredFiles):
@@ -506,7 +453,7 @@ class ConsumerOffsets(MirroredFiles):
         self.report = report
         self.offsets: dict[tuple[str, int], int] = {}
         self._seq = 0
-        self._fds = [-1, -1]
+        self.fds = [-1, -1]
         self.dirty = False
         folder = os.path.dirname(path)
         if not readonly:
@@ -559,7 +506,7 @@ class ConsumerOffsets(MirroredFiles):
         created = False
         for i, p in enumerate(self.paths):
             created |= not os.path.exists(p)
-            self._fds[i] = open_file(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            self.fds[i] = open_file(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         if created:
             fsync_dir(folder)
 
@@ -616,7 +563,7 @@ class ConsumerOffsets(MirroredFiles):
     def _append(self, name: str, partition: int, offset: int) -> int:
         self._seq += 1  # never reused, even if the write fails
         entry = self._entry(self._seq, name, partition, offset)
-        for fd in self._fds:
+        for fd in self.fds:
             try:
                 size = os.fstat(fd).st_size
             except OSError as exc:

@@ -17,6 +17,7 @@ from ._errors import StorageFailure
 
 __all__ = [
     "set_modes", "file_mode", "dir_mode", "open_file", "makedirs", "write_all", "atomic_write", "keep_aside", "AppendFile",
+    "read_if_exists",
 ]
 
 _modes = {"file": 0o600, "dir": 0o700}
@@ -151,6 +152,15 @@ def atomic_write(path: str, data: bytes, sync_dir: bool = True) -> None:
     os.replace(tmp, path)
     if sync_dir:
         fsync_dir(os.path.dirname(path) or ".")
+
+
+def read_if_exists(path: str) -> bytes | None:
+    """The whole content of ``path``, or None when there is no such file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
 
 
 def keep_aside(path: str, quarantine_dir: str, suffix: str = "", data: bytes | None = None) -> str:

@@ -41,11 +41,11 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from ._damage import Damage, Report, ignore_damage
-from ._datadir import MirroredFiles, _scan
 from ._durability import fsync_dir
 from ._errors import StorageFailure
-from ._files import AppendFile, atomic_write, makedirs, open_file
+from ._files import AppendFile, atomic_write, makedirs, open_file, read_if_exists
 from ._files import keep_aside as _keep_aside
+from ._mirrored import MirroredFiles, scan_entries
 
 __all__ = ["Journal", "JOURNAL_MAGIC"]
 
@@ -105,7 +105,7 @@ class Journal(MirroredFiles):
         self.path = path
         self.paths = (path, path + _MIRROR)
         self.report = report
-        self._fds = [-1, -1]
+        self.fds = [-1, -1]
         self._out: list[AppendFile] = []
         self.dirty = False
         self.payloads: list[bytes] = []
@@ -122,13 +122,21 @@ class Journal(MirroredFiles):
                     os.unlink(p + ".tmp")  # a compaction cut short by a crash: never renamed
                 except FileNotFoundError:
                     pass
-        raws: list[bytes | None] = []
-        for p in self.paths:
-            try:
-                with open(p, "rb") as f:
-                    raws.append(f.read())
-            except FileNotFoundError:
-                raws.append(None)
+        raws = [read_if_exists(p) for p in self.paths]
+        merged, damaged_files, any_damage, allocated = self._merge_copies(raws, readonly)
+        live = self._take_live(merged, readonly)
+        if readonly:
+            return
+        self._open_copies(raws, merged, live, damaged_files, any_damage, allocated, keep_aside)
+
+    def _merge_copies(
+        self, raws: list[bytes | None], readonly: bool
+    ) -> tuple[dict[int, _Entry], list[str], bool, list[bool]]:
+        """The valid entries of both copies ``raws`` by ``seq``, each damaged range
+        reported. A copy that ends in zero bytes only (allocated space) loses them in
+        ``raws``. Returns ``(entries, files to keep in quarantine, any damage, which
+        copies ended in allocated space)``; a copy whose only damage is a torn last
+        entry is not kept in quarantine."""
         merged: dict[int, _Entry] = {}
         damaged_files: list[str] = []
         any_damage = False
@@ -136,7 +144,7 @@ class Journal(MirroredFiles):
         for k, (p, raw) in enumerate(zip(self.paths, raws)):
             if raw is None:
                 continue
-            entries, damaged = _scan(raw, _entry_at, bytes([JOURNAL_MAGIC]))
+            entries, damaged = scan_entries(raw, _entry_at, bytes([JOURNAL_MAGIC]))
             if damaged and damaged[-1][1] == len(raw) and raw.count(0, damaged[-1][0]) == len(raw) - damaged[-1][0]:
                 # Zero bytes only after the last entry: space allocated ahead, not damage.
                 raws[k] = raw = raw[: damaged.pop()[0]]
@@ -156,6 +164,12 @@ class Journal(MirroredFiles):
             any_damage |= bool(damaged)
             if damaged and not all(end == len(raw) and start > 0 for start, end in damaged):
                 damaged_files.append(p)
+        return merged, damaged_files, any_damage, allocated
+
+    def _take_live(self, merged: dict[int, _Entry], readonly: bool) -> list[int]:
+        """The sequence numbers from the newest snapshot on (their payloads in
+        :attr:`payloads`), with every gap in them reported and kept in :attr:`gaps`,
+        and the last sequence number given out."""
         seqs = sorted(merged)
         start = 0
         for i in range(len(seqs) - 1, -1, -1):
@@ -171,14 +185,22 @@ class Journal(MirroredFiles):
             if s != expected:
                 self.gaps.append(i)
                 self.report(Damage(
-                    "consumer_journal", path, None,
+                    "consumer_journal", self.path, None,
                     f"entries {expected}..{s - 1} are missing from both copies",
                     "reported; the file is kept in quarantine and what those entries held is treated as outstanding"
                     if not readonly else "left as is (check)",
                 ))
         self._seq = seqs[-1] if seqs else 0
-        if readonly:
-            return
+        return live
+
+    def _open_copies(
+        self, raws: list[bytes | None], merged: dict[int, _Entry], live: list[int], damaged_files: list[str],
+        any_damage: bool, allocated: list[bool], keep_aside: Callable[[str], str],
+    ) -> None:
+        """Open both copies for appending: damaged ones kept in quarantine first, both
+        rewritten from the ``live`` entries when they were damaged or differ, and a
+        copy that ended in allocated space cut to its entries."""
+        path = self.path
         for p in set(damaged_files) | ({path} if self.gaps else set()):
             if os.path.exists(p):
                 keep_aside(p)
@@ -191,13 +213,13 @@ class Journal(MirroredFiles):
         created = False
         for i, p in enumerate(self.paths):
             created |= not os.path.exists(p)
-            self._fds[i] = open_file(p, os.O_WRONLY | os.O_CREAT)
+            self.fds[i] = open_file(p, os.O_WRONLY | os.O_CREAT)
             if allocated[i] and not rewrite:
                 # Not synced: until it is, a crash leaves the same zeros to cut again.
-                os.ftruncate(self._fds[i], len(raws[i] or b""))
-            self._out.append(AppendFile(self._fds[i], os.fstat(self._fds[i]).st_size))
+                os.ftruncate(self.fds[i], len(raws[i] or b""))
+            self._out.append(AppendFile(self.fds[i], os.fstat(self.fds[i]).st_size))
         if created:
-            fsync_dir(folder)
+            fsync_dir(os.path.dirname(path))
 
     @property
     def size(self) -> int:
@@ -208,7 +230,7 @@ class Journal(MirroredFiles):
         """Append one entry to both copies (durable at the next group commit)."""
         self._seq += 1
         entry = encode_entry(self._seq, payload)
-        for i, fd in enumerate(self._fds):
+        for i, fd in enumerate(self.fds):
             if fd < 0:
                 raise StorageFailure(f"consumer journal {self.paths[i]} is closed")
             self._out[i].append(entry)
@@ -224,19 +246,19 @@ class Journal(MirroredFiles):
             parts.append(encode_entry(self._seq, payload))
         data = b"".join(parts)
         for i in (1, 0):  # the mirror first: a crash in between leaves the old first copy whole
-            if self._fds[i] >= 0:
-                os.close(self._fds[i])
-                self._fds[i] = -1
+            if self.fds[i] >= 0:
+                os.close(self.fds[i])
+                self.fds[i] = -1
             atomic_write(self.paths[i], data)
-            self._fds[i] = open_file(self.paths[i], os.O_WRONLY)
-            self._out[i] = AppendFile(self._fds[i], len(data))
+            self.fds[i] = open_file(self.paths[i], os.O_WRONLY)
+            self._out[i] = AppendFile(self.fds[i], len(data))
         self.dirty = False
 
     def close(self) -> None:
         """Close both copies, each cut to its last entry first (a failure to cut
         leaves zero bytes that the next open cuts)."""
         for i, out in enumerate(self._out):
-            if self._fds[i] >= 0:
+            if self.fds[i] >= 0:
                 try:
                     out.cut()
                 except OSError:

@@ -27,7 +27,9 @@ from ._durability import fsync_dir, sync_fds
 from ._errors import CorruptedRecord
 from ._files import keep_aside, makedirs
 from ._columns import FIELDS, FIELDS_AT, Columns
-from ._segment import CORRUPT, LIVE, Opening, RecoveryReport, Segment
+from ._log import CORRUPT, LIVE, LIVE_BYTE
+from ._recovery import Opening, RecoveryReport
+from ._segment import Segment
 from ._state import STATE_NAME, StateFile
 
 __all__ = ["PartitionLog", "ReadResult", "AppendResult", "LiveRecords"]
@@ -57,7 +59,9 @@ class ReadResult(NamedTuple):
 
     records: list[memoryview]
     runs: list[tuple[int, int]]
-    count: int
+    # A field named like tuple.count shadows that method (mypy: [assignment]); the
+    # broker reads the number of records as ``.count``, so the name stays.
+    count: int  # type: ignore[assignment]
     next_offset: int
 
     @property
@@ -198,26 +202,9 @@ class PartitionLog:
         bases = sorted(
             int(name[:-4]) for name in os.listdir(path) if name.endswith(".log") and name[:-4].isdigit()
         )
-        strict = sf.found != "new"
-        if expect_existing and not existed:
-            report(Damage("segment", path, None, "the partition directory is missing",
-                          "started the partition empty; its messages are lost unless restored from a backup"))
-        if sf.found == "new" and (bases or os.path.exists(os.path.join(path, _OLD_PURGE))):
-            sf.state.purged_through = _read_old_purge(os.path.join(path, _OLD_PURGE), report)
-        elif sf.found == "new" and expect_existing and existed:
-            report(Damage("partition_state", sf.path, None, "missing", "recreated from the segment files"))
-        for pos in sf.bad_positions:
-            both = sf.found == "both_bad"
-            action = (
-                "purge watermark and high-water mark taken from the segment files; offsets skip ahead by the "
-                "largest reservation" if both else "used the other copy; rewritten"
-            )
-            report(Damage(
-                "partition_state", sf.path, pos, "slot fails its checksum",
-                f"not changed; the next start or `ttlbroker repair`: {action}" if readonly else action,
-            ))
+        _check_state_file(sf, path, bases, report, existed, expect_existing, readonly)
         st = sf.state
-        opening = Opening(report, st.clean, strict, quarantine_dir or os.path.join(path, "quarantine"), readonly)
+        opening = Opening(report, st.clean, sf.found != "new", quarantine_dir or os.path.join(path, "quarantine"), readonly)
         if sf.found == "both_bad":
             # The watermark is lost: every purge removed whole segments below the
             # active one, so the first segment left bounds it.
@@ -227,70 +214,88 @@ class PartitionLog:
             doomed = Segment(path, bases.pop(0))
             if not readonly:
                 doomed.remove_files()
-        reports = []
-        for i, base in enumerate(bases[:-1]):
-            seg, rep = Segment.open_sealed(path, base, bases[i + 1] - base, opening)
-            log.segments.append(seg)
-            reports.append(rep)
-        if bases:
-            seg, rep = Segment.open_active(path, bases[-1], opening)
-            if not readonly:
-                seg.preallocate_limit = segment_size
-            log.segments.append(seg)
-            reports.append(rep)
-            found_next = seg.next_offset
-            if st.acked_next > found_next:
-                # Acknowledged records are missing: damage, never a torn tail to cut.
-                seg.seal_damaged(st.acked_next - seg.base, opening)
-            else:
-                seg.cut_tail(rep, opening)
+        reports = log._open_segments(bases, opening)
         found_next = log.segments[-1].next_offset if log.segments else max(1, st.purged_through + 1)
         next_offset = max(found_next, st.reserved_next, st.acked_next, st.purged_through + 1, 1)
         if sf.found == "both_bad":
             next_offset = found_next + RESERVE_MAX
         if readonly:
-            log._bases = [s.base for s in log.segments]
-            for seg in log.segments:
-                if seg.base <= st.purged_through:
-                    seg.drop_in_memory(st.purged_through - seg.base + 1)
-            log.live_count = sum(s.live_count for s in log.segments)
+            log._drop_purged()
             return log, reports
         last = log.segments[-1] if log.segments else None
         if last is None or next_offset != last.next_offset or last.sealed or last.uncertain:
             log._start_segment_at(next_offset, found_next)
-        for seg in log.segments:
-            if seg.base <= st.purged_through:
-                seg.drop_in_memory(st.purged_through - seg.base + 1)
-        log._bases = [s.base for s in log.segments]
-        log.live_count = sum(s.live_count for s in log.segments)
+        log._drop_purged()
         log.size_bytes = sum(s.size for s in log.segments)
         for rep in reports:
             log.corrupt_detected += len(rep.corrupt_offsets)
-        # From here on the partition is open: a crash is an unclean stop.
+        log._record_open()
+        return log, reports
+
+    def _open_segments(self, bases: list[int], opening: Opening) -> list[RecoveryReport]:
+        """Open the segments ``bases`` (recovery): every one sealed but the last, the
+        active one, whose tail beyond its last valid record is cut, unless
+        acknowledged records are missing (then it is sealed with them marked
+        corrupt)."""
+        path = self.path
+        reports = []
+        for i, base in enumerate(bases[:-1]):
+            seg, rep = Segment.open_sealed(path, base, bases[i + 1] - base, opening)
+            self.segments.append(seg)
+            reports.append(rep)
+        if bases:
+            seg, rep = Segment.open_active(path, bases[-1], opening)
+            if not opening.readonly:
+                seg.preallocate_limit = self.segment_size
+            self.segments.append(seg)
+            reports.append(rep)
+            acked_next = self._state.state.acked_next
+            if acked_next > seg.next_offset:
+                # Acknowledged records are missing: damage, never a torn tail to cut.
+                seg.seal_damaged(acked_next - seg.base, opening)
+            else:
+                seg.cut_tail(rep, opening)
+        return reports
+
+    def _drop_purged(self) -> None:
+        """After opening: the records at or below the purge watermark deleted in
+        memory, the segment bases and the live count taken."""
+        purged = self._state.state.purged_through
+        for seg in self.segments:
+            if seg.base <= purged:
+                seg.drop_in_memory(purged - seg.base + 1)
+        self._bases = [s.base for s in self.segments]
+        self.live_count = sum(s.live_count for s in self.segments)
+
+    def _record_open(self) -> None:
+        """Record in ``partition.state`` that the partition is open: from here on a
+        crash is an unclean stop (and, with offsets reserved ahead, reserve the first
+        step)."""
+        sf = self._state
+        st = sf.state
         was_clean = st.clean
         before = (st.purged_through, st.reserved_next, st.acked_next)
         st.clean = False
-        st.reserved_next = max(st.reserved_next, log.next_offset)
-        if reserve:
-            st.reserved_next = log.next_offset + log._reserve_step
-            log._reserved_at = time.monotonic()
+        st.reserved_next = max(st.reserved_next, self.next_offset)
+        if self._reserve:
+            st.reserved_next = self.next_offset + self._reserve_step
+            self._reserved_at = time.monotonic()
         if sf.found != "ok" or (st.purged_through, st.reserved_next, st.acked_next) != before:
             if sf.write():
-                fsync_dir(path)
+                fsync_dir(self.path)
         elif was_clean:
             # Only the clean flag changes. It must be on disk before anything written
             # from now on is, and the first group commit syncs it with those writes
             # (a restart of many partitions does not pay two fsyncs each).
             sf.write_lazy()
-            log._state_unsynced = True
-        return log, reports
+            self._state_unsynced = True
 
     def _start_segment_at(self, next_offset: int, found_next: int) -> None:
         """Start a new active segment at ``next_offset`` (recovery): seal the old
         active one, or drop it if it is empty (an empty file holds nothing)."""
         if self.segments:
             old = self.segments[-1]
-            if old.count == 0 and old._file_size == 0:
+            if old.count == 0 and old.file_size == 0:
                 old.remove_files()
                 self.segments.pop()
             else:
@@ -332,7 +337,7 @@ class PartitionLog:
         after ``start``), at C speed (a count over the segments' state bytes)."""
         n = 0
         for seg in self.segments[self._segment_index(start) :]:
-            n += seg.state.count(b"\x01", max(start - seg.base, 0))
+            n += seg.state.count(LIVE_BYTE, max(start - seg.base, 0))
         return n
 
     def _segment_index(self, offset: int) -> int:
@@ -340,7 +345,7 @@ class PartitionLog:
         return max(bisect_right(self._bases, offset) - 1, 0)
 
     def is_live(self, offset: int) -> bool:
-        # _segment_index and Segment.is_live written out (once per KV get).
+        # _segment_index and the segment's state looked up in line (once per KV get).
         i = bisect_right(self._bases, offset) - 1
         seg = self.segments[i if i > 0 else 0]
         rel = offset - seg.base
@@ -643,7 +648,7 @@ class PartitionLog:
         sync, and :meth:`synced` once it is done)."""
         fds: list[int] = []
         for seg in self.segments:
-            if seg.dirty or seg.del_dirty:
+            if seg.dirty or seg.deletions.dirty:
                 fds.extend(seg.take_dirty_fds())
         if fds:
             self._syncing_next = self.next_offset
@@ -751,7 +756,7 @@ class PartitionLog:
         if offset < 1 or offset >= self.next_offset or offset <= self.purged_through:
             raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(f"no message at offset {offset}")
         if rel < 0 or rel >= seg.count or seg.state[rel] != LIVE:
-            if 0 <= rel < seg.count and seg.state[rel] == 2:
+            if 0 <= rel < seg.count and seg.state[rel] == CORRUPT:
                 raise CorruptedRecord(f"record at offset {offset} is corrupted", offset)
             raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(f"no message at offset {offset}")
         return seg.read_one(rel, self._corrupt)
@@ -829,13 +834,13 @@ class PartitionLog:
                 reason = f"record holds offset {off}, expected {base + rel}"
             else:
                 continue
-            seg._mark_corrupt(rel)
+            seg.mark_corrupt(rel)
             self._corrupt(base + rel, reason)
             failed += 1
         return failed
 
 
-_LIVE_RUN = re.compile(rb"\x01+")
+_LIVE_RUN = re.compile(LIVE_BYTE + b"+")  # a run of live slots in a segment's state bytes
 _OFFSET = struct.Struct("<Q")
 
 
@@ -851,7 +856,7 @@ def _live_records(seg: Segment, buf: bytes, cols: Columns, want_headers: bool) -
     timestamp_of = seg.timestamp_of
     for rel, n, ttl in cols.ttl_runs:
         end = rel + n
-        if state.count(b"\x01", rel, end) == n:
+        if state.count(LIVE_BYTE, rel, end) == n:
             offsets = list(range(base + rel, base + end))
         else:
             offsets = [base + r for r in range(rel, end) if state[r] == LIVE]
@@ -874,6 +879,31 @@ def _live_records(seg: Segment, buf: bytes, cols: Columns, want_headers: bool) -
                 s = p + RECORD_FIXED.size + sl
                 headers.append((base + rel, ts, buf[s : s + hl]))
     return LiveRecords(base, runs, cols.names, cols.sids, cols.flags, stats, ttls, headers)
+
+
+def _check_state_file(
+    sf: StateFile, path: str, bases: list[int], report: Report, existed: bool, expect_existing: bool, readonly: bool
+) -> None:
+    """Report what is wrong with the partition's directory and state file as
+    :meth:`PartitionLog.open` found them; a partition of the first format (segments,
+    no state file) takes its purge watermark from its old watermark file."""
+    if expect_existing and not existed:
+        report(Damage("segment", path, None, "the partition directory is missing",
+                      "started the partition empty; its messages are lost unless restored from a backup"))
+    if sf.found == "new" and (bases or os.path.exists(os.path.join(path, _OLD_PURGE))):
+        sf.state.purged_through = _read_old_purge(os.path.join(path, _OLD_PURGE), report)
+    elif sf.found == "new" and expect_existing and existed:
+        report(Damage("partition_state", sf.path, None, "missing", "recreated from the segment files"))
+    for pos in sf.bad_positions:
+        both = sf.found == "both_bad"
+        action = (
+            "purge watermark and high-water mark taken from the segment files; offsets skip ahead by the "
+            "largest reservation" if both else "used the other copy; rewritten"
+        )
+        report(Damage(
+            "partition_state", sf.path, pos, "slot fails its checksum",
+            f"not changed; the next start or `ttlbroker repair`: {action}" if readonly else action,
+        ))
 
 
 def _read_old_purge(path: str, report: Report) -> int:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import protocol as P
 from storage import CorruptedRecord, PartitionLog
-from storage._segment import LIVE
+from storage._log import LIVE
 
 _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

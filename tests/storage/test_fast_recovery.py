@@ -19,12 +19,13 @@ from hypothesis import strategies as st
 
 import protocol as P
 import storage._partition_log as partition_log
-import storage._segment as segment_module
+import storage._indexes as indexes_module
+import storage._recovery as recovery_module
 from storage import CORRUPT, Damage, PartitionLog
 
 _CHECK_RECORD = partition_log.check_record
-_EXTRACT = segment_module.extract_columns
-_SCAN = segment_module.scan_records
+_EXTRACT = indexes_module.extract_columns
+_SCAN = recovery_module.scan_records
 extracted: list[int] = []
 #: Bases of the segments read record by record on open (the active one, without its snapshot).
 rescanned: list[int] = []
@@ -111,8 +112,8 @@ def open_counting(path: Path, monkeypatch: pytest.MonkeyPatch, found: list[Damag
     extracted.clear()
     rescanned.clear()
     monkeypatch.setattr(partition_log, "check_record", counting)
-    monkeypatch.setattr(segment_module, "extract_columns", extracting)
-    monkeypatch.setattr(segment_module, "scan_records", scanning)
+    monkeypatch.setattr(indexes_module, "extract_columns", extracting)
+    monkeypatch.setattr(recovery_module, "scan_records", scanning)
     log, _ = PartitionLog.open(str(path), SEGMENT, report=found.append)
     return log, checked
 

@@ -13,7 +13,7 @@ from test_fast_get import _SETTINGS, _build, _damage, _damage_record, _record, _
 
 import protocol as P
 from storage import PartitionLog
-from storage._segment import LIVE
+from storage._log import LIVE
 
 
 def _append(log: PartitionLog, batch: list[_Rec]) -> None:
