@@ -1,4 +1,4 @@
-"""No client can stop the broker, and connections cost bounded memory (issue 10).
+"""No client can stop the broker, and connections cost bounded memory.
 
 Real brokers on loopback sockets. Misbehaving peers are raw sockets (``RawPeer``, or
 plain trio sockets where a test needs SO_LINGER or a small receive buffer); the
@@ -76,7 +76,7 @@ async def assert_healthy(address: str) -> None:
 
 
 async def test_pipelined_pings_then_reset_does_not_stop_the_broker(server: ServerHandle, client: Client) -> None:
-    """Issue 10, item 1: 20,000 pipelined PINGs then a close without reading, before
+    """20,000 pipelined PINGs then a close without reading, before
     and after a handshake; the broker used to exit with an ExceptionGroup."""
     for with_handshake in (False, True, False, True):
         s = await open_raw(server.address)

@@ -1,4 +1,4 @@
-"""Durable consumers, end to end through a real broker on loopback (SEMANTICS 11-12).
+"""Durable consumers, end to end through a real broker on loopback (docs/semantics.md §16).
 
 Virtual time (``mock_clock``, moved only by ``advance``) drives ack waits, backoffs
 and pull expiry, so every timing check is exact. These tests speak the consumer

@@ -1,7 +1,7 @@
-"""The deadline structure's two levels and the expiry pass in slices (issue 13):
+"""The deadline structure's two levels and the expiry pass in slices (docs/semantics.md §8.1):
 entries fire on their 10 ms tick and never before their deadline, and a pass with a
 huge batch due lets the event loop run between slices with every counter exact
-(decision 10.15)."""
+(§6.8)."""
 
 from __future__ import annotations
 

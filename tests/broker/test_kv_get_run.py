@@ -1,5 +1,5 @@
 """Pipelined KV gets that arrive in one read are answered as one run
-(``Session._kv_get_run``, ``_kv.kv_get_frames``): each request still gets exactly the
+(``Session._kv_get_run``, ``broker.kv.kv_get_frames``): each request still gets exactly the
 answer it gets alone through ``next_event`` and its handler, byte for byte and in
 order, errors inside a run included (unknown bucket, not a bucket, bad key, not
 found, another key's revision, a malformed payload, a damaged record, a request split

@@ -1,5 +1,5 @@
 """Subject delete markers, rollup, the topic options' validation, and the segment
-cleaner, end to end through the client, in virtual time (SEMANTICS 3 and 5,
+cleaner, end to end through the client, in virtual time (docs/semantics.md §9 and §12,
 decisions 10.5 to 10.9 and 10.16)."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ async def test_ttl_expiry_of_a_subjects_last_message_leaves_one_maxage_marker(mo
 async def test_no_marker_while_the_subject_has_a_live_message(mock_clock, data_dir) -> None:
     async with broker_and_client(data_dir) as (_, c):
         await _topic(c, subject_delete_marker_ttl=60)
-        # Six staggered TTLs on one subject: one marker, after the last (SEMANTICS 5.1).
+        # Six staggered TTLs on one subject: one marker, after the last (§9.2).
         for k in range(6):
             await c.publish("a.x", str(k).encode(), ttl=60)
             await advance(1)
@@ -109,7 +109,7 @@ async def test_delete_leaves_a_remove_marker_and_subject_purge_a_purge_marker(mo
         # Deleting a marker leaves no marker.
         await c.delete_message("s", "t", 0, 7)
         assert (await c.stats())["markers"] == 2
-        # A whole-topic purge leaves none (decision 10.6).
+        # A whole-topic purge leaves none (§9.2).
         await c.purge("s", "t")
         assert await all_messages(c, "s", "t") == []
         assert (await c.stats())["markers"] == 2
@@ -197,11 +197,11 @@ async def test_rollup_errors(mock_clock, data_dir) -> None:
         with pytest.raises(InvalidRollupError) as exc2:
             await c.publish("a.x", b"", headers={"Nats-Rollup": "everything"})
         assert exc2.value.code == 6011 and exc2.value.message == 'rollup value invalid: "everything"'
-        # An empty value is an absent header (SEMANTICS 1).
+        # An empty value is an absent header (§2.6).
         assert (await c.publish("a.x", b"", headers={"Nats-Rollup": ""})).offset == 1
 
 
-# SEMANTICS 3.1, the validation matrix: options -> error description (None = accepted).
+# docs/semantics.md §9.1, the validation matrix: options -> error description (None = accepted).
 CONFIG_CASES = [
     ({"deny_purge": True, "allow_rollup": True}, "roll-ups require the purge permission"),
     ({"deny_purge": True, "allow_rollup": True, "subject_delete_marker_ttl": 1}, "roll-ups require the purge permission"),

@@ -1,5 +1,5 @@
 """Pipelined PUBLISH requests that arrive in one read are stored as one batch
-(``Session._publish_run``, ``_publishing.publish_frames``): each request still gets
+(``Session._publish_run``, ``Publisher.publish_frames``): each request still gets
 its own answer, under its correlation id, as if the requests had come one at a
 time, and under fsync ``always`` no ack leaves before the fsync that covers it."""
 

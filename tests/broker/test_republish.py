@@ -1,5 +1,5 @@
 """Republish (ADR-28) with subject transforms and loop checks, end to end through
-the client (SEMANTICS 6, decisions 10.10 to 10.13)."""
+the client (docs/semantics.md §13)."""
 
 from __future__ import annotations
 
@@ -238,7 +238,7 @@ async def test_markers_are_republished(client: Client) -> None:
         assert put.payload == b"v" and put.headers["Nats-Last-Sequence"] == "0"
         assert marker.subject == "watch.a.k" and marker.payload == b""
         assert marker.headers["Nats-Marker-Reason"] == "Remove" and marker.headers["Nats-Sequence"] == "2"
-        # The offset of the message whose removal it marks (SEMANTICS 10.10), never 0.
+        # The offset of the message whose removal it marks (docs/semantics.md §13.4), never 0.
         assert marker.headers["Nats-Last-Sequence"] == str(ack.offset)
 
 

@@ -1,4 +1,4 @@
-"""The event-loop stall and GC pause measurements (issue 13)."""
+"""The event-loop stall and GC pause measurements."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TLS on the broker's port (issue 12): ``[server] tls_cert``/``tls_key``/``tls_ca``,
+"""TLS on the broker's port: ``[server] tls_cert``/``tls_key``/``tls_ca``,
 the clients' ``tls=`` option, and what failed TLS handshakes cost.
 
 Certificates are made at test time by ``trustme``: a CA that signs the broker's

@@ -1,6 +1,6 @@
 """Per-message TTL and max age, end to end through the client, in virtual time.
 
-SEMANTICS 2 and 4 with decisions 10.1 to 10.4, 10.8 and 10.15.
+docs/semantics.md §6 and §7.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from broker.client import InvalidMsgTtlError, InvalidTopicConfigError, MsgTtlDis
 
 NEVER = P.TTL_NEVER
 
-# SEMANTICS 2.1, every form it lists: header value -> stored TTL field.
+# docs/semantics.md §6.1, every form it lists: header value -> stored TTL field.
 ACCEPTED = [
     ("1", 1), ("60", 60), ("3600", 3600), ("1s", 1), ("1.5s", 1), ("1500ms", 1), ("2500ms", 2),
     ("1m30s", 90), ("1h", 3600), ("1h30m", 5400), ("+5s", 5), (" 5", 5), ("90s", 90),
     ("never", NEVER), ("NEVER", NEVER), ("Never", NEVER),
-    # decision 10.1: zero is "no TTL of its own" (the seed's rule)
+    # §6.2: zero is "no TTL of its own" (ADR-43's rule)
     ("0", 0), ("00", 0), ("000", 0), ("0s", 0), ("", 0),
 ]
 REFUSED = ["500ms", "999ms", "-1s", "-10s", "abc", "something", "invalid!", "1d", "5 ", "-1", "+5", "1e3", "1.5", "0.5s"]
@@ -80,7 +80,7 @@ async def test_ttl_needs_allow_msg_ttl_and_the_switch_is_one_way(mock_clock, dat
         await c.create_stream("s")
         await c.create_topic("s", "t", subjects=["a.>"])
         for headers, ttl in (({"Nats-TTL": "1s"}, None), ({"Nats-TTL": "never"}, None), ({}, 5), ({"Nats-TTL": "abc"}, None)):
-            # decision 10.2: disabled is checked before validity ("abc" too)
+            # §6.5: disabled is checked before validity ("abc" too)
             with pytest.raises(MsgTtlDisabledError) as exc:
                 await c.publish("a.x", b"", headers=headers, ttl=ttl)
             assert exc.value.code == P.ErrorCode.MSG_TTL_DISABLED == 6006
@@ -102,7 +102,7 @@ async def test_message_expires_at_never_before_its_deadline(mock_clock, data_dir
         await c.publish("a.x", b"x", ttl=10)
         await advance(9.999)
         assert len(await all_messages(c, "s", "t")) == 1
-        await advance(0.101)  # decision 10.15: within 100 ms after the deadline
+        await advance(0.101)  # §6.8: within 100 ms after the deadline
         assert await all_messages(c, "s", "t") == []
         stats = await c.stats()
         assert stats["expired_ttl"] == 1 and stats["pending_expiries"] == 0

@@ -1,4 +1,4 @@
-"""The one subscription index both protocols share (broker/_subscriptions.py): what
+"""The one subscription index both protocols share (``broker/core/_subscriptions.py``): what
 ``match`` gives is what checking every subscription gives, whatever was added and
 removed, and a queue group gets each message at one member."""
 

@@ -1,4 +1,4 @@
-"""JetStream consumers over the NATS listener (``broker/_js_consumers.py``), driven by
+"""JetStream consumers over the NATS listener (``broker/nats/_consumers.py``), driven by
 nats-py against a real broker on loopback (``conftest.nats_server``).
 
 Virtual time: the tests that need ack waits or delays to pass run under trio's
@@ -509,7 +509,7 @@ async def test_kv_keys_history_and_watch_see_puts_deletes_and_ttl_markers(mock_c
                 initial.append((e.key, e.value, e.revision, e.operation, e.delta))
             out["initial"] = initial
             await kv.put("c", b"3")
-            await kv.create("d", b"4", msg_ttl=1)  # raised to the marker TTL, 5 s (SEMANTICS 10.8)
+            await kv.create("d", b"4", msg_ttl=1)  # raised to the marker TTL, 5 s (docs/semantics.md §6.7)
             live = [await w.updates(timeout=5) for _ in range(2)]
             jump(5.5)  # d's TTL runs out: its marker reaches the watcher
             live.append(await w.updates(timeout=5))

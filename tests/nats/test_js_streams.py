@@ -1,4 +1,4 @@
-"""The JetStream stream API of the NATS listener (``broker/_js_streams.py``), driven
+"""The JetStream stream API of the NATS listener (``broker/nats/_streams.py``), driven
 by nats-py against a real broker on loopback (``conftest.nats_server``). Errors are
 asserted with the NATS server's exact ``code``, ``err_code`` and description."""
 

@@ -1,6 +1,6 @@
 """NATS KeyValue (nats-py's ``js.create_key_value``, ``js.key_value``) against
 ttlbroker's KV buckets: the NATS stream ``KV_<b>`` is the bucket ``kv/<b>`` that our
-own client's KV API sees (``broker/_js_streams.py``)."""
+own client's KV API sees (``broker/nats/_streams.py``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Integrity of the metadata files: the catalog, consumer offsets and KV leases, the
 export manifest, and directories the catalog does not name.
 
-The rule (issue 10): never serve a message whose deletion was acknowledged, never
+The rule: never serve a message whose deletion was acknowledged, never
 drop or hide a live acknowledged message, never give out an offset or id twice,
 never delete a directory or file the broker cannot prove is garbage; damage is
 reported once with its file and position.
