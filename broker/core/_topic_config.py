@@ -175,7 +175,7 @@ class TopicConfig:
 
 def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
     """The config after an update (types already checked; ``pedantic`` ignored)."""
-    kw = {k: (tuple(v) if k == "subjects" else v) for k, v in changes.items() if k != "pedantic"}
+    kw: dict[str, Any] = {k: (tuple(v) if k == "subjects" else v) for k, v in changes.items() if k != "pedantic"}
     for key in ("republish", "kv", "nats"):
         if kw.get(key) is not None:
             kw[key] = dict(kw[key])
