@@ -41,10 +41,11 @@ class Catalog:
         self._by_name: dict[str, Stream] = {}
 
     def stream(self, ident: Identifier) -> Stream:
-        if ident.is_numeric:
-            s = self.streams.get(ident.value)  # type: ignore[arg-type]
+        value = ident.value
+        if isinstance(value, int):
+            s = self.streams.get(value)
         else:
-            s = by_name(self.streams, self._by_name, ident.value)  # type: ignore[arg-type]
+            s = by_name(self.streams, self._by_name, value)
         if s is None:
             raise error_class(ErrorCode.STREAM_NOT_FOUND)(f"no stream {ident.value!r}")
         return s
