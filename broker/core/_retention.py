@@ -25,7 +25,6 @@ structure and the counters always agree:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 import trio
 
@@ -37,7 +36,7 @@ from protocol import (
     encode_headers,
     format_go_duration,
 )
-from storage import AppendResult
+from storage import AppendResult, PartitionLog, Segment
 
 from ._clock import Clock
 from ._commit import Committer
@@ -46,6 +45,7 @@ from ._log import get_logger
 from ._topics import Partition, Removed
 from ._stats import Counters
 from ._subject_index import MARKER, NO_MARKER
+from ._subscriptions import Entry
 
 __all__ = ["Retention"]
 
@@ -67,7 +67,8 @@ _COUNTER_OF = {
 #: Which removals leave a marker, and which reason it carries.
 _MARKER_FOR = {R.TTL: MarkerReason.MAX_AGE, R.MAX_AGE: MarkerReason.MAX_AGE, R.DELETE: MarkerReason.REMOVE, R.PURGE: MarkerReason.PURGE}
 
-Deliver = Callable[[list[tuple[bytes, bytes, Any]]], None]
+#: The broker's core delivery (``SubscriptionIndex.deliver``).
+Deliver = Callable[[list[Entry]], None]
 
 
 class Retention:
@@ -298,7 +299,7 @@ class Retention:
 
     # -- the segment cleaner -------------------------------------------------------------
 
-    def clean(self, partitions: Iterable[Partition], keep: Callable[[Partition, Any], bool] | None = None) -> tuple[int, int]:
+    def clean(self, partitions: Iterable[Partition], keep: Callable[[Partition, Segment], bool] | None = None) -> tuple[int, int]:
         """One cleaner pass: seal active segments whose messages are all gone, delete
         sealed segments with nothing live (except those ``keep`` names: not yet
         exported). Returns ``(segments, bytes)`` reclaimed.
@@ -324,8 +325,8 @@ class Retention:
         return segments, freed
 
     async def run_cleaner(
-        self, interval: float, partitions: Callable[[], list[Partition]], keep: Callable[[Partition, Any], bool] | None = None,
-        settle: Callable[[Any], Awaitable[None]] | None = None,
+        self, interval: float, partitions: Callable[[], list[Partition]], keep: Callable[[Partition, Segment], bool] | None = None,
+        settle: Callable[[PartitionLog], Awaitable[None]] | None = None,
     ) -> None:
         """The cleaner task: a pass every ``interval`` seconds. ``settle(log)``
         (``Sealer.finish``) first finishes, off the event loop, the seals a partition's
