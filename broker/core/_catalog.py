@@ -8,7 +8,6 @@ with SUBJECTS_OVERLAP naming both topics.
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 from protocol import ErrorCode, Identifier, SubjectTransform, error_class, filters_overlap
@@ -16,14 +15,7 @@ from protocol import ErrorCode, Identifier, SubjectTransform, error_class, filte
 from ._topic_config import TopicConfig
 from ._topics import Stream, Topic, by_name
 
-__all__ = ["Catalog", "partition_of"]
-
-
-def partition_of(subject: bytes, partitions_count: int) -> int:
-    """The partition a subject maps to: CRC-32 (IEEE, zlib) of its UTF-8 bytes modulo
-    the partitions count. Stable across processes, machines and versions (Python's
-    ``hash()`` is salted per process and would scatter subjects on every restart)."""
-    return zlib.crc32(subject) % partitions_count
+__all__ = ["Catalog"]
 
 
 class Catalog:

@@ -380,6 +380,10 @@ class Topic:
         return f"{self.stream.name}/{self.name}"
 
     def partition_for(self, subject: bytes) -> Partition:
+        """The partition a subject maps to: CRC-32 (IEEE, zlib) of its UTF-8 bytes
+        modulo the partitions count. Stable across processes, machines and versions
+        (Python's ``hash()`` is salted per process and would scatter subjects on
+        every restart)."""
         n = len(self.partitions)
         return self.partitions[zlib.crc32(subject) % n if n > 1 else 0]
 
