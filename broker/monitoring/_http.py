@@ -137,7 +137,7 @@ async def serve_http(
     started = False
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, connection, listeners)  # type: ignore[arg-type]
+            await nursery.start(trio.serve_listeners, connection, listeners)
             started = True
             task_status.started()
     except Exception:
