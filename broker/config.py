@@ -98,8 +98,8 @@ def parse_mode(value: object, key: str, required: int = 0) -> int:
 
 # -- TLS ------------------------------------------------------------------------------
 # The configuration reads the TLS files it names (as it reads itself), so that a
-# missing or unusable one stops the broker before it starts; ``_tls.py`` uses the
-# context on connections.
+# missing or unusable one stops the broker before it starts; ``broker/net/_tls.py``
+# uses the context on connections.
 
 TLS_MIN_VERSION = ssl.TLSVersion.TLSv1_2
 _CERT_RE = re.compile(rb"-----BEGIN (?:TRUSTED |X509 )?CERTIFICATE-----")
@@ -207,7 +207,7 @@ EXPORT_PRIORITIES = ("idle", "low", "normal")
 
 @dataclass(frozen=True)
 class HttpConfig:
-    """Monitoring over HTTP (``_monitoring.py``): /metrics, /healthz, /varz."""
+    """Monitoring over HTTP (``broker.monitoring``): /metrics, /healthz, /varz."""
 
     host: str = "127.0.0.1"
     #: 0 = no monitoring port; :data:`ANY_PORT` = any free one (nats-server's -1).
@@ -220,7 +220,7 @@ class HttpConfig:
 
 @dataclass(frozen=True)
 class NatsConfig:
-    """The NATS listener (``_nats_session.py``)."""
+    """The NATS listener (``broker.nats``)."""
 
     enabled: bool = True
     #: Empty: the server's host.

@@ -1,4 +1,5 @@
-"""A durable consumer's configuration: the JetStream fields of SEMANTICS 11.1, checked.
+"""A durable consumer's configuration, checked: a JetStream pull consumer's fields
+(``docs/semantics.md``, "Durable consumers", lists them with their defaults).
 
 The wire carries it as one msgpack map with the server's field names (durations in
 seconds); :meth:`ConsumerConfig.from_map` checks every key and value and fills the

@@ -14,7 +14,8 @@ count ``TTLB-Hops``. Loops: a configuration that closes one is refused at create
 update (``_catalog.py``); a message that would cross more than
 ``[limits] max_republish_hops`` hops is dropped and counted (``dropped_loops``). A
 transform that yields an invalid subject drops the copy, counted
-(``dropped_invalid_subject``) and logged at most once a minute (decision 10.13).
+(``dropped_invalid_subject``) and logged at most once a minute; the publisher is
+not told (its message was stored), as on the NATS server.
 
 Speed: a copy costs about what a message of a publish batch costs. What the copies of
 one subject share (destination, the headers before ``Nats-Sequence``, the hop count)

@@ -4,22 +4,27 @@ One :class:`Retention` per broker. It owns the expiry engine (``_expiry.py``) an
 the only code that removes messages, so the log, the subject index, the deadline
 structure and the counters always agree:
 
-* **per-message TTL** and **max age** (SEMANTICS 2, 4): the engine calls
-  :meth:`Retention._expire` for every partition with something due;
+* **per-message TTL** and **max age** (whichever comes first; a ``never`` TTL exempts
+  a message from max age): the engine calls :meth:`Retention._expire` for every
+  partition with something due;
 * **delete**, **purge**, **rollup** and **max_msgs_per_subject**: the broker's
   handlers call :meth:`Retention.remove` with the reason;
-* **subject delete markers** (SEMANTICS 5, decisions 10.5 and 10.6): when a removal
-  by age (TTL or max age), by the delete API or by a subject purge takes away the last
-  live message of its subject, and that message was not itself a marker (nor a KV
-  purge tombstone, nor anything else carrying ``Nats-Marker-Reason``), a marker is
-  appended on the subject: empty payload, headers ``Nats-Marker-Reason``, ``Nats-TTL``
-  (the marker TTL as a Go duration) and ``Nats-Rollup: sub``, the next offset, and a
-  TTL of its own so that it expires too, leaving nothing behind. A removal that
-  finds the message already gone removes nothing, so an expiry pass that runs twice
-  never writes a second marker;
-* **the segment cleaner** (Iggy, decision 10.16): :meth:`Retention.clean` seals an
-  active segment whose messages are all gone and deletes every sealed segment file
-  with no live message left.
+* **subject delete markers** (NATS ADR-43; ``docs/semantics.md``, "Subject delete
+  markers"): when a removal by age (TTL or max age: reason ``MaxAge``, as on the
+  NATS server), by the delete API (``Remove``) or by a subject purge (``Purge``; the
+  NATS server does not write these two yet) takes away the last live message of its
+  subject, and that message was not itself a marker (nor a KV purge tombstone, nor
+  anything else carrying ``Nats-Marker-Reason``), a marker is appended on the
+  subject: empty payload, headers ``Nats-Marker-Reason``, ``Nats-TTL`` (the marker
+  TTL as a Go duration) and ``Nats-Rollup: sub``, the next offset, and a TTL of its
+  own so that it expires too, leaving nothing behind. A removal that finds the
+  message already gone removes nothing, so an expiry pass that runs twice never
+  writes a second marker; a whole-topic purge writes none (one per subject could be
+  millions);
+* **the segment cleaner** (Iggy's message cleaner): :meth:`Retention.clean` seals an
+  active segment whose messages are all gone, so that expired data in a quiet
+  partition goes too, and deletes every sealed segment file with no live message
+  left (messages expire one by one, files go whole).
 """
 
 from __future__ import annotations
@@ -126,10 +131,10 @@ class Retention:
                 engine.schedule_ttl_many(part, offsets, deadline)
 
     def rebuild(self, part: Partition) -> None:
-        """Rebuild a partition's expiry state from its log (startup, and when a topic
-        starts allowing TTLs). Whatever fell due meanwhile expires on the engine's
-        first pass, markers included. The same scan gives back the topic's
-        ``Nats-Msg-Id`` table (``_dedup.py``) for the partition's recent records."""
+        """Rebuild a partition's expiry state from its log (startup). Whatever fell
+        due meanwhile expires on the engine's first pass, markers included. The same
+        scan gives back the topic's ``Nats-Msg-Id`` table (``_dedup.py``) for the
+        partition's recent records."""
         self.forget(part)
         window = part.topic.config.duplicate_window
         msg_ids: list[tuple[int, bytes, int, int]] | None = [] if window else None
@@ -191,7 +196,7 @@ class Retention:
 
     def purge_all(self, part: Partition) -> int:
         """Remove every message of a partition (a whole-topic purge leaves no markers:
-        one per subject could be millions; decision 10.6)."""
+        one per subject could be millions)."""
         removed, cleared = part.purge_all()
         if cleared:
             self.engine.queue.discarded(cleared)

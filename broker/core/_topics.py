@@ -249,7 +249,7 @@ class Partition:
         return out
 
     def _forget_lease(self, offset: int) -> None:
-        """Drop a KV refresh lease with its message (``_kv.py``)."""
+        """Drop a KV refresh lease with its message (``broker/kv/_reads.py``)."""
         consumers = self.topic.consumers
         if consumers is not None:
             consumers.forget(f"$refresh.{offset}", self.number)

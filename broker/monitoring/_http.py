@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 server on h11, for the monitoring endpoints (``_monitoring.py``).
+"""A small HTTP/1.1 server on h11, for the monitoring endpoints (``_monitor.py``).
 
 h11 parses and frames; this module does the I/O and the rules around it:
 
