@@ -16,7 +16,7 @@ import ssl
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from storage import FsyncPolicy, parse_duration_ms
 
@@ -65,7 +65,7 @@ def _seconds(value: int | float | str, key: str) -> float:
         raise ConfigError(f"{key}: {exc}") from None
 
 
-def _handshake_first(value: Any) -> bool | float:
+def _handshake_first(value: object) -> bool | float:
     """``[nats] tls_handshake_first``: true, false, or how long to wait (``"50ms"``)."""
     if isinstance(value, bool):
         return value
@@ -80,7 +80,7 @@ def _handshake_first(value: Any) -> bool | float:
 _MODE_RE = re.compile(r"^(?:0o?)?([0-7]{1,3})$")
 
 
-def parse_mode(value: Any, key: str, required: int = 0) -> int:
+def parse_mode(value: object, key: str, required: int = 0) -> int:
     """``"0600"`` (or ``"600"``, ``"0o600"``) → ``0o600``. Only strings: a TOML
     integer such as ``600`` is decimal, which is never what a mode means.
 
@@ -98,8 +98,8 @@ def parse_mode(value: Any, key: str, required: int = 0) -> int:
 
 # -- TLS ------------------------------------------------------------------------------
 # The configuration reads the TLS files it names (as it reads itself), so that a
-# missing or unusable one stops the broker before it starts; ``_tls.py`` uses the
-# context on connections.
+# missing or unusable one stops the broker before it starts; ``broker/net/_tls.py``
+# uses the context on connections.
 
 TLS_MIN_VERSION = ssl.TLSVersion.TLSv1_2
 _CERT_RE = re.compile(rb"-----BEGIN (?:TRUSTED |X509 )?CERTIFICATE-----")
@@ -207,7 +207,7 @@ EXPORT_PRIORITIES = ("idle", "low", "normal")
 
 @dataclass(frozen=True)
 class HttpConfig:
-    """Monitoring over HTTP (``_monitoring.py``): /metrics, /healthz, /varz."""
+    """Monitoring over HTTP (``broker.monitoring``): /metrics, /healthz, /varz."""
 
     host: str = "127.0.0.1"
     #: 0 = no monitoring port; :data:`ANY_PORT` = any free one (nats-server's -1).
@@ -220,7 +220,7 @@ class HttpConfig:
 
 @dataclass(frozen=True)
 class NatsConfig:
-    """The NATS listener (``_nats_session.py``)."""
+    """The NATS listener (``broker.nats``)."""
 
     enabled: bool = True
     #: Empty: the server's host.
@@ -326,7 +326,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
-    def replace(self, **changes: Any) -> Config:
+    def replace(self, **changes: object) -> Config:
         """A copy with dotted keys changed: ``cfg.replace(**{"server.port": 0})``."""
         data = to_dict(self)
         for dotted, value in changes.items():
@@ -351,14 +351,14 @@ def DEFAULT_CONFIG_TOML() -> str:  # noqa: N802 - a constant that is read lazily
 def to_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain TOML-shaped values (sizes in bytes, durations in seconds)."""
 
-    def conv(obj: Any) -> Any:
+    def conv(obj: object) -> object:
         if isinstance(obj, FsyncPolicy):
             return obj.mode if obj.mode != "interval" else f"{obj.interval_ms:g}ms"
         if dataclasses.is_dataclass(obj):
             return {f.name: conv(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
         return obj
 
-    return conv(cfg)
+    return {f.name: conv(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any], where: str) -> dict[str, Any]:
@@ -376,20 +376,15 @@ def _merge(base: dict[str, Any], over: dict[str, Any], where: str) -> dict[str, 
     return out
 
 
-def _typed(value: Any, kind: type, key: str) -> Any:
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+_T = TypeVar("_T", bool, int, str)
+_EXPECTED = {bool: "true or false", int: "an integer", str: "a string"}
+
+
+def _typed(value: object, kind: type[_T], key: str) -> _T:
+    """``value``, if it is a ``kind`` (bool, int or str; a bool is not an int here)."""
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if kind is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    raise AssertionError(kind)
+    raise ConfigError(f"{key}: expected {_EXPECTED[kind]}, got {value!r}")
 
 
 def _build(d: dict[str, Any]) -> Config:
@@ -442,7 +437,7 @@ def _build(d: dict[str, Any]) -> Config:
             interval=_seconds(ex["interval"], "export.interval"),
             worker_priority=_typed(ex["worker_priority"], str, "export.worker_priority"),
         ),
-        limits=LimitsConfig(**{k: _limit(k, v) for k, v in li.items()}),
+        limits=LimitsConfig(**_limits(li)),
         logging=LoggingConfig(level=_typed(lo["level"], str, "logging.level"), format=_typed(lo["format"], str, "logging.format")),
     )
     _validate(cfg)
@@ -453,7 +448,13 @@ _SIZE_LIMITS = {"max_frame_bytes", "max_payload_bytes", "max_pending_bytes_per_c
 _DURATION_LIMITS = {"slow_consumer_seconds", "handshake_timeout", "auth_failure_delay", "auth_failure_delay_max"}
 
 
-def _limit(key: str, value: Any) -> int | float:
+def _limits(section: dict[str, Any]) -> dict[str, Any]:
+    """The ``[limits]`` section's values, each checked and converted (sizes to bytes,
+    durations to seconds): the keyword arguments of :class:`LimitsConfig`."""
+    return {k: _limit(k, v) for k, v in section.items()}
+
+
+def _limit(key: str, value: Any) -> int | float:  # (a TOML value, of whatever type the file gave)
     if key in _SIZE_LIMITS:
         return parse_size(value, f"limits.{key}")
     if key in _DURATION_LIMITS:

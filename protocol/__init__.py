@@ -39,6 +39,7 @@ from ._consumers import Pull as Pull
 from ._consumers import PullBatch as PullBatch
 from ._consumers import PullEnd as PullEnd
 from ._consumers import PulledRun as PulledRun
+from ._consumers import PullPart as PullPart
 from ._consumers import PulledMessage as PulledMessage
 from ._consumers import UpdateConsumer as UpdateConsumer
 from ._consumers import encode_pull_batch as encode_pull_batch

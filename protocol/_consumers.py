@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 from itertools import starmap
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from ._base import _Request, _Response
 from ._codes import Command, PushKind
@@ -50,6 +50,7 @@ __all__ = [
     "encode_pull_batch",
     "pull_entries",
     "PulledRun",
+    "PullPart",
     "expand_runs",
     "CONSUMER_COMMANDS",
 ]
@@ -323,8 +324,15 @@ def encode_pull_entry(partition: int, consumer_seq: int, num_delivered: int, pen
 _LENGTH = struct.Struct("<I")
 
 
+class _Parts(Protocol):
+    """Where :func:`pull_entries` appends: a pull's parts, whatever else they hold
+    (a list of :data:`PullPart`, or of entry heads and records only)."""
+
+    def append(self, part: bytes | memoryview, /) -> None: ...
+
+
 def pull_entries(
-    parts: list[bytes | memoryview], run: memoryview, partition: int, dseq: int, pending: int, budget: int, free: bool
+    parts: _Parts, run: memoryview, partition: int, dseq: int, pending: int, budget: int, free: bool
 ) -> tuple[int, int, bool]:
     """Append to ``parts`` the entry head and a view of each record of ``run`` (records
     back to back, first deliveries: ``num_delivered`` 1), the delivery sequences from
@@ -365,6 +373,11 @@ class PulledRun(NamedTuple):
     dseq: int
     messages: int
     pending: int
+
+
+#: One of a pull's parts: an entry head or a record (``bytes`` or a view), or a
+#: :class:`PulledRun` (the part after it is its run).
+PullPart = bytes | memoryview | PulledRun
 
 
 def expand_runs(parts: list[Any]) -> list[Any]:

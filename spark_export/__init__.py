@@ -15,6 +15,8 @@ Nothing here runs on the broker's event loop, and nothing imports ``pyspark`` un
 Spark job is asked for.
 """
 
+from typing import TYPE_CHECKING
+
 from ._convert import SegmentJob as SegmentJob
 from ._exporter import CRASH_ENV as CRASH_ENV
 from ._exporter import export_segments as export_segments
@@ -27,6 +29,13 @@ from ._schema import VERSION_KEY as VERSION_KEY
 
 #: Imported when first used (PEP 562): they need trio, which the worker does not.
 _SPAWN = ("WORKER_COMMAND", "WorkerCrashed", "WorkerFailed", "export_in_worker")
+
+if TYPE_CHECKING:  # what ``__getattr__`` gives, as type checkers should see it
+    from ._spawn import WORKER_COMMAND as WORKER_COMMAND
+    from ._spawn import WorkerCrashed as WorkerCrashed
+    from ._spawn import WorkerFailed as WorkerFailed
+    from ._spawn import export_in_worker as export_in_worker
+del TYPE_CHECKING
 
 __all__ = [name for name in dir() if not name.startswith("_")] + list(_SPAWN)
 

@@ -1,4 +1,5 @@
-"""A durable consumer's configuration: the JetStream fields of SEMANTICS 11.1, checked.
+"""A durable consumer's configuration, checked: a JetStream pull consumer's fields
+(``docs/semantics.md``, "Durable consumers", lists them with their defaults).
 
 The wire carries it as one msgpack map with the server's field names (durations in
 seconds); :meth:`ConsumerConfig.from_map` checks every key and value and fills the
@@ -34,11 +35,15 @@ _FIXED = {
 }
 
 
+#: ``ack_wait`` and ``member_timeout`` when not given, seconds (the server's ack wait).
+_DEFAULT_WAIT = 30.0
+
+
 def _invalid(text: str) -> Exception:
     return error_class(ErrorCode.INVALID_CONSUMER_CONFIG)(text)
 
 
-def _seconds(key: str, value: Any, allow_zero: bool = False) -> float:
+def _seconds(key: str, value: object, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise _invalid(f"{key} must be a number of seconds, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
@@ -46,12 +51,101 @@ def _seconds(key: str, value: Any, allow_zero: bool = False) -> float:
     return float(value)
 
 
-def _int(key: str, value: Any, minimum: int) -> int:
+def _int(key: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _invalid(f"{key} must be an integer, got {value!r}")
     if value < minimum:
         raise _invalid(f"{key} must be at least {minimum}, got {value}")
     return value
+
+
+def _filters(raw: dict[str, Any]) -> tuple[str, ...]:
+    """``filter_subjects`` (or the server's single-filter spelling, ``filter_subject``):
+    valid subject filters, no two of which overlap."""
+    filters = raw.get("filter_subjects", ())
+    if "filter_subject" in raw:  # the server's single-filter spelling
+        if filters:
+            raise _invalid("consumer filter_subject and filter_subjects are mutually exclusive")  # NATS 10134's text
+        filters = [raw["filter_subject"]] if raw["filter_subject"] else []
+    if isinstance(filters, str) or not isinstance(filters, (list, tuple)):
+        raise _invalid(f"filter_subjects must be a list of subject filters, got {filters!r}")
+    for f in filters:
+        if not isinstance(f, str) or not f:
+            raise _invalid(f"a filter subject must be a non-empty string, got {f!r}")
+        validate_filter(f)
+    for i, a in enumerate(filters):
+        for b in filters[i + 1 :]:
+            if filters_overlap(a, b):
+                raise error_class(ErrorCode.CONSUMER_FILTERS_OVERLAP)("consumer subject filters cannot overlap")
+    return tuple(filters)
+
+
+def _start_position(raw: dict[str, Any], policy: str) -> tuple[int | tuple[tuple[int, int], ...] | None, int | None]:
+    """``opt_start_offset`` and ``opt_start_time``: each required by its deliver
+    policy, and refused with any other."""
+    start = raw.get("opt_start_offset")
+    offset: int | tuple[tuple[int, int], ...] | None = None
+    if policy == "by_start_offset":
+        if start is None:
+            raise _invalid("consumer deliver policy by_start_offset requires opt_start_offset")
+        if isinstance(start, dict):
+            pairs = []
+            for p, o in start.items():
+                try:
+                    p = int(p)
+                except (TypeError, ValueError):
+                    raise _invalid(f"opt_start_offset keys must be partition numbers, got {p!r}") from None
+                pairs.append((_int("opt_start_offset partition", p, 0), _int("opt_start_offset", o, 1)))
+            offset = tuple(sorted(pairs))
+        else:
+            offset = _int("opt_start_offset", start, 1)
+    elif start is not None:
+        raise _invalid("consumer opt_start_offset requires deliver policy by_start_offset")
+    t = raw.get("opt_start_time")
+    start_time: int | None = None
+    if policy == "by_start_time":
+        if t is None:
+            raise _invalid("consumer deliver policy by_start_time requires opt_start_time")
+        start_time = _int("opt_start_time", t, 0)
+    elif t is not None:
+        raise _invalid("consumer opt_start_time requires deliver policy by_start_time")
+    return offset, start_time
+
+
+def _redelivery(raw: dict[str, Any], ack_policy: str) -> tuple[float, int, tuple[float, ...]]:
+    """``(ack_wait, max_deliver, backoff)``: with a backoff, the ack wait is its first
+    value (and ``max_deliver``, if limited, must be longer than it)."""
+    ack_wait = _seconds("ack_wait", raw["ack_wait"]) if "ack_wait" in raw else _DEFAULT_WAIT
+    md = raw.get("max_deliver", -1)
+    md = -1 if md == 0 else md
+    if md != -1:
+        _int("max_deliver", md, 1)
+    listed = raw.get("backoff", ())
+    if not isinstance(listed, (list, tuple)):
+        raise _invalid(f"backoff must be a list of seconds, got {listed!r}")
+    backoff = tuple(_seconds("backoff", b) for b in listed)
+    if backoff:
+        if md != -1 and md <= len(backoff):
+            # The server's text (NATS 10116).
+            raise _invalid("max deliver is required to be > length of backoff values")
+        if ack_policy != "explicit":
+            raise _invalid("backoff requires the explicit ack policy")
+        if "ack_wait" in raw and ack_wait != backoff[0]:
+            raise _invalid("ack_wait is the first backoff value when backoff is set")
+        ack_wait = backoff[0]
+    return ack_wait, md, backoff
+
+
+def _nats_settings(nats: object) -> tuple[tuple[str, Any], ...] | None:
+    """The NATS settings kept with the configuration: a map of names to strings,
+    integers or booleans (or None)."""
+    if nats is None:
+        return None
+    if not isinstance(nats, dict) or not all(
+        isinstance(k, str) and isinstance(x, (str, int, bool)) for k, x in nats.items()
+    ):
+        raise _invalid("nats must be a map of NATS consumer settings")
+    return tuple(sorted(nats.items()))
 
 
 @dataclass(frozen=True)
@@ -63,125 +157,71 @@ class ConsumerConfig:
     #: ``by_start_time``: nanoseconds since the Unix epoch.
     opt_start_time: int | None = None
     ack_policy: str = "explicit"
-    ack_wait: float = 30.0
+    ack_wait: float = _DEFAULT_WAIT
     max_deliver: int = -1
     backoff: tuple[float, ...] = ()
     max_ack_pending: int = 1000
     max_waiting: int = 512
     mode: str = "shared"
-    member_timeout: float = 30.0
+    member_timeout: float = _DEFAULT_WAIT
     description: str = ""
     #: The NATS API's settings that have no engine equivalent (deliver subject, flow
     #: control, heartbeats, headers only, ephemeral and its inactive threshold:
-    #: ``_js_consumers.py``), kept here so that they survive a restart; None for a
-    #: consumer made by our own protocol.
+    #: ``broker/nats/_consumers.py``), kept here so that they survive a restart; None
+    #: for a consumer made by our own protocol. Each value is a string, an integer or
+    #: a boolean, which one depending on the name (``protocol.nats.PushSettings``'
+    #: fields): ``Any``, so that they can be handed to it by name.
     nats: tuple[tuple[str, Any], ...] | None = None
 
     @classmethod
     def from_map(cls, raw: dict[str, Any]) -> ConsumerConfig:
+        """The configuration a wire map asks for, every key and value checked (in the
+        server's order: the first rule broken is the one reported), the defaults
+        filled in.
+
+        Raises:
+            InvalidOptionsError: a key no consumer configuration has.
+            InvalidConsumerConfigError, ConsumerFiltersOverlapError: a value, or a
+                combination of values, that is refused (in the server's words where
+                it has them).
+        """
         if not isinstance(raw, dict):
             raise _invalid("the consumer configuration must be a map")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known - {"filter_subject"})
         if unknown:
             raise error_class(ErrorCode.INVALID_OPTIONS)(f"unknown consumer option {unknown[0]!r}")
-        v: dict[str, Any] = {}
-        filters = raw.get("filter_subjects", ())
-        if "filter_subject" in raw:  # the server's single-filter spelling
-            if filters:
-                raise _invalid("consumer filter_subject and filter_subjects are mutually exclusive")  # NATS 10134's text
-            filters = [raw["filter_subject"]] if raw["filter_subject"] else []
-        if isinstance(filters, str) or not isinstance(filters, (list, tuple)):
-            raise _invalid(f"filter_subjects must be a list of subject filters, got {filters!r}")
-        for f in filters:
-            if not isinstance(f, str) or not f:
-                raise _invalid(f"a filter subject must be a non-empty string, got {f!r}")
-            validate_filter(f)
-        for i, a in enumerate(filters):
-            for b in filters[i + 1 :]:
-                if filters_overlap(a, b):
-                    raise error_class(ErrorCode.CONSUMER_FILTERS_OVERLAP)("consumer subject filters cannot overlap")
-        v["filter_subjects"] = tuple(filters)
+        filters = _filters(raw)
         dp = raw.get("deliver_policy", "all")
         if dp == "by_start_sequence":
             dp = "by_start_offset"
         if dp not in DELIVER_POLICIES:
             raise _invalid(f"deliver_policy must be one of {', '.join(DELIVER_POLICIES)}, got {dp!r}")
-        v["deliver_policy"] = dp
-        start = raw.get("opt_start_offset")
-        if dp == "by_start_offset":
-            if start is None:
-                raise _invalid("consumer deliver policy by_start_offset requires opt_start_offset")
-            if isinstance(start, dict):
-                pairs = []
-                for p, o in start.items():
-                    try:
-                        p = int(p)
-                    except (TypeError, ValueError):
-                        raise _invalid(f"opt_start_offset keys must be partition numbers, got {p!r}") from None
-                    pairs.append((_int("opt_start_offset partition", p, 0), _int("opt_start_offset", o, 1)))
-                v["opt_start_offset"] = tuple(sorted(pairs))
-            else:
-                v["opt_start_offset"] = _int("opt_start_offset", start, 1)
-        elif start is not None:
-            raise _invalid("consumer opt_start_offset requires deliver policy by_start_offset")
-        t = raw.get("opt_start_time")
-        if dp == "by_start_time":
-            if t is None:
-                raise _invalid("consumer deliver policy by_start_time requires opt_start_time")
-            v["opt_start_time"] = _int("opt_start_time", t, 0)
-        elif t is not None:
-            raise _invalid("consumer opt_start_time requires deliver policy by_start_time")
+        start_offset, start_time = _start_position(raw, dp)
         ap = raw.get("ack_policy", "explicit")
         if ap not in ACK_POLICIES:
             raise _invalid(f"ack_policy must be one of {', '.join(ACK_POLICIES)}, got {ap!r}")
-        v["ack_policy"] = ap
-        if "ack_wait" in raw:
-            v["ack_wait"] = _seconds("ack_wait", raw["ack_wait"])
-        md = raw.get("max_deliver", -1)
-        md = -1 if md == 0 else md
-        if md != -1:
-            _int("max_deliver", md, 1)
-        v["max_deliver"] = md
-        backoff = raw.get("backoff", ())
-        if not isinstance(backoff, (list, tuple)):
-            raise _invalid(f"backoff must be a list of seconds, got {backoff!r}")
-        v["backoff"] = tuple(_seconds("backoff", b) for b in backoff)
-        if v["backoff"]:
-            if md != -1 and md <= len(v["backoff"]):
-                # The server's text (NATS 10116).
-                raise _invalid("max deliver is required to be > length of backoff values")
-            if ap != "explicit":
-                raise _invalid("backoff requires the explicit ack policy")
-            if "ack_wait" in raw and v["ack_wait"] != v["backoff"][0]:
-                raise _invalid("ack_wait is the first backoff value when backoff is set")
-            v["ack_wait"] = v["backoff"][0]
+        ack_wait, md, backoff = _redelivery(raw, ap)
         mp = raw.get("max_ack_pending", 1000)
         mp = -1 if mp == 0 else mp
         if mp != -1:
             _int("max_ack_pending", mp, 1)
-        v["max_ack_pending"] = mp
-        v["max_waiting"] = _int("max_waiting", raw.get("max_waiting", 512), 1)
+        max_waiting = _int("max_waiting", raw.get("max_waiting", 512), 1)
         mode = raw.get("mode", "shared")
         if mode not in MODES:
             raise _invalid(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        v["mode"] = mode
-        if "member_timeout" in raw:
-            v["member_timeout"] = _seconds("member_timeout", raw["member_timeout"])
+        member_timeout = _seconds("member_timeout", raw["member_timeout"]) if "member_timeout" in raw else _DEFAULT_WAIT
         desc = raw.get("description", "")
         if not isinstance(desc, str) or len(desc.encode()) > 4096:
             raise _invalid("description must be a string of at most 4096 bytes")
-        v["description"] = desc
-        nats = raw.get("nats")
-        if nats is not None:
-            if not isinstance(nats, dict) or not all(
-                isinstance(k, str) and isinstance(x, (str, int, bool)) for k, x in nats.items()
-            ):
-                raise _invalid("nats must be a map of NATS consumer settings")
-            v["nats"] = tuple(sorted(nats.items()))
-        if ap == "none" and (v["backoff"] or md != -1):
+        nats = _nats_settings(raw.get("nats"))
+        if ap == "none" and (backoff or md != -1):
             raise _invalid("ack_policy none delivers each message once: backoff and max_deliver do not apply")
-        return cls(**v)
+        return cls(
+            filter_subjects=filters, deliver_policy=dp, opt_start_offset=start_offset, opt_start_time=start_time,
+            ack_policy=ap, ack_wait=ack_wait, max_deliver=md, backoff=backoff, max_ack_pending=mp,
+            max_waiting=max_waiting, mode=mode, member_timeout=member_timeout, description=desc, nats=nats,
+        )
 
     def to_map(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -21,7 +21,7 @@ sync of their own and go with the next one (``Committer.note_write``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -40,6 +40,12 @@ log = get_logger(__name__)
 
 _ACK = int(AckKind.ACK)
 _TERM = int(AckKind.TERM)
+
+
+def _watchers(part: Partition) -> list[ConsumerPartition]:
+    """``part.watchers`` as the engine put them there: it is the only one that adds
+    watchers, and it adds only consumers' partitions (:meth:`ConsumerEngine.attach`)."""
+    return cast("list[ConsumerPartition]", part.watchers)
 
 
 class ConsumerEngine(TopicHooks):
@@ -193,14 +199,15 @@ class ConsumerEngine(TopicHooks):
 
     def appended(self, part: Partition, first: int, subjects: list[bytes]) -> None:
         """``Partition.on_append``: count what matches, and make it visible once durable."""
-        for cp in part.watchers:
+        watchers = _watchers(part)
+        for cp in watchers:
             cp.appended(first, subjects)
         nxt = part.log.next_offset
         if self.committer.acks_wait:
             self._unsynced[part] = (self.committer.epoch, nxt)
         else:
             part.visible_next = nxt
-            for cp in part.watchers:
+            for cp in watchers:
                 self.kick(cp.consumer)
 
     def _synced(self, epoch: int) -> None:
@@ -210,7 +217,7 @@ class ConsumerEngine(TopicHooks):
         for part in done:
             _, nxt = self._unsynced.pop(part)
             part.visible_next = max(part.visible_next, nxt)
-            for cp in part.watchers:
+            for cp in _watchers(part):
                 self.kick(cp.consumer)
 
     # -- the task ------------------------------------------------------------------------

@@ -6,17 +6,17 @@ durability ``_journal.py``."""
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any
+from typing import Protocol
 
 import protocol as P
-from protocol import ErrorCode, PullEnd, encode_pull_batch, error_class, normalize_name
+from protocol import ErrorCode, Identifier, PullEnd, encode_pull_batch, error_class, normalize_name
 
 from broker.core import Reply, Topic, get_logger
 
 from ._config import ConsumerConfig
 from ._engine import ConsumerEngine
 from ._groups import any_draining, join, leave, owned, rebalance
-from ._model import MS, Consumer, ConsumerPartition, PullClient, PullRequest
+from ._model import MS, Consumer, ConsumerPartition, PullClient, PullRequest, entries
 from ._pulls import collect, end, retire
 
 __all__ = [
@@ -31,7 +31,20 @@ def _name(raw: str) -> str:
     return normalize_name(raw, "consumer name")
 
 
-def _find(engine: ConsumerEngine, cmd: Any) -> Consumer:
+class _ConsumerCommand(Protocol):
+    """A command that names a durable consumer."""
+
+    @property
+    def stream(self) -> Identifier: ...
+
+    @property
+    def topic(self) -> Identifier: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+def _find(engine: ConsumerEngine, cmd: _ConsumerCommand) -> Consumer:
     topic = engine.broker.catalog.topic(cmd.stream, cmd.topic)
     c = engine.consumers_of(topic).get(_name(cmd.name))
     if c is None:
@@ -46,7 +59,7 @@ def _info(c: Consumer) -> bytes:
 # -- create, update, delete ----------------------------------------------------------
 
 
-def create_consumer(engine: ConsumerEngine, session: PullClient, cmd: P.CreateConsumer) -> Reply:
+def create_consumer(engine: ConsumerEngine, session: object, cmd: P.CreateConsumer) -> Reply:
     topic = engine.broker.catalog.topic(cmd.stream, cmd.topic)
     name = _name(cmd.name)
     cfg = ConsumerConfig.from_map(dict(cmd.config))
@@ -116,7 +129,7 @@ def _start(cp: ConsumerPartition, cfg: ConsumerConfig, now: int) -> None:
             cp.cursor = first + bisect_left(offsets, t, key=lambda o: ts(o)) if offsets else nxt
 
 
-def update_consumer(engine: ConsumerEngine, session: PullClient, cmd: P.UpdateConsumer) -> Reply:
+def update_consumer(engine: ConsumerEngine, session: object, cmd: P.UpdateConsumer) -> Reply:
     c = _find(engine, cmd)
     epoch = change_consumer(engine, c, ConsumerConfig.from_map(dict(cmd.config)))
     return (_info(c), epoch) if epoch else _info(c)
@@ -139,17 +152,17 @@ def change_consumer(engine: ConsumerEngine, c: Consumer, cfg: ConsumerConfig) ->
     return epoch
 
 
-def consumer_info(engine: ConsumerEngine, session: PullClient, cmd: P.ConsumerInfoRequest) -> Reply:
+def consumer_info(engine: ConsumerEngine, session: object, cmd: P.ConsumerInfoRequest) -> Reply:
     return _info(_find(engine, cmd))
 
 
-def list_consumers(engine: ConsumerEngine, session: PullClient, cmd: P.ListConsumers) -> Reply:
+def list_consumers(engine: ConsumerEngine, session: object, cmd: P.ListConsumers) -> Reply:
     topic = engine.broker.catalog.topic(cmd.stream, cmd.topic)
     consumers = engine.consumers_of(topic).values()
     return P.InfoMap({"consumers": [c.info() for c in sorted(consumers, key=lambda c: c.name)]}).encode()
 
 
-def delete_consumer(engine: ConsumerEngine, session: PullClient, cmd: P.DeleteConsumer) -> Reply:
+def delete_consumer(engine: ConsumerEngine, session: object, cmd: P.DeleteConsumer) -> Reply:
     return b"", remove_consumer(engine, _find(engine, cmd))
 
 
@@ -187,9 +200,9 @@ def pull(engine: ConsumerEngine, session: PullClient, cmd: P.Pull) -> Reply | No
         member.last_active = engine.clock.trio_time()
     if count >= cmd.batch or hit or cmd.no_wait:
         status = PullEnd.BATCH_COMPLETE if count >= cmd.batch else PullEnd.MAX_BYTES if hit else PullEnd.NO_MESSAGES
-        return encode_pull_batch(int(status), t.stream.id, t.id, count, parts)
+        return encode_pull_batch(int(status), t.stream.id, t.id, count, entries(parts))
     if count:
-        session.push_pull(req.corr, encode_pull_batch(int(PullEnd.MORE), t.stream.id, t.id, count, parts))
+        session.push_pull(req.corr, encode_pull_batch(int(PullEnd.MORE), t.stream.id, t.id, count, entries(parts)))
         req.remaining -= count
         if req.bytes_left:
             req.bytes_left = max(req.bytes_left - sum(len(p) for p in parts[1::2]), 1)
@@ -203,7 +216,7 @@ def pull(engine: ConsumerEngine, session: PullClient, cmd: P.Pull) -> Reply | No
     return None  # answered when it ends (_pulls.end)
 
 
-def ack(engine: ConsumerEngine, session: PullClient, cmd: P.AckMessages) -> Reply | None:
+def ack(engine: ConsumerEngine, session: object, cmd: P.AckMessages) -> Reply | None:
     try:
         c = _find(engine, cmd)
     except P.BrokerError:

@@ -72,7 +72,7 @@ class TopicJournal:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def write(self, event: list[Any], lazy: bool = False) -> int:
+    def write(self, event: list[object], lazy: bool = False) -> int:
         """Append an event; returns the epoch that makes it durable. ``lazy``: nobody
         waits for it (deliveries, acks without an answer): it goes with the next sync
         (``Committer.note_write``) and 0 is returned."""
@@ -154,22 +154,22 @@ class TopicJournal:
             snap = ev[1]
             self.next_id = max(self.next_id, snap.get("next_id", 1))
             for d in snap["consumers"]:
-                c = self._new(d["id"], d["name"], d["config"], d["created"])
-                c.dseq = d["dseq"]
-                for cp, (cursor, last, only, until, out) in zip(c.parts, d["parts"]):
+                made = self._new(d["id"], d["name"], d["config"], d["created"])
+                made.dseq = d["dseq"]
+                for cp, (cursor, last, only, until, out) in zip(made.parts, d["parts"]):
                     cp.cursor, cp.last_delivered, cp.only_until = cursor, last, until
                     cp.only = set(only) if only is not None else None
                     for o, count, dseq, dl in out:
                         cp.out[o] = Outstanding(count, dseq, dl * MS, 0)
-                consumers[c.id] = c
+                consumers[made.id] = made
             return 0
         if kind == "c":
             _, cid, name, config, created, starts = ev
-            c = self._new(cid, name, config, created)
-            for cp, (cursor, only, until) in zip(c.parts, starts):
+            made = self._new(cid, name, config, created)
+            for cp, (cursor, only, until) in zip(made.parts, starts):
                 cp.cursor, cp.only_until = cursor, until
                 cp.only = set(only) if only is not None else None
-            consumers[cid] = c
+            consumers[cid] = made
             return 0
         c = consumers.get(ev[1])
         if c is None:

@@ -32,13 +32,13 @@ to ``redeliver``, or, after ``max_deliver`` deliveries, is given up.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, cast
 
 import trio
 
 import protocol as P
-from protocol import AckKind, ProtocolConnection, PullEnd, encode_pull_batch, subject_matches
+from protocol import AckKind, ProtocolConnection, PullEnd, PullPart, encode_pull_batch, subject_matches
 
 from broker.core import Broker, Clock, Counters, Partition, Topic, get_logger
 
@@ -46,6 +46,7 @@ from ._config import ConsumerConfig
 
 __all__ = [
     "MS", "ConsumerLog", "Consumer", "ConsumerPartition", "Engine", "Member", "Outstanding", "PullClient", "PullRequest",
+    "entries",
 ]
 
 log = get_logger(__name__)
@@ -56,7 +57,7 @@ MS = 1_000_000
 class ConsumerLog(Protocol):
     """A topic's consumer journal, as the consumers write to it (``_journal.py``)."""
 
-    def write(self, event: list[Any], lazy: bool = False) -> int: ...
+    def write(self, event: list[object], lazy: bool = False) -> int: ...
 
     def settled(self, c: Consumer, partition: int, kind: int, offsets: list[int]) -> int: ...
 
@@ -154,8 +155,9 @@ class ConsumerPartition:
 
     # -- matching ------------------------------------------------------------------
 
-    def wanted(self) -> Any:
-        """A predicate on offsets for first deliveries (filter and ``only``)."""
+    def wanted(self) -> Callable[[int], bool] | None:
+        """A predicate on offsets for first deliveries (filter and ``only``); None:
+        every offset is wanted."""
         c = self.consumer
         only, until = self.only, self.only_until
         if c.match_all:
@@ -432,22 +434,29 @@ class PullRequest:
         self.ended = False
 
     # How a pull's messages and end reach its client (the NATS listener's pulls,
-    # ``_js_consumers.py``, answer in their own protocol).
+    # ``broker/nats/_consumers.py``, answer in their own protocol).
 
-    def respond(self, status: PullEnd, parts: list[Any], count: int) -> None:
+    def respond(self, status: PullEnd, parts: list[PullPart], count: int) -> None:
         """The response that ends the pull, with its last messages."""
         t = self.consumer.topic
-        payload = encode_pull_batch(int(status), t.stream.id, t.id, count, parts)
+        payload = encode_pull_batch(int(status), t.stream.id, t.id, count, entries(parts))
         self.session.send_now(self.session.conn.send_raw_response(self.corr, P.Command.PULL, payload))
 
-    def more(self, parts: list[Any], count: int) -> None:
+    def more(self, parts: list[PullPart], count: int) -> None:
         """Messages for the pull, which goes on waiting."""
         t = self.consumer.topic
-        self.session.push_pull(self.corr, encode_pull_batch(int(PullEnd.MORE), t.stream.id, t.id, count, parts))
+        self.session.push_pull(self.corr, encode_pull_batch(int(PullEnd.MORE), t.stream.id, t.id, count, entries(parts)))
 
     def refuse(self, err: P.BrokerError) -> None:
         """End the pull with an error (its consumer is gone)."""
         self.session.send_now(self.session.conn.send_error(self.corr, P.Command.PULL, err))
+
+
+def entries(parts: list[PullPart]) -> list[bytes | memoryview]:
+    """The parts of a pull that does not take runs (``PullRequest.takes_runs`` false:
+    ``_pulls.collect`` put no ``PulledRun`` in them): entry heads and records only,
+    as ``encode_pull_batch`` takes them."""
+    return cast("list[bytes | memoryview]", parts)
 
 
 class Member:

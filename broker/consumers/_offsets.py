@@ -6,30 +6,46 @@ consumer engine's durable consumers keep their own state, in their journal."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import protocol as P
-from protocol import ErrorCode, error_class, normalize_name
+from protocol import ErrorCode, Identifier, error_class, normalize_name
 
 from broker.core import Broker, Reply, Topic
 
 __all__ = ["delete_consumer_offset", "get_consumer_offset", "store_consumer_offset"]
 
 
-def _consumer(broker: Broker, cmd: Any) -> tuple[Topic, str]:
+class _OffsetCommand(Protocol):
+    """A command that names a stored consumer offset."""
+
+    @property
+    def stream(self) -> Identifier: ...
+
+    @property
+    def topic(self) -> Identifier: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def consumer(self) -> str: ...
+
+
+def _consumer(broker: Broker, cmd: _OffsetCommand) -> tuple[Topic, str]:
     topic = broker.catalog.topic(cmd.stream, cmd.topic)
     topic.partition(cmd.partition)
     return topic, normalize_name(cmd.consumer, "consumer name")
 
 
-def store_consumer_offset(broker: Broker, session: Any, cmd: P.StoreConsumerOffset) -> Reply:
+def store_consumer_offset(broker: Broker, session: object, cmd: P.StoreConsumerOffset) -> Reply:
     topic, name = _consumer(broker, cmd)
     assert topic.consumers is not None
     topic.consumers.store(name, cmd.partition, cmd.offset)
     return b"", broker.committer.note_write(topic.consumers)
 
 
-def get_consumer_offset(broker: Broker, session: Any, cmd: P.GetConsumerOffset) -> Reply:
+def get_consumer_offset(broker: Broker, session: object, cmd: P.GetConsumerOffset) -> Reply:
     topic, name = _consumer(broker, cmd)
     assert topic.consumers is not None
     offset = topic.consumers.get(name, cmd.partition)
@@ -40,7 +56,7 @@ def get_consumer_offset(broker: Broker, session: Any, cmd: P.GetConsumerOffset) 
     return P.ConsumerOffset(offset).encode()
 
 
-def delete_consumer_offset(broker: Broker, session: Any, cmd: P.DeleteConsumerOffset) -> Reply:
+def delete_consumer_offset(broker: Broker, session: object, cmd: P.DeleteConsumerOffset) -> Reply:
     topic, name = _consumer(broker, cmd)
     assert topic.consumers is not None
     if not topic.consumers.forget(name, cmd.partition):

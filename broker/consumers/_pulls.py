@@ -12,15 +12,12 @@ changed hands) :func:`fill` hands messages to the waiting pulls in turn.
 
 from __future__ import annotations
 
-from typing import Any
-
 import protocol as P
-from protocol import PullEnd, encode_pull_entry
-from protocol import PulledRun, pull_entries
+from protocol import PulledRun, PullEnd, PullPart, encode_pull_entry, pull_entries
 
 from broker.core import ExpiryEngine
 
-from ._model import MS, Consumer, Engine, Outstanding, PullRequest
+from ._model import MS, Consumer, ConsumerLog, ConsumerPartition, Engine, Outstanding, PullRequest
 
 __all__ = ["PullTimers", "collect", "end", "fail", "fill", "retire"]
 
@@ -63,7 +60,7 @@ def retire(req: PullRequest) -> bool:
     return True
 
 
-def end(req: PullRequest, status: PullEnd, parts: list[Any] | None = None, count: int = 0) -> None:
+def end(req: PullRequest, status: PullEnd, parts: list[PullPart] | None = None, count: int = 0) -> None:
     """End a waiting pull: its response, with the last messages, if any."""
     if retire(req) and not req.session.closing:
         req.respond(status, parts or [], count)
@@ -75,28 +72,46 @@ def fail(req: PullRequest, err: P.BrokerError) -> None:
         req.refuse(err)
 
 
-def collect(engine: Engine, c: Consumer, req: PullRequest) -> tuple[list[Any], int, bool]:
+def collect(engine: Engine, c: Consumer, req: PullRequest) -> tuple[list[PullPart], int, bool]:
     """Take up to ``req.remaining`` messages (and ``req.bytes_left`` bytes) for a pull:
     redeliveries first, then new messages while ``max_ack_pending`` allows. Returns
     ``(parts, count, max_bytes_hit)``; ``parts`` are entry heads and records (and,
     for a request that ``takes_runs``, a ``PulledRun`` before each run of first
-    deliveries taken whole: what ``pull_entries`` would give, not yet encoded)."""
-    parts: list[Any] = []
-    count = 0
-    want = req.remaining
-    max_bytes = req.bytes_left
-    limit_bytes = max_bytes or engine.broker.config.limits.max_fetch_bytes
-    used = 0
-    hit = False
+    deliveries taken whole: what ``pull_entries`` would give, not yet encoded).
+
+    The consumers' hot path: each step below keeps its loops' state in locals."""
+    parts: list[PullPart] = []
+    limit_bytes = req.bytes_left or engine.broker.config.limits.max_fetch_bytes
     now = engine.clock.now_ns()
-    cfg = c.config
     journal = engine.journal_of(c.topic)
     member = req.member
     mine = [cp for cp in c.parts if member is None or (cp.owner is member and not cp.draining)]
     if not mine:
         return parts, 0, False
     pending = sum(cp.npending for cp in c.parts)
-    # 1. redeliveries
+    count, used, hit = _redeliveries(engine, c, mine, parts, req.remaining, limit_bytes, pending, now, journal)
+    if hit:
+        if count:
+            c.delivered_at = now
+        return parts, count, True
+    count, used, hit = _first_deliveries(engine, c, mine, parts, req, count, used, limit_bytes, pending, now, journal)
+    if count:
+        engine.counters.messages_out += count
+        engine.counters.bytes_out += used
+        c.delivered_at = now
+    return parts, count, hit
+
+
+def _redeliveries(
+    engine: Engine, c: Consumer, mine: list[ConsumerPartition], parts: list[PullPart], want: int, limit_bytes: int,
+    pending: int, now: int, journal: ConsumerLog,
+) -> tuple[int, int, bool]:
+    """:func:`collect`'s first step: the messages due again (``redeliver``), partition
+    by partition, each with its new delivery count, sequence and ack deadline, its
+    timer re-armed, and one journal event per partition. A message gone meanwhile is
+    dropped. Returns ``(count, bytes, max_bytes_hit)``."""
+    count = used = 0
+    cfg = c.config
     for cp in mine:
         if not cp.redeliver or count >= want:
             continue
@@ -104,6 +119,7 @@ def collect(engine: Engine, c: Consumer, req: PullRequest) -> tuple[list[Any], i
         first_dseq = c.dseq + 1
         out = cp.out
         get = cp.part.log.get
+        hit = False
         while cp.redeliver and count < want:
             o = next(iter(cp.redeliver))
             e = out.get(o)
@@ -142,12 +158,21 @@ def collect(engine: Engine, c: Consumer, req: PullRequest) -> tuple[list[Any], i
             engine.counters.consumer_redelivered += len(redone)
             journal.write(["r", c.id, cp.part.number, redone, now // MS, first_dseq], lazy=True)
         if hit:
-            if count:
-                c.delivered_at = now
-            return parts, count, True
-    # 2. new messages
+            return count, used, True
+    return count, used, False
+
+
+def _first_deliveries(
+    engine: Engine, c: Consumer, mine: list[ConsumerPartition], parts: list[PullPart], req: PullRequest, count: int,
+    used: int, limit_bytes: int, pending: int, now: int, journal: ConsumerLog,
+) -> tuple[int, int, bool]:
+    """:func:`collect`'s second step: new messages, while ``max_ack_pending`` allows,
+    from the partitions in turn (each pull starts one partition further), each only
+    up to what is visible (durable). ``count`` and ``used`` are what the first step
+    took; returns them with this step's added, and whether ``max_bytes`` stopped it."""
+    want = req.remaining
     room = c.room()
-    none = cfg.ack_policy == "none"
+    hit = False
     n = len(mine)
     start = c.rotate % n
     c.rotate += 1
@@ -158,65 +183,84 @@ def collect(engine: Engine, c: Consumer, req: PullRequest) -> tuple[list[Any], i
         vis = cp.part.visible_next
         if cp.cursor >= vis:
             continue
-        wanted = cp.wanted()
         scan_from = cp.cursor
-        offsets: list[int] = []
         first_dseq = c.dseq + 1
-        wait = cfg.wait_ns(1)
-        read = cp.part.log.read
-        number = cp.part.number
-        runs = req.takes_runs
-        while cp.cursor < vis and count < want and room > 0:
-            take = min(want - count, room)
-            res = read(cp.cursor, take, max(limit_bytes - used, 1), wanted, vis)
-            for rec_run, (first, n_run) in zip(res.records, res.runs):
-                if runs and len(rec_run) <= limit_bytes - used:  # all of it fits: pull_entries takes it all
-                    parts += (PulledRun(number, c.dseq + 1, n_run, pending), rec_run)
-                    k, size, hit = n_run, len(rec_run), False
-                else:
-                    k, size, hit = pull_entries(parts, rec_run, number, c.dseq + 1, pending, limit_bytes - used, not count)
-                c.dseq += k
-                pending -= k
-                used += size
-                count += k
-                room -= k
-                offsets += range(first, first + k)
-                if hit:
-                    break
-            if hit:
-                cp.cursor = offsets[-1] + 1 if offsets else cp.cursor
-                break
-            if res.next_offset <= cp.cursor:
-                break
-            cp.cursor = res.next_offset
-        if not offsets:
-            continue
-        cp.npending -= len(offsets)
-        cp.last_delivered = offsets[-1]
-        if cp.only is not None:
-            if cp.cursor >= cp.only_until:
-                cp.only = None
+        offsets, count, used, room, pending, hit = _take_new(
+            c, cp, vis, parts, req.takes_runs, want, count, used, room, limit_bytes, pending
+        )
+        if offsets:
+            _delivered(engine, c, cp, offsets, scan_from, first_dseq, now, journal)
+    return count, used, hit
+
+
+def _take_new(
+    c: Consumer, cp: ConsumerPartition, vis: int, parts: list[PullPart], runs: bool, want: int, count: int, used: int,
+    room: int, limit_bytes: int, pending: int,
+) -> tuple[list[int], int, int, int, int, bool]:
+    """Read ``cp``'s wanted messages from its cursor on, below ``vis``, into ``parts``
+    (a ``PulledRun`` and the run for a run that fits whole when ``runs``, else an
+    entry head and a record each), numbering them from ``c.dseq`` on, and move the
+    cursor past what was read. Returns ``(offsets taken, count, used, room, pending,
+    max_bytes_hit)``, the four numbers carried on from the caller's."""
+    wanted = cp.wanted()
+    offsets: list[int] = []
+    read = cp.part.log.read
+    number = cp.part.number
+    hit = False
+    while cp.cursor < vis and count < want and room > 0:
+        take = min(want - count, room)
+        res = read(cp.cursor, take, max(limit_bytes - used, 1), wanted, vis)
+        for rec_run, (first, n_run) in zip(res.records, res.runs):
+            if runs and len(rec_run) <= limit_bytes - used:  # all of it fits: pull_entries takes it all
+                parts += (PulledRun(number, c.dseq + 1, n_run, pending), rec_run)
+                k, size, hit = n_run, len(rec_run), False
             else:
-                cp.only.difference_update(offsets)
-        engine.counters.consumer_delivered += len(offsets)
-        if none:
-            journal.write(["d", c.id, cp.part.number, scan_from, cp.cursor, [], now // MS, first_dseq], lazy=True)
-            engine.broker_offsets_store(c, cp)
-            continue
-        deadline = now + wait
-        fire = engine.arm(cp, offsets, deadline)
-        out = cp.out
-        dseq = first_dseq
-        for o in offsets:
-            out[o] = Outstanding(1, dseq, deadline, fire)
-            dseq += 1
-        journal.write(["d", c.id, cp.part.number, scan_from, cp.cursor, offsets, now // MS, first_dseq], lazy=True)
-    if count:
-        engine.counters.messages_out += count
-        engine.counters.bytes_out += used
-    if count:
-        c.delivered_at = now
-    return parts, count, hit
+                k, size, hit = pull_entries(parts, rec_run, number, c.dseq + 1, pending, limit_bytes - used, not count)
+            c.dseq += k
+            pending -= k
+            used += size
+            count += k
+            room -= k
+            offsets += range(first, first + k)
+            if hit:
+                break
+        if hit:
+            cp.cursor = offsets[-1] + 1 if offsets else cp.cursor
+            break
+        if res.next_offset <= cp.cursor:
+            break
+        cp.cursor = res.next_offset
+    return offsets, count, used, room, pending, hit
+
+
+def _delivered(
+    engine: Engine, c: Consumer, cp: ConsumerPartition, offsets: list[int], scan_from: int, first_dseq: int, now: int,
+    journal: ConsumerLog,
+) -> None:
+    """Record the first deliveries of ``offsets`` (read from ``scan_from`` on, delivery
+    sequences from ``first_dseq``): ``npending``, the ``last_per_subject`` set, the
+    counters, the journal event, and one outstanding delivery each with its ack
+    timer, or, under ``ack_policy: none``, the stored offset moved instead."""
+    cp.npending -= len(offsets)
+    cp.last_delivered = offsets[-1]
+    if cp.only is not None:
+        if cp.cursor >= cp.only_until:
+            cp.only = None
+        else:
+            cp.only.difference_update(offsets)
+    engine.counters.consumer_delivered += len(offsets)
+    if c.config.ack_policy == "none":
+        journal.write(["d", c.id, cp.part.number, scan_from, cp.cursor, [], now // MS, first_dseq], lazy=True)
+        engine.broker_offsets_store(c, cp)
+        return
+    deadline = now + c.config.wait_ns(1)
+    fire = engine.arm(cp, offsets, deadline)
+    out = cp.out
+    dseq = first_dseq
+    for o in offsets:
+        out[o] = Outstanding(1, dseq, deadline, fire)
+        dseq += 1
+    journal.write(["d", c.id, cp.part.number, scan_from, cp.cursor, offsets, now // MS, first_dseq], lazy=True)
 
 
 def fill(engine: Engine, c: Consumer) -> None:

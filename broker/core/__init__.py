@@ -28,12 +28,12 @@ from ._admin import list_topics as list_topics
 from ._admin import update_stream as update_stream
 from ._admin import update_topic as update_topic
 from ._broker import Broker as Broker
-from ._broker import SyncSource as SyncSource
 from ._broker import TopicHooks as TopicHooks
 from ._catalog import Catalog as Catalog
 from ._clock import Clock as Clock
 from ._commit import Committer as Committer
 from ._commit import Reply as Reply
+from ._commit import SyncSource as SyncSource
 from ._expiry import LAG_BUCKETS_NS as LAG_BUCKETS_NS
 from ._expiry import ExpiryEngine as ExpiryEngine
 from ._expiry import TIMER_NS as TIMER_NS

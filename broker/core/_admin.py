@@ -37,11 +37,11 @@ def _stream_details(broker: Broker, stream: Stream, with_topics: bool) -> P.Stre
     return P.StreamDetails(stream.id, len(stream.topics), stream.size_bytes, stream.messages_count, stream.name, topics)
 
 
-def get_stream(broker: Broker, session: Any, cmd: P.GetStream) -> Reply:
+def get_stream(broker: Broker, session: object, cmd: P.GetStream) -> Reply:
     return _stream_details(broker, broker.catalog.stream(cmd.stream), True).encode()
 
 
-def list_streams(broker: Broker, session: Any, cmd: P.ListStreams) -> Reply:
+def list_streams(broker: Broker, session: object, cmd: P.ListStreams) -> Reply:
     streams = sorted(broker.catalog.streams.values(), key=lambda s: s.id)
     return P.StreamList(tuple(_stream_details(broker, s, False) for s in streams)).encode()
 
@@ -70,7 +70,7 @@ async def _new_id(wanted: int, kind: str, used: set[int], on_disk: Callable[[], 
     return new
 
 
-async def create_stream(broker: Broker, session: Any, cmd: P.CreateStream) -> Reply:
+async def create_stream(broker: Broker, session: object, cmd: P.CreateStream) -> Reply:
     async with broker.admin_lock:
         name = normalize_name(cmd.name, "stream name")
         if any(s.name == name for s in broker.catalog.streams.values()):
@@ -93,7 +93,7 @@ async def create_stream(broker: Broker, session: Any, cmd: P.CreateStream) -> Re
         return _stream_details(broker, stream, True).encode()
 
 
-async def update_stream(broker: Broker, session: Any, cmd: P.UpdateStream) -> Reply:
+async def update_stream(broker: Broker, session: object, cmd: P.UpdateStream) -> Reply:
     async with broker.admin_lock:
         stream = broker.catalog.stream(cmd.stream)
         name = normalize_name(cmd.name, "stream name")
@@ -108,7 +108,7 @@ async def update_stream(broker: Broker, session: Any, cmd: P.UpdateStream) -> Re
         return _stream_details(broker, stream, True).encode()
 
 
-async def delete_stream(broker: Broker, session: Any, cmd: P.DeleteStream) -> Reply:
+async def delete_stream(broker: Broker, session: object, cmd: P.DeleteStream) -> Reply:
     async with broker.admin_lock:
         stream = broker.catalog.stream(cmd.stream)
         del broker.catalog.streams[stream.id]
@@ -124,11 +124,11 @@ async def delete_stream(broker: Broker, session: Any, cmd: P.DeleteStream) -> Re
 # -- topics --------------------------------------------------------------------
 
 
-def get_topic(broker: Broker, session: Any, cmd: P.GetTopic) -> Reply:
+def get_topic(broker: Broker, session: object, cmd: P.GetTopic) -> Reply:
     return broker.topic_details(broker.catalog.topic(cmd.stream, cmd.topic)).encode()
 
 
-def list_topics(broker: Broker, session: Any, cmd: P.ListTopics) -> Reply:
+def list_topics(broker: Broker, session: object, cmd: P.ListTopics) -> Reply:
     stream = broker.catalog.stream(cmd.stream)
     return P.TopicList(tuple(broker.topic_details(t) for t in sorted(stream.topics.values(), key=lambda t: t.id))).encode()
 
@@ -141,7 +141,7 @@ def _expiry(broker: Broker, wire_value: int) -> int:
     return wire_value
 
 
-async def create_topic(broker: Broker, session: Any, cmd: P.CreateTopic) -> Reply:
+async def create_topic(broker: Broker, session: object, cmd: P.CreateTopic) -> Reply:
     async with broker.admin_lock:
         stream = broker.catalog.stream(cmd.stream)
         name = normalize_name(cmd.name, "topic name")
@@ -153,7 +153,7 @@ async def create_topic(broker: Broker, session: Any, cmd: P.CreateTopic) -> Repl
             {t for s, t in broker.catalog.removing if s == stream.id and t is not None}, stream.next_topic_id(),
             lambda t: broker.datadir.topic_dir(stream.id, t), f"stream {stream.name!r}: ",
         )
-        opts = dict(cmd.options)
+        opts: dict[str, Any] = dict(cmd.options)  # the options map, its types checked above
         pedantic = bool(opts.pop("pedantic", False))
         subjects = tuple(opts.pop("subjects", None) or (f"{stream.name}.{name}.>",))
         cfg = TopicConfig(
@@ -205,7 +205,7 @@ async def create_topic(broker: Broker, session: Any, cmd: P.CreateTopic) -> Repl
         return broker.topic_details(topic).encode()
 
 
-async def update_topic(broker: Broker, session: Any, cmd: P.UpdateTopic) -> Reply:
+async def update_topic(broker: Broker, session: object, cmd: P.UpdateTopic) -> Reply:
     async with broker.admin_lock:
         topic = broker.catalog.topic(cmd.stream, cmd.topic)
         check_option_types(cmd.changes, updating=True)
@@ -237,7 +237,7 @@ async def update_topic(broker: Broker, session: Any, cmd: P.UpdateTopic) -> Repl
         return broker.topic_details(topic).encode()
 
 
-async def delete_topic(broker: Broker, session: Any, cmd: P.DeleteTopic) -> Reply:
+async def delete_topic(broker: Broker, session: object, cmd: P.DeleteTopic) -> Reply:
     async with broker.admin_lock:
         topic = broker.catalog.topic(cmd.stream, cmd.topic)
         del topic.stream.topics[topic.id]

@@ -32,7 +32,7 @@ from broker.config import Config
 
 from ._catalog import Catalog
 from ._clock import Clock
-from ._commit import Committer, Reply
+from ._commit import Committer, Reply, SyncSource
 from ._export import Exporter
 from ._log import get_logger
 from ._publishing import Publisher
@@ -45,13 +45,9 @@ from ._subscriptions import SubscriptionIndex
 from ._topic_config import TopicConfig
 from ._topics import Partition, Stream, Topic
 
-__all__ = ["Broker", "Reply", "SyncSource", "TopicHooks"]
+__all__ = ["Broker", "Reply", "TopicHooks"]
 
 log = get_logger(__name__)
-
-#: A file the group commit syncs (anything with a ``fileno``): a partition log, a
-#: topic's offsets file, a consumer journal.
-SyncSource = Any
 
 
 class TopicHooks:

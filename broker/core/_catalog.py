@@ -8,7 +8,6 @@ with SUBJECTS_OVERLAP naming both topics.
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 from protocol import ErrorCode, Identifier, SubjectTransform, error_class, filters_overlap
@@ -16,14 +15,7 @@ from protocol import ErrorCode, Identifier, SubjectTransform, error_class, filte
 from ._topic_config import TopicConfig
 from ._topics import Stream, Topic, by_name
 
-__all__ = ["Catalog", "partition_of"]
-
-
-def partition_of(subject: bytes, partitions_count: int) -> int:
-    """The partition a subject maps to: CRC-32 (IEEE, zlib) of its UTF-8 bytes modulo
-    the partitions count. Stable across processes, machines and versions (Python's
-    ``hash()`` is salted per process and would scatter subjects on every restart)."""
-    return zlib.crc32(subject) % partitions_count
+__all__ = ["Catalog"]
 
 
 class Catalog:
@@ -41,10 +33,11 @@ class Catalog:
         self._by_name: dict[str, Stream] = {}
 
     def stream(self, ident: Identifier) -> Stream:
-        if ident.is_numeric:
-            s = self.streams.get(ident.value)  # type: ignore[arg-type]
+        value = ident.value
+        if isinstance(value, int):
+            s = self.streams.get(value)
         else:
-            s = by_name(self.streams, self._by_name, ident.value)  # type: ignore[arg-type]
+            s = by_name(self.streams, self._by_name, value)
         if s is None:
             raise error_class(ErrorCode.STREAM_NOT_FOUND)(f"no stream {ident.value!r}")
         return s

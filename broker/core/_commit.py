@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Protocol
 
 import outcome
 import trio
@@ -35,7 +35,7 @@ from ._log import get_logger
 from ._runq import tasks_runnable
 from ._stats import Counters
 
-__all__ = ["Committer", "Reply"]
+__all__ = ["Committer", "Reply", "SyncSource", "SyncWatcher"]
 
 log = get_logger(__name__)
 
@@ -55,6 +55,23 @@ SYNC_THREAD_IDLE_SECONDS = 10.0
 LAZY_SYNC_SECONDS = 0.05
 
 
+class SyncSource(Protocol):
+    """A file the group commit syncs: a partition's log, a topic's offsets file, a
+    consumer journal. One that also has ``synced()`` is told, after the sync, that
+    what it handed over is durable (looked up with ``getattr``: it is optional)."""
+
+    def take_dirty_fds(self) -> list[int]:
+        """The descriptors written since the last call (the caller syncs them)."""
+        ...
+
+
+class SyncWatcher(Protocol):
+    """Who waits for the next sync (:meth:`Committer.watch`): a session with answers
+    held for it."""
+
+    def on_sync(self) -> None: ...
+
+
 class SyncThread:
     """One thread that runs the fsyncs handed to it, one after the other.
 
@@ -65,7 +82,7 @@ class SyncThread:
     sync and ends after :data:`SYNC_THREAD_IDLE_SECONDS` without one."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[list[int], Any, Any]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[list[int], trio.lowlevel.Task, trio.lowlevel.TrioToken]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running = False
 
@@ -109,14 +126,14 @@ class Committer:
         self.epoch = 1
         #: Every write of an epoch up to this one is durable.
         self.synced = 0
-        self._dirty: set[object] = set()
+        self._dirty: set[SyncSource] = set()
         #: Sources written lazily since the last sync, and when they are due (0: none).
-        self._lazy: set[object] = set()
+        self._lazy: set[SyncSource] = set()
         self._lazy_due = 0.0
         self._work = trio.Event()
         #: Set by the next sync; made when someone waits for it (:meth:`wait_progress`).
         self._progress: trio.Event | None = None
-        self._watchers: set[object] = set()
+        self._watchers: set[SyncWatcher] = set()
         self._after: list[tuple[int, Callable[[], None]]] = []
         #: Called with the durable epoch after every sync, before the ``after``
         #: actions (the consumer engine hands newly durable messages to waiting pulls).
@@ -128,15 +145,15 @@ class Committer:
         self._failed: OSError | None = None
         #: The task between :meth:`hold` and :meth:`unhold`, and whether it wrote
         #: meanwhile without waking the committer task.
-        self._holder: object | None = None
+        self._holder: trio.lowlevel.Task | None = None
         self._held = False
 
     @property
     def acks_wait(self) -> bool:
         return self.policy.acks_wait_for_sync
 
-    def note_write(self, source: object, lazy: bool = False) -> int:
-        """Record that ``source`` (anything with ``take_dirty_fds()``) was written.
+    def note_write(self, source: SyncSource, lazy: bool = False) -> int:
+        """Record that ``source`` was written.
 
         Returns the epoch the write belongs to; ``source.synced()``, if it has one,
         is called after the sync that made the write durable, once the answers it
@@ -185,7 +202,7 @@ class Committer:
         sync thread (the loop is not frozen for them)."""
         return self.last_sync_seconds >= INLINE_SYNC_SECONDS
 
-    def watch(self, session: object) -> None:
+    def watch(self, session: SyncWatcher) -> None:
         """Have ``session.on_sync()`` called after the next sync completes."""
         self._watchers.add(session)
 
@@ -242,7 +259,7 @@ class Committer:
         else:
             await trio.sleep_forever()
 
-    def _begin(self) -> tuple[int, list[int], set[object]]:
+    def _begin(self) -> tuple[int, list[int], set[SyncSource]]:
         """A sync starts: the epoch it makes durable, the descriptors to sync, and
         the sources they are taken from."""
         target = self.epoch
@@ -332,7 +349,7 @@ class Committer:
             progress.set()
         watchers, self._watchers = self._watchers, set()
         for w in watchers:
-            w.on_sync()  # type: ignore[attr-defined]
+            w.on_sync()
         for hook in self.on_synced:
             try:
                 hook(target)
@@ -340,7 +357,7 @@ class Committer:
                 log.error("after_sync_failed", error=repr(exc), exc_info=True)
 
     @staticmethod
-    def _synced(sources: Iterable[object]) -> None:
+    def _synced(sources: Iterable[SyncSource]) -> None:
         """The sync of ``sources``' descriptors completed and the answers it released
         are out: ``synced()`` for those that have it (a partition's log records
         what is durable now, without a system call before the answers)."""
@@ -350,9 +367,8 @@ class Committer:
                 done()
 
     @staticmethod
-    def _take_fds(sources: Iterable[object]) -> list[int]:
+    def _take_fds(sources: Iterable[SyncSource]) -> list[int]:
         fds: list[int] = []
         for src in sources:
-            take: Callable[[], list[int]] = src.take_dirty_fds  # type: ignore[attr-defined]
-            fds.extend(take())
+            fds.extend(src.take_dirty_fds())
         return fds

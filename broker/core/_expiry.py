@@ -1,8 +1,9 @@
 """Expiry: the deadline structure and the one task that removes what falls due.
 
 **The deadline structure** (:class:`DeadlineQueue`) holds every pending per-message
-TTL. An entry fires on the first 10 ms tick at or after its deadline (:data:`TICK_NS`;
-decision 10.15: never early, within 100 ms; the NATS server ticks at 250 ms). Entries
+TTL. An entry fires on the first 10 ms tick at or after its deadline (:data:`TICK_NS`:
+never early, and well within the 100 ms the broker promises, ``docs/semantics.md``,
+"Per-message TTL"; the NATS server ticks at 250 ms). Entries
 are kept in a ``sortedcontainers.SortedDict`` of 100 ms *buckets*; a bucket maps each
 partition to an ``array('Q')`` of ``offset << 4 | tick`` (which of the bucket's ten
 ticks), so a pending TTL costs 8 bytes plus its share of the bucket, however many
@@ -22,10 +23,11 @@ earliest max-age deadline. Each partition keeps at most one armed check, in
 ``_age`` (a ``SortedDict`` of ticks), and a pass re-arms it for the next
 oldest.
 
-**Consumer timers** (redelivery after an ack wait or a nak delay, SEMANTICS 12.4)
-live in the same structure, one entry per outstanding message on the same 10 ms
-ticks (:data:`TIMER_NS`), owned by a consumer's partition state, which the pass calls back
-(``timers_due``). An owner re-arms lazily: ``in_progress`` only records the new
+**Consumer timers** (redelivery after an ack wait or a nak delay) live in the same
+structure, one entry per outstanding message on the same 10 ms ticks
+(:data:`TIMER_NS`), owned by a consumer's partition state, which the pass calls back
+(:class:`TimerOwner`; waiting pulls and group members have timer owners of their
+own). An owner re-arms lazily, as FLIP-25 does: ``in_progress`` only records the new
 deadline, and the entry, when it fires, re-arms itself once if the deadline moved.
 
 **The task** (:class:`ExpiryEngine.run`) sleeps until the earliest tick of either
@@ -44,22 +46,25 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from time import perf_counter_ns
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 from sortedcontainers import SortedDict
 
 from ._stalls import LoopWatch
+from ._topics import Partition
 
 if TYPE_CHECKING:
     from ._clock import Clock
-    from ._topics import Partition
 
-__all__ = ["DeadlineQueue", "ExpiryEngine", "BUCKET_NS", "TIMER_NS", "TICK_NS", "SLICE_NS", "LAG_BUCKETS_NS", "fire_time"]
+__all__ = [
+    "DeadlineQueue", "ExpiryEngine", "Owner", "TimerOwner", "BUCKET_NS", "TIMER_NS", "TICK_NS", "SLICE_NS", "LAG_BUCKETS_NS",
+    "fire_time",
+]
 
 #: Firing granularity: an entry fires at its deadline rounded up to a tick, so at most
-#: this long after it (decision 10.15: never early, within 100 ms; the NATS server
-#: ticks at 250 ms). Per-message TTLs and consumer timers share it.
+#: this long after it (never early; the broker promises within 100 ms, the NATS
+#: server ticks at 250 ms). Per-message TTLs and consumer timers share it.
 TICK_NS = 10_000_000
 #: Consumer timers (redelivery after an ack wait or a nak delay: an application waits
 #: on them, never early, p99 within 50 ms) fire on the same ticks.
@@ -81,6 +86,30 @@ COLLECT = 16 * CHUNK
 #: its bucket's time a pass ran. Lag comes from a busy event loop (a long handler,
 #: a garbage collection), so the buckets span 1 ms to 10 s.
 LAG_BUCKETS_NS = tuple(ms * 1_000_000 for ms in (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000))
+
+
+class TimerOwner(Protocol):
+    """What holds timer entries (a consumer's partition state, the waiting pulls, a
+    consumer group's members): told of the ids that fell due."""
+
+    def timers_due(self, ids: list[int], now_ns: int) -> None: ...
+
+
+#: Whose entries the deadline structure holds: a partition's (pending TTLs) or a
+#: timer owner's.
+Owner = Partition | TimerOwner
+
+
+class _Due:
+    """A partition's share of the expiry pass under way: its TTL offsets not handled
+    yet (newest first: chunks are taken from the end) and whether its max-age check
+    fell due."""
+
+    __slots__ = ("offsets", "age_due")
+
+    def __init__(self, offsets: list[int], age_due: bool) -> None:
+        self.offsets = offsets
+        self.age_due = age_due
 
 
 def fire_time(deadline_ns: int, width: int = TICK_NS) -> int:
@@ -128,7 +157,7 @@ class DeadlineQueue:
         self.add_timers(fire_ns, partition, offsets)
         self.count += len(offsets)
 
-    def add_timers(self, fire_ns: int, owner: object, offsets: Iterable[int]) -> None:
+    def add_timers(self, fire_ns: int, owner: Owner, offsets: Iterable[int]) -> None:
         """Schedule entries firing at ``fire_ns`` (a multiple of :data:`TICK_NS`) that
         are not counted as pending TTLs (consumer timers; and the bulk insertion)."""
         end = -(-fire_ns // BUCKET_NS) * BUCKET_NS
@@ -189,7 +218,7 @@ class DeadlineQueue:
                         else:
                             listed.extend(offsets)
 
-    def pop_due(self, now_ns: int, limit: int | None = None) -> Iterator[tuple[object, list[int]]]:
+    def pop_due(self, now_ns: int, limit: int | None = None) -> Iterator[tuple[Owner, list[int]]]:
         """Remove and yield the ``(owner, offsets)`` due at ``now_ns``, tick by tick,
         earliest first: all of them, or whole ticks until at least ``limit`` entries
         (buckets are opened as the ticks are reached, so a backlog of many buckets
@@ -205,7 +234,7 @@ class DeadlineQueue:
                 n += len(offsets)
                 yield owner, offsets
 
-    def drop_partition(self, partition: object) -> None:
+    def drop_partition(self, partition: Owner) -> None:
         """Forget every entry of an owner (a partition whose topic is gone, or a
         deleted consumer's partition state)."""
         for level in (self._buckets, self._near):
@@ -254,8 +283,8 @@ class ExpiryEngine:
         self.watch = LoopWatch()
         #: The pass under way: TTL offsets (and whether its max-age check fell due) by
         #: partition, and timer ids by owner, not yet handled.
-        self._work: dict[Partition, list] = {}
-        self._timer_work: dict[object, list[int]] = {}
+        self._work: dict[Partition, _Due] = {}
+        self._timer_work: dict[TimerOwner, list[int]] = {}
         self._queued = 0  # entries in _work and _timer_work
         #: A slice's budget (:data:`SLICE_NS`; None: a pass in one go), and slices run.
         self.slice_ns: int | None = SLICE_NS
@@ -270,7 +299,7 @@ class ExpiryEngine:
     def schedule_ttl(self, partition: Partition, offset: int, deadline_ns: int) -> None:
         self._maybe_wake(self.queue.add(deadline_ns, partition, offset))
 
-    def schedule_timers(self, owner: object, ids: Iterable[int], deadline_ns: int) -> int:
+    def schedule_timers(self, owner: TimerOwner, ids: Iterable[int], deadline_ns: int) -> int:
         """Timers for ``owner.timers_due(ids, now_ns)``: one entry per id, on
         :data:`TIMER_NS` ticks. Returns when they fire (an owner re-arms lazily:
         when an entry fires it checks the deadline it holds now)."""
@@ -308,7 +337,7 @@ class ExpiryEngine:
     def forget(self, partition: Partition) -> None:
         entry = self._work.pop(partition, None)
         if entry is not None:
-            self._queued -= len(entry[0])
+            self._queued -= len(entry.offsets)
         self.queue.drop_partition(partition)
         self.schedule_age(partition, None)
 
@@ -341,15 +370,15 @@ class ExpiryEngine:
         if limit is None or limit > 0:
             for owner, offsets in self.queue.pop_due(now_ns, limit):
                 self._queued += len(offsets)
-                if hasattr(owner, "timers_due"):
+                if not isinstance(owner, Partition):  # a timer owner's
                     timers.setdefault(owner, []).extend(offsets)
                     continue
-                entry = work.get(owner)  # type: ignore[call-overload]
+                entry = work.get(owner)
                 if entry is None:
-                    work[owner] = [offsets, False]  # type: ignore[index]
+                    work[owner] = _Due(offsets, False)
                 else:
-                    entry[0].extend(offsets)
-                grown.add(owner)  # type: ignore[arg-type]
+                    entry.offsets.extend(offsets)
+                grown.add(owner)
         while self._age:
             b, parts = self._age.peekitem(0)
             if b > now_ns:
@@ -361,24 +390,24 @@ class ExpiryEngine:
                     grown.add(p)
                     entry = work.get(p)
                     if entry is None:
-                        work[p] = [[], True]
+                        work[p] = _Due([], True)
                     else:
-                        entry[1] = True
+                        entry.age_due = True
         if grown:
             self.passes += 1
             for p in grown:
-                work[p][0].sort(reverse=True)  # taken from the end: oldest first
+                work[p].offsets.sort(reverse=True)  # taken from the end: oldest first
         elif not (work or timers):
             return False
         start = perf_counter_ns()
         while work:
             part, entry = next(iter(work.items()))
-            offsets, age_due = entry
+            offsets, age_due = entry.offsets, entry.age_due
             chunk = offsets[-CHUNK:][::-1]
             del offsets[-CHUNK:]
             if not offsets:
                 del work[part]
-            entry[1] = False
+            entry.age_due = False
             self._queued -= len(chunk)
             next_age = self._expire(part, chunk, age_due, now_ns)
             if age_due or next_age is not None:
@@ -393,7 +422,7 @@ class ExpiryEngine:
                 del timers[owner]
             self._queued -= len(chunk)
             self.timers -= len(chunk)
-            owner.timers_due(chunk, now_ns)  # type: ignore[attr-defined]
+            owner.timers_due(chunk, now_ns)
             if budget_ns is not None and perf_counter_ns() - start >= budget_ns:
                 return True
         return False

@@ -32,6 +32,7 @@ manifest is restored and the broker restarted.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -42,12 +43,12 @@ from storage import Damage
 from ._log import get_logger
 
 if TYPE_CHECKING:
+    from spark_export import SegmentJob
     from storage import Report, Segment
 
     from ._sealing import Sealer
-
-    from ._topics import Partition
     from ._stats import Counters
+    from ._topics import Partition
 
 __all__ = ["Exporter"]
 
@@ -128,14 +129,14 @@ class Exporter:
         exported yet)."""
         return self.enabled and (bool(self.paused) or self.key(part, seg) not in self.exported)
 
-    def snapshot(self, partitions: list[Partition]) -> list[Any]:
-        """The jobs (``spark_export.SegmentJob``) of the sealed segments of
+    def snapshot(self, partitions: list[Partition]) -> list[SegmentJob]:
+        """The jobs of the sealed segments of
         ``partitions`` not exported yet, as they are now. A job's positions are a view
         of the sealed segment's own array (it never changes once sealed; the pipe to
         the worker takes them from there): no megabyte copied per segment here."""
         from spark_export import SegmentJob
 
-        jobs = []
+        jobs: list[SegmentJob] = []
         for part in partitions:
             topic = part.topic
             for seg in part.log.segments[:-1]:
@@ -170,8 +171,6 @@ class Exporter:
             raise error_class(ErrorCode.EXPORT_NOT_CONFIGURED)(
                 "the broker has no export directory: start it with --export-dir DIR or set [export] dir"
             )
-        from spark_export import WORKER_COMMAND, ManifestUnreadable, WorkerCrashed, WorkerFailed, export_in_worker
-
         async with self._lock:
             if self.paused:
                 raise error_class(ErrorCode.EXPORT_FAILED)(self.paused)
@@ -183,65 +182,94 @@ class Exporter:
             for part in partitions:  # segments rolled by appends or the cleaner: sealed first
                 await self.sealer.finish(part.log)
             jobs = self.snapshot(partitions)
-            segments = {self.key(p, s): s for p in partitions for s in p.log.segments[:-1]}
             started = time.perf_counter()
-            done: list[dict[str, Any]] = []
-            self.pass_segments, self.pass_done = len(jobs), 0
-
-            def listed(keys: list[str], todo: int) -> None:  # the manifest lists these already
-                self.exported.update(keys)
-                self.pass_segments, self.pass_done = todo, 0
-
-            def exported(entry: dict[str, Any], n: int, of: int) -> None:
-                # Recorded as each segment is in the manifest: a later failure keeps it.
-                done.append(entry)
-                self.exported.add(entry["key"])
-                self.counters.segments_exported += 1
-                self.counters.rows_exported += entry["rows"]
-                self.pass_segments, self.pass_done = of, n
-
-            def gone(key: str, path: str) -> None:  # its log file was not there for the worker
-                seg = segments.get(key)
-                if seg is None or seg.fileno() < 0:  # deleted with its topic while the pass ran
-                    log.info("export_segment_gone", segment=key, path=path)
-                else:
-                    self._report(Damage(
-                        "segment", path, None, "the log file of a sealed segment is missing",
-                        "left out of this export pass (the broker still reads it through its open file); the next pass tries again",
-                    ))
-
-            try:
-                for attempt in range(CRASH_RETRIES + 1):
-                    try:
-                        await export_in_worker(
-                            self.root, jobs, self._report, listed, exported, self.worker_command or WORKER_COMMAND,
-                            self.priority, gone,
-                        )
-                        break
-                    except WorkerCrashed as exc:
-                        self.counters.export_failures += 1
-                        retry = attempt < CRASH_RETRIES
-                        log.error("export_worker_crashed", error=exc.message, retry=retry, stderr=exc.stderr[-2000:])
-                        if not retry:
-                            raise
-            except ManifestUnreadable as exc:
-                self._pause(exc.message)
-                raise error_class(ErrorCode.EXPORT_FAILED)(exc.message) from None
-            except WorkerFailed as exc:
-                if not isinstance(exc, WorkerCrashed):
-                    self.counters.export_failures += 1
-                    log.error("export_failed", error=exc.message, stderr=exc.stderr[-2000:])
-                raise error_class(ErrorCode.EXPORT_FAILED)(f"export to {self.root} failed: {exc.message}") from None
-            except OSError as exc:  # the worker could not be started
-                self.counters.export_failures += 1
-                log.error("export_failed", error=repr(exc))
-                raise error_class(ErrorCode.EXPORT_FAILED)(f"export to {self.root} failed: {exc}") from None
-            finally:
-                self.pass_segments = self.pass_done = 0
+            done = await self._export_pass(partitions, jobs)
             rows = sum(e["rows"] for e in done)
             if done:
                 log.info("exported", segments=len(done), rows=rows, seconds=round(time.perf_counter() - started, 3), dir=self.root)
             return {"dir": self.root, "sealed": sealed, "exported": done, "segments_in_export": len(self.exported)}
+
+    async def _export_pass(self, partitions: list[Partition], jobs: list[SegmentJob]) -> list[dict[str, Any]]:
+        """Export ``jobs`` in the worker; returns the manifest entries it wrote, each
+        recorded (:attr:`exported`, the counters, the pass's progress) as the worker
+        reports it, so that a later failure keeps it.
+
+        Raises:
+            ExportFailedError: as :meth:`export_now` (a manifest with no valid copy
+                also pauses the export).
+        """
+        from spark_export import ManifestUnreadable, WorkerCrashed, WorkerFailed
+
+        segments = {self.key(p, s): s for p in partitions for s in p.log.segments[:-1]}
+        done: list[dict[str, Any]] = []
+        self.pass_segments, self.pass_done = len(jobs), 0
+
+        def listed(keys: list[str], todo: int) -> None:  # the manifest lists these already
+            self.exported.update(keys)
+            self.pass_segments, self.pass_done = todo, 0
+
+        def exported(entry: dict[str, Any], n: int, of: int) -> None:
+            # Recorded as each segment is in the manifest: a later failure keeps it.
+            done.append(entry)
+            self.exported.add(entry["key"])
+            self.counters.segments_exported += 1
+            self.counters.rows_exported += entry["rows"]
+            self.pass_segments, self.pass_done = of, n
+
+        def gone(key: str, path: str) -> None:  # its log file was not there for the worker
+            seg = segments.get(key)
+            if seg is None or seg.fileno() < 0:  # deleted with its topic while the pass ran
+                log.info("export_segment_gone", segment=key, path=path)
+            else:
+                self._report(Damage(
+                    "segment", path, None, "the log file of a sealed segment is missing",
+                    "left out of this export pass (the broker still reads it through its open file); the next pass tries again",
+                ))
+
+        try:
+            await self._run_worker(jobs, listed, exported, gone)
+        except ManifestUnreadable as exc:
+            self._pause(exc.message)
+            raise error_class(ErrorCode.EXPORT_FAILED)(exc.message) from None
+        except WorkerFailed as exc:
+            if not isinstance(exc, WorkerCrashed):
+                self.counters.export_failures += 1
+                log.error("export_failed", error=exc.message, stderr=exc.stderr[-2000:])
+            raise error_class(ErrorCode.EXPORT_FAILED)(f"export to {self.root} failed: {exc.message}") from None
+        except OSError as exc:  # the worker could not be started
+            self.counters.export_failures += 1
+            log.error("export_failed", error=repr(exc))
+            raise error_class(ErrorCode.EXPORT_FAILED)(f"export to {self.root} failed: {exc}") from None
+        finally:
+            self.pass_segments = self.pass_done = 0
+        return done
+
+    async def _run_worker(
+        self, jobs: list[SegmentJob], listed: Callable[[list[str], int], None],
+        exported: Callable[[dict[str, Any], int, int], None], gone: Callable[[str, str], None],
+    ) -> None:
+        """``spark_export.export_in_worker`` with these callbacks, run again at once
+        (up to :data:`CRASH_RETRIES` times) when the worker crashes; each crash is
+        logged and counted.
+
+        Raises:
+            what ``export_in_worker`` raises (``WorkerCrashed`` once the retries are spent).
+        """
+        from spark_export import WORKER_COMMAND, WorkerCrashed, export_in_worker
+
+        for attempt in range(CRASH_RETRIES + 1):
+            try:
+                await export_in_worker(
+                    self.root, jobs, self._report, listed, exported, self.worker_command or WORKER_COMMAND,
+                    self.priority, gone,
+                )
+                return
+            except WorkerCrashed as exc:
+                self.counters.export_failures += 1
+                retry = attempt < CRASH_RETRIES
+                log.error("export_worker_crashed", error=exc.message, retry=retry, stderr=exc.stderr[-2000:])
+                if not retry:
+                    raise
 
     async def _seal(self, part: Partition) -> bool:
         """Seal ``part``'s active segment (if it holds records) with the event loop
@@ -260,7 +288,7 @@ class Exporter:
         await self.sealer.finish(part.log)
         return True
 
-    async def run(self, partitions: Any) -> None:
+    async def run(self, partitions: Callable[[], list[Partition]]) -> None:
         """The periodic task (``partitions()`` gives the current partitions)."""
         while True:
             await trio.sleep(self.interval)

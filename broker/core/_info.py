@@ -16,7 +16,7 @@ __all__ = ["VERSION", "export", "info", "ping", "server_info", "stats_values"]
 VERSION = "0.1.0"
 
 
-def ping(broker: Broker, session: Any, cmd: P.Ping) -> Reply:
+def ping(broker: Broker, session: object, cmd: P.Ping) -> Reply:
     return b""
 
 
@@ -35,11 +35,11 @@ def info(broker: Broker) -> dict[str, Any]:
     }
 
 
-def server_info(broker: Broker, session: Any, cmd: P.GetServerInfo) -> Reply:
+def server_info(broker: Broker, session: object, cmd: P.GetServerInfo) -> Reply:
     return P.InfoMap(info(broker)).encode()
 
 
-async def export(broker: Broker, session: Any, cmd: P.Export) -> Reply:
+async def export(broker: Broker, session: object, cmd: P.Export) -> Reply:
     return P.InfoMap(await broker.exporter.export_now(broker.all_partitions(), cmd.seal)).encode()
 
 

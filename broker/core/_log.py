@@ -10,14 +10,11 @@ import json
 import logging
 import sys
 import time
-from typing import Any
 
 __all__ = ["get_logger", "configure_logging", "StructLogger"]
 
-_RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
-
-def _fmt_value(value: Any) -> str:
+def _fmt_value(value: object) -> str:
     text = str(value)
     if not text or any(c in text for c in ' "=\n\t'):
         return json.dumps(text)
@@ -37,7 +34,7 @@ class LogfmtFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
@@ -57,24 +54,21 @@ class StructLogger:
     def __init__(self, logger: logging.Logger) -> None:
         self._logger = logger
 
-    def _log(self, level: int, event: str, fields: dict[str, Any], exc_info: bool = False) -> None:
+    def _log(self, level: int, event: str, fields: dict[str, object], exc_info: bool = False) -> None:
         if self._logger.isEnabledFor(level):
             self._logger.log(level, event, extra={"fields": fields}, exc_info=exc_info)
 
-    def debug(self, event: str, **fields: Any) -> None:
+    def debug(self, event: str, **fields: object) -> None:
         self._log(logging.DEBUG, event, fields)
 
-    def info(self, event: str, **fields: Any) -> None:
+    def info(self, event: str, **fields: object) -> None:
         self._log(logging.INFO, event, fields)
 
-    def warning(self, event: str, **fields: Any) -> None:
+    def warning(self, event: str, **fields: object) -> None:
         self._log(logging.WARNING, event, fields)
 
-    def error(self, event: str, exc_info: bool = False, **fields: Any) -> None:
+    def error(self, event: str, exc_info: bool = False, **fields: object) -> None:
         self._log(logging.ERROR, event, fields, exc_info)
-
-    def is_enabled(self, level: int) -> bool:
-        return self._logger.isEnabledFor(level)
 
 
 def get_logger(name: str) -> StructLogger:

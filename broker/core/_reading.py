@@ -3,8 +3,6 @@ GET_LAST (the last message on a subject)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import protocol as P
 from protocol import ErrorCode, error_class, validate_filter, validate_subject
 
@@ -13,7 +11,7 @@ from ._broker import Broker, Reply
 __all__ = ["fetch", "get_last"]
 
 
-def fetch(broker: Broker, session: Any, cmd: P.Fetch) -> Reply:
+def fetch(broker: Broker, session: object, cmd: P.Fetch) -> Reply:
     topic = broker.catalog.topic(cmd.stream, cmd.topic)
     part = topic.partition(cmd.partition)
     limit = broker.config.limits.max_fetch_bytes
@@ -37,7 +35,7 @@ def fetch(broker: Broker, session: Any, cmd: P.Fetch) -> Reply:
     )
 
 
-def get_last(broker: Broker, session: Any, cmd: P.GetLast) -> Reply:
+def get_last(broker: Broker, session: object, cmd: P.GetLast) -> Reply:
     topic = broker.catalog.topic(cmd.stream, cmd.topic)
     validate_subject(cmd.subject)
     raw = cmd.subject.encode()

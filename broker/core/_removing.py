@@ -4,8 +4,6 @@ reply once the group commit has made the removal durable."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import protocol as P
 from protocol import RemovalReason as R
 from protocol import ErrorCode, error_class, validate_filter
@@ -21,7 +19,7 @@ def _check_purge_allowed(topic: Topic, what: str) -> None:
         raise error_class(ErrorCode.PURGE_DENIED)(f"topic {topic.full_name} denies {what} (deny_purge is set)")
 
 
-def delete_message(broker: Broker, session: Any, cmd: P.DeleteMessage) -> Reply:
+def delete_message(broker: Broker, session: object, cmd: P.DeleteMessage) -> Reply:
     topic = broker.catalog.topic(cmd.stream, cmd.topic)
     part = topic.partition(cmd.partition)
     _check_purge_allowed(topic, "deletes")
@@ -45,7 +43,7 @@ def matching_subjects(topic: Topic, subject_filter: str) -> list[tuple[Partition
     ]
 
 
-def purge(broker: Broker, session: Any, cmd: P.Purge) -> Reply:
+def purge(broker: Broker, session: object, cmd: P.Purge) -> Reply:
     topic = broker.catalog.topic(cmd.stream, cmd.topic)
     _check_purge_allowed(topic, "purges")
     total = 0

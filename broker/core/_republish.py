@@ -14,7 +14,8 @@ count ``TTLB-Hops``. Loops: a configuration that closes one is refused at create
 update (``_catalog.py``); a message that would cross more than
 ``[limits] max_republish_hops`` hops is dropped and counted (``dropped_loops``). A
 transform that yields an invalid subject drops the copy, counted
-(``dropped_invalid_subject``) and logged at most once a minute (decision 10.13).
+(``dropped_invalid_subject``) and logged at most once a minute; the publisher is
+not told (its message was stored), as on the NATS server.
 
 Speed: a copy costs about what a message of a publish batch costs. What the copies of
 one subject share (destination, the headers before ``Nats-Sequence``, the hop count)
@@ -27,19 +28,20 @@ publish would count it (``messages_unrouted``): it is never built.
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable
+from typing import Final
 
 from protocol import BrokerError, SubjectTransform, copy_plan, hops_of, record_keys, republish_bodies, validate_subject
 from storage import AppendResult
 
-from ._topics import Topic
 from ._commit import Committer
 from ._log import get_logger
-from ._topics import Partition
 from ._routing import NO_TOPIC, Router
 from ._stats import Counters
 from ._subscriptions import SubscriptionIndex
+from ._topics import Partition, Topic
 
 __all__ = ["Republisher"]
 
@@ -48,9 +50,17 @@ log = get_logger(__name__)
 _LOG_EVERY_SECONDS = 60.0
 #: Destinations kept, for all topics (then forgotten at once, as the router's cache).
 _DEST_CACHE_LIMIT = 100_000
-_MISSING = object()
 
 Plan = tuple[bytes, bytes, bytes]  # protocol.copy_plan: destination, head, hops header
+
+
+class _Missing(enum.Enum):
+    """Not worked out yet for this batch (a key's plan may be None: no copy)."""
+
+    MISSING = 0
+
+
+_MISSING: Final = _Missing.MISSING
 
 
 class _Drop:
@@ -113,23 +123,23 @@ class Republisher:
             plan = batch.get(key, _MISSING)
             if plan is _MISSING:
                 plan = batch[key] = self._plan(topic, transform, *key)
-            if plan.__class__ is _Drop:
-                self._drop(plan)  # type: ignore[arg-type]
+            if isinstance(plan, _Drop):
+                self._drop(plan)
                 plan = None
-            append(plan)  # type: ignore[arg-type]
-        return plans, [p for p in batch.values() if p.__class__ is tuple]  # type: ignore[misc]
+            append(plan)
+        return plans, [p for p in batch.values() if p.__class__ is tuple]
 
     def _plan(self, topic: Topic, transform: SubjectTransform, subject: bytes, block: bytes) -> Plan | _Drop | None:
         dest = self._dest(topic, transform, subject)
         if dest is None:
             return None
         text = subject.decode()
-        if dest.__class__ is not str:
-            return _Drop("invalid", topic=topic.full_name, subject=text, reason=dest.message)  # type: ignore[union-attr]
+        if isinstance(dest, BrokerError):
+            return _Drop("invalid", topic=topic.full_name, subject=text, reason=dest.message)
         hops = hops_of(block) + 1 if block else 1
         if hops > self.max_hops:
             return _Drop("hops", topic=topic.full_name, subject=text, hops=hops, limit=self.max_hops)
-        return copy_plan(dest, block, topic.full_name, text, hops)  # type: ignore[arg-type]
+        return copy_plan(dest, block, topic.full_name, text, hops)
 
     def _dest(self, topic: Topic, transform: SubjectTransform, subject: bytes) -> str | BrokerError | None:
         """Where a message on ``subject`` is republished: the destination, None (no
@@ -137,10 +147,11 @@ class Republisher:
         known = self._dests.get((topic, subject))
         if known is not None and known[0] is transform:  # a changed rule is a new transform
             return known[1]
-        dest: str | BrokerError | None = transform.apply(subject.decode())
-        if dest is not None:
+        applied = transform.apply(subject.decode())
+        dest: str | BrokerError | None = applied
+        if applied is not None:
             try:
-                validate_subject(dest)  # type: ignore[arg-type]
+                validate_subject(applied)
             except BrokerError as err:
                 dest = err
         if transform.deterministic:

@@ -4,28 +4,32 @@ One :class:`Retention` per broker. It owns the expiry engine (``_expiry.py``) an
 the only code that removes messages, so the log, the subject index, the deadline
 structure and the counters always agree:
 
-* **per-message TTL** and **max age** (SEMANTICS 2, 4): the engine calls
-  :meth:`Retention._expire` for every partition with something due;
+* **per-message TTL** and **max age** (whichever comes first; a ``never`` TTL exempts
+  a message from max age): the engine calls :meth:`Retention._expire` for every
+  partition with something due;
 * **delete**, **purge**, **rollup** and **max_msgs_per_subject**: the broker's
   handlers call :meth:`Retention.remove` with the reason;
-* **subject delete markers** (SEMANTICS 5, decisions 10.5 and 10.6): when a removal
-  by age (TTL or max age), by the delete API or by a subject purge takes away the last
-  live message of its subject, and that message was not itself a marker (nor a KV
-  purge tombstone, nor anything else carrying ``Nats-Marker-Reason``), a marker is
-  appended on the subject: empty payload, headers ``Nats-Marker-Reason``, ``Nats-TTL``
-  (the marker TTL as a Go duration) and ``Nats-Rollup: sub``, the next offset, and a
-  TTL of its own so that it expires too, leaving nothing behind. A removal that
-  finds the message already gone removes nothing, so an expiry pass that runs twice
-  never writes a second marker;
-* **the segment cleaner** (Iggy, decision 10.16): :meth:`Retention.clean` seals an
-  active segment whose messages are all gone and deletes every sealed segment file
-  with no live message left.
+* **subject delete markers** (NATS ADR-43; ``docs/semantics.md``, "Subject delete
+  markers"): when a removal by age (TTL or max age: reason ``MaxAge``, as on the
+  NATS server), by the delete API (``Remove``) or by a subject purge (``Purge``; the
+  NATS server does not write these two yet) takes away the last live message of its
+  subject, and that message was not itself a marker (nor a KV purge tombstone, nor
+  anything else carrying ``Nats-Marker-Reason``), a marker is appended on the
+  subject: empty payload, headers ``Nats-Marker-Reason``, ``Nats-TTL`` (the marker
+  TTL as a Go duration) and ``Nats-Rollup: sub``, the next offset, and a TTL of its
+  own so that it expires too, leaving nothing behind. A removal that finds the
+  message already gone removes nothing, so an expiry pass that runs twice never
+  writes a second marker; a whole-topic purge writes none (one per subject could be
+  millions);
+* **the segment cleaner** (Iggy's message cleaner): :meth:`Retention.clean` seals an
+  active segment whose messages are all gone, so that expired data in a quiet
+  partition goes too, and deletes every sealed segment file with no live message
+  left (messages expire one by one, files go whole).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 import trio
 
@@ -37,7 +41,7 @@ from protocol import (
     encode_headers,
     format_go_duration,
 )
-from storage import AppendResult
+from storage import AppendResult, PartitionLog, Segment
 
 from ._clock import Clock
 from ._commit import Committer
@@ -46,6 +50,7 @@ from ._log import get_logger
 from ._topics import Partition, Removed
 from ._stats import Counters
 from ._subject_index import MARKER, NO_MARKER
+from ._subscriptions import Entry
 
 __all__ = ["Retention"]
 
@@ -67,7 +72,8 @@ _COUNTER_OF = {
 #: Which removals leave a marker, and which reason it carries.
 _MARKER_FOR = {R.TTL: MarkerReason.MAX_AGE, R.MAX_AGE: MarkerReason.MAX_AGE, R.DELETE: MarkerReason.REMOVE, R.PURGE: MarkerReason.PURGE}
 
-Deliver = Callable[[list[tuple[bytes, bytes, Any]]], None]
+#: The broker's core delivery (``SubscriptionIndex.deliver``).
+Deliver = Callable[[list[Entry]], None]
 
 
 class Retention:
@@ -125,10 +131,10 @@ class Retention:
                 engine.schedule_ttl_many(part, offsets, deadline)
 
     def rebuild(self, part: Partition) -> None:
-        """Rebuild a partition's expiry state from its log (startup, and when a topic
-        starts allowing TTLs). Whatever fell due meanwhile expires on the engine's
-        first pass, markers included. The same scan gives back the topic's
-        ``Nats-Msg-Id`` table (``_dedup.py``) for the partition's recent records."""
+        """Rebuild a partition's expiry state from its log (startup). Whatever fell
+        due meanwhile expires on the engine's first pass, markers included. The same
+        scan gives back the topic's ``Nats-Msg-Id`` table (``_dedup.py``) for the
+        partition's recent records."""
         self.forget(part)
         window = part.topic.config.duplicate_window
         msg_ids: list[tuple[int, bytes, int, int]] | None = [] if window else None
@@ -190,7 +196,7 @@ class Retention:
 
     def purge_all(self, part: Partition) -> int:
         """Remove every message of a partition (a whole-topic purge leaves no markers:
-        one per subject could be millions; decision 10.6)."""
+        one per subject could be millions)."""
         removed, cleared = part.purge_all()
         if cleared:
             self.engine.queue.discarded(cleared)
@@ -298,7 +304,7 @@ class Retention:
 
     # -- the segment cleaner -------------------------------------------------------------
 
-    def clean(self, partitions: Iterable[Partition], keep: Callable[[Partition, Any], bool] | None = None) -> tuple[int, int]:
+    def clean(self, partitions: Iterable[Partition], keep: Callable[[Partition, Segment], bool] | None = None) -> tuple[int, int]:
         """One cleaner pass: seal active segments whose messages are all gone, delete
         sealed segments with nothing live (except those ``keep`` names: not yet
         exported). Returns ``(segments, bytes)`` reclaimed.
@@ -324,8 +330,8 @@ class Retention:
         return segments, freed
 
     async def run_cleaner(
-        self, interval: float, partitions: Callable[[], list[Partition]], keep: Callable[[Partition, Any], bool] | None = None,
-        settle: Callable[[Any], Awaitable[None]] | None = None,
+        self, interval: float, partitions: Callable[[], list[Partition]], keep: Callable[[Partition, Segment], bool] | None = None,
+        settle: Callable[[PartitionLog], Awaitable[None]] | None = None,
     ) -> None:
         """The cleaner task: a pass every ``interval`` seconds. ``settle(log)``
         (``Sealer.finish``) first finishes, off the event loop, the seals a partition's

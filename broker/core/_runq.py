@@ -10,20 +10,36 @@ the public call answers instead (tests/broker/test_runq.py holds the two equal).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import trio
 
-try:
-    from trio._core._run import GLOBAL_RUN_CONTEXT as _CONTEXT
-except ImportError:  # pragma: no cover (a trio without it: the public call)
-    _CONTEXT = None
+if TYPE_CHECKING:
+    from trio._core._run_context import RunContext
 
 __all__ = ["tasks_runnable"]
+
+
+def _run_context() -> RunContext | None:
+    """trio's per-thread run state (its ``runner`` is set inside ``trio.run``), or
+    None in a trio that keeps it elsewhere."""
+    try:
+        from trio._core._run import GLOBAL_RUN_CONTEXT
+    except ImportError:  # pragma: no cover (a trio without it: the public call)
+        return None
+    return GLOBAL_RUN_CONTEXT
+
+
+_CONTEXT = _run_context()
 
 
 def tasks_runnable() -> int:
     """``trio.lowlevel.current_statistics().tasks_runnable``: the tasks queued on the
     run queue. Raises RuntimeError outside a trio run, as that does."""
-    try:
-        return len(_CONTEXT.runner.runq)  # type: ignore[union-attr]
-    except AttributeError:
-        return trio.lowlevel.current_statistics().tasks_runnable
+    context = _CONTEXT
+    if context is not None:
+        try:
+            return len(context.runner.runq)
+        except AttributeError:  # outside a run (no runner), or a trio that moved it
+            pass
+    return trio.lowlevel.current_statistics().tasks_runnable

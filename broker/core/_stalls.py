@@ -22,7 +22,6 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from time import perf_counter_ns
-from typing import Any
 
 import trio
 
@@ -53,7 +52,7 @@ class LoopWatch(trio.abc.Instrument):
 
     # -- the garbage collector ---------------------------------------------------
 
-    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._gc_at = perf_counter_ns()
             return
@@ -77,7 +76,7 @@ class LoopWatch(trio.abc.Instrument):
             gc.callbacks.remove(self._gc)
             trio.lowlevel.remove_instrument(self)
 
-    def values(self) -> dict[str, Any]:
+    def values(self) -> dict[str, float]:
         """What ``stats`` shows (milliseconds)."""
         return {
             "loop_stall_max_ms": round(self.stall_ns_max / 1e6, 3),

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from protocol import subject_matches
 
@@ -43,6 +43,8 @@ CACHE_LIMIT = 100_000
 #: One record for the subscribers of its subject: (subject, the DELIVERY entry head
 #: naming its place, the record's bytes).
 Entry = tuple[bytes, bytes, memoryview | bytes]
+#: What a subscription is filed under: its first two tokens, or its first.
+_Key = str | tuple[str, str]
 
 
 class PushTarget(Protocol):
@@ -56,11 +58,19 @@ class PushTarget(Protocol):
 class Subscriber(Protocol):
     """A core subscription of either protocol."""
 
-    #: The subject filter's tokens, and the NATS queue group (None: no group).
-    tokens: tuple[str, ...]
-    queue: str | None
+    #: Deliveries it took, and dropped (its connection was full).
     delivered: int
     dropped: int
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """The subject filter's tokens."""
+        ...
+
+    @property
+    def queue(self) -> str | None:
+        """The NATS queue group (None: no group)."""
+        ...
 
     @property
     def session(self) -> PushTarget: ...
@@ -90,43 +100,43 @@ class SubscriptionIndex:
 
     def __init__(self, counters: Counters | None = None) -> None:
         self.counters = counters if counters is not None else Counters()
-        self._all: set[Any] = set()
+        self._all: set[Subscriber] = set()
         #: The subscriptions by their first two tokens, by their first token alone
         #: (the second is a wildcard, or there is none), and those whose first token
         #: is a wildcard: each subscription is in one of the three.
-        self._by_two: dict[tuple[str, str], set[Any]] = {}
-        self._by_one: dict[str, set[Any]] = {}
-        self._wild: set[Any] = set()
+        self._by_two: dict[_Key, set[Subscriber]] = {}  # keys: (first, second)
+        self._by_one: dict[_Key, set[Subscriber]] = {}  # keys: first
+        self._wild: set[Subscriber] = set()
         #: Members of NATS queue groups (also in ``_all``).
         self._queued = 0
-        self._cache: dict[bytes, tuple[Any, ...]] = {}
+        self._cache: dict[bytes, tuple[Subscriber, ...]] = {}
         #: (first token, second token, number of tokens) -> the answer for any subject
         #: of that shape, when no subscription that could match it looks further.
-        self._shapes: dict[tuple[bytes, bytes, int], tuple[Any, ...]] = {}
+        self._shapes: dict[tuple[bytes, bytes, int], tuple[Subscriber, ...]] = {}
         #: subject -> its queue groups' matching members (only with queue groups).
-        self._groups: dict[bytes, tuple[tuple[Any, ...], ...]] = {}
+        self._groups: dict[bytes, tuple[tuple[Subscriber, ...], ...]] = {}
         #: Called with each subscription added (a NATS push consumer starts delivering
-        #: once its deliver subject has a subscriber, ``_js_consumers.py``).
-        self.on_add: list[Any] = []
+        #: once its deliver subject has a subscriber, ``broker/nats/_consumers.py``).
+        self.on_add: list[Callable[[Subscriber], None]] = []
 
     def __len__(self) -> int:
         return len(self._all)
 
-    def _place(self, tokens: tuple[str, ...]) -> tuple[dict[Any, set[Any]] | None, Any]:
+    def _place(self, tokens: tuple[str, ...]) -> tuple[dict[_Key, set[Subscriber]] | None, _Key]:
         """Where a subscription with these filter tokens is filed: (table, key), or
-        (None, None) for the wildcard-first ones."""
+        (None, "") for the wildcard-first ones."""
         first = tokens[0]
         if first == "*" or first == ">":
-            return None, None
+            return None, ""
         if len(tokens) > 1 and tokens[1] != "*" and tokens[1] != ">":
             return self._by_two, (first, tokens[1])
         return self._by_one, first
 
-    def add(self, sub: Any) -> None:
+    def add(self, sub: Subscriber) -> None:
         self._all.add(sub)
         table, key = self._place(sub.tokens)
         (self._wild if table is None else table.setdefault(key, set())).add(sub)
-        if getattr(sub, "queue", None):
+        if sub.queue:
             self._queued += 1
         self._cache = {}
         self._shapes = {}
@@ -134,7 +144,7 @@ class SubscriptionIndex:
         for fn in self.on_add:
             fn(sub)
 
-    def remove(self, sub: Any) -> None:
+    def remove(self, sub: Subscriber) -> None:
         if sub in self._all:
             self._all.discard(sub)
             table, key = self._place(sub.tokens)
@@ -145,13 +155,13 @@ class SubscriptionIndex:
                 bucket.discard(sub)
                 if not bucket:
                     del table[key]
-            if getattr(sub, "queue", None):
+            if sub.queue:
                 self._queued -= 1
         self._cache = {}
         self._shapes = {}
         self._groups = {}
 
-    def match(self, subject: bytes) -> tuple[Any, ...]:
+    def match(self, subject: bytes) -> tuple[Subscriber, ...]:
         """Subscriptions that get a message on ``subject``: those whose filter
         matches, with one member of each queue group. Runtime complexity: O(1) on a
         cache hit, of the subject or of its shape (plus O(groups) with queue
@@ -173,7 +183,7 @@ class SubscriptionIndex:
                 return hit + tuple(random.choice(g) for g in groups_of)
         return hit
 
-    def _miss(self, subject: bytes, shape: tuple[bytes, bytes, int] | None) -> tuple[Any, ...]:
+    def _miss(self, subject: bytes, shape: tuple[bytes, bytes, int] | None) -> tuple[Subscriber, ...]:
         """:meth:`match` of a subject in neither cache: look at the subscriptions that
         can match, and cache the answer under the subject, or under its ``shape``
         when none of them has anything but wildcards after its second token."""
@@ -194,12 +204,13 @@ class SubscriptionIndex:
             self._shapes[shape] = hit = tuple(found)
             return hit
         if self._queued:
-            groups: dict[str, list[Any]] = {}
+            groups: dict[str, list[Subscriber]] = {}
             for s in found:
-                if getattr(s, "queue", None):
-                    groups.setdefault(s.queue, []).append(s)
+                queue = s.queue
+                if queue:
+                    groups.setdefault(queue, []).append(s)
             if groups:
-                found = [s for s in found if not getattr(s, "queue", None)]
+                found = [s for s in found if not s.queue]
                 self._groups[subject] = groups_of = tuple(tuple(g) for g in groups.values())
                 self._cache[subject] = hit = tuple(found)
                 return hit + tuple(random.choice(g) for g in groups_of)

@@ -1,14 +1,14 @@
 """A topic's configuration: the options map's keys, their types, and the rules.
 
-The options map is the msgpack map that follows the seed's fixed CreateTopic layout
-(and the whole body of UpdateTopic). An unknown key or a value of the wrong type is
-refused with INVALID_OPTIONS, never ignored: a client asking for a policy this
-broker does not have must learn so.
+The options map is the msgpack map that follows CreateTopic's fixed fields (Iggy's
+layout, ``docs/protocol.md``), and the whole body of UpdateTopic. An unknown key or
+a value of the wrong type is refused with INVALID_OPTIONS, never ignored: a client
+asking for a policy this broker does not have must learn so.
 
 :func:`resolve` checks a new configuration in the NATS server's order
-(``checkStreamCfgLocked`` then ``configUpdateCheckLocked``; SEMANTICS 3.1), applies
-the same automatic fixes unless ``pedantic`` is set, and refuses with the server's
-exact descriptions.
+(nats-server's ``checkStreamCfgLocked``, then ``configUpdateCheckLocked`` for an
+update), applies the same automatic fixes unless ``pedantic`` is set, and refuses
+with the server's exact descriptions.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class TopicConfig:
     republish: dict[str, Any] | None = None
     #: ``{"ttl", "refresh", "visibility"}`` for a KV bucket, or None
     kv: dict[str, Any] | None = None
-    #: The NATS stream settings with no topic equivalent (``protocol._jetstream``), or None
+    #: The NATS stream settings with no topic equivalent (``protocol.nats.NATS_SETTINGS``), or None
     nats: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -175,7 +175,7 @@ class TopicConfig:
 
 def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
     """The config after an update (types already checked; ``pedantic`` ignored)."""
-    kw = {k: (tuple(v) if k == "subjects" else v) for k, v in changes.items() if k != "pedantic"}
+    kw: dict[str, Any] = {k: (tuple(v) if k == "subjects" else v) for k, v in changes.items() if k != "pedantic"}
     for key in ("republish", "kv", "nats"):
         if kw.get(key) is not None:
             kw[key] = dict(kw[key])
@@ -186,7 +186,9 @@ def resolve(
     new: TopicConfig, old: TopicConfig | None, pedantic: bool, max_partitions: int, given: Iterable[str] = ()
 ) -> TopicConfig:
     """Check ``new`` (an update of ``old`` when given) and return it with the
-    automatic fixes applied, in the NATS server's order (SEMANTICS 3.1).
+    automatic fixes applied, in the NATS server's order (``checkStreamCfgLocked``,
+    whose steps the comments below number: 3 and 5, counters and mirrors, have no
+    equivalent here).
     ``given``: the option keys the request named (a duplicate window it did not
     name follows a shorter max age instead of being refused).
 
@@ -223,8 +225,9 @@ def resolve(
             if pedantic:
                 raise _Config("subject delete marker cannot be set if roll-ups are disabled")
             new = replace(new, allow_rollup=True, deny_purge=False)
-    # 6. Republish (SEMANTICS 6.2): an empty destination (decision 10.11), the source
-    #    default, the cycle through the topic's own subjects, then the transform.
+    # 6. Republish (NATS ADR-28): an empty destination (refused: ADR-28 requires
+    #    one), the source default, the cycle through the topic's own subjects, then
+    #    the transform.
     if new.republish is not None:
         new = replace(new, republish=_check_republish(new.republish, new.subjects, pedantic))
     if new.kv is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from protocol import (
     FLAG_NO_MARKER,
@@ -38,7 +38,7 @@ from ._dedup import MSG_ID, DedupTable
 from ._subject_index import MARKER, NEVER, NO_MARKER, PENDING, TOMBSTONE, SubjectIndex, SubjectState
 from ._topic_config import TopicConfig
 
-__all__ = ["Partition", "Removed", "Stream", "Topic", "by_name", "flags_for"]
+__all__ = ["Partition", "PartitionWatcher", "Removed", "Stream", "Topic", "by_name", "flags_for"]
 
 _HOPS = HOPS_HEADER.encode()
 _DEDUP_HEADERS = frozenset((MSG_ID, _HOPS))
@@ -74,6 +74,17 @@ class Removed(NamedTuple):
     state: SubjectState
 
 
+class PartitionWatcher(Protocol):
+    """What keeps state about a partition's messages and must hear of every removal
+    (a durable consumer's state in it, ``broker/consumers/_model.py``)."""
+
+    def removed(self, offsets: list[int], subjects: list[bytes]) -> None:
+        """The live messages at ``offsets`` (on ``subjects``) were removed."""
+
+    def purged(self, next_offset: int) -> None:
+        """Every message below ``next_offset`` was removed (a whole purge)."""
+
+
 class Partition:
     """Args:
     topic: the topic it belongs to.
@@ -93,9 +104,10 @@ class Partition:
         #: due the expiry pass re-arms it here once instead of removing the message).
         self.refreshed: dict[int, int] = {}
         self._filter_cache: dict[str, tuple[int, set[int]]] = {}
-        #: Durable consumers' states in this partition (``_consumers.py``): told of
-        #: every removal, and (through ``on_append``) of every append.
-        self.watchers: list[Any] = []
+        #: Durable consumers' states in this partition (``broker/consumers/_model.py``):
+        #: told of every removal, and (through ``on_append``, which the consumer
+        #: engine sets with the first of them) of every append.
+        self.watchers: list[PartitionWatcher] = []
         self.on_append: Callable[[Partition, int, list[bytes]], None] | None = None
         #: Offsets below this are durable (or acks do not wait for the disk): what
         #: consumers may deliver.
@@ -180,13 +192,15 @@ class Partition:
     # -- writing -------------------------------------------------------------------
 
     def append(
-        self, data: bytes, starts: list[int], ends: list[int], subjects: list[bytes], timestamp: int, flags: bytes | None = None,
-        stamps: Mapping[int, tuple[int, int]] | None = None,
+        self, data: bytes, starts: list[int], ends: list[int], subjects: list[bytes], timestamp: int,
+        flags: bytes | bytearray | None = None, stamps: Mapping[int, tuple[int, int]] | None = None,
     ) -> AppendResult:
         res = self.log.append(data, starts, ends, timestamp, stamps)
         self.index.extend(res.first_offset, subjects, flags)
         if self.watchers:
-            self.on_append(self, res.first_offset, subjects)  # type: ignore[misc]
+            on_append = self.on_append
+            if on_append is not None:
+                on_append(self, res.first_offset, subjects)
         return res
 
     def remove(self, offsets: Iterable[int], tag: int = 0) -> tuple[list[Removed], int]:
@@ -235,7 +249,7 @@ class Partition:
         return out
 
     def _forget_lease(self, offset: int) -> None:
-        """Drop a KV refresh lease with its message (``_kv.py``)."""
+        """Drop a KV refresh lease with its message (``broker/kv/_reads.py``)."""
         consumers = self.topic.consumers
         if consumers is not None:
             consumers.forget(f"$refresh.{offset}", self.number)
@@ -366,6 +380,10 @@ class Topic:
         return f"{self.stream.name}/{self.name}"
 
     def partition_for(self, subject: bytes) -> Partition:
+        """The partition a subject maps to: CRC-32 (IEEE, zlib) of its UTF-8 bytes
+        modulo the partitions count. Stable across processes, machines and versions
+        (Python's ``hash()`` is salted per process and would scatter subjects on
+        every restart)."""
         n = len(self.partitions)
         return self.partitions[zlib.crc32(subject) % n if n > 1 else 0]
 
@@ -452,10 +470,11 @@ class Stream:
         self._by_name: dict[str, Topic] = {}
 
     def topic(self, ident: Identifier) -> Topic:
-        if ident.is_numeric:
-            t = self.topics.get(ident.value)  # type: ignore[arg-type]
+        value = ident.value
+        if isinstance(value, int):
+            t = self.topics.get(value)
         else:
-            t = by_name(self.topics, self._by_name, ident.value)  # type: ignore[arg-type]
+            t = by_name(self.topics, self._by_name, value)
         if t is None:
             raise error_class(ErrorCode.TOPIC_NOT_FOUND)(f"stream {self.name!r} has no topic {ident.value!r}")
         return t

@@ -49,8 +49,8 @@ def kv_get_frames(
     now = broker.clock.now_ns()
     out: list[bytes] = []
     size = 0
-    target = None
-    topic: Topic | None = None
+    target: bytes | None = None
+    topic: Topic  # the first request's bucket is looked up before its get (here != None)
     i = start
     n = len(requests)
     code = P.Command.KV_GET
@@ -72,8 +72,8 @@ def kv_get_frames(
                     break
                 target = None
                 topic = lookup(cmd.stream, cmd.topic)
-                kv = topic.config.kv
-                if kv is not None and kv["refresh"] == "on_read_and_write":
+                bucket = topic.config.kv
+                if bucket is not None and bucket["refresh"] == "on_read_and_write":
                     break
                 target = here
             try:
@@ -81,7 +81,7 @@ def kv_get_frames(
             except UnicodeDecodeError:
                 break
             validate_subject(subject)
-            entry, _ = get(topic, subject, revision, now)  # type: ignore[arg-type]
+            entry, _ = get(topic, subject, revision, now)
             answer = frame(code, corr, entry)
             out.append(answer)
             i += 1

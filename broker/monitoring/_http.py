@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 server on h11, for the monitoring endpoints (``_monitoring.py``).
+"""A small HTTP/1.1 server on h11, for the monitoring endpoints (``_monitor.py``).
 
 h11 parses and frames; this module does the I/O and the rules around it:
 
@@ -137,7 +137,7 @@ async def serve_http(
     started = False
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, connection, listeners)  # type: ignore[arg-type]
+            await nursery.start(trio.serve_listeners, connection, listeners)
             started = True
             task_status.started()
     except Exception:
