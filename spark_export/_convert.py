@@ -158,7 +158,8 @@ class _Segment:
         self.u8 = np.frombuffer(raw, np.uint8)
         self.arrow = pa.py_buffer(raw)
         # Binary offsets are int32; a segment is at most 1 GiB, but stay right beyond.
-        self.tiles_type, self.bound = (pa.binary(), np.int32) if len(raw) < 2**31 else (pa.large_binary(), np.int64)
+        self.bound: type[np.signedinteger[Any]] = np.int32 if len(raw) < 2**31 else np.int64
+        self.tiles_type = pa.binary() if len(raw) < 2**31 else pa.large_binary()
 
     def u16(self, at: np.ndarray) -> np.ndarray:
         """The little-endian u16 at each position."""

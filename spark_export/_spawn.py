@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from functools import partial
 from typing import Any
@@ -96,7 +96,7 @@ async def _keep_tail(stream: trio.abc.ReceiveStream, tail: bytearray) -> None:
         del tail[:-_TAIL]
 
 
-async def _lines(stream: trio.abc.ReceiveStream) -> AsyncIterator[bytes | None]:
+async def _lines(stream: trio.abc.ReceiveStream) -> AsyncGenerator[bytes | None, None]:
     """The lines of ``stream``; None for a line longer than ``_LINE_MAX``."""
     buf = bytearray()
     async for chunk in stream:

@@ -1,5 +1,5 @@
-"""The protocol and client packages ship ``py.typed``: they must type-check clean
-(``[tool.mypy]`` in pyproject.toml says what is checked and how strictly)."""
+"""The whole project type-checks clean (``[tool.mypy]`` in pyproject.toml says what is
+checked and how strictly); the protocol and the broker ship ``py.typed``."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-def test_protocol_and_client_are_mypy_clean() -> None:
+def test_the_project_is_mypy_clean() -> None:
     api = pytest.importorskip("mypy.api", reason="mypy is in the test extra")
     stdout, stderr, status = api.run(["--config-file", str(ROOT / "pyproject.toml"), "--no-incremental", "--cache-dir", "/dev/null",
-                                      str(ROOT / "protocol"), str(ROOT / "broker" / "client")])
+                                      *(str(ROOT / p) for p in ("protocol", "storage", "broker", "spark_export"))])
     assert status == 0, stdout + stderr
 
 
