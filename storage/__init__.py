@@ -33,11 +33,11 @@ from ._files import open_file as open_file
 from ._files import set_modes as set_modes
 from ._files import write_all as write_all
 from ._errors import StorageFailure as StorageFailure
-from ._partition_log import SCAN_LIMIT as SCAN_LIMIT
+from ._partition_reads import SCAN_LIMIT as SCAN_LIMIT
 from ._partition_log import AppendResult as AppendResult
 from ._partition_log import PartitionLog as PartitionLog
-from ._partition_log import ReadResult as ReadResult
-from ._partition_log import LiveRecords as LiveRecords
+from ._partition_reads import ReadResult as ReadResult
+from ._partition_recovery import LiveRecords as LiveRecords
 from ._deletions import read_deletion_tags as read_deletion_tags
 from ._log import CORRUPT as CORRUPT
 from ._log import DELETED as DELETED

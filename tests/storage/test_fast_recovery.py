@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import protocol as P
-import storage._partition_log as partition_log
+import storage._partition_recovery as partition_log
 import storage._indexes as indexes_module
 import storage._recovery as recovery_module
 from storage import CORRUPT, Damage, PartitionLog
