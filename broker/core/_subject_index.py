@@ -94,7 +94,7 @@ class SubjectIndex:
     def set_flags(self, offset: int, value: int) -> None:
         self.flags[offset - self.base] = value
 
-    def extend(self, first_offset: int, subjects: list[bytes], flags: bytes | None = None) -> None:
+    def extend(self, first_offset: int, subjects: list[bytes], flags: bytes | bytearray | None = None) -> None:
         """Record that ``subjects[k]`` was stored at ``first_offset + k`` (with
         ``flags[k]``, zero when not given).
 
@@ -127,7 +127,7 @@ class SubjectIndex:
         self.seq.extend(ids)
         self.flags += flags if flags is not None else bytes(len(ids))
 
-    def _extend_bulk(self, first_offset: int, subjects: list[bytes], flags: bytes | None) -> None:
+    def _extend_bulk(self, first_offset: int, subjects: list[bytes], flags: bytes | bytearray | None) -> None:
         """:meth:`extend` for many messages: the per-message work is done by C loops
         (dict building, counting), the Python loop runs once per distinct subject."""
         table = self.subjects

@@ -180,7 +180,7 @@ class Partition:
     # -- writing -------------------------------------------------------------------
 
     def append(
-        self, data: bytes, starts: list[int], ends: list[int], subjects: list[bytes], timestamp: int, flags: bytes | None = None,
+        self, data: bytes, starts: list[int], ends: list[int], subjects: list[bytes], timestamp: int, flags: bytes | bytearray | None = None,
         stamps: Mapping[int, tuple[int, int]] | None = None,
     ) -> AppendResult:
         res = self.log.append(data, starts, ends, timestamp, stamps)
