@@ -1,25 +1,35 @@
-"""Admission of one message into one topic: TTL, rollup and marker-related headers.
+"""Admission: what the publish path checks and decides for each message before it is
+stored, as steps over a :class:`~._batch.Batch`.
+
+* :func:`check`: what needs no topic (reserved flags, the payload limit, the header
+  rules), for the bodies the scan marked;
+* :func:`admit_batch`: each marked message, and every message of a KV bucket,
+  against its topic (:func:`admit`, then the compare-and-set headers against the
+  partition);
+* :func:`dedupe`: ``Nats-Msg-Id`` against the topic's duplicate window (``_dedup.py``).
 
 Only messages that the publish scan marks *special* (a TTL field, flags, headers or
-a big payload) come here; plain messages go straight to storage. The checks run in
-the NATS server's order (``processJetStreamMsg``; SEMANTICS 2.2) with our decisions
-(SEMANTICS 10):
+a big payload) are checked; plain messages go straight to storage. :func:`admit`
+runs the checks in the NATS server's order (``processJetStreamMsg``), with
+ttlbroker's choices where the server's behaviour is not followed (each is described
+in ``docs/semantics.md``, under "Per-message TTL", "Rollup" and "De-duplication"):
 
 1. a TTL (field or ``Nats-TTL`` header) on a topic without ``allow_msg_ttl``:
-   MSG_TTL_DISABLED, before the value is even looked at (decision 10.2);
+   MSG_TTL_DISABLED, before the value is even looked at (so an invalid TTL there is
+   MSG_TTL_DISABLED too);
 2. a ``Nats-Rollup`` header on a topic without ``allow_rollup``: ROLLUP_DENIED; a
    value other than ``sub`` or ``all``: INVALID_ROLLUP;
 3. an unparsable or sub-second ``Nats-TTL``: INVALID_MSG_TTL; so is a TTL field and
    a header that disagree (a client can send both; they must say the same thing);
-4. the minimum-TTL rule (SEMANTICS 2.3, decision 10.8): with subject delete markers
-   on and ``max_msgs_per_subject`` other than 1, a TTL below the marker TTL is raised
-   to it, and a ``Nats-TTL`` header is replaced by one with the integer seconds,
-   appended at the end of the header block.
+4. the minimum-TTL rule: with subject delete markers on and ``max_msgs_per_subject``
+   other than 1, a TTL below the marker TTL is raised to it (``never`` is not), and a
+   ``Nats-TTL`` header is replaced by one with the integer seconds, appended at the
+   end of the header block.
 
 Then, for a topic with a ``duplicate_window``, the message's ``Nats-Msg-Id`` is
-returned for the publish path to look up (``_dedup.py``): only a message that passes
-every check above can be a duplicate or register its id. A message carrying
-``TTLB-Hops`` (a republished copy) registers no id.
+returned for :func:`dedupe` to look up: only a message that passes every check above
+(and the compare-and-set headers) can be a duplicate or register its id. A message
+carrying ``TTLB-Hops`` (a republished copy) registers no id.
 
 The effective TTL is written into the record's TTL field, so storage, recovery and
 the export read one field and never parse headers again. Headers are stored as sent
@@ -29,8 +39,8 @@ the export read one field and never parse headers again. Headers are stored as s
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
 
+import protocol as P
 from protocol import (
     FLAG_NO_MARKER,
     HOPS_HEADER,
@@ -38,6 +48,7 @@ from protocol import (
     TTL_INVALID,
     TTL_NEVER,
     TTL_NONE,
+    BrokerError,
     ErrorCode,
     error_class,
     header_values,
@@ -46,10 +57,15 @@ from protocol import (
     restamp_body,
 )
 
-from ._dedup import MSG_ID
+from ._batch import Admission, Batch
+from ._dedup import MSG_ID, Original
 from ._topic_config import TopicConfig
+from ._topics import Partition, Topic
 
-__all__ = ["Admission", "admit", "WANTED", "SELF_CONTAINED", "ROLLUP_NONE", "ROLLUP_SUB", "ROLLUP_ALL"]
+__all__ = [
+    "Admission", "admit", "admit_batch", "check", "dedupe", "self_contained", "WANTED", "SELF_CONTAINED",
+    "ROLLUP_NONE", "ROLLUP_SUB", "ROLLUP_ALL",
+]
 
 ROLLUP_NONE = 0
 ROLLUP_SUB = 1
@@ -72,7 +88,7 @@ WANTED = _WANTED
 #: Those of them whose effect depends on nothing but the message and its topic (not
 #: on what the messages before it in the same batch wrote, as a compare-and-set, a
 #: rollup or a de-duplication id does): requests whose messages carry no others may
-#: be joined into one batch (``_publishing.publish_frames``).
+#: be joined into one batch (``Publisher.publish_frames``).
 SELF_CONTAINED = frozenset((_TTL, _KV_OP, _MARKER_REASON))
 _ROLLUPS = {b"sub": ROLLUP_SUB, b"all": ROLLUP_ALL}
 
@@ -81,32 +97,20 @@ _Invalid = error_class(ErrorCode.INVALID_MSG_TTL)
 _RollupDenied = error_class(ErrorCode.ROLLUP_DENIED)
 _RollupInvalid = error_class(ErrorCode.INVALID_ROLLUP)
 _WrongLast = error_class(ErrorCode.WRONG_LAST_SEQUENCE)
+_BadFlags = error_class(ErrorCode.INVALID_MESSAGE_FLAGS)
+_TooLarge = error_class(ErrorCode.PAYLOAD_TOO_LARGE)
+_WrongStream = error_class(ErrorCode.WRONG_EXPECTED_STREAM)
+_WrongMsgId = error_class(ErrorCode.WRONG_LAST_MSG_ID)
 
+#: What the record gets written into it as it is built, when admission changes only
+#: its TTL field and flags: ``(ttl, flags)``, or None when nothing changes.
+Stamp = tuple[int, int] | None
 
-class Admission(NamedTuple):
-    """What the broker stores for an admitted message.
-
-    Attributes:
-        ttl: the effective TTL field (seconds, ``TTL_NONE`` or ``TTL_NEVER``).
-        rollup: ``ROLLUP_NONE``, ``ROLLUP_SUB`` or ``ROLLUP_ALL``.
-        flags: the record flags the broker sets (``FLAG_NO_MARKER``, ``FLAG_TOMBSTONE``).
-        body: the body to store when it differs from the one sent, else None.
-        expected_last: the subject's last offset the publisher expects
-            (``Nats-Expected-Last-Subject-Sequence``; 0 = none stored), or None.
-        msg_id: the ``Nats-Msg-Id`` to de-duplicate on, or None (no header, an empty
-            one, a topic with ``duplicate_window`` 0, or a republished copy).
-        expects: JetStream's other compare-and-set headers, ``(Nats-Expected-Stream,
-            Nats-Expected-Last-Sequence, Nats-Expected-Last-Msg-Id)`` (None where
-            absent), checked by the publish path against the topic; None if none.
-    """
-
-    ttl: int
-    rollup: int
-    flags: int
-    body: bytes | None
-    expected_last: int | None = None
-    msg_id: bytes | None = None
-    expects: tuple[bytes | None, int | None, bytes | None] | None = None
+#: id(KV bucket config) -> (the config, the admission of a message without TTL field,
+#: flags or headers, its stamp): the same for each such message (a plain KV put), so
+#: it is worked out once per config object (an update of the topic makes a new one)
+#: and looked up once per partition of a batch.
+_plain_kv: dict[int, tuple[TopicConfig, Admission, Stamp]] = {}
 
 
 def admit(
@@ -123,7 +127,8 @@ def admit(
     copying the body here.
 
     Raises:
-        MsgTtlDisabledError, RollupDeniedError, InvalidRollupError, InvalidMsgTtlError.
+        MsgTtlDisabledError, RollupDeniedError, InvalidRollupError, InvalidMsgTtlError,
+        WrongLastSequenceError (an expected sequence that is not a number).
     """
     if hv is None:
         hv = header_values(block, _WANTED) if block else {}
@@ -142,10 +147,10 @@ def admit(
             raise _RollupInvalid(f"rollup value invalid: {json.dumps(raw_rollup.decode(errors='replace'), ensure_ascii=False)}")
     if header_ttl == TTL_INVALID:
         raise _Invalid("invalid per-message TTL")
-    if field_ttl != TTL_NONE and header_ttl != TTL_NONE and field_ttl != header_ttl:
+    if field_ttl != TTL_NONE and raw_ttl is not None and header_ttl != TTL_NONE and field_ttl != header_ttl:
         raise _Invalid(
             f"invalid per-message TTL: the TTL field ({_ttl_text(field_ttl)}) and the Nats-TTL header "
-            f"({raw_ttl.decode(errors='replace')!r}) disagree"  # type: ignore[union-attr]
+            f"({raw_ttl.decode(errors='replace')!r}) disagree"
         )
     ttl = field_ttl or header_ttl
     if ttl == TTL_NONE and cfg.kv and cfg.kv.get("ttl"):
@@ -181,3 +186,299 @@ def admit(
 
 def _ttl_text(ttl: int) -> str:
     return "never" if ttl == TTL_NEVER else f"{ttl}s"
+
+
+# -- the steps ---------------------------------------------------------------------
+
+
+def check(batch: Batch, max_payload: int) -> None:
+    """The checks that need no topic, for bodies with flags, headers or a payload
+    over ``max_payload`` (bodies marked only by a TTL field need none): a refused
+    one goes to ``batch.failed``. The fields of the bodies it decodes land in
+    ``batch.fields``, and the values of the headers admission reads in
+    ``batch.hvs``, for admission to reuse. A header block is checked once per batch
+    however many bodies carry it."""
+    data, starts = batch.data, batch.starts
+    ttl_only, headed = batch.ttl_only, batch.headed
+    failed, fields, hvs = batch.failed, batch.fields, batch.hvs
+    checked: dict[bytes, dict[bytes, bytes] | BrokerError] = {}
+    for i in batch.special:
+        if ttl_only and i in ttl_only:
+            continue
+        if headed and (h := headed.get(i)) is not None:
+            block = h[1]
+            got = checked.get(block)
+            if got is None:
+                try:
+                    got = P.checked_header_values(block, WANTED)
+                except BrokerError as err:
+                    got = err
+                checked[block] = got
+            if got.__class__ is dict:
+                hvs[i] = got
+            else:
+                assert isinstance(got, BrokerError)  # the block broke a rule
+                failed[i] = got
+            continue
+        f = fields[i] = P.body_fields(data, starts[i])
+        if f.flags:
+            failed[i] = _BadFlags(f"message flags {f.flags:#x} are reserved for the broker; publish with flags 0")
+        elif f.payload_len > max_payload:
+            failed[i] = _TooLarge(f"payload of {f.payload_len} bytes exceeds the maximum of {max_payload} bytes")
+        elif f.headers:
+            try:
+                hvs[i] = P.checked_header_values(f.headers, WANTED)
+            except BrokerError as err:
+                failed[i] = err
+
+
+def self_contained(batch: Batch) -> bool:
+    """Do the checked messages carry no header but those of ``SELF_CONTAINED`` (so
+    that the batch may join several requests)?"""
+    hvs = batch.hvs
+    return not hvs or SELF_CONTAINED.issuperset(set().union(*hvs.values()))
+
+
+def admit_batch(batch: Batch) -> None:
+    """Admit the special messages, and every message of a KV bucket, into the topics
+    they were routed to (:func:`admit`): a refused one moves to ``batch.failed`` and
+    leaves its group; the others land in ``batch.admitted``. A body whose TTL field
+    or flags change (and nothing else) gets an entry in ``batch.stamps``, written as
+    its record is built; a rewritten body (a new header block) is added to the
+    batch's bytes and its bounds moved there. ``batch.any_rollup`` and
+    ``batch.any_msg_id`` say whether a rollup or an id to de-duplicate was admitted.
+
+    A body marked only by a TTL field has nothing to decode: only the topic's TTL
+    rules apply (the minimum-TTL rule may raise the field), and the messages of a
+    partition with the same TTL share one :class:`Admission`. So do the messages with
+    the same TTL field and header block whose bodies admission leaves alone.
+
+    ``Nats-Expected-Last-Subject-Sequence`` is checked against the subject's last
+    offset when the batch arrived; a message whose subject an earlier message of the
+    same batch wrote fails it (compare-and-set is one message at a time)."""
+    todo = set(batch.special).difference(batch.failed)
+    admitter = _Admitter(batch, todo)
+    groups = batch.groups
+    for part, idx in list(groups.items()):
+        if part.topic.config.kv is None and todo.isdisjoint(idx):
+            continue
+        keep = admitter.group(part, idx)
+        if keep:
+            groups[part] = keep
+        else:
+            del groups[part]
+    admitter.close()
+
+
+class _Admitter:
+    """One batch's admission, a partition at a time (:meth:`group`); bodies it
+    rewrites are kept aside and added to the batch's bytes at the end (:meth:`close`)."""
+
+    __slots__ = ("batch", "todo", "view", "rewritten", "end")
+
+    def __init__(self, batch: Batch, todo: set[int]) -> None:
+        self.batch = batch
+        self.todo = todo
+        self.view = memoryview(batch.data)
+        self.rewritten: list[bytes] = []
+        #: Where the next rewritten body will start once they are added.
+        self.end = len(batch.data)
+
+    def close(self) -> None:
+        self.view.release()
+        if self.rewritten:
+            batch = self.batch
+            batch.data = b"".join((batch.data, *self.rewritten))
+
+    def group(self, part: Partition, idx: list[int]) -> list[int]:
+        """Admit the messages of one partition (``idx``, in batch order); returns
+        those it keeps. The admissions shared within it, and the subjects its
+        messages wrote so far (for the compare-and-set headers), are per partition.
+        One loop, with no call per message but :func:`admit` where it must run (a
+        call costs about 1 % of a message's admission, ``bench/publish_cpu.py``)."""
+        batch = self.batch
+        todo, view = self.todo, self.view
+        ttl_only, headed, fields, hvs = batch.ttl_only, batch.headed, batch.fields, batch.hvs
+        subjects, starts, ends = batch.subjects, batch.starts, batch.ends
+        admitted, stamps, failed = batch.admitted, batch.stamps, batch.failed
+        cfg = part.topic.config
+        kv = cfg.kv is not None
+        plain: tuple[Admission, Stamp, bool] | None = None  # a plain KV put's
+        keep = []
+        written: set[bytes] = set()
+        shared: dict[int, tuple[Admission, Stamp]] = {}  # TTL field -> admission, stamp
+        # (TTL field, header block) -> the same, and whether nothing is left to check per message
+        same: dict[tuple[int, bytes], tuple[Admission, Stamp, bool]] = {}
+        sdm = cfg.subject_delete_marker_ttl if cfg.max_msgs_per_subject != 1 else 0
+        for i in idx:
+            if ttl_only and i in ttl_only and i in todo:
+                ttl = ttl_only[i]
+                got = shared.get(ttl)
+                if got is None:
+                    if not cfg.allow_msg_ttl:
+                        failed[i] = _Disabled("per-message TTL is disabled")
+                        continue
+                    got = shared[ttl] = _ttl_only_admission(ttl, sdm)
+                a, stamp = got
+            elif kv or i in todo:
+                h = headed.get(i) if headed else None
+                if h is not None:
+                    alike = same.get(h)
+                elif i not in todo:
+                    alike = plain or (plain := _plain_kv_admission(cfg))
+                else:
+                    alike = None
+                if alike is not None and alike[2]:  # nothing to check: as a ttl_only message
+                    a, stamp = alike[0], alike[1]
+                else:
+                    try:
+                        if alike is not None:
+                            a, stamp = alike[0], alike[1]
+                        else:
+                            if h is not None:
+                                field_ttl, block = h
+                            else:
+                                f = fields.get(i) or P.body_fields(batch.data, starts[i])
+                                field_ttl, block = f.ttl, f.headers
+                            a = admit(view[starts[i] : ends[i]], field_ttl, block, cfg, hvs.get(i), restamp=False)
+                            stamp = (a.ttl, a.flags) if a.body is None and (a.ttl != field_ttl or a.flags) else None
+                            if h is not None and a.body is None:  # for the messages alike
+                                simple = a.expected_last is None and a.expects is None and not a.rollup and a.msg_id is None
+                                same[h] = (a, stamp, simple)
+                        if a.expected_last is not None:
+                            _check_expected_last(part, subjects[i], a.expected_last, written)
+                        if a.expects is not None:
+                            _check_expects(part, a.expects, written)
+                    except BrokerError as err:
+                        failed[i] = err
+                        continue
+                    if a.rollup:
+                        batch.any_rollup = True
+                    if a.msg_id is not None:
+                        batch.any_msg_id = True
+                    if a.body is not None:
+                        self._rewrite(i, a.body)
+            else:
+                keep.append(i)  # a plain message
+                continue
+            admitted[i] = a
+            if stamp is not None:
+                stamps[i] = stamp
+            written.add(subjects[i])
+            keep.append(i)
+        return keep
+
+    def _rewrite(self, i: int, body: bytes) -> None:
+        """Message ``i`` is stored as ``body`` (admission rewrote its header block)."""
+        batch = self.batch
+        start = self.end
+        self.end = start + len(body)
+        batch.starts[i] = start
+        batch.ends[i] = self.end
+        self.rewritten.append(body)
+
+
+def _ttl_only_admission(ttl: int, sdm: int) -> tuple[Admission, Stamp]:
+    """The admission (and stamp) of a body marked only by the TTL field ``ttl``, into
+    a topic that allows TTLs: :func:`admit`'s minimum-TTL rule (rule 4 of the module
+    docstring) is all there is to apply (``sdm``: the marker TTL when the rule
+    applies, else 0)."""
+    eff = sdm if sdm and ttl != TTL_NEVER and 0 < ttl < sdm else ttl
+    return Admission(eff, 0, 0, None), (eff, 0) if eff != ttl else None
+
+
+def _plain_kv_admission(cfg: TopicConfig) -> tuple[Admission, Stamp, bool]:
+    """The admission (and stamp) of a message with no TTL field, flags or headers
+    into the KV bucket configured by ``cfg``, and True: with no header it has
+    nothing to check against the partition, and its body is stored as sent."""
+    got = _plain_kv.get(id(cfg))
+    if got is None or got[0] is not cfg:
+        if len(_plain_kv) >= 1024:
+            _plain_kv.clear()
+        a = admit(b"", TTL_NONE, b"", cfg, {}, restamp=False)
+        assert a.body is None and a.expected_last is None and a.expects is None and not a.rollup and a.msg_id is None
+        got = _plain_kv[id(cfg)] = (cfg, a, (a.ttl, a.flags) if a.ttl or a.flags else None)
+    return got[1], got[2], True
+
+
+def _check_expected_last(part: Partition, subject: bytes, expected: int, written: set[bytes]) -> None:
+    """``Nats-Expected-Last-Subject-Sequence``: the subject's last offset in the
+    partition (0: none stored), unless an earlier message of the batch wrote it."""
+    st = part.index.get(subject)
+    last = st.last if st is not None and st.count else 0
+    if subject in written or last != expected:
+        raise _WrongLast(f"wrong last sequence: {last}")
+
+
+def _check_expects(part: Partition, expects: tuple[bytes | None, int | None, bytes | None], written: set[bytes]) -> None:
+    """JetStream's ``Nats-Expected-Stream`` (the topic's name, ``stream/topic``, or the
+    NATS stream name the topic was created with), ``Nats-Expected-Last-Sequence``
+    (the partition's last offset; an earlier message of the same batch into the
+    partition changes it) and ``Nats-Expected-Last-Msg-Id`` (the last id the
+    topic's de-duplication holds), with the server's descriptions."""
+    stream, seq, msg_id = expects
+    topic = part.topic
+    if stream is not None:
+        nats = topic.config.nats or {}
+        names = {topic.name, topic.full_name, nats.get("name")}
+        if topic.config.kv is not None:
+            names.add("KV_" + topic.name)
+        if stream.decode(errors="replace") not in names:
+            raise _WrongStream("expected stream does not match")
+    if seq is not None:
+        last = part.log.last_offset
+        if written or last != seq:
+            raise _WrongLast(f"wrong last sequence: {last}")
+    if msg_id is not None:
+        last_id = topic.dedup.last
+        if last_id != msg_id:
+            text = "" if last_id is None else last_id.decode(errors="replace")
+            raise _WrongMsgId(f"wrong last msg ID: {text}")
+
+
+def dedupe(batch: Batch) -> None:
+    """``Nats-Msg-Id`` de-duplication (``_dedup.py``) of the admitted messages, in
+    batch order, at ``batch.now``: fills in ``batch.duplicates`` (index -> the
+    original stored earlier, or the index of the same batch's earlier message with
+    that id), which leave their groups, and ``batch.fresh``, the ids to register once
+    the batch is appended ((topic, id) -> index)."""
+    admitted = batch.admitted
+    cands = [i for i, a in admitted.items() if a.msg_id is not None]
+    if not cands:
+        return
+    cands.sort()
+    groups = batch.groups
+    now = batch.now
+    wanted = set(cands)
+    part_of = {i: part for part, idx in groups.items() for i in idx if i in wanted}
+    dups: dict[int, tuple[Topic, Original | int]] = {}
+    fresh: dict[tuple[Topic, bytes], int] = {}
+    pruned: set[Topic] = set()
+    for i in cands:
+        topic = part_of[i].topic
+        window = topic.config.duplicate_window
+        table = topic.dedup
+        if topic not in pruned:
+            table.prune(now, window)
+            pruned.add(topic)
+        msg_id = admitted[i].msg_id
+        assert msg_id is not None  # a candidate
+        key = (topic, msg_id)
+        first = fresh.get(key)
+        if first is not None:
+            dups[i] = (topic, first)
+            continue
+        original = table.get(msg_id, now, window)
+        if original is not None:
+            dups[i] = (topic, original)
+            continue
+        fresh[key] = i
+    if dups:
+        for part, idx in list(groups.items()):
+            keep = [i for i in idx if i not in dups]
+            if len(keep) != len(idx):
+                if keep:
+                    groups[part] = keep
+                else:
+                    del groups[part]
+    batch.duplicates, batch.fresh = dups, fresh

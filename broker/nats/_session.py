@@ -636,10 +636,9 @@ class NatsSession(Session):
         broker = self.broker
         acked = any(reply for _, reply, _ in batch)
         cmd = P.Publish.from_bodies([body for body, _, _ in batch], 0 if acked else P.PUBLISH_NO_ACK)
-        result = broker.publisher.publish(self, cmd, stored=True)
+        payload, epoch = broker.publisher.publish_stored(self, cmd)
         if not acked:
             return
-        payload, epoch = result if isinstance(result, tuple) else (result, 0)
         if not broker.committer.acks_wait:
             epoch = 0
         js = self.js
@@ -650,7 +649,7 @@ class NatsSession(Session):
                     js.respond(reply, js.pub_ack(topic, offset, False), epoch=epoch)
                 offset += 1
             return
-        assert isinstance(payload, bytes), payload  # publish() without frames: the encoded acks
+        assert isinstance(payload, bytes), payload  # publish_stored: else the encoded acks
         acks = (P.Acks.first(payload),) if len(batch) == 1 else P.Acks.decode(payload)  # one: one unpack
         for i, (_, reply, topic) in enumerate(batch):
             if not reply:
