@@ -80,6 +80,7 @@ from ._commands import UpdateStream as UpdateStream
 from ._commands import UpdateTopic as UpdateTopic
 from ._connection import NEED_DATA as NEED_DATA
 from ._connection import ErrorResponse as ErrorResponse
+from ._connection import Event as Event
 from ._connection import InvalidRequest as InvalidRequest
 from ._connection import ProtocolConnection as ProtocolConnection
 from ._connection import Push as Push

@@ -122,6 +122,12 @@ class ProtocolConnection:
 
     # -- receiving -----------------------------------------------------------------
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet taken out as frames (a frame in part, at the
+        peer's end, means the peer closed mid-frame)."""
+        return self._decoder.buffered
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         if self.state is State.ERROR:
             raise RemoteProtocolError("the connection is in ERROR after a protocol error")
@@ -201,7 +207,7 @@ class ProtocolConnection:
     def _protocol_error(self, message: str, corr: int) -> Event:
         self.state = transition(self.role, self.state, "protocol_error")
         err = RemoteProtocolError(message, ErrorCode.MALFORMED_FRAME)
-        err.correlation_id = corr  # type: ignore[attr-defined]
+        err.correlation_id = corr
         raise err
 
     def _client_event(self, code: int, flags: int, corr: int, status: int, payload: bytes) -> Event:

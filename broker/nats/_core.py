@@ -18,13 +18,13 @@ of each group, chosen at random, as nats-server does. ``UNSUB sid max`` removes 
 subscription once it has delivered ``max`` messages in all.
 
 Deliveries are at most once: a connection over its output limit, or a broker over
-its output budget, drops them and counts them (``_limits.py``, rule 2).
+its output budget, drops them and counts them (``broker.net``, rule 2 of its limits).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import protocol as P
 
@@ -33,14 +33,28 @@ from protocol.nats import encode_msg, nats_message_of_record
 
 from broker.core import Broker, Counters
 
-__all__ = ["NatsSubscription", "send_core"]
+__all__ = ["NatsClient", "NatsSubscription", "send_core"]
+
+class NatsClient(Protocol):
+    """A NATS connection, as its subscriptions see it (``_session.NatsSession``)."""
+
+    broker: Broker
+    #: Whether its CONNECT said it reads headers (HMSG).
+    headers: bool
+
+    def accepts_pushes(self) -> bool: ...
+
+    def push_nats(self, data: bytes, epoch: int = 0) -> bool: ...
+
+    def remove_subscription(self, sub: NatsSubscription) -> None: ...
+
 
 class NatsSubscription:
-    """One NATS ``SUB`` of a :class:`~broker.nats._session.NatsSession`."""
+    """One NATS ``SUB`` of a :class:`NatsClient`."""
 
     __slots__ = ("session", "sid", "sid_bytes", "subject_filter", "tokens", "queue", "remaining", "delivered", "dropped")
 
-    def __init__(self, session: Any, sid: str, subject_filter: str, queue: str | None) -> None:
+    def __init__(self, session: NatsClient, sid: str, subject_filter: str, queue: str | None) -> None:
         self.session = session
         self.sid = sid
         self.sid_bytes = sid.encode()
@@ -127,7 +141,7 @@ def send_core(
     one it is sent to (a JetStream delivery to an inbox shows the stored subject).
     ``epoch``: a group-commit epoch not yet durable; each subscriber's connection
     holds the message until the sync that makes it durable, which writes it
-    (``Session.send_durable``: no task switch between the fsync and the answer)."""
+    (``Transport.send_durable``: no task switch between the fsync and the answer)."""
     raw = subject.encode()
     subs = broker.subs.match(raw)
     if not subs:

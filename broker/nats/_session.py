@@ -1,34 +1,35 @@
-"""One NATS client connection: the NATS listener's sibling of ``_session.py``.
+"""One NATS client connection: the NATS listener's sibling of the binary session.
 
-:class:`NatsSession` is a :class:`~broker.server._session.Session` that speaks the NATS
-client protocol (``protocol._nats``) instead of ttlbroker's frames. It keeps
-everything else of a session: the output queue counted in ``pending_bytes`` and in
-the broker's output budget, the slow-consumer cut-off, the connection limit and the
-graceful shutdown (``_limits.py``), and the rule that whatever the peer does, only
-this connection ends.
+:class:`NatsSession` speaks the NATS client protocol (``protocol.nats``) over a
+:class:`broker.net.Transport`, as the binary session speaks ttlbroker's frames over
+one: the output queue counted in ``pending_bytes`` and in the broker's output
+budget, the slow-consumer cut-off, the connection limit and the graceful shutdown,
+the lifecycle table, and the rule that whatever the peer does, only this connection
+ends, are the transport's. A GOODBYE of the transport is a ``-ERR`` line here
+(:meth:`NatsSession.goodbye_frame`).
 
 The conversation, as nats-server holds it:
 
 * the server sends ``INFO`` at once (``server_id``, ``version``, ``proto`` 1,
   ``headers``, ``max_payload``, ``auth_required`` with a token, ``tls_required``
-  with TLS); on a TLS listener the client then starts TLS (``_tls.py`` does the
-  handshake) and the protocol goes on inside it;
+  with TLS); on a TLS listener the client then starts TLS (``broker.net.TlsAcceptor``
+  does the handshake) and the protocol goes on inside it;
 * ``CONNECT`` carries the options (``verbose``: ``+OK`` after each operation;
   ``pedantic``; ``headers``; ``no_responders``; ``echo``; ``auth_token``, compared
   in constant time). With a token, anything else first, or a wrong token, is
   answered ``-ERR 'Authorization Violation'`` and the connection closed (after the
-  failed-handshake delay of ``_limits.FailureThrottle``); no ``CONNECT`` within
+  failed-handshake delay of ``broker.net.FailureThrottle``); no ``CONNECT`` within
   ``limits.handshake_timeout`` is ``-ERR 'Authentication Timeout'``;
 * ``PUB``/``HPUB``: a subject the JetStream API handles goes to
   ``broker.jetstream.request``; a subject a topic captures is stored through the
-  broker's one publish path (``_publishing.publish``), and a reply subject gets the
+  broker's one publish path (``Publisher.publish_stored``), and a reply subject gets the
   PubAck (``broker.jetstream.pub_ack``/``pub_error``) once the message is durable
-  as an ack is; any other subject is a core message (``_nats_core.send_core``),
+  as an ack is; any other subject is a core message (``send_core``),
   and a request (a reply subject) that reaches nobody gets nats-server's
   ``NATS/1.0 503`` status message (:meth:`NatsSession.no_responders`) when the
   client asked for ``no_responders``;
 * ``SUB``/``UNSUB`` (with queue groups and a maximum) manage this connection's
-  subscriptions (``_nats_core.NatsSubscription``), at most
+  subscriptions (``NatsSubscription``), at most
   ``limits.max_subscriptions_per_connection`` (``-ERR 'maximum subscriptions
   exceeded'``);
 * ``PING`` gets ``PONG``; the server sends ``PING`` every ``[nats] ping_interval``
@@ -44,23 +45,25 @@ an invalid subject gets ``-ERR 'Invalid Subject'`` (SUB) or, with ``pedantic``,
 from __future__ import annotations
 
 import hmac
-import math
 import secrets
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 import protocol as P
-
 import protocol.nats as PN
+from broker.consumers import session_closed
+from broker.core import NO_TOPIC, VERSION, Broker, get_logger
+from broker.net import SHORT_READ, ConnectionGuard, Reading, TlsAcceptor, Transport
 from protocol import ErrorCode
 from protocol.nats import (
     NATS_NEED_DATA,
-    AckRun,
     OK,
     PING,
     PONG,
+    AckRun,
     NatsConnect,
+    NatsEvent,
     NatsParser,
     NatsPing,
     NatsPong,
@@ -74,17 +77,12 @@ from protocol.nats import (
     valid_nats_subject,
 )
 
-from broker.consumers import session_closed
-from broker.core import NO_TOPIC, VERSION, Broker, get_logger
-from broker.net import ConnectionGuard, TlsAcceptor
-from broker.server._session import GOODBYE_SECONDS, SHORT_READ, Session
-
 from ._core import NatsSubscription, send_core
 
 if TYPE_CHECKING:
     from ._jetstream import JetStream
 
-__all__ = ["NatsSession", "SERVER_ID", "TOO_MANY_CONNECTIONS"]
+__all__ = ["SERVER_ID", "TOO_MANY_CONNECTIONS", "NatsSession"]
 
 log = get_logger(__name__)
 
@@ -120,36 +118,34 @@ TLS_REQUIRED = "Secure Connection - TLS Required"
 TOO_MANY_CONNECTIONS = encode_err(MAX_CONNECTIONS)
 
 
-class _NatsFrames:
-    """The frames ``Session``'s shared code writes (a refused handshake, a GOODBYE),
-    as a NATS client reads them: ``-ERR`` lines (a shutdown writes none,
-    :meth:`NatsSession._goodbye`)."""
+class NatsSession:
+    """See the module docstring.
 
-    @staticmethod
-    def send_error(correlation_id: int, code: int, err: P.BrokerError) -> bytes:
-        return encode_err(_ERR_OF_CODE.get(err.code) or err.message)
-
-    @staticmethod
-    def send_push(kind: P.PushKind, payload: bytes, code: int = 0, correlation_id: int = 0) -> bytes:
-        assert kind is P.PushKind.GOODBYE, kind  # deliveries to NATS clients are MSG/HMSG
-        return encode_err(_ERR_OF_CODE.get(code) or payload.decode())
-
-
-class NatsSession(Session):
-    """See the module docstring."""
-
-    protocol = "nats"
+    Larger than the usual class on purpose: the NATS protocol has a handful of
+    operations, handled here rather than through a command table (PUB, the hot
+    one, costs no dispatch), and the runs of acks and publishes that the read
+    loop takes in one step need the session's own state. It reads in sections:
+    what the transport calls, reading, operations, publishing."""
 
     def __init__(
         self, broker: Broker, js: JetStream, stream: trio.abc.Stream, session_id: int, peer: str, guard: ConnectionGuard,
         tls: TlsAcceptor | None = None,
     ) -> None:
-        super().__init__(broker, stream, session_id, peer, guard)
+        self.broker = broker
         self.js = js
-        self.conn = _NatsFrames()  # type: ignore[assignment]
+        self.id = session_id
+        self.peer = peer
+        self.transport = t = Transport(broker, stream, session_id, peer, guard, self, "nats")
+        # What is called most, bound once (no forwarding call per frame).
+        self.send_now = t.send_now
+        self.accepts_pushes = t.accepts_pushes
         self.parser = NatsParser(server=True, max_payload=broker.max_payload)
-        self.subs: dict[str, NatsSubscription] = {}  # type: ignore[assignment]
+        self.subs: dict[str, NatsSubscription] = {}
+        #: Waiting pulls and consumer-group memberships (``broker.consumers``).
+        self.pulls: set[Any] = set()
+        self.members: dict[Any, Any] = {}
         self.tls = tls
+        self.client_name = ""
         # nats-server's defaults (``defaultOpts``), for what CONNECT leaves out.
         self.verbose = True
         self.pedantic = True
@@ -161,45 +157,63 @@ class NatsSession(Session):
         self._batch: list[tuple[bytes, str | None, Any]] = []
         self._batch_bytes = 0
         #: The last read was short and its answers wait for the group commit: the
-        #: next read waits for the socket first (:meth:`_receive`).
+        #: next read waits for the socket first (:meth:`_read_loop`).
         self._answers_wait = False
 
-    # -- output ----------------------------------------------------------------------
+    # -- what the transport and the broker call ------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the connection until it ends (``Transport.run``), with the pinger."""
+        await self.transport.run(self._read_loop, self._pinger)
+
+    @property
+    def closing(self) -> bool:
+        """The connection is ending (it handles no more requests, takes no messages)."""
+        return self.transport.closing
+
+    def goodbye_frame(self, code: ErrorCode, reason: str) -> bytes | None:
+        """A GOODBYE is a ``-ERR`` line, or nothing where nats-server just closes (a
+        shutdown): then nothing is queued (an empty write would hold the stream while
+        the close half-closes it)."""
+        text = _ERR_OF_CODE.get(code, "")
+        if text is None:
+            return None
+        return encode_err(text or reason)
+
+    def on_sync(self) -> None:
+        """The group commit made answers of this connection durable: they go out
+        after the consumer deliveries the same sync released (``JetStream.release``,
+        which then calls ``Transport.on_sync``)."""
+        self.js.release(self.transport)
+
+    def closed(self) -> None:
+        """The connection ended: its subscriptions, waiting pulls and memberships go."""
+        subs = self.broker.subs
+        for sub in self.subs.values():
+            subs.remove(sub)
+        self.subs.clear()
+        if self.pulls or self.members:
+            session_closed(self.js.consumers, self)
 
     def push_nats(self, data: bytes, epoch: int = 0) -> bool:
         """Queue a MSG/HMSG; False (nothing queued) when the connection is backed up
         or the output budget has no room (deliveries are at most once). With
         ``epoch``: it goes once the group commit has made that epoch durable (a
-        PubAck), written by the sync itself (``Session.send_durable``)."""
-        if self._closing or self.pending_bytes > self._limit or not self.budget.has_room(len(data)):
+        PubAck), written by the sync itself (``Transport.send_durable``)."""
+        t = self.transport
+        if not t.has_room(len(data)):
             return False
         if epoch:
-            self.send_durable(epoch, data)
+            t.send_durable(epoch, data)
         else:
-            self.send_now(data)
+            t.send_now(data)
         return True
-
-    def on_sync(self) -> None:
-        """The group commit made answers of this connection durable: they go out
-        after the consumer deliveries the same sync released (``JetStream.release``)."""
-        self.js.release(self)
-
-    def _goodbye(self, code: ErrorCode, reason: str) -> None:
-        """A GOODBYE is a ``-ERR`` line, or nothing where nats-server just closes (a
-        shutdown): then nothing is queued (an empty write would hold the stream while
-        the close half-closes it)."""
-        if _ERR_OF_CODE.get(code, "") is None:
-            self._handling = False
-            return
-        super()._goodbye(code, reason)
 
     def _fail(self, text: str, reason: str) -> None:
         """``-ERR 'text'``, then close."""
         self.broker.counters.request_errors += 1
         log.debug("protocol_error", session=self.id, peer=self.peer, error=text, protocol="nats")
-        self.send_now(encode_err(text))
-        self._end_as(reason)
-        self._drain_seconds = GOODBYE_SECONDS
+        self.transport.fail(encode_err(text), reason)
 
     def _info(self) -> dict[str, Any]:
         config = self.broker.config
@@ -221,148 +235,155 @@ class NatsSession(Session):
 
     def _address(self) -> tuple[str, int]:
         """The listener's address this client reached (INFO's host and port)."""
-        socket = getattr(self.stream, "socket", None)
+        socket = getattr(self.transport.stream, "socket", None)
         if socket is None:
             return "", 0
         name = socket.getsockname()
         return name[0], name[1]
 
-    # -- reading ---------------------------------------------------------------------
-
-    async def _writer(self) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._pinger)
-            await super()._writer()
+    # -- reading -------------------------------------------------------------------------
 
     async def _pinger(self) -> None:
         """Server PINGs; too many unanswered ones mean a stale connection."""
         nats = self.broker.config.nats
+        t = self.transport
         while True:
             await trio.sleep(nats.ping_interval)
-            if self._closing:
+            if t.closing:
                 return
             if self.pings_out >= nats.max_pings_out:
                 log.info("stale_connection", session=self.id, peer=self.peer, pings_out=self.pings_out)
                 self._fail("Stale Connection", "stale_connection")
-                self._stop_reading()
+                t.stop_reading()
                 return
             self.pings_out += 1
             self.send_now(PING)
 
+    def _partial(self) -> int:
+        return self.parser.buffered
+
     async def _read_loop(self) -> None:
+        """INFO (after TLS, or before it), then: read, handle what the read
+        completed, send its answers; until the connection ends.
+
+        Every operation comes in through ``parser.next_event``, but for runs of
+        plain acks (``parser.ack_run``, ``parser.ack_pubs``: nats-py sends one PUB
+        per ``msg.ack()``, many per read), taken out of the read in one step. A
+        read's writes leave the committer task asleep until the unhold: the
+        ``sync_if_idle`` at the end makes them durable itself, or the unhold wakes
+        it."""
+        t = self.transport
         if self.tls is None:
             self.send_now(encode_info(self._info()))
         elif not await self._open_tls():
             return
         parser = self.parser
-        budget = self.budget
         committer = self.broker.committer
-        acked = False
         while True:
-            if self._closing:
+            if t.closing:
                 return
-            if self.pending_bytes > self._limit or budget.total > budget.limit:
+            if t.full():
                 await self._wait_room()
-            try:
-                data = await self._receive()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._lost()
+            if self._answers_wait:
+                # The last read was short and its client waits for its answers: it
+                # sends nothing more before them, so reading at once would only find
+                # nothing (a system call and an exception a request).
+                self._answers_wait = False
+                await t.wait_readable()
+            data = await t.read(self._partial)
+            if data is None:
                 return
-            if not data:
-                self._end_as("closed_mid_frame" if parser.buffered else "closed")
-                return
-            if self._closing:
-                return
-            # This read's writes leave the committer task asleep until the unhold: the
-            # sync_if_idle below makes them durable itself, or the unhold wakes it.
             committer.hold()
             try:
                 parser.receive_data(data)
                 short = len(data) < SHORT_READ
-                sent = self._sent_bytes
-                self._handling = True
-                handled = False
-                try:
-                    while True:
-                        if self.ready and not self.verbose and not self.pedantic and parser.at_ack():
-                            run = parser.ack_run()  # nats-py: one PUB per msg.ack(), many per read
-                            if run is not None and self._ack_run(*run):
-                                acked = True
-                                continue
-                            acks = parser.ack_pubs()  # other acks (a reply, a body), or a mix
-                            if acks:
-                                acked = True
-                                committer.unhold()  # (writes from here on wake it)
-                                if not await self._acks(acks):
-                                    return
-                                continue
-                        try:
-                            event = parser.next_event()
-                        except NatsProtocolError as err:
-                            self._flush()
-                            self._fail(err.text, "protocol_error")
-                            return
-                        if event is NATS_NEED_DATA:
-                            handled = True
-                            break
-                        if not self.ready:
-                            committer.unhold()
-                            if not await self._before_connect(event):
-                                return
-                        if self._closing:
-                            return
-                        self._event(event)
-                        if self._stopped_or_full():
-                            self._flush()
-                            committer.unhold()
-                            if await self._ending():
-                                return
-                finally:
-                    self._flush()
-                    self._handling = False
-                    if not handled:
-                        self._settle_soon()
-                all_out = not self._now or self._send_nowait()
+                sent = t.sent_bytes
+                acked = await self._handle_read()
+                if acked is None:
+                    return
+                all_out = not t.has_queued() or t.send_nowait()
                 if acked:
-                    acked = False
                     self._settle_soon()  # after the send: a pull that went ahead of them is out
                 else:
                     self._settle_held()
                 if not all_out:
                     committer.unhold()
-                    self._reader_sending = True
-                    try:
-                        await self._send_ready()  # what the socket did not take at once
-                    finally:
-                        self._reader_sending = False
-                durable = short and bool(self._durable)
-                self._answers_wait = durable or (short and self._sent_bytes != sent)
+                    await t.write_queued()  # what the socket did not take at once
+                durable = short and t.has_durable()
+                self._answers_wait = durable or (short and t.sent_bytes != sent)
                 if durable:
                     committer.sync_if_idle()  # their client sends nothing more before them
             finally:
                 committer.unhold()
 
-    async def _receive(self) -> bytes:
-        """``Session._receive``; but after a short read whose answers wait for the
-        group commit (one request, a publish or a KV put awaited by its client), or
-        went out during it (a KV get, any request answered at once), wait until the
-        socket is readable before reading: the client sends nothing more before its
-        answer, so reading at once would only find nothing (a system call and an
-        exception a request)."""
-        if self._answers_wait:
-            self._answers_wait = False
-            sock = self._sock
-            if sock is not None and self.stream is self._sock_stream:
-                self._unchecked = 0
-                await trio.lowlevel.wait_readable(sock)
-        return await super()._receive()
+    async def _handle_read(self) -> bool | None:
+        """Handle, in order, every operation the reads so far completed. True: some
+        were acks (settled soon); None: the connection is ending."""
+        t = self.transport
+        parser = self.parser
+        committer = self.broker.committer
+        acked = False
+        t.reading = Reading.HANDLING
+        handled = False
+        try:
+            while True:
+                if not t.awaiting_handshake and not self.verbose and not self.pedantic and parser.at_ack():
+                    run = parser.ack_run()  # nats-py: one PUB per msg.ack(), many per read
+                    if run is not None and self._ack_run(*run):
+                        acked = True
+                        continue
+                    acks = parser.ack_pubs()  # other acks (a reply, a body), or a mix
+                    if acks:
+                        acked = True
+                        committer.unhold()  # (writes from here on wake it)
+                        if not await self._acks(acks):
+                            return None
+                        continue
+                try:
+                    event = parser.next_event()
+                except NatsProtocolError as err:
+                    self._flush()
+                    self._fail(err.text, "protocol_error")
+                    return None
+                if event is NATS_NEED_DATA:
+                    handled = True
+                    return acked
+                if t.awaiting_handshake:
+                    committer.unhold()
+                    if not await self._before_connect(event):
+                        return None
+                if t.closing:
+                    return None
+                self._event(event)
+                if t.stopped_or_full():
+                    self._flush()
+                    committer.unhold()
+                    if await self._ending():
+                        return None
+        finally:
+            self._flush()
+            t.reading = Reading.RECEIVING
+            if not handled:
+                self._settle_soon()
+
+    async def _ending(self) -> bool:
+        """After an operation: wait while the connection or the broker is over its
+        output limit; True when the connection is ending."""
+        t = self.transport
+        if not t.closing and t.full():
+            await self._wait_room()
+        return t.closing
+
+    async def _wait_room(self) -> None:
+        self._settle_soon()  # acks queued by this read are not held while it waits
+        await self.transport.wait_room()
 
     async def _open_tls(self) -> bool:
         """INFO then the client's TLS handshake, or, with ``[nats]
         tls_handshake_first``, the handshake first and INFO over TLS: always (true),
         or when the client starts one within the configured wait. False: closed."""
         first = self.broker.config.nats.tls_handshake_first
-        if first is not False and (first is True or await self._speaks_within(first)):
+        if first is not False and (first is True or await self.transport.wait_speaks(first)):
             if not await self._start_tls():
                 return False
             self.send_now(encode_info(self._info()))
@@ -370,30 +391,23 @@ class NatsSession(Session):
         self.send_now(encode_info(self._info()))
         return await self._start_tls()
 
-    async def _speaks_within(self, seconds: float) -> bool:
-        """Whether the client sends something (a TLS ClientHello, or its end) within
-        ``seconds``, before the server has said anything."""
-        with trio.move_on_after(seconds):
-            await trio.lowlevel.wait_readable(self.stream.socket)  # type: ignore[attr-defined]
-            return True
-        return False
-
     async def _start_tls(self) -> bool:
         """The client starts TLS: after INFO (nats-py's ``start_tls``), or first."""
-        await self._send_ready()
-        assert self.tls is not None
-        secured = await self.tls.accept(self.stream, self.peer, self.id, plain_reply=encode_err(TLS_REQUIRED))  # type: ignore[arg-type]
+        t = self.transport
+        await t.send_ready()
+        assert self.tls is not None and isinstance(t.stream, trio.SocketStream), t.stream
+        secured = await self.tls.accept(t.stream, self.peer, self.id, plain_reply=encode_err(TLS_REQUIRED))
         if secured is None:
-            self._end_as("tls_failed")
+            t.end_as("tls_failed")
             return False
-        self.stream = secured
+        t.stream = secured
         return True
 
-    async def _before_connect(self, event: Any) -> bool:
+    async def _before_connect(self, event: NatsEvent) -> bool:
         """The first operation: CONNECT (checked against the token), or, without a
         token, anything. False: the connection is refused."""
         token = self.broker.config.server.auth_token
-        if event.__class__ is NatsConnect:
+        if isinstance(event, NatsConnect):
             given = event.options.get("auth_token")
             if token and not (isinstance(given, str) and hmac.compare_digest(given.encode(), token.encode())):
                 await self._refuse_auth()
@@ -401,22 +415,19 @@ class NatsSession(Session):
         elif token:
             await self._refuse_auth()
             return False
-        self.ready = True
-        self.guard.waiting.pop(self, None)
-        if self._read_scope is not None:
-            self._read_scope.deadline = math.inf
+        self.transport.opened()
         return True
 
     async def _refuse_auth(self) -> None:
         """``-ERR 'Authorization Violation'`` and the close, counted, delayed and
-        logged as a refused handshake of the main port is."""
-        await self._refuse_handshake(0, P.error_class(ErrorCode.UNAUTHORIZED)("the auth token is missing or wrong"))
+        logged as a refused handshake of the main port is (``Transport.refuse``)."""
+        err = P.error_class(ErrorCode.UNAUTHORIZED)("the auth token is missing or wrong")
+        await self.transport.refuse(err, encode_err(AUTH_VIOLATION))
 
-    # -- operations ------------------------------------------------------------------
+    # -- operations ----------------------------------------------------------------------
 
-    def _event(self, event: Any) -> None:
-        cls = event.__class__
-        if cls is NatsPub:
+    def _event(self, event: NatsEvent) -> None:
+        if isinstance(event, NatsPub):
             self._publish(event)
         else:
             self._flush()  # the messages that came before are handled first
@@ -426,14 +437,14 @@ class NatsSession(Session):
             if event is NatsPong:
                 self.pings_out = 0
                 return
-            if cls is NatsSub:
+            if isinstance(event, NatsSub):
                 if not self._subscribe(event):
                     return
-            elif cls is NatsUnsub:
+            elif isinstance(event, NatsUnsub):
                 self._unsubscribe(event)
-            elif cls is NatsConnect:
+            elif isinstance(event, NatsConnect):
                 self._connect(event.options)
-                if self._closing:
+                if self.transport.closing:
                     return
             if self.verbose:
                 self.send_now(OK)
@@ -471,7 +482,7 @@ class NatsSession(Session):
             i += 1
             js.request(subject, reply, None, payload, self)
             state = js.consumer_state
-            if self._stopped_or_full() and await self._ending():
+            if self.transport.stopped_or_full() and await self._ending():
                 return False
         return True
 
@@ -489,10 +500,6 @@ class NatsSession(Session):
         state = self.js.consumer_state
         if state is not None and state.held:
             state.settle_held()
-
-    async def _wait_room(self) -> None:
-        self._settle_soon()  # acks queued by this read are not held while it waits
-        await super()._wait_room()
 
     def _connect(self, options: dict[str, Any]) -> None:
         """CONNECT, as nats-server reads it into the options it has: a field left out
@@ -537,19 +544,12 @@ class NatsSession(Session):
         else:
             self.remove_subscription(sub)
 
-    def _closed(self) -> None:
-        """The connection ended: its subscriptions, waiting pulls and memberships go."""
-        subs = self.broker.subs
-        for sub in self.subs.values():
-            subs.remove(sub)
-        self.subs.clear()
-        if self.pulls or self.members:
-            session_closed(self.js.consumers, self)
-
     def remove_subscription(self, sub: NatsSubscription) -> None:
         if self.subs.get(sub.sid) is sub:
             del self.subs[sub.sid]
             self.broker.subs.remove(sub)
+
+    # -- publishing ----------------------------------------------------------------------
 
     def _publish(self, ev: NatsPub) -> None:
         if ev.headers is not None and not self.headers:

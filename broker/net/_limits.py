@@ -6,7 +6,7 @@ Rules of this file:
 1. Every byte a connection has queued for sending (responses, durable acks waiting
    for their fsync, pushes, a GOODBYE) is counted in its session's
    ``pending_bytes`` and in :class:`OutputBudget` ``total`` from the moment it is
-   queued until ``send_all`` returns. ``_session.py`` does the counting; this file
+   queued until ``send_all`` returns. ``_transport.py`` does the counting; this file
    decides what happens when the counts are too high.
 2. Deliveries are never queued past a limit (they are dropped and counted:
    core subscriptions are at most once); responses are never dropped, the

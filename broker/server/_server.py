@@ -1,7 +1,7 @@
 """The server: one nursery that owns everything the broker runs.
 
 ``serve(config, task_status=...)`` first binds the broker's port, the NATS port
-(``[nats]``, ``_nats_session.py``) and the monitoring port (``[http]``), so that an
+(``[nats]``, ``broker.nats``) and the monitoring port (``[http]``), so that an
 address in use fails at once rather than after a long recovery, and serves the
 monitoring endpoints from then on (``_monitoring.py``; ``/healthz`` answers 503).
 It then opens the data directory and recovers it (in a worker thread), starts the
@@ -22,14 +22,14 @@ from then on. It returns only when cancelled; cancelling it is a graceful shutdo
 Resource handling: each connection runs in its own task (``Session.run``, or
 ``NatsSession.run`` on the NATS port), which closes its stream when it ends; on a
 TLS port (``[server] tls_cert``) that task first completes the TLS handshake
-(``_tls.py``; a NATS client starts TLS after the server's INFO). Both ports count
+(``broker.net``; a NATS client starts TLS after the server's INFO). Both ports count
 against one ``limits.max_connections``. All connections share one output
 budget and one failed-handshake throttle, and a watch task cuts off slow consumers
-(``_limits.py``).
+(``broker.net``).
 Files and directories are created with ``[system] file_mode`` and ``dir_mode``.
 
 Error handling: nothing a connection does can reach the server's nursery.
-``_connection`` and ``Session.run`` catch what one connection raises (inside trio's
+``_connection`` and ``Transport.run`` catch what one connection raises (inside trio's
 exception groups too), log it and count it; only cancellation passes. Accept errors
 that mean "out of file descriptors or memory" are logged and retried after 100 ms
 (trio does that in ``serve_listeners``); any other accept error stops the server.
@@ -57,11 +57,11 @@ from broker.consumers import ConsumerEngine
 from broker.core import Broker, Clock, get_logger
 from broker.kv import KvReads
 from broker.monitoring import Monitor, State, serve_http
-from broker.nats import TOO_MANY_CONNECTIONS, JetStream, NatsSession
-from broker.net import ConnectionGuard, TlsAcceptor, watch_connections
+from broker.nats import TOO_MANY_CONNECTIONS, NatsSession, open_jetstream
+from broker.net import DRAIN_SECONDS, GOODBYE_SECONDS, ConnectionGuard, TlsAcceptor, watch_connections
 
 from ._dispatch import Dispatch
-from ._session import DRAIN_SECONDS, GOODBYE_SECONDS, Session
+from ._session import Session
 from ._startup import StartupError, startup_failure
 
 __all__ = ["serve", "run_server", "ServerHandle", "Services"]
@@ -83,7 +83,7 @@ class Services:
         self.broker = broker
         self.kv = KvReads(broker)
         self.consumers = ConsumerEngine(broker)
-        self.jetstream = JetStream(broker, self.consumers, self.kv)
+        self.jetstream = open_jetstream(broker, self.consumers, self.kv)
         self.guard = ConnectionGuard(broker.config.limits)
         self.dispatch = Dispatch(broker, self.consumers, self.kv, self.guard)
 
@@ -215,18 +215,20 @@ async def _run(
             )
             conn_nursery_holder: list[trio.Nursery] = []
 
-            async def accept_all(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            async def binary_connection(stream: trio.SocketStream) -> None:
+                await _connection(services, stream, next(ids), tls)
+
+            async def nats_connection(stream: trio.SocketStream) -> None:
+                await _connection(services, stream, next(ids), tls, nats=True)
+
+            async def accept_all(task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
                 async with trio.open_nursery() as conns:
                     conn_nursery_holder.append(conns)
-                    await trio.serve_listeners(
-                        lambda stream: _connection(services, stream, next(ids), tls), listeners,
-                        handler_nursery=conns, task_status=task_status,
-                    )
+                    await trio.serve_listeners(binary_connection, listeners, handler_nursery=conns, task_status=task_status)
 
-            async def accept_nats(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            async def accept_nats(task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
                 await trio.serve_listeners(
-                    lambda stream: _connection(services, stream, next(ids), tls, nats=True), nats_listeners,
-                    handler_nursery=conn_nursery_holder[0], task_status=task_status,
+                    nats_connection, nats_listeners, handler_nursery=conn_nursery_holder[0], task_status=task_status,
                 )
 
             await nursery.start(accept_all)
@@ -290,7 +292,7 @@ async def _shutdown(broker: Broker, guard: ConnectionGuard, listeners: list[trio
     """Refuse new work, make it durable, send what is queued, then say GOODBYE
     (SHUTTING_DOWN) to every connection and close it.
 
-    Connections do not see the server's cancellation (``Session.run`` shields
+    Connections do not see the server's cancellation (``Transport.run`` shields
     itself): they are ended here, once their GOODBYE is out (or after
     ``GOODBYE_SECONDS`` for a client that does not read), and in any case by the
     ``abort`` at the end."""
@@ -343,10 +345,10 @@ async def _connection(
     """One accepted connection (``nats``: on the NATS port), from accept to close.
     Never raises (but Cancelled).
 
-    On a TLS port it first completes the TLS handshake (``_tls.py``; a NATS session
+    On a TLS port it first completes the TLS handshake (``broker.net.TlsAcceptor``; a NATS session
     does that itself, after its INFO). At the connection limit it takes the place
     of the connection that has waited longest for its handshake, if any
-    (``_limits.py``, rule 4)."""
+    (``broker.net``, rule 4 of its limits)."""
     broker, guard = services.broker, services.guard
     peer = "?"
     session_stream: trio.abc.Stream = stream
@@ -366,14 +368,16 @@ async def _connection(
                 return
             victim.evict(limit)
         if nats:
-            session: Session = NatsSession(broker, services.jetstream, session_stream, session_id, peer, guard, tls)
+            session: Session | NatsSession = NatsSession(
+                broker, services.jetstream, session_stream, session_id, peer, guard, tls,
+            )
         else:
             session = Session(broker, session_stream, session_id, peer, guard, services.dispatch)
-        guard.sessions.add(session)
+        guard.sessions.add(session.transport)
         log.debug("connection_opened", session=session_id, peer=peer)
         await session.run()
     except* Exception:
-        # Session.run catches its own; this is a bug in the lines above.
+        # Transport.run catches its own; this is a bug in the lines above.
         broker.counters.connections_failed += 1
         log.error("connection_failed", exc_info=True, session=session_id, peer=peer)
     finally:

@@ -11,7 +11,6 @@ import protocol as P
 from protocol import ErrorCode, ProtocolConnection, PushKind, error_class, validate_filter
 
 from broker.core import Broker, Counters, Reply
-from broker.net import OutputBudget
 
 __all__ = ["Subscriber", "Subscription", "subscribe", "unsubscribe"]
 
@@ -22,12 +21,13 @@ class Subscriber(Protocol):
     #: Its subscriptions, by subscription id.
     subs: dict[int, Subscription]
     broker: Broker
-    budget: OutputBudget
 
     @property
     def conn(self) -> ProtocolConnection: ...
 
     def accepts_pushes(self) -> bool: ...
+
+    def has_room(self, n: int) -> bool: ...
 
     def push(self, kind: PushKind, payload: bytes) -> bool: ...
 
@@ -81,7 +81,7 @@ class Subscription:
         if not epoch:
             pushed = session.push(P.PushKind.DELIVERY, delivery)
         else:
-            pushed = session.accepts_pushes() and session.budget.has_room(len(delivery) + 16)
+            pushed = session.has_room(len(delivery) + 16)
             if pushed:
                 session.send_durable(epoch, session.conn.send_push(P.PushKind.DELIVERY, delivery))
         if pushed:

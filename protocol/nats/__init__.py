@@ -60,6 +60,7 @@ from ._wire import ACK_RUN_LIMIT as ACK_RUN_LIMIT
 from ._wire import AckRun as AckRun
 from ._wire import MAX_CONTROL_LINE as MAX_CONTROL_LINE
 from ._wire import NATS_NEED_DATA as NATS_NEED_DATA
+from ._wire import Event as NatsEvent
 from ._wire import NatsConnect as NatsConnect
 from ._wire import NatsErr as NatsErr
 from ._wire import NatsInfo as NatsInfo
@@ -93,7 +94,7 @@ from ._wire import valid_nats_subject as valid_nats_subject
 __all__ = [
     "ACK_NEXT", "ACK_PREFIX", "ACK_RUN_LIMIT", "API_PREFIX", "AckReply", "AckRun", "BAD_REQUEST", "FC_PREFIX",
     "INVALID_JSON", "JSError", "MAX_CONTROL_LINE", "MSG_DELETE_FAILED", "NATS_ERRORS", "NATS_NEED_DATA",
-    "NATS_SETTINGS", "NO_MESSAGE_FOUND", "NS", "NatsConnect", "NatsErr", "NatsInfo", "NatsMsg", "NatsOk",
+    "NATS_SETTINGS", "NO_MESSAGE_FOUND", "NS", "NatsConnect", "NatsErr", "NatsEvent", "NatsInfo", "NatsMsg", "NatsOk",
     "NatsParser", "NatsPing", "NatsPong", "NatsProtocolError", "NatsPub", "NatsSub", "NatsUnsub", "NextRequest",
     "OK", "PING", "PONG", "PURGE_FAILED", "PushSettings", "SEQUENCE_NOT_FOUND", "STREAM_INVALID_CONFIG",
     "STREAM_MISMATCH", "STREAM_NAME_EXIST", "STREAM_NOT_FOUND", "ack_subject", "api_error", "api_response",

@@ -26,7 +26,7 @@ import protocol as P
 import storage
 from storage import _files
 from broker.net._limits import FailureThrottle, OutputBudget, sweep
-from broker.server._session import Session
+from broker.net import Transport
 from broker.client import Client, ConnectionClosedError, connect
 from broker.server import ServerHandle
 
@@ -650,7 +650,7 @@ async def test_a_bug_in_a_connection_task_costs_that_connection(
     async with connect(server.address) as victim:
         sessions = server.services.guard.sessions
         (session,) = [s for s in sessions if s.id == max(x.id for x in sessions)]
-        assert isinstance(session, Session)
+        assert isinstance(session, Transport)
 
         def boom() -> bytes:
             raise RuntimeError("a bug in the writer")

@@ -221,12 +221,10 @@ async def test_runs_answer_byte_for_byte_what_each_request_gets_alone(mock_clock
             s.conn.state = P.State.READY
             s.id = 0
             s.corr = 0
-            s._closing = False
-            s._now_bytes = s.pending_bytes = 0
-            s._limit = 1 << 60
-            s.budget = types.SimpleNamespace(total=0, limit=1)
+            # A transport that takes every frame and is never over a limit.
+            s.transport = types.SimpleNamespace(now_bytes=0, stopped_or_full=lambda: False)  # type: ignore[assignment]
             out: list[bytes] = []
-            s.send_now = out.append  # type: ignore[method-assign]
+            s.send_now = out.append
             return s, out
 
         keys = [*(f"k{i}" for i in range(5)), "x", "hot", "gone", "missing", "a..b", "", "a b", "*"]

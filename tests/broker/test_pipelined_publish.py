@@ -293,7 +293,7 @@ def spy_on_runs(monkeypatch: pytest.MonkeyPatch, broker: Any) -> list[tuple[int,
     real = Publisher.publish_frames
 
     def spy(publisher: Publisher, session: Any, cmds: list[P.Publish]) -> Any:
-        synced, sent = broker.committer.synced, session._sent_bytes
+        synced, sent = broker.committer.synced, session.transport.sent_bytes
         reply = real(publisher, session, cmds)
         assert reply is not None
         runs.append((len(cmds), reply[1], synced, sent))

@@ -1,5 +1,5 @@
 """The per-request path of a session: reads straight from the socket
-(``Session._receive``), synchronous handlers called without a coroutine, answers
+(``Transport.receive``), synchronous handlers called without a coroutine, answers
 sent from the reader with non-blocking writes and the rest by the writer task.
 
 What must hold whatever path a byte takes: a connection that never stops sending

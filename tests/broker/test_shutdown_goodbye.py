@@ -15,7 +15,7 @@ from helpers import RawPeer
 
 import protocol as P
 from broker import ServerHandle
-from broker.server._session import GOODBYE_SECONDS
+from broker.net import GOODBYE_SECONDS
 from broker.client import ConnectionClosedError, ShuttingDownError, connect, encode_msg
 
 REASON = "the broker is shutting down"

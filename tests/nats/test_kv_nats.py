@@ -149,16 +149,25 @@ async def test_after_an_answered_get_the_reader_waits_for_the_next_request(
     core publish that nothing answers on its connection reads at once as before."""
     import nats
 
-    from broker.nats._session import NatsSession
+    from broker.net import Transport
     from helpers import in_asyncio
 
-    waits: list[bool] = []
-    real = NatsSession._receive
+    waits: list[bool] = []  # per read of the getter's connection, as it begins: it waits for the socket first
+    waited = [False]
+    real_read, real_wait = Transport.read, Transport.wait_readable
 
-    async def spy(self: NatsSession) -> bytes:
-        if self.client_name == "getter":
-            waits.append(self._answers_wait)
-        return await real(self)
+    async def wait_spy(self: Transport) -> None:
+        if self.speaker.client_name == "getter":
+            waits.append(True)
+            waited[0] = True
+        await real_wait(self)
+
+    async def spy(self: Transport, partial: Any) -> Any:
+        if self.speaker.client_name == "getter":
+            if not waited[0]:
+                waits.append(False)
+            waited[0] = False
+        return await real_read(self, partial)
 
     async def scenario() -> list[Any]:
         nc = await nats.connect(nats_url, name="getter")
@@ -180,7 +189,8 @@ async def test_after_an_answered_get_the_reader_waits_for_the_next_request(
             await nc.close()
             await other.close()
 
-    monkeypatch.setattr(NatsSession, "_receive", spy)
+    monkeypatch.setattr(Transport, "read", spy)
+    monkeypatch.setattr(Transport, "wait_readable", wait_spy)
     values, gets, publish = await in_asyncio(scenario)
     assert values == [b"v"] * 5
     assert len(gets) >= 5 and all(gets)  # after each get's answer (and the PING's)
