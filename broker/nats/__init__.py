@@ -1,7 +1,22 @@
-"""(being written)"""
+"""The NATS listener: NATS client connections (``NatsSession``, over a
+``broker.net.Transport``), core NATS subscriptions and messages, and the JetStream
+API (``$JS.API.>``: streams, direct gets, KV, consumers and their acks) on the
+broker's own topics, consumers and KV reads.
 
+Inside: ``_session.py`` (one connection), ``_core.py`` (core subscriptions and
+messages), ``_jetstream.py`` (the ``JetStream`` object and its dispatch),
+``_streams.py`` and ``_consumers.py`` (the API families), ``_api.py`` (the API put
+together: ``open_jetstream``).
+
+May import: ``broker.consumers``, ``broker.kv``, ``broker.net``, ``broker.core``,
+``broker.config``, ``protocol``.
+
+Public names: below, in ``__all__``.
+"""
+
+from ._api import open_jetstream as open_jetstream
 from ._jetstream import JetStream as JetStream
 from ._session import TOO_MANY_CONNECTIONS as TOO_MANY_CONNECTIONS
 from ._session import NatsSession as NatsSession
 
-__all__ = ["JetStream", "NatsSession", "TOO_MANY_CONNECTIONS"]
+__all__ = ["JetStream", "NatsSession", "TOO_MANY_CONNECTIONS", "open_jetstream"]

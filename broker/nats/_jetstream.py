@@ -1,25 +1,26 @@
-"""The JetStream API of the NATS listener: the ``JetStream`` object and the
-``$JS.API.>`` dispatcher.
+"""The JetStream API of the NATS listener: the ``JetStream`` object, the state and
+helpers the API modules share, and the dispatch of ``$JS.API.>`` to them.
 
 One :class:`JetStream` per broker (``broker.jetstream``). The NATS session
-(``_nats_session.py``) hands it every PUB/HPUB whose subject :meth:`JetStream.handles`
+(``_session.py``) hands it every PUB/HPUB whose subject :meth:`JetStream.handles`
 (``$JS.API.``, ``$JS.ACK.``, ``$JS.FC.``), synchronously and in arrival order, and
 asks it for the JSON of publish acknowledgements (:meth:`JetStream.pub_ack`,
 :meth:`JetStream.pub_error`). Answers go to the request's reply inbox as core
-messages (``_nats_core.send_core``).
+messages (``send_core``).
 
-Dispatch:
+Dispatch, through the :class:`ApiHandlers` the JetStream object is made with (the
+API modules import this one, never the other way: ``_api.py`` puts them together):
 
-* ``$JS.API.INFO`` and ``$JS.API.STREAM.*``, ``$JS.API.DIRECT.GET.*``: ``_js_streams.py``;
-* ``$JS.API.CONSUMER.<op>...``: ``_js_consumers.consumer_api(js, op, tokens, reply,
+* ``$JS.API.INFO`` and ``$JS.API.STREAM.*``, ``$JS.API.DIRECT.GET.*``: ``_streams.py``;
+* ``$JS.API.CONSUMER.<op>...``: ``_consumers.consumer_api(js, op, tokens, reply,
   headers, payload)``, where ``op`` is ``CREATE``, ``DURABLE.CREATE``, ``INFO``,
   ``DELETE``, ``NAMES``, ``LIST``, ``MSG.NEXT`` (or any other token that follows
   ``CONSUMER.``) and ``tokens`` the subject's tokens after it (``[stream, ...]``);
-* ``$JS.ACK.>`` and ``$JS.FC.>``: ``_js_consumers.ack(js, subject, reply, payload)``.
+* ``$JS.ACK.>`` and ``$JS.FC.>``: ``_consumers.ack(js, subject, reply, payload)``.
 
 Work that must wait (catalog changes, the group commit) runs in the nursery of
 :meth:`JetStream.run`, which the server starts beside its listeners; ``run`` also
-runs ``_js_consumers.run(js)`` (heartbeats and the like) when that module has one.
+runs the consumers' background work (``_consumers.run``: settling acks).
 
 Naming (docs/protocol.md, "NATS listener"): a NATS stream ``S`` is the one-partition
 topic ``S`` (lower-cased by the name rule; the name as given is kept in the topic's
@@ -31,7 +32,7 @@ ttlbroker stream is named ``<stream>/<topic>`` in PubAcks (as in ``Nats-Stream``
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -43,7 +44,7 @@ from protocol.nats import pub_error as _pub_error
 from broker.consumers import ConsumerEngine
 from broker.core import Broker, Stream, Topic, get_logger
 from broker.kv import KvReads
-from broker.server._session import Session
+from broker.net import Transport
 
 from ._core import send_core
 
@@ -65,15 +66,33 @@ MAX_WAITING_REQUESTS = 256
 TOPIC_CACHE_LIMIT = 1024
 
 
+class ApiHandlers(NamedTuple):
+    """The API modules' entry points (``_api.HANDLERS``)."""
+
+    #: ``(js, bucket, reply, payload)``: a ``STREAM.MSG.GET.KV_<bucket>`` answered
+    #: without a dispatch; False when it is not one it answers so.
+    kv_get: Callable[[JetStream, str, str | None, bytes], bool]
+    #: ``(js, tokens after $JS.API., reply, headers, payload)``: INFO, STREAM.*, DIRECT.GET.*.
+    streams: Callable[[JetStream, list[str], str | None, bytes | None, bytes], None]
+    #: ``(js, op, tokens after it, reply, headers, payload, last)``: CONSUMER.<op>.
+    consumers: Callable[[JetStream, str, list[str], str | None, bytes | None, bytes, bool], None]
+    #: ``(js, subject, reply, payload)``: $JS.ACK.> and $JS.FC.>.
+    ack: Callable[[JetStream, str, str | None, bytes], None]
+    #: ``(js)``: the consumers' background work, for the broker's lifetime.
+    background: Callable[[JetStream], Awaitable[None]]
+
+
 class JetStream:
     """Args:
     broker: the broker whose topics the API shows as NATS streams.
     consumers: its consumer engine.
     kv: its KV reads.
+    handlers: the API modules' entry points.
     """
 
-    def __init__(self, broker: Broker, consumers: ConsumerEngine, kv: KvReads) -> None:
+    def __init__(self, broker: Broker, consumers: ConsumerEngine, kv: KvReads, handlers: ApiHandlers) -> None:
         self.broker = broker
+        self.handlers = handlers
         self.consumers = consumers
         self.kv = kv
         self.nursery: trio.Nursery | None = None
@@ -84,10 +103,10 @@ class JetStream:
         #: The ttlbroker stream that holds the NATS streams (``[nats] stream``, by the
         #: name rule).
         self.namespace = normalize_name(broker.config.nats.stream, "[nats] stream")
-        #: The NATS side of the consumers (``_js_consumers.State``, made at first use).
+        #: The NATS side of the consumers (``_consumers.State``, made at first use).
         self.consumer_state: Any = None
         #: NATS connections with answers a sync made durable, released by :meth:`_synced`.
-        self._released: list[Session] = []
+        self._released: list[Transport] = []
         #: NATS stream name -> its topic (:meth:`topic`).
         self._topics: dict[str, Topic] = {}
         #: The NATS session whose request is being handled, and its subject.
@@ -110,21 +129,22 @@ class JetStream:
         subject). ``last``: ``origin`` handles nothing else it read before it calls
         ``consumer_state.settle_held()``, which it does once it has sent what this
         queued, before it yields (a pull may then go ahead of the acks before it,
-        ``_js_consumers.State.may_pass``)."""
+        ``_consumers.State.may_pass``)."""
         self._origin, self._subject = origin, subject
+        handlers = self.handlers
         try:
-            if subject.startswith(_KV_GET_PREFIX) and _js_streams.kv_get(self, subject[len(_KV_GET_PREFIX) :], reply, payload):
+            if subject.startswith(_KV_GET_PREFIX) and handlers.kv_get(self, subject[len(_KV_GET_PREFIX) :], reply, payload):
                 return  # nats-py's kv.get, answered as api() answers it (no dispatch, no request dict)
             if subject.startswith(API_PREFIX):
                 tokens = subject[len(API_PREFIX) :].split(".")
                 if tokens[0] == "CONSUMER":
                     op_len = 2 if tokens[1:2] in (["DURABLE"], ["MSG"]) else 1
                     op = ".".join(tokens[1 : 1 + op_len])
-                    _js_consumers.consumer_api(self, op, tokens[1 + op_len :], reply, headers, payload, last)
+                    handlers.consumers(self, op, tokens[1 + op_len :], reply, headers, payload, last)
                 else:
-                    _js_streams.api(self, tokens, reply, headers, payload)
+                    handlers.streams(self, tokens, reply, headers, payload)
             else:
-                _js_consumers.ack(self, subject, reply, payload)
+                handlers.ack(self, subject, reply, payload)
         except Exception as exc:  # a bug must not end the connection, nor pass silently
             log.error("jetstream_request_failed", subject=subject, error=repr(exc))
             self.respond(reply, api_error("error", JSError(500, 10077, f"internal error: {exc}")))
@@ -153,9 +173,7 @@ class JetStream:
         the consumers' background work."""
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
-            consumers_run = getattr(_js_consumers, "run", None)  # what the consumers need running, if anything
-            if consumers_run is not None:
-                nursery.start_soon(consumers_run, self)
+            nursery.start_soon(self.handlers.background, self)
             await trio.sleep_forever()
 
     # -- helpers for the API modules ---------------------------------------------------
@@ -172,10 +190,10 @@ class JetStream:
             epoch = 0
         send_core(self.broker, reply, None, headers, body, epoch=epoch)
 
-    def release(self, session: Session) -> None:
+    def release(self, transport: Transport) -> None:
         """A NATS connection's answers waiting for the group commit (PubAcks) became
         durable: they go once the deliveries the same sync released are queued."""
-        self._released.append(session)
+        self._released.append(transport)
 
     def _synced(self, epoch: int) -> None:
         """After each sync, once the consumer engine has been told what it made
@@ -183,20 +201,20 @@ class JetStream:
         consumers have deliveries to make, after the engine's task has queued them
         (as nats-server, which delivers a message before its PubAck reaches the
         publisher: a KV watcher sees a put before the next one is made)."""
-        sessions, self._released = self._released, []
-        if not sessions:
+        transports, self._released = self._released, []
+        if not transports:
             return
         if self.consumers.filling and self.nursery is not None:
-            self.nursery.start_soon(self._release_later, sessions)
+            self.nursery.start_soon(self._release_later, transports)
             return
-        for session in sessions:
-            Session.on_sync(session)
+        for transport in transports:
+            transport.on_sync()
 
     @staticmethod
-    async def _release_later(sessions: list[Session]) -> None:
+    async def _release_later(transports: list[Transport]) -> None:
         await trio.lowlevel.checkpoint()  # the consumer engine's task, woken by this sync, runs first
-        for session in sessions:
-            Session.on_sync(session)
+        for transport in transports:
+            transport.on_sync()
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` in the API's nursery (it must handle its own errors).
@@ -280,5 +298,3 @@ class JetStream:
                 out.extend(t for t in s.topics.values() if t.config.kv is not None)
         return sorted(out, key=self.stream_name)
 
-
-from . import _consumers as _js_consumers, _streams as _js_streams  # noqa: E402  (they import this module)
