@@ -628,7 +628,7 @@ class KvGet(_Request):
 
 _new = object.__new__
 _set_stream, _set_topic, _set_subject, _set_revision = (
-    KvGet.stream.__set__, KvGet.topic.__set__, KvGet.subject.__set__, KvGet.revision.__set__,  # type: ignore[misc, attr-defined]
+    KvGet.stream.__set__, KvGet.topic.__set__, KvGet.subject.__set__, KvGet.revision.__set__,  # type: ignore[misc, attr-defined]  # slot descriptors, which mypy types as the fields
 )
 
 

@@ -152,7 +152,15 @@ class LocalProtocolError(ProtocolError):
 
 
 class RemoteProtocolError(ProtocolError):
-    """The peer sent bytes that break the protocol."""
+    """The peer sent bytes that break the protocol.
+
+    Attributes:
+        correlation_id: the id of the frame that broke it (0: none could be read).
+        frame_code: that frame's command code (0: none could be read).
+    """
+
+    correlation_id: int = 0
+    frame_code: int = 0
 
 
 class BrokerError(Exception):

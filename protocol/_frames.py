@@ -197,8 +197,8 @@ class FrameDecoder:
 
     def _fail(self, message: str, code: ErrorCode, corr: int, frame_code: int) -> None:
         err = RemoteProtocolError(message, code)
-        err.correlation_id = corr  # type: ignore[attr-defined]
-        err.frame_code = frame_code  # type: ignore[attr-defined]
+        err.correlation_id = corr
+        err.frame_code = frame_code
         self._error = err
         self._buf = bytearray()
         self._pos = 0

@@ -650,7 +650,7 @@ class Message:
             and self.topic_id == other.topic_id
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # equal records are mutable views: unhashable, as a dataclass with eq would be
 
 
 def split_records(run: bytes | memoryview) -> list[memoryview]:

@@ -261,7 +261,9 @@ class Acks(_Response):
         """Raise the first message's error, if any message failed; else return self."""
         for i, s in enumerate(self.statuses):
             if s and s != _DUPLICATE:
-                raise self[i].error  # type: ignore[misc]
+                err = self[i].error
+                assert err is not None  # a refusal's status always has its error
+                raise err
         return self
 
 
@@ -449,11 +451,11 @@ class TopicDetails(_Response):
 
     @property
     def options(self) -> dict[str, Any]:
-        return self.extra.get("options", {})  # type: ignore[return-value]
+        return self.extra.get("options", {})  # type: ignore[return-value]  # the broker writes a map there
 
     @property
     def stream_id(self) -> int:
-        return self.extra.get("stream_id", 0)  # type: ignore[return-value]
+        return self.extra.get("stream_id", 0)  # type: ignore[return-value]  # the broker writes an integer there
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from protocol import ErrorCode, error_class
 __all__ = ["CorruptedRecord", "StorageFailure"]
 
 
-class CorruptedRecord(error_class(ErrorCode.CORRUPTED_RECORD)):  # type: ignore[misc]
+class CorruptedRecord(error_class(ErrorCode.CORRUPTED_RECORD)):  # type: ignore[misc]  # a base made by a call: mypy sees no class
     """A record failed its checksum, is truncated, or is missing from its file.
 
     Attributes:
@@ -23,5 +23,5 @@ class CorruptedRecord(error_class(ErrorCode.CORRUPTED_RECORD)):  # type: ignore[
         return (type(self), (self.message, self.offset))
 
 
-class StorageFailure(error_class(ErrorCode.STORAGE_FAILURE)):  # type: ignore[misc]
+class StorageFailure(error_class(ErrorCode.STORAGE_FAILURE)):  # type: ignore[misc]  # a base made by a call: mypy sees no class
     """The operating system refused a file operation (disk full, I/O error, ...)."""

@@ -279,7 +279,7 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
                 for child in action.choices.values():
                     mark(child)
             elif action.option_strings and action.dest in kinds:
-                action.complete = kinds[action.dest]  # type: ignore[attr-defined]
+                action.complete = kinds[action.dest]  # type: ignore[attr-defined]  # argcomplete's hook: an attribute argparse does not declare
 
     mark(parser)
     return shtab.complete(parser, shell=shell)

@@ -468,8 +468,9 @@ class _AsyncioLink(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(high=HIGH_WATER)  # type: ignore[attr-defined]
+        # A stream connection's transport: uvloop's is not an asyncio.Transport subclass.
+        self._transport = transport  # type: ignore[assignment]  # (see above)
+        transport.set_write_buffer_limits(high=HIGH_WATER)  # type: ignore[attr-defined]  # (see above)
 
     def data_received(self, data: bytes) -> None:
         self._on_data(data)

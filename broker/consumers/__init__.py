@@ -34,7 +34,9 @@ from ._model import MS as MS
 from ._model import Consumer as Consumer
 from ._model import ConsumerPartition as ConsumerPartition
 from ._model import Member as Member
+from ._model import ConsumerClient as ConsumerClient
 from ._model import PullClient as PullClient
+from ._model import PullOwner as PullOwner
 from ._model import PullRequest as PullRequest
 from ._offsets import delete_consumer_offset as delete_consumer_offset
 from ._offsets import get_consumer_offset as get_consumer_offset
@@ -45,7 +47,8 @@ from ._pulls import fail as fail
 from ._pulls import retire as retire
 
 __all__ = [
-    "MS", "Consumer", "ConsumerConfig", "ConsumerEngine", "ConsumerPartition", "Member", "PullClient", "PullRequest",
+    "MS", "Consumer", "ConsumerClient", "ConsumerConfig", "ConsumerEngine", "ConsumerPartition", "Member", "PullClient",
+    "PullOwner", "PullRequest",
     "ack", "change_consumer", "collect", "consumer_info", "create_consumer", "delete_consumer",
     "delete_consumer_offset", "end", "end_pulls", "fail", "get_consumer_offset", "join_group", "leave_group",
     "list_consumers", "new_consumer", "pull", "remove_consumer", "retire", "session_closed", "store_consumer_offset",

@@ -16,7 +16,7 @@ from broker.core import Reply, Topic, get_logger
 from ._config import ConsumerConfig
 from ._engine import ConsumerEngine
 from ._groups import any_draining, join, leave, owned, rebalance
-from ._model import MS, Consumer, ConsumerPartition, PullClient, PullRequest, entries
+from ._model import MS, Consumer, ConsumerClient, ConsumerPartition, PullClient, PullRequest, entries
 from ._pulls import collect, end, retire
 
 __all__ = [
@@ -265,7 +265,7 @@ def end_pulls(engine: ConsumerEngine, session: PullClient, cmd: P.EndPulls) -> R
     return b""
 
 
-def session_closed(engine: ConsumerEngine, session: PullClient) -> None:
+def session_closed(engine: ConsumerEngine, session: ConsumerClient) -> None:
     """A connection ended: its waiting pulls go, its memberships end (what its
     members held comes back at once)."""
     for req in list(session.pulls):

@@ -45,7 +45,7 @@ from broker.core import Broker, Clock, Counters, Partition, Topic, get_logger
 from ._config import ConsumerConfig
 
 __all__ = [
-    "MS", "ConsumerLog", "Consumer", "ConsumerPartition", "Engine", "Member", "Outstanding", "PullClient", "PullRequest",
+    "MS", "ConsumerLog", "Consumer", "ConsumerPartition", "Engine", "Member", "Outstanding", "ConsumerClient", "PullClient", "PullOwner", "PullRequest",
     "entries",
 ]
 
@@ -96,17 +96,31 @@ class Engine(Protocol):
         """Store ``c``'s offset in ``cp`` as its topic's stored consumer offset."""
 
 
-class PullClient(Protocol):
-    """The connection a pull or a group member belongs to."""
+class PullOwner(Protocol):
+    """What a waiting pull belongs to: a connection, or (the NATS listener's pulls,
+    answered to reply subjects) the listener itself."""
 
-    #: The correlation id of the request being handled.
-    corr: int
-    #: Its waiting pulls and its memberships (what ends when it closes).
+    #: Its waiting pulls.
     pulls: set[PullRequest]
-    members: dict[Consumer, Member]
 
     @property
     def closing(self) -> bool: ...
+
+
+class ConsumerClient(PullOwner, Protocol):
+    """A connection of either protocol, as the consumers see it when it closes
+    (``session_closed``)."""
+
+    #: Its consumer-group memberships.
+    members: dict[Consumer, Member]
+
+
+class PullClient(ConsumerClient, Protocol):
+    """A binary-protocol connection a pull or a group member belongs to (whose
+    pulls this module answers)."""
+
+    #: The correlation id of the request being handled.
+    corr: int
 
     @property
     def conn(self) -> ProtocolConnection: ...
@@ -422,7 +436,7 @@ class PullRequest:
     #: first deliveries is taken (its ``respond``/``more`` handle them).
     takes_runs = False
 
-    def __init__(self, session: PullClient, corr: int, consumer: Consumer, batch: int, max_bytes: int, member: Member | None) -> None:
+    def __init__(self, session: PullOwner, corr: int, consumer: Consumer, batch: int, max_bytes: int, member: Member | None) -> None:
         self.session = session
         self.corr = corr
         self.consumer = consumer
@@ -433,23 +447,29 @@ class PullRequest:
         self.id = 0
         self.ended = False
 
-    # How a pull's messages and end reach its client (the NATS listener's pulls,
-    # ``broker/nats/_consumers.py``, answer in their own protocol).
+    # How a pull's messages and end reach its client: here, a binary-protocol
+    # connection (a PullClient); the NATS listener's pulls override all three and
+    # answer in their own protocol (``broker/nats/_consumers.py``).
+
+    def _client(self) -> PullClient:
+        return cast(PullClient, self.session)
 
     def respond(self, status: PullEnd, parts: list[PullPart], count: int) -> None:
         """The response that ends the pull, with its last messages."""
         t = self.consumer.topic
         payload = encode_pull_batch(int(status), t.stream.id, t.id, count, entries(parts))
-        self.session.send_now(self.session.conn.send_raw_response(self.corr, P.Command.PULL, payload))
+        client = self._client()
+        client.send_now(client.conn.send_raw_response(self.corr, P.Command.PULL, payload))
 
     def more(self, parts: list[PullPart], count: int) -> None:
         """Messages for the pull, which goes on waiting."""
         t = self.consumer.topic
-        self.session.push_pull(self.corr, encode_pull_batch(int(PullEnd.MORE), t.stream.id, t.id, count, entries(parts)))
+        self._client().push_pull(self.corr, encode_pull_batch(int(PullEnd.MORE), t.stream.id, t.id, count, entries(parts)))
 
     def refuse(self, err: P.BrokerError) -> None:
         """End the pull with an error (its consumer is gone)."""
-        self.session.send_now(self.session.conn.send_error(self.corr, P.Command.PULL, err))
+        client = self._client()
+        client.send_now(client.conn.send_error(self.corr, P.Command.PULL, err))
 
 
 def entries(parts: list[PullPart]) -> list[bytes | memoryview]:

@@ -31,8 +31,6 @@ matches its subjects.
 
 from __future__ import annotations
 
-from typing import Any
-
 import protocol as P
 from protocol import RemovalReason as R
 from protocol import TTL_NEVER, BrokerError, ErrorCode, scan_bodies
@@ -97,7 +95,7 @@ class Publisher:
 
     # -- entry points ----------------------------------------------------------------
 
-    def publish(self, session: Any, cmd: P.Publish) -> Reply:
+    def publish(self, session: object, cmd: P.Publish) -> Reply:
         """A PUBLISH request (``session`` unused: the dispatch table's signature).
 
         Raises:
@@ -119,7 +117,7 @@ class Publisher:
             payload = batch.acks().encode()
         return (payload, epoch) if epoch else payload
 
-    def publish_frames(self, session: Any, requests: list[tuple[int, bytes, int]]) -> tuple[bytes, int] | None:
+    def publish_frames(self, session: object, requests: list[tuple[int, bytes, int]]) -> tuple[bytes, int] | None:
         """Consecutive PUBLISH requests (acked, at least one message each; ``(correlation
         id, payload, message count)``, as ``ProtocolConnection.take_publish`` gives them)
         as one batch: one pass over their bodies, one append per partition, one epoch
@@ -159,7 +157,7 @@ class Publisher:
         self._store(batch)
         return batch.ack_frames(corrs, counts), batch.epoch
 
-    def publish_stored(self, session: Any, cmd: P.Publish) -> StoredReply:
+    def publish_stored(self, session: object, cmd: P.Publish) -> StoredReply:
         """A publish of the NATS listener, which makes each PubAck from the offset
         where the message went: see :data:`StoredReply`.
 

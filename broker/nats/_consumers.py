@@ -401,12 +401,13 @@ class State:
         headers_only = self.settings_of(c).headers_only
         name = c.name
         subs = self.broker.subs.match(subject.encode())
-        if any(sub.__class__ is not NatsSubscription for sub in subs):  # a ttlbroker subscriber too: one by one
+        nats_subs = [sub for sub in subs if isinstance(sub, NatsSubscription)]
+        if len(nats_subs) != len(subs):  # a ttlbroker subscriber too: one by one
             parts = expand_runs(parts)
             messages = [js_delivery(parts[i], parts[i + 1], stream, name, headers_only) for i in range(0, len(parts), 2)]
             return sum([send_core(self.broker, subject, r.decode(), h, p, shown=s) > 0 for s, r, h, p in messages])
         reached = 0
-        for sub in subs:  # one formatting pass and one write per NATS subscriber
+        for sub in nats_subs:  # one formatting pass and one write per NATS subscriber
             n = sub.room(count)
             if n:
                 some = parts if n == count else expand_runs(parts)[: 2 * n]
