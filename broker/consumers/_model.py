@@ -471,6 +471,12 @@ class PullRequest:
         client = self._client()
         client.send_now(client.conn.send_error(self.corr, P.Command.PULL, err))
 
+    def unheard(self) -> bool:
+        """Whether nobody would receive this pull's messages: its connection is
+        closing. A pull that nobody hears is passed over and dropped before any
+        message is handed to it (``_pulls.fill``)."""
+        return self.session.closing
+
 
 def entries(parts: list[PullPart]) -> list[bytes | memoryview]:
     """The parts of a pull that does not take runs (``PullRequest.takes_runs`` false:

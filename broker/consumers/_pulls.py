@@ -269,8 +269,8 @@ def fill(engine: Engine, c: Consumer) -> None:
     for req in list(c.waiting):
         if req.ended:
             continue
-        if req.session.closing:
-            end(req, PullEnd.EXPIRED)
+        if req.unheard():  # nobody would get its messages: they stay for the next pull
+            retire(req)
             continue
         parts, count, hit = collect(engine, c, req)
         if not count:

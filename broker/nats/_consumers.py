@@ -442,7 +442,7 @@ def _state(js: JetStream) -> State:
 class NatsPull(PullRequest):
     """A ``CONSUMER.MSG.NEXT`` request waiting on its consumer."""
 
-    __slots__ = ("state", "reply", "no_wait", "heartbeat_ns", "max_bytes")
+    __slots__ = ("state", "reply", "reply_bytes", "no_wait", "heartbeat_ns", "max_bytes")
 
     takes_runs = True  # :meth:`State.deliver` formats them
 
@@ -450,9 +450,17 @@ class NatsPull(PullRequest):
         super().__init__(state.owner, 0, c, max(nr.batch, 1), nr.max_bytes, None)
         self.state = state
         self.reply = reply
+        self.reply_bytes = reply.encode()
         self.no_wait = nr.no_wait
         self.heartbeat_ns = nr.heartbeat_ns
         self.max_bytes = nr.max_bytes
+
+    def unheard(self) -> bool:
+        """No subscription matches the reply subject (its client closed, unsubscribed
+        or timed out): nobody hears it, and it is dropped without an answer, as
+        nats-server drops a waiting request without interest (``nextWaiting``,
+        ``processWaiting``)."""
+        return not self.state.broker.subs.match(self.reply_bytes)
 
     def _deliver(self, parts: list[Any], count: int) -> bool:
         """Send the messages; False (and the pull dropped) when nobody got them."""
@@ -574,6 +582,14 @@ class PushWindow(NatsPull):
         nr = NextRequest(WINDOW_MSGS, WINDOW_BYTES, 0, False, 0)
         super().__init__(push.state, push.subject, push.consumer, nr)
         self.push = push
+
+    def unheard(self) -> bool:
+        """The deliver subject lost its last subscriber: the window goes, and the push
+        waits for one (nothing is delivered meanwhile, nothing is lost)."""
+        if self.state.broker.subs.match(self.reply_bytes):
+            return False
+        self.push.unbind()
+        return True
 
     def _deliver(self, parts: list[Any], count: int) -> bool:
         if count:
@@ -885,6 +901,20 @@ def _sequence_info(consumer_seq: int, stream_seq: int, at_ns: int) -> dict[str, 
     return out
 
 
+def _num_waiting(c: Consumer) -> int:
+    """The pull requests waiting on ``c`` that someone hears; those nobody hears go
+    first (nats-server's ``processWaiting``, which its consumer info runs)."""
+    n = 0
+    for r in list(c.waiting):
+        if isinstance(r, PushWindow) or r.ended:
+            continue
+        if r.unheard():
+            retire(r)
+        else:
+            n += 1
+    return n
+
+
 def _info(st: State, c: Consumer) -> dict[str, Any]:
     cp = c.parts[0]
     settings = st.settings_of(c)
@@ -897,7 +927,7 @@ def _info(st: State, c: Consumer) -> dict[str, Any]:
         "ack_floor": _sequence_info(c._ack_floor_dseq(), cp.ack_floor, c.acked_at),
         "num_ack_pending": c.num_ack_pending,
         "num_redelivered": c.num_redelivered,
-        "num_waiting": sum(1 for r in c.waiting if not isinstance(r, PushWindow)),
+        "num_waiting": _num_waiting(c),
         "num_pending": c.num_pending,
     }
     if settings.deliver_subject and st.broker.subs.match(settings.deliver_subject.encode()):

@@ -116,6 +116,71 @@ async def test_pull_fetch_ack_and_consumer_info_counters(mock_clock: Any, nats_u
     assert (final.delivered.stream_seq, final.ack_floor.stream_seq, final.num_ack_pending, final.num_pending) == (5, 5, 0, 0)
 
 
+async def _dead_request(nats_url: str, batch: int) -> None:
+    """A client that starts ``fetch(batch)`` on the durable ``work`` and closes its
+    connection while the request waits."""
+    nc, js = await connect(nats_url)
+    psub = await js.pull_subscribe("orders.>", durable="work")
+    pending = asyncio.ensure_future(psub.fetch(batch, timeout=5))
+    await asyncio.sleep(0.05)  # the request is out (real time: nats-py's own wait)
+    pending.cancel()
+    await nc.close()
+    with pytest.raises(BaseException):
+        await pending
+
+
+async def _waiting_until(js: Any, n: int) -> Any:
+    """The durable's info once ``num_waiting`` is ``n`` (the broker has seen the dead
+    client's connection end)."""
+    for _ in range(200):
+        info = await js.consumer_info(STREAM, "work")
+        if info.num_waiting == n:
+            return info
+        await asyncio.sleep(0.01)
+    return info
+
+
+async def test_a_pull_whose_client_has_gone_takes_no_message(mock_clock: Any, nats_url: str) -> None:
+    """A waiting pull whose reply subject nobody hears is dropped before any message
+    is handed to it, as nats-server does: after a worker restarts, the next message
+    reaches the new worker at once (virtual time stands still: nothing comes back
+    after an ack wait), and the consumer info counts no dead request."""
+
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        nc, js = await connect(nats_url)
+        await orders(js, 0)
+        await _dead_request(nats_url, 1)
+        out["info"] = await _waiting_until(js, 0)
+        psub = await js.pull_subscribe("orders.>", durable="work")
+        await js.publish("orders.x", b"one")
+        msgs = await fetch_or_none(psub, 1, timeout=2)
+        out["got"] = [(m.data, m.metadata.num_delivered) for m in msgs]
+        for m in msgs:
+            await m.ack_sync()
+        # A dead request for 100, then 50 messages: all 50 reach the live worker, in order.
+        await _dead_request(nats_url, 100)
+        await _waiting_until(js, 0)
+        for i in range(50):
+            await js.publish(f"orders.{i}", b"m%d" % i)
+        got: list[Any] = []
+        while len(got) < 50:
+            batch = await fetch_or_none(psub, 50 - len(got), timeout=2)
+            if not batch:
+                break
+            got += batch
+        out["fifty"] = [(m.data, m.metadata.num_delivered) for m in got]
+        out["after"] = await js.consumer_info(STREAM, "work")
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    assert (r["info"].num_waiting, r["info"].num_ack_pending) == (0, 0)
+    assert r["got"] == [(b"one", 1)]
+    assert r["fifty"] == [(b"m%d" % i, 1) for i in range(50)]
+    assert (r["after"].num_ack_pending, r["after"].num_redelivered) == (50, 0)
+
+
 async def test_redelivery_after_ack_wait_nak_delay_term_and_in_progress(mock_clock: Any, nats_url: str) -> None:
     async def scenario() -> dict[str, Any]:
         nc, js = await connect(nats_url)
