@@ -107,6 +107,13 @@ class _NoLink:
 _NO_LINK: Final = _NoLink()
 
 
+class Queued(Protocol):
+    """Frames queued to go without a response (a consumer's acks), sent by
+    :meth:`flush`."""
+
+    def flush(self) -> None: ...
+
+
 class Reconnected(enum.Enum):
     """The type of :data:`RECONNECTED`."""
 
@@ -287,6 +294,9 @@ class Connection:
         self._on_reconnect = on_reconnect
         self._on_closed = on_closed
         self._corr = itertools.count(1)
+        #: What has frames queued to go without a response: flushed before any
+        #: request is written, so no request overtakes them (:meth:`_write_request`).
+        self._queued: set[Queued] = set()
         self._sids = itertools.count(1)
         self._subs: dict[int, Subscription] = {}
         self._conn: _Conn | None = None
@@ -610,13 +620,26 @@ class Connection:
         waiter = self._backend.waiter()
         conn.pending[corr] = waiter
         if payload is None:
-            conn.link.write(conn.proto.send_request(corr, command))
+            self._write_request(conn, conn.proto.send_request(corr, command))
         else:
-            conn.link.write(P.encode_frame(command, 0, corr, 0, payload))
+            self._write_request(conn, P.encode_frame(command, 0, corr, 0, payload))
         try:
             return await waiter.wait()
         finally:
             conn.pending.pop(corr, None)
+
+    def _write_request(self, conn: _Conn, frame: bytes) -> None:
+        """Write one request, after every frame queued to go without a response before
+        it (the consumers' acks, ``_consumers._Acker``): a request written on a
+        connection never overtakes them, so what it asks sees them (read your own
+        acks: a consumer info after ``await msg.ack()`` counts that ack)."""
+        if self._queued:
+            self._flush_queued()
+        conn.link.write(frame)
+
+    def _flush_queued(self) -> None:
+        for queued in list(self._queued):
+            queued.flush()
 
     # -- what the parts built on this class add (``_consumers.ConsumerMethods``) ------
 

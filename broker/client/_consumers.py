@@ -188,7 +188,9 @@ class _Acker:
         entries.append(entry)
         if len(entries) >= ACK_FLUSH_AT:
             self.flush()
-        elif not self.scheduled:
+            return
+        self.client._queued.add(self)  # sent before the client's next request
+        if not self.scheduled:
             self.scheduled = True
             self.client._backend.spawn(self._flush_soon)
 
@@ -202,6 +204,7 @@ class _Acker:
     def flush(self) -> None:
         """Send what is queued, without a response; dropped when no connection is up
         (those messages are delivered again after their ack wait)."""
+        self.client._queued.discard(self)
         entries = self.entries
         if not entries:
             return
@@ -217,6 +220,7 @@ class _Acker:
         has made it durable, with every ack sent before it on this connection (an
         ACK_SYNC with no entries makes those durable)."""
         entries, self.entries = self.entries, []
+        self.client._queued.discard(self)
         if entry is not None:
             entries.append(entry)
         if not entries and not self.unsynced:
@@ -429,7 +433,7 @@ class MessageStream:
             client = self._client
             corr = next(client._corr) & 0xFFFFFFFF or next(client._corr)
             conn.pending[corr] = call
-            conn.link.write(conn.proto.send_request(corr, cmd))
+            client._write_request(conn, conn.proto.send_request(corr, cmd))
             self._calls.append(call)
             self._outstanding += batch
 
@@ -759,7 +763,7 @@ class ConsumerMethods(Requests):
                     call = _PullCall(acker, sink, batch, conn)
                     corr = next(self._corr) & 0xFFFFFFFF or next(self._corr)
                     conn.pending[corr] = call
-                    conn.link.write(conn.proto.send_request(corr, cmd))
+                    self._write_request(conn, conn.proto.send_request(corr, cmd))
                     try:
                         await sink.waiter.wait()
                     except ConnectionLostError:

@@ -53,6 +53,8 @@ class Requests(Connection):
         w = self._backend.waiter(self._timeout)
         pending = conn.pending
         pending[corr] = w
+        if self._queued:
+            self._flush_queued()  # (:meth:`_write_request`, inline: the hot path)
         conn.link.write(P.encode_frame(code, 0, corr, 0, payload))
         try:
             return await w.wait()
@@ -121,7 +123,7 @@ class Requests(Connection):
         if conn is None:
             with self._backend.timeout(self._timeout):
                 conn = await self._wait_connected()
-        conn.link.write(conn.proto.send_request(0, command))
+        self._write_request(conn, conn.proto.send_request(0, command))
         await conn.link.drain()
 
     # -- server --------------------------------------------------------------------

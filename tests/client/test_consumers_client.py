@@ -207,6 +207,46 @@ async def test_ack_nak_term_in_progress(mock_clock: Any, data_dir: Path) -> None
         assert info.num_ack_pending == 0 and info.num_pending == 0
 
 
+async def test_a_request_goes_out_after_the_acks_queued_before_it(mock_clock: Any, data_dir: Path) -> None:
+    """Read your own acks: an ack without sync costs no round trip, but a request
+    written after it on the same connection (an info, a pull) goes out after it."""
+    async with broker_and_client(data_dir) as (_, c):
+        await setup(c)
+        await c.create_consumer(S, T, "work")
+        await publish(c, 4)
+        a, b, d, e = await c.pull(S, T, "work", 4, no_wait=True)
+        await a.ack()
+        assert (await c.consumer_info(S, T, "work")).num_ack_pending == 3
+        await b.ack()
+        await d.ack()
+        assert await c.pull(S, T, "work", 1, no_wait=True) == []  # e is still out, nothing else
+        assert (await c.consumer_info(S, T, "work")).num_ack_pending == 1
+        await e.term()
+        info = await c.consumer_info(S, T, "work")
+        assert info.num_ack_pending == 0 and info.raw["ack_floor"]["stream_seq"] == 4
+
+
+def test_asyncio_requests_go_out_after_the_acks_queued_before_them(data_dir: Path) -> None:
+    proc = BrokerProcess(data_dir)
+
+    async def main() -> list[int]:
+        async with aio.connect(proc.address) as c:
+            await c.create_stream(S)
+            await c.create_topic(S, T, subjects=["orders.>"])
+            await c.create_consumer(S, T, "work")
+            await c.publish_batch([("orders.a", b"m%d" % i) for i in range(3)])
+            out = []
+            for m in await c.pull(S, T, "work", 3, no_wait=True):
+                await m.ack()
+                out.append((await c.consumer_info(S, T, "work")).num_ack_pending)
+            return out
+
+    try:
+        assert aio.run(main()) == [2, 1, 0]
+    finally:
+        proc.stop()
+
+
 async def test_acks_queued_at_close_are_sent(mock_clock: Any, data_dir: Path) -> None:
     cfg = make_config(data_dir, **{"system.partition.fsync": "never"})
     async with start_server(cfg, Clock()) as handle:
