@@ -57,6 +57,7 @@ from broker.core import NO_TOPIC, VERSION, Broker, get_logger
 from broker.net import SHORT_READ, ConnectionGuard, Reading, TlsAcceptor, Transport
 from protocol import ErrorCode
 from protocol.nats import (
+    API_PREFIX,
     NATS_NEED_DATA,
     OK,
     PING,
@@ -574,6 +575,11 @@ class NatsSession:
             return
         if handled:
             self._flush()
+            if subject.startswith(API_PREFIX):
+                # As on nats-server, where the API is one more subscription: the core
+                # subscriptions that match an API request get it too (monitoring
+                # tools watch $JS.API.>), before its answer.
+                send_core(broker, subject, ev.reply, ev.headers, ev.payload, origin=self)
             # The last operation of the read: the read loop sends what it queued,
             # then settles any acks it went ahead of, before anything else.
             js.request(subject, ev.reply, ev.headers, ev.payload, self, last=not self.parser.buffered)

@@ -104,6 +104,36 @@ async def test_create_info_names_list_delete(nats_url: str, nats_server: ServerH
     assert "  NATS stream           ORDERS (allow direct)\n" in shown
 
 
+async def test_api_requests_reach_the_core_subscriptions_that_match_them(nats_url: str, nats_server: ServerHandle) -> None:
+    """As on nats-server, where the JetStream API is one more subscription: a core
+    subscriber of ``$JS.API.>`` (NATS or ttlbroker) sees each request, with its reply
+    subject, and the requester still gets its answer."""
+    async with connect(nats_server.address) as ours:
+        watched = await ours.subscribe("$JS.API.STREAM.>")
+
+        async def fn(nc: Any, js: Any) -> dict[str, Any]:
+            watcher = await nats.connect(nats_url)
+            try:
+                sub = await watcher.subscribe("$JS.API.>")
+                await watcher.flush()
+                info = await js.add_stream(name="WATCHED", subjects=["watched.>"])
+                await js.stream_info("WATCHED")
+                seen = [await sub.next_msg(timeout=5) for _ in range(2)]
+                return {"info": info, "seen": [(m.subject, m.reply.startswith("_INBOX."), json.loads(m.data or b"{}")) for m in seen]}
+            finally:
+                await watcher.close()
+
+        r = await _js(nats_url, fn)
+        with trio.fail_after(5):
+            ours_seen = [await watched.next() for _ in range(2)]
+    assert r["info"].config.name == "WATCHED"
+    assert [(subject, is_inbox) for subject, is_inbox, _ in r["seen"]] == [
+        ("$JS.API.STREAM.CREATE.WATCHED", True), ("$JS.API.STREAM.INFO.WATCHED", True),
+    ]
+    assert r["seen"][0][2]["subjects"] == ["watched.>"]
+    assert [m.subject for m in ours_seen] == ["$JS.API.STREAM.CREATE.WATCHED", "$JS.API.STREAM.INFO.WATCHED"]
+
+
 async def test_refusals(nats_url: str) -> None:
     """What ttlbroker does not have is refused with the server's error shape."""
 
