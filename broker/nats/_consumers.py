@@ -1,4 +1,4 @@
-"""JetStream consumers over the NATS listener (issue 14), on the consumer engine
+"""JetStream consumers over the NATS listener, on the consumer engine
 (``_consumers.py``, ``_pulls.py``): no second engine.
 
 ``_jetstream.py`` dispatches ``$JS.API.CONSUMER.<op>`` here (:func:`consumer_api`)
@@ -19,14 +19,17 @@ with core messages (``send_core``) to the request's reply inbox.
 * **Acks**: ``+ACK``, ``-NAK`` (with ``{"delay": ns}``), ``+TERM``, ``+WPI``,
   ``+NXT`` go to ``ConsumerEngine.settle``; an ack sent as a request (``ack_sync``)
   is answered once the consumer state it changed is durable.
-* **Push consumers** (ephemeral, ``ack_policy: none``: what ``js.subscribe(...,
-  ordered_consumer=True)`` and the KV watchers create): a :class:`Push` keeps one
-  :class:`PushWindow` waiting on the consumer; a window delivers up to
-  :data:`WINDOW_MSGS` messages or :data:`WINDOW_BYTES` to the deliver subject, then,
-  with flow control, sends ``100 FlowControl Request`` and the next window starts
-  when the client answers on ``$JS.FC...``; idle heartbeats (``100 Idle Heartbeat``
-  with ``Nats-Last-Consumer/Stream``) go out when nothing was delivered for a
-  heartbeat interval.
+* **Push consumers** (a deliver subject; durable or ephemeral, any ack policy, with
+  or without a ``deliver_group``: what ``js.subscribe`` creates): a :class:`Push`
+  keeps one :class:`PushWindow` waiting on the consumer while the deliver subject
+  has a subscriber; a window takes up to :data:`WINDOW_MSGS` messages or
+  :data:`WINDOW_BYTES` and the next one starts at once, unless flow control is at
+  its limit. Flow control is nats-server's sliding limit (``FC_START_PENDING``
+  doubling to ``FC_MAX_PENDING``; ``100 FlowControl Request`` past half of it, the
+  client answers on ``$JS.FC...``); idle heartbeats (``100 Idle Heartbeat`` with
+  ``Nats-Last-Consumer/Stream``) go out when nothing was delivered for a heartbeat
+  interval. With queue groups on the deliver subject, each message goes to one member
+  (:meth:`State._spread`). Acks and redeliveries are the engine's, as for pulls.
 * **Ephemeral consumers** are deleted ``inactive_threshold`` (default 5 s, the
   server's) after their last pull, or after their deliver subject lost its last
   subscriber.
@@ -95,9 +98,16 @@ NS = 1_000_000_000
 #: An ephemeral consumer without ``inactive_threshold`` goes after this long unused
 #: (the server's ``JsDeleteWaitTimeDefault``).
 EPHEMERAL_INACTIVE_NS = 5 * NS
-#: A push consumer's flow-control window.
+#: The most a push consumer hands to its deliver subject in one step (a window, a
+#: pull of the engine's): the next step starts at once, unless flow control waits.
 WINDOW_MSGS = 1024
 WINDOW_BYTES = 1 << 20
+#: Flow control, as nats-server's: bytes delivered and not yet covered by a
+#: flow-control reply may reach the current limit, which starts at a sixteenth of
+#: FC_MAX_PENDING and doubles with each reply up to it; the request goes out once
+#: they pass half the limit, so delivery goes on while it is answered.
+FC_MAX_PENDING = 32 * 1024 * 1024
+FC_START_PENDING = FC_MAX_PENDING // 16
 #: Entries of the ack-subject lookup cache before it is cleared.
 ACK_CACHE_LIMIT = 10_000
 #: Page sizes of CONSUMER.NAMES and CONSUMER.LIST (the server's).
@@ -400,12 +410,15 @@ class State:
         stream = self.js.stream_name(c.topic)
         headers_only = self.settings_of(c).headers_only
         name = c.name
-        subs = self.broker.subs.match(subject.encode())
+        raw = subject.encode()
+        subs = self.broker.subs.match(raw)
         nats_subs = [sub for sub in subs if isinstance(sub, NatsSubscription)]
         if len(nats_subs) != len(subs):  # a ttlbroker subscriber too: one by one
             parts = expand_runs(parts)
             messages = [js_delivery(parts[i], parts[i + 1], stream, name, headers_only) for i in range(0, len(parts), 2)]
             return sum([send_core(self.broker, subject, r.decode(), h, p, shown=s) > 0 for s, r, h, p in messages])
+        if any(sub.queue for sub in nats_subs):
+            return self._spread(raw, expand_runs(parts), stream, name, headers_only)
         reached = 0
         for sub in nats_subs:  # one formatting pass and one write per NATS subscriber
             n = sub.room(count)
@@ -413,6 +426,29 @@ class State:
                 some = parts if n == count else expand_runs(parts)[: 2 * n]
                 frames, size = js_delivery_frames(some, sub.sid_bytes, stream, name, headers_only, sub.session.headers)
                 reached = max(reached, sub.send_frames(frames, n, size))
+        return reached
+
+
+    def _spread(self, subject: bytes, parts: list[Any], stream: str, name: str, headers_only: bool) -> int:
+        """:meth:`deliver` to a subject with queue groups (a push consumer's
+        ``deliver_group``): each message goes to the subscriptions matching picks for
+        it, one member of each group, as nats-server picks per message; then one
+        write per subscriber. Returns how many messages reached someone."""
+        match = self.broker.subs.match
+        per: dict[NatsSubscription, list[Any]] = {}
+        reached = 0
+        for i in range(0, len(parts), 2):
+            subs = match(subject)
+            if subs:
+                reached += 1
+            for sub in subs:
+                if isinstance(sub, NatsSubscription):
+                    per.setdefault(sub, []).extend((parts[i], parts[i + 1]))
+        for sub, some in per.items():
+            n = sub.room(len(some) // 2)
+            if n:
+                frames, size = js_delivery_frames(some[: 2 * n], sub.sid_bytes, stream, name, headers_only, sub.session.headers)
+                sub.send_frames(frames, n, size)
         return reached
 
 
@@ -578,8 +614,8 @@ class PushWindow(NatsPull):
 
     __slots__ = ("push",)
 
-    def __init__(self, push: Push) -> None:
-        nr = NextRequest(WINDOW_MSGS, WINDOW_BYTES, 0, False, 0)
+    def __init__(self, push: Push, max_bytes: int) -> None:
+        nr = NextRequest(WINDOW_MSGS, max_bytes, 0, False, 0)
         super().__init__(push.state, push.subject, push.consumer, nr)
         self.push = push
 
@@ -594,7 +630,7 @@ class PushWindow(NatsPull):
     def _deliver(self, parts: list[Any], count: int) -> bool:
         if count:
             reached = self.state.deliver(self.consumer, self.reply, parts, count)
-            self.push.delivered(reached)
+            self.push.delivered(reached, sum(len(p) for p in parts[1::2]))
             if not reached:  # the subscriber went away: wait for another
                 self.push.unbind()
                 return False
@@ -619,6 +655,12 @@ class Push:
         self.heartbeat_ns = settings.idle_heartbeat_ns
         self.fc_reply = ""
         self.fc_count = 0
+        #: Flow control (nats-server's ``pbytes``, ``maxpb``, ``fcsz``): bytes
+        #: delivered and not yet covered by a reply, the current limit, and the bytes
+        #: the outstanding request covers.
+        self.pending_bytes = 0
+        self.max_pending = FC_START_PENDING
+        self.fc_size = 0
         self.busy = False  # something was delivered since the last heartbeat tick
         self.window: PushWindow | None = None
 
@@ -632,7 +674,7 @@ class Push:
         consumer without interest delivers nothing), else wait for one."""
         if self.state.broker.subs.match(self.subject.encode()):
             self.state.unbound.discard(self)
-            if self.window is None and not self.fc_reply:
+            if self.window is None and self._has_room():
                 self.open_window()
         elif not self.consumer.deleted:
             self.state.unbound.add(self)
@@ -641,40 +683,70 @@ class Push:
         self.stop()
         self.state.unbound.add(self)
 
+    def _has_room(self) -> bool:
+        """Flow control lets more go (always, without it)."""
+        return not self.flow_control or self.pending_bytes < self.max_pending
+
     def open_window(self) -> None:
         c = self.consumer
         if c.deleted:
             return
-        self.window = w = PushWindow(self)
+        room = WINDOW_BYTES
+        if self.flow_control:
+            room = min(room, max(self.max_pending - self.pending_bytes, 1))
+        self.window = w = PushWindow(self, room)
         c.waiting.append(w)
         self.state.owner.pulls.add(w)
         self.state.engine.kick(c)
 
-    def delivered(self, reached: int) -> None:
+    def delivered(self, reached: int, size: int) -> None:
+        """``reached`` of the messages of ``size`` bytes went out: with flow control,
+        they count as pending, and the request goes out once they pass half the
+        limit (nats-server's ``needFlowControl``)."""
         self.busy = True
         if reached:
             self.state.touch(self.consumer)
-
-    def window_done(self) -> None:
-        self.window = None
         if not self.flow_control:
-            self.open_window()
             return
+        self.pending_bytes += size
+        if not self.fc_reply:
+            if self.pending_bytes > self.max_pending // 2:
+                self._request_flow()
+        elif self.pending_bytes - self.fc_size >= self.max_pending:
+            self.fc_size += size
+
+    def _request_flow(self) -> None:
         self.fc_count += 1
         c = self.consumer
         self.fc_reply = f"{FC_PREFIX}{self.state.js.stream_name(c.topic)}.{c.name}.{self.fc_count}"
+        self.fc_size = self.pending_bytes
         self.state.flow[self.fc_reply] = self
         if self.state.send(self.subject, self.fc_reply, status_message(100, "FlowControl Request")):
             self.state.touch(c)
 
+    def window_done(self) -> None:
+        """The window is used up: the next starts at once, or, with flow control at
+        its limit, when the outstanding request is answered."""
+        self.window = None
+        if self._has_room():
+            self.open_window()
+
     def flow_reply(self, subject: str) -> None:
-        if subject == self.fc_reply:
-            self._clear_flow()
+        """The answer to the latest flow-control request (an older one is ignored, as
+        on the server): the bytes it covers are no longer pending, the limit doubles
+        (up to FC_MAX_PENDING), and delivery goes on."""
+        if subject != self.fc_reply:
+            return
+        self.max_pending = min(self.max_pending * 2, FC_MAX_PENDING)
+        self.pending_bytes = max(self.pending_bytes - self.fc_size, 0)
+        self._clear_flow()
+        if self.window is None and self._has_room():
             self.open_window()
 
     def _clear_flow(self) -> None:
         self.state.flow.pop(self.fc_reply, None)
         self.fc_reply = ""
+        self.fc_size = 0
 
     def tick(self, now_ns: int) -> None:
         c = self.consumer
@@ -690,6 +762,7 @@ class Push:
     def stop(self) -> None:
         self.state.unbound.discard(self)
         self._clear_flow()
+        self.pending_bytes = 0  # nats-server resets its flow accounting too
         if self.window is not None:
             retire(self.window)
             self.window = None

@@ -99,6 +99,9 @@ class PushSettings:
 
     durable: bool
     deliver_subject: str = ""
+    #: A push consumer's queue group: each message goes to one subscriber of the
+    #: deliver subject in this group.
+    deliver_group: str = ""
     flow_control: bool = False
     idle_heartbeat_ns: int = 0
     headers_only: bool = False
@@ -120,7 +123,6 @@ class PushSettings:
 _UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "rate_limit_bps": (lambda v: bool(v), "consumer rate_limit_bps is not supported by ttlbroker"),
     "sample_freq": (lambda v: bool(v), "consumer sample_freq is not supported by ttlbroker"),
-    "deliver_group": (lambda v: bool(v), "push consumers with a deliver_group (queue groups) are not supported by ttlbroker: use a pull consumer"),
     "max_batch": (lambda v: bool(v), "consumer max_batch (MaxRequestBatch) is not supported by ttlbroker"),
     "max_expires": (lambda v: bool(v), "consumer max_expires (MaxRequestExpires) is not supported by ttlbroker"),
     "max_bytes": (lambda v: bool(v), "consumer max_bytes (MaxRequestMaxBytes) is not supported by ttlbroker"),
@@ -135,7 +137,7 @@ _UNSUPPORTED: dict[str, tuple[Any, str]] = {
 _KNOWN = {
     "name", "durable_name", "description", "deliver_policy", "opt_start_seq", "opt_start_time", "ack_policy",
     "ack_wait", "max_deliver", "backoff", "filter_subject", "filter_subjects", "replay_policy", "max_waiting",
-    "max_ack_pending", "flow_control", "idle_heartbeat", "headers_only", "deliver_subject", "inactive_threshold",
+    "max_ack_pending", "flow_control", "idle_heartbeat", "headers_only", "deliver_subject", "deliver_group", "inactive_threshold",
     "num_replicas", "mem_storage", *_UNSUPPORTED,
 }
 
@@ -256,17 +258,16 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
             raise JSError(400, 10083, "consumer idle heartbeat needs to be >= 100ms")
         if fc and not hb:
             raise JSError(400, 10108, "consumer with flow control also needs heartbeats")
-        if durable:
-            raise _invalid("durable push consumers are not supported by ttlbroker: use a pull consumer, or an ephemeral (ordered) push consumer")
-        if ap != "none":
-            raise _invalid("push consumers with acknowledgements are not supported by ttlbroker: use a pull consumer, or ack_policy none (ordered consumers)")
     inactive = _ns("inactive_threshold", raw.get("inactive_threshold") or 0)
     if inactive < 0:
         raise _invalid("consumer inactive_threshold needs to be positive")
     if durable and inactive:
         raise _invalid("inactive_threshold on a durable consumer is not supported by ttlbroker: durable consumers stay until deleted")
+    group = raw.get("deliver_group") or ""  # a pull consumer keeps it and ignores it, as the server
+    if not isinstance(group, str):
+        raise JSError(400, 10025, "invalid JSON: deliver_group must be a string")
     settings = PushSettings(
-        durable=durable, deliver_subject=deliver, flow_control=fc, idle_heartbeat_ns=hb,
+        durable=durable, deliver_subject=deliver, deliver_group=group, flow_control=fc, idle_heartbeat_ns=hb,
         headers_only=bool(raw.get("headers_only")), inactive_threshold_ns=inactive if not durable else 0,
         mem_storage=bool(raw.get("mem_storage")), num_replicas=replicas,
         max_deliver=1 if ap == "none" and md == 1 else 0, ack_wait_ns=wait if ap == "none" else 0,
@@ -288,6 +289,8 @@ def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettin
         out["description"] = cfg["description"]
     if settings.deliver_subject:
         out["deliver_subject"] = settings.deliver_subject
+    if settings.deliver_group:
+        out["deliver_group"] = settings.deliver_group
     dp = cfg["deliver_policy"]
     if dp == "by_start_offset":
         out["deliver_policy"] = "by_start_sequence"

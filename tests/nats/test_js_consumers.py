@@ -367,7 +367,7 @@ async def test_create_info_names_list_delete_and_errors(nats_url: str) -> None:
             "stream_name": STREAM, "config": {"name": "f", "filter_subject": "orders.us"}})
         out["replay"] = await err(js.add_consumer(STREAM, durable_name="r", replay_policy="original"))
         out["sample"] = await err(js.add_consumer(STREAM, durable_name="s", sample_freq="50%"))
-        out["push_durable"] = await err(js.add_consumer(STREAM, durable_name="p", deliver_subject="here"))
+        out["push_durable"] = await js.add_consumer(STREAM, durable_name="p", deliver_subject="here", deliver_group="g")
         out["hb_pull"] = await err(js.add_consumer(STREAM, durable_name="h", idle_heartbeat=1.0))
         out["backoff"] = await err(js.add_consumer(STREAM, durable_name="bo", backoff=[1, 2, 3], max_deliver=2))
         out["overlap"] = await err(js.add_consumer(STREAM, durable_name="o", filter_subjects=["orders.>", "orders.eu"]))
@@ -404,8 +404,8 @@ async def test_create_info_names_list_delete_and_errors(nats_url: str) -> None:
     assert r["replay"] == (400, 10094, "consumer replay policy original is not supported by ttlbroker: "
                                        "messages are delivered as fast as they are pulled")
     assert r["sample"] == (400, 10094, "consumer sample_freq is not supported by ttlbroker")
-    assert r["push_durable"] == (400, 10094, "durable push consumers are not supported by ttlbroker: use a pull "
-                                             "consumer, or an ephemeral (ordered) push consumer")
+    push = r["push_durable"].config
+    assert (push.durable_name, push.deliver_subject, push.deliver_group, push.ack_policy) == ("p", "here", "g", api.AckPolicy.EXPLICIT)
     assert r["hb_pull"] == (400, 10088, "consumer idle heartbeat requires a push based consumer")
     assert r["backoff"] == (400, 10116, "max deliver is required to be > length of backoff values")
     assert r["overlap"] == (400, 10138, "consumer subject filters cannot overlap")

@@ -1,0 +1,250 @@
+"""JetStream push consumers with acknowledgements over the NATS listener, as NATS
+applications create them: nats-py's ``js.subscribe`` (durable or ephemeral, manual
+acks or acks after the callback, queue groups), and a push consumer made with
+``add_consumer`` whose deliver subject nobody hears for a while.
+
+Virtual time (``mock_clock``, moved from nats-py's side with :func:`jump`): an ack
+wait passes without real time; nats-py's own timeouts are real time and only bound
+how long a test waits for what the broker already decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import nats
+import trio
+import trio.testing
+from helpers import in_asyncio
+from nats.js import api
+
+STREAM = "ORDERS"
+
+
+async def _advance(seconds: float) -> None:
+    trio.lowlevel.current_clock().jump(seconds)  # type: ignore[attr-defined]
+    await trio.testing.wait_all_tasks_blocked()
+
+
+def jump(seconds: float) -> None:
+    trio.from_thread.run(_advance, seconds)
+
+
+async def _stream(js: Any, n: int = 0, start: int = 0) -> None:
+    try:
+        await js.add_stream(name=STREAM, subjects=["orders.>"])
+    except nats.js.errors.APIError:
+        pass
+    for i in range(start, start + n):
+        await js.publish(f"orders.{i}", b"m%d" % i)
+
+
+async def _take(sub: Any, n: int, timeout: float = 2) -> list[Any]:
+    out = []
+    for _ in range(n):
+        try:
+            out.append(await sub.next_msg(timeout=timeout))
+        except nats.errors.TimeoutError:
+            break
+    return out
+
+
+async def test_a_durable_push_consumer_with_manual_acks_redelivers_what_is_not_acked(mock_clock: Any, nats_url: str) -> None:
+    async def scenario() -> dict[str, Any]:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        await _stream(js, 5)
+        sub = await js.subscribe("orders.>", durable="work", manual_ack=True)
+        out: dict[str, Any] = {}
+        first = await _take(sub, 5)
+        out["first"] = [(m.data, m.metadata.num_delivered, m.metadata.sequence.stream) for m in first]
+        for m in first[:3]:
+            await m.ack()
+        info = await js.consumer_info(STREAM, "work")
+        out["info"] = (info.config.deliver_subject is not None, info.num_ack_pending, info.num_pending, info.push_bound)
+        jump(31)  # past the 30 s ack wait
+        again = await _take(sub, 2)
+        out["again"] = [(m.data, m.metadata.num_delivered) for m in again]
+        for m in again:
+            await m.ack_sync()
+        out["none_left"] = await _take(sub, 1, timeout=0.3)
+        info = await js.consumer_info(STREAM, "work")
+        out["after"] = (info.num_ack_pending, info.num_redelivered, info.ack_floor.stream_seq, info.delivered.stream_seq)
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    assert r["first"] == [(b"m%d" % i, 1, i + 1) for i in range(5)]
+    assert r["info"] == (True, 2, 0, True)
+    assert r["again"] == [(b"m3", 2), (b"m4", 2)]
+    assert r["none_left"] == []
+    assert r["after"] == (0, 0, 5, 5)
+
+
+async def test_an_ephemeral_push_consumer_acks_after_each_callback(mock_clock: Any, nats_url: str) -> None:
+    """nats-py's first JetStream example: ``js.subscribe(subject, cb=...)`` (an
+    ephemeral consumer, explicit acks sent by nats-py after the callback)."""
+
+    async def scenario() -> dict[str, Any]:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        await _stream(js, 3)
+        seen: list[bytes] = []
+        done = asyncio.Event()
+
+        async def cb(msg: Any) -> None:
+            seen.append(msg.data)
+            if len(seen) == 6:
+                done.set()
+
+        sub = await js.subscribe("orders.>", cb=cb)
+        await _stream(js, 3, start=3)
+        await asyncio.wait_for(done.wait(), 5)
+        await nc.flush()
+        info = await sub.consumer_info()
+        await nc.close()
+        return {"seen": seen, "info": (info.config.ack_policy, info.config.durable_name, info.num_ack_pending, info.delivered.stream_seq)}
+
+    r = await in_asyncio(scenario)
+    assert r["seen"] == [b"m%d" % i for i in range(6)]
+    assert r["info"] == (api.AckPolicy.EXPLICIT, None, 0, 6)
+
+
+async def test_a_queue_group_gets_each_message_at_one_member(mock_clock: Any, nats_url: str) -> None:
+    """``js.subscribe(subject, queue="workers")`` on two connections: one durable
+    push consumer with that deliver group; each message reaches one worker."""
+
+    async def scenario() -> dict[str, Any]:
+        a, b = await nats.connect(nats_url), await nats.connect(nats_url)
+        ja, jb = a.jetstream(), b.jetstream()
+        await _stream(ja)
+        got: dict[str, list[bytes]] = {"a": [], "b": []}
+        done = asyncio.Event()
+
+        def handler(name: str) -> Any:
+            async def cb(msg: Any) -> None:
+                got[name].append(msg.data)
+                await msg.ack()
+                if len(got["a"]) + len(got["b"]) == 60:
+                    done.set()
+            return cb
+
+        await ja.subscribe("orders.>", queue="workers", cb=handler("a"), manual_ack=True)
+        await jb.subscribe("orders.>", queue="workers", cb=handler("b"), manual_ack=True)
+        for i in range(60):
+            await ja.publish(f"orders.{i}", b"m%d" % i)
+        await asyncio.wait_for(done.wait(), 5)
+        await a.flush()
+        await b.flush()
+        info = await ja.consumer_info(STREAM, "workers")
+        await a.close()
+        await b.close()
+        return {"got": got, "info": (info.config.deliver_group, info.num_ack_pending, info.delivered.stream_seq)}
+
+    r = await in_asyncio(scenario)
+    a, b = r["got"]["a"], r["got"]["b"]
+    assert sorted(a + b, key=lambda d: int(d[1:])) == [b"m%d" % i for i in range(60)]
+    assert not set(a) & set(b) and a and b  # each once, and both worked (p of failing: 2^-59)
+    assert r["info"] == ("workers", 0, 60)
+
+
+async def test_nothing_is_delivered_while_nobody_listens_and_nothing_is_lost(mock_clock: Any, nats_url: str) -> None:
+    """A durable push consumer on ``dlv``: what is published while nobody subscribes
+    to ``dlv`` waits; a subscriber that comes (back) gets it, in order."""
+
+    async def scenario() -> dict[str, Any]:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        await _stream(js)
+        await js.add_consumer(STREAM, durable_name="later", deliver_subject="dlv", ack_policy="explicit")
+        await _stream(js, 3)
+        info = await js.consumer_info(STREAM, "later")
+        out: dict[str, Any] = {"unbound": (info.num_pending, info.num_ack_pending, bool(info.push_bound))}
+        sub = await nc.subscribe("dlv")
+        first = await _take(sub, 3)
+        for m in first:
+            await nc.publish(m.reply, b"+ACK")
+        await nc.flush()
+        await sub.unsubscribe()
+        await nc.flush()
+        await _stream(js, 2, start=3)
+        info = await js.consumer_info(STREAM, "later")
+        out["away"] = (info.num_pending, info.num_ack_pending)
+        sub = await nc.subscribe("dlv")
+        second = await _take(sub, 2)
+        out["data"] = [m.data for m in first + second]
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    assert r["unbound"] == (3, 0, False)
+    assert r["away"] == (2, 0)
+    assert r["data"] == [b"m%d" % i for i in range(5)]
+
+
+async def test_ack_all_settles_everything_up_to_the_acked_message(mock_clock: Any, nats_url: str) -> None:
+    async def scenario() -> tuple[int, int]:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        await _stream(js, 4)
+        sub = await js.subscribe("orders.>", durable="all", manual_ack=True, config=api.ConsumerConfig(ack_policy=api.AckPolicy.ALL))
+        msgs = await _take(sub, 4)
+        await msgs[2].ack_sync()
+        info = await js.consumer_info(STREAM, "all")
+        await nc.close()
+        return info.num_ack_pending, info.ack_floor.stream_seq
+
+    assert await in_asyncio(scenario) == (1, 3)
+
+
+async def test_flow_control_lets_delivery_run_ahead_of_its_request(mock_clock: Any, nats_url: str) -> None:
+    """As nats-server: the flow-control request goes out once the bytes delivered and
+    not yet answered pass half the limit (which starts at 2 MiB), and delivery goes on
+    meanwhile up to the limit. 1,024 messages of 1 KiB (a little over 1 MiB) all reach
+    a subscriber that never answers; 3,072 stop near 2 MiB until it does."""
+
+    async def scenario() -> dict[str, Any]:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        await _stream(js)
+        await js.add_consumer(STREAM, api.ConsumerConfig(
+            name="fc", deliver_subject="fc.in", ack_policy=api.AckPolicy.NONE, flow_control=True, idle_heartbeat=5.0,
+        ))
+        sub = await nc.subscribe("fc.in")
+        body = b"x" * 1024
+        for i in range(3072):
+            await js.publish(f"orders.{i}", body)
+        data: list[Any] = []
+        requests: list[str] = []
+        while True:
+            try:
+                m = await sub.next_msg(timeout=0.5)
+            except nats.errors.TimeoutError:
+                break
+            if m.headers and m.header.get("Status") == "100":  # not a message: a flow-control request
+                requests.append(m.reply)
+            elif not m.data and m.reply and m.reply.startswith("$JS.FC."):
+                requests.append(m.reply)
+            else:
+                data.append(m)
+        out: dict[str, Any] = {"before_reply": len(data), "requests": len(requests)}
+        await nc.publish(requests[-1], b"")  # the answer: the rest comes
+        while len(data) < 3072:
+            try:
+                m = await sub.next_msg(timeout=2)
+            except nats.errors.TimeoutError:
+                break
+            if m.data:
+                data.append(m)
+            elif m.reply:
+                await nc.publish(m.reply, b"")
+        out["all"] = len(data)
+        out["order"] = [int(m.subject.split(".")[1]) for m in data] == list(range(len(data)))
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    assert r["requests"] == 1
+    assert 1024 < r["before_reply"] < 3072 and r["before_reply"] * 1024 <= 2 * 1024 * 1024 + 2048
+    assert r["all"] == 3072 and r["order"]
