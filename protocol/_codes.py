@@ -172,6 +172,9 @@ class RemovalReason(IntEnum):
     ROLLUP = 5
     #: The topic's ``max_msgs_per_subject``.
     MAX_MSGS_PER_SUBJECT = 6
+    #: Work-queue or interest retention: every consumer that wanted it settled it
+    #: (or, with interest retention, no consumer wanted it when it was published).
+    ACKED = 7
     #: Unreadable (damaged on disk) and written off by ``ttlbroker repair``; its bytes
     #: are kept in the data directory's ``quarantine/``.
     DAMAGED = 15

@@ -38,7 +38,7 @@ SCHEMA = pa.schema(
         pa.field("is_marker", pa.bool_(), nullable=False),
         pa.field("marker_reason", pa.string()),  # MaxAge, Remove, Purge; null for other messages
         pa.field("removed", pa.bool_(), nullable=False),
-        pa.field("removed_reason", pa.string()),  # ttl, max_age, delete, purge, rollup, max_msgs_per_subject, unknown
+        pa.field("removed_reason", pa.string()),  # ttl, max_age, delete, purge, rollup, max_msgs_per_subject, acked, damaged, unknown
     ],
     metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )

@@ -126,6 +126,7 @@ _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "subject_delete_marker_ttl": ("marker TTL", _off_or(duration, "off")),
     "allow_rollup": ("rollup", lambda v: "allowed" if v else "no"),
     "deny_purge": ("deny purge", flag),
+    "retention": ("retention", str),
     "republish": ("republish", _republish),
     "kv": ("KV bucket", _bucket_options),
     "nats": ("NATS stream", _nats_options),
@@ -223,7 +224,7 @@ _STATS: list[tuple[str, list[tuple[str, str, Callable[[Any], str]]]]] = [
     ]),
     ("Removal and expiry", [
         ("deleted", "deleted", count), ("purged", "purged", count),
-        ("removed_max_msgs_per_subject", "over max msgs per subject", count), ("removed_rollup", "rolled up", count),
+        ("removed_max_msgs_per_subject", "over max msgs per subject", count), ("removed_acked", "acked (work queue or interest)", count), ("removed_rollup", "rolled up", count),
         ("expired_ttl", "expired (TTL)", count), ("expired_max_age", "expired (max age)", count),
         ("markers", "markers written", count), ("pending_expiries", "pending expiries", count),
         ("expiry_passes", "expiry passes", count), ("expiry_lag_max_ms", "expiry lag (max)", _ms),

@@ -6,7 +6,8 @@ delivered and what is settled, exact at every moment; waiting pulls and their
 timers; partitioned consumers' groups; each topic's consumer journal, written
 through the group commit; the consumer commands of the binary protocol (functions
 ``(engine, session, command) -> Reply``) and the stored consumer offsets (functions
-``(broker, session, command) -> Reply``). The NATS listener's consumers
+``(broker, session, command) -> Reply``); work-queue and interest retention (what the
+consumers settle is removed once nobody needs it). The NATS listener's consumers
 (``broker.nats``) are views of these.
 
 May import: ``broker.core``, ``broker.config``, ``protocol``, ``storage``.
@@ -28,6 +29,7 @@ from ._handlers import list_consumers as list_consumers
 from ._handlers import new_consumer as new_consumer
 from ._handlers import pull as pull
 from ._handlers import remove_consumer as remove_consumer
+from ._retention import work_queue_conflict as work_queue_conflict
 from ._handlers import session_closed as session_closed
 from ._handlers import update_consumer as update_consumer
 from ._model import MS as MS
@@ -52,5 +54,6 @@ __all__ = [
     "ack", "change_consumer", "collect", "consumer_info", "create_consumer", "delete_consumer",
     "delete_consumer_offset", "end", "end_pulls", "fail", "get_consumer_offset", "join_group", "leave_group",
     "list_consumers", "new_consumer", "pull", "remove_consumer", "retire", "session_closed", "store_consumer_offset",
+    "work_queue_conflict",
     "update_consumer",
 ]

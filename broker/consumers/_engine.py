@@ -27,11 +27,13 @@ import trio
 
 from protocol import AckKind, ErrorCode, error_class
 
-from broker.core import TIMER_NS, Broker, Partition, SyncSource, Topic, TopicHooks, fire_time, get_logger
+from broker.core import TIMER_NS, Broker, Partition, SyncSource, Topic, TopicConfig, TopicHooks, fire_time, get_logger
 
 from ._groups import GroupTimers
 from ._journal import TopicJournal
 from ._model import MS, Consumer, ConsumerPartition, Member, PullRequest
+from ._retention import appended as retention_appended
+from ._retention import release, sweep
 from ._pulls import PullTimers, fail, fill
 
 __all__ = ["ConsumerEngine"]
@@ -66,6 +68,8 @@ class ConsumerEngine(TopicHooks):
         self._wake = trio.Event()
         #: Partitions whose appends wait for a sync: ``partition -> (epoch, next)``.
         self._unsynced: dict[Partition, tuple[int, int]] = {}
+        #: Topics with work-queue or interest retention to sweep once the engine runs.
+        self._sweep: list[Topic] = []
         self.committer.on_synced.append(self._synced)
         self.pull_timers = PullTimers(self.expiry)
         self.group_timers = GroupTimers(self.clock, self.expiry)
@@ -78,6 +82,23 @@ class ConsumerEngine(TopicHooks):
         if recovering:
             for c in journal.load():
                 self.attach(c)
+            if topic.config.retention != "limits":
+                self._sweep.append(topic)  # on the event loop, when the engine starts (run)
+        self._watch_appends(topic)
+
+    def topic_updated(self, topic: Topic, old: TopicConfig) -> None:
+        if topic.config.retention != old.retention:
+            self._watch_appends(topic)
+            sweep(self, topic)
+
+    def _watch_appends(self, topic: Topic) -> None:
+        """An interest topic hears of every append, consumers or not (what nobody
+        wants goes at once); other topics once a consumer attaches."""
+        interest = topic.config.retention == "interest"
+        for part in topic.partitions:
+            part.hear_all_appends = interest
+            if interest:
+                part.on_append = self.appended
 
     def topic_deleted(self, topic: Topic) -> None:
         journal = self.topics.pop(topic, None)
@@ -198,10 +219,13 @@ class ConsumerEngine(TopicHooks):
     # -- appends and visibility ----------------------------------------------------------
 
     def appended(self, part: Partition, first: int, subjects: list[bytes]) -> None:
-        """``Partition.on_append``: count what matches, and make it visible once durable."""
+        """``Partition.on_append``: count what matches, and make it visible once durable
+        (with interest retention, what no consumer wants goes at once)."""
         watchers = _watchers(part)
         for cp in watchers:
             cp.appended(first, subjects)
+        if part.topic.config.retention == "interest":
+            retention_appended(self, part, first, subjects)
         nxt = part.log.next_offset
         if self.committer.acks_wait:
             self._unsynced[part] = (self.committer.epoch, nxt)
@@ -223,6 +247,10 @@ class ConsumerEngine(TopicHooks):
     # -- the task ------------------------------------------------------------------------
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        recovered, self._sweep = self._sweep, []
+        for topic in recovered:  # what a crash left between a settle and its removal
+            if topic in self.topics:
+                sweep(self, topic)
         task_status.started()
         while True:
             await self._wake.wait()
@@ -311,4 +339,22 @@ class ConsumerEngine(TopicHooks):
             self.kick(c)
         if not changes:
             return 0
-        return self.journal_of(c.topic).write(["a", c.id, changes], lazy=not wait)
+        epoch = self.journal_of(c.topic).write(["a", c.id, changes], lazy=not wait)
+        if c.topic.config.retention != "limits":
+            self._release(c, changes)
+        return epoch
+
+    def _release(self, c: Consumer, changes: list[int]) -> None:
+        """The acks and terms among ``changes`` (quads: partition, kind, offset, _)
+        settled their messages (work-queue and interest retention)."""
+        by_part: dict[int, list[int]] = {}
+        for i in range(0, len(changes), 4):
+            if changes[i + 1] in (_ACK, _TERM):
+                by_part.setdefault(changes[i], []).append(changes[i + 2])
+        for pn, offsets in by_part.items():
+            release(self, c, pn, offsets)
+
+    def released(self, c: Consumer, partition: int, offsets: list[int]) -> None:
+        """``c`` settled ``offsets`` of a partition other than by an ack (deliveries
+        given up after max_deliver)."""
+        release(self, c, partition, offsets)

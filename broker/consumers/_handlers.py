@@ -9,15 +9,30 @@ from bisect import bisect_left
 from typing import Protocol
 
 import protocol as P
-from protocol import ErrorCode, Identifier, PullEnd, encode_pull_batch, error_class, normalize_name
-
 from broker.core import Reply, Topic, get_logger
+from protocol import (
+    ErrorCode,
+    Identifier,
+    PullEnd,
+    encode_pull_batch,
+    error_class,
+    normalize_name,
+)
 
 from ._config import ConsumerConfig
 from ._engine import ConsumerEngine
 from ._groups import any_draining, join, leave, owned, rebalance
-from ._model import MS, Consumer, ConsumerClient, ConsumerPartition, PullClient, PullRequest, entries
+from ._model import (
+    MS,
+    Consumer,
+    ConsumerClient,
+    ConsumerPartition,
+    PullClient,
+    PullRequest,
+    entries,
+)
 from ._pulls import collect, end, retire
+from ._retention import consumer_deleted, work_queue_conflict
 
 __all__ = [
     "create_consumer", "update_consumer", "consumer_info", "list_consumers", "delete_consumer", "pull", "ack",
@@ -75,6 +90,7 @@ def create_consumer(engine: ConsumerEngine, session: object, cmd: P.CreateConsum
 def new_consumer(engine: ConsumerEngine, topic: Topic, name: str, cfg: ConsumerConfig) -> tuple[Consumer, int]:
     """Create a consumer that does not exist yet; returns it and the journal epoch
     that makes it durable."""
+    _check_retention(engine, topic, name, cfg)
     limit = engine.broker.config.limits.max_consumers_per_topic
     journal = engine.journal_of(topic)
     if len(journal.consumers) >= limit:
@@ -141,6 +157,7 @@ def change_consumer(engine: ConsumerEngine, c: Consumer, cfg: ConsumerConfig) ->
     c.config.check_update(cfg)
     if cfg == c.config:
         return 0
+    _check_retention(engine, c.topic, c.name, cfg)
     epoch = engine.journal_of(c.topic).write(["u", c.id, cfg.to_map()])
     refilter = cfg.filter_subjects != c.config.filter_subjects
     c.config = cfg
@@ -150,6 +167,14 @@ def change_consumer(engine: ConsumerEngine, c: Consumer, cfg: ConsumerConfig) ->
     engine.kick(c)
     log.info("consumer_updated", topic=c.topic.full_name, consumer=c.name)
     return epoch
+
+
+def _check_retention(engine: ConsumerEngine, topic: Topic, name: str, cfg: ConsumerConfig, push: bool = False) -> None:
+    """A work-queue topic's rules for its consumers (``_retention.work_queue_conflict``),
+    refused with INVALID_CONSUMER_CONFIG and the server's words."""
+    conflict = work_queue_conflict(engine, topic, name, cfg, push)
+    if conflict is not None:
+        raise error_class(ErrorCode.INVALID_CONSUMER_CONFIG)(conflict[1])
 
 
 def consumer_info(engine: ConsumerEngine, session: object, cmd: P.ConsumerInfoRequest) -> Reply:
@@ -172,6 +197,7 @@ def remove_consumer(engine: ConsumerEngine, c: Consumer) -> int:
     epoch = engine.journal_of(topic).write(["x", c.id])
     engine.forget(c, "consumer deleted")
     log.info("consumer_deleted", topic=topic.full_name, consumer=c.name)
+    consumer_deleted(engine, topic)  # interest retention: what nobody wants now goes
     return epoch
 
 

@@ -84,6 +84,12 @@ class Engine(Protocol):
 
     def journal_of(self, topic: Topic) -> ConsumerLog: ...
 
+    def consumers_of(self, topic: Topic) -> dict[str, Consumer]: ...
+
+    def released(self, c: Consumer, partition: int, offsets: list[int]) -> None:
+        """``c`` settled ``offsets`` other than by an ack (work-queue and interest
+        retention remove what nobody else needs)."""
+
     def watch_member(self, m: Member) -> None:
         """Check ``m`` once its member timeout could have run out."""
 
@@ -294,6 +300,8 @@ class ConsumerPartition:
                 self._drop(o)
             engine.counters.consumer_given_up += len(gave_up)
             engine.journal_of(c.topic).settled(c, self.part.number, AckKind.TERM, gave_up)
+            if c.topic.config.retention != "limits":
+                engine.released(c, self.part.number, gave_up)
             log.debug("max_deliver_reached", consumer=c.name, partition=self.part.number, offsets=len(gave_up))
         if due or gave_up:
             engine.kick(c)

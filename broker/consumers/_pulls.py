@@ -13,11 +13,19 @@ changed hands) :func:`fill` hands messages to the waiting pulls in turn.
 from __future__ import annotations
 
 import protocol as P
+from broker.core import ExpiryEngine
 from protocol import PulledRun, PullEnd, PullPart, encode_pull_entry, pull_entries
 
-from broker.core import ExpiryEngine
-
-from ._model import MS, Consumer, ConsumerLog, ConsumerPartition, Engine, Outstanding, PullRequest
+from ._model import (
+    MS,
+    Consumer,
+    ConsumerLog,
+    ConsumerPartition,
+    Engine,
+    Outstanding,
+    PullRequest,
+)
+from ._retention import release_range
 
 __all__ = ["PullTimers", "collect", "end", "fail", "fill", "retire"]
 
@@ -265,7 +273,16 @@ def _delivered(
 
 def fill(engine: Engine, c: Consumer) -> None:
     """Hand what is ready to the waiting pulls, in turn (one pass: each takes what it
-    still wants; the next pass starts with the next pull)."""
+    still wants; the next pass starts with the next pull). An ``ack_policy`` none
+    consumer of a work-queue or interest topic settles what it delivers."""
+    settles = c.config.ack_policy == "none" and c.topic.config.retention != "limits"
+    starts = [cp.cursor for cp in c.parts] if settles else []
+    _fill(engine, c)
+    for cp, start in zip(c.parts, starts):
+        release_range(engine, c, cp.part.number, start, cp.cursor)
+
+
+def _fill(engine: Engine, c: Consumer) -> None:
     for req in list(c.waiting):
         if req.ended:
             continue

@@ -228,6 +228,8 @@ async def update_topic(broker: Broker, session: object, cmd: P.UpdateTopic) -> R
         if new.message_expiry != old.message_expiry:
             for p in topic.partitions:
                 broker.retention.rearm_age(p)
+        for hooks in broker.topic_hooks:
+            hooks.topic_updated(topic, old)
         if not new.duplicate_window:
             topic.dedup.clear()  # off forgets; a window set later starts empty
         # Turning allow_msg_ttl on schedules nothing: a topic without it refuses

@@ -66,6 +66,9 @@ class TopicHooks:
         """The broker is closing (:meth:`Broker.close`), after ``topic``'s
         partitions and offsets file."""
 
+    def topic_updated(self, topic: Topic, old: TopicConfig) -> None:
+        """``topic``'s configuration changed from ``old`` (saved in the catalog)."""
+
     def sync_sources(self, topic: Topic) -> Iterable[SyncSource]:
         """Files of ``topic`` that the final sync of a shutdown must cover."""
         return ()

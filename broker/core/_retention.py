@@ -67,6 +67,7 @@ _COUNTER_OF = {
     R.PURGE: "purged",
     R.ROLLUP: "removed_rollup",
     R.MAX_MSGS_PER_SUBJECT: "removed_max_msgs_per_subject",
+    R.ACKED: "removed_acked",
 }
 
 #: Which removals leave a marker, and which reason it carries.

@@ -43,6 +43,8 @@ class Counters:
     purged: int = 0
     #: Messages removed because max_msgs_per_subject was exceeded.
     removed_max_msgs_per_subject: int = 0
+    #: Messages removed by work-queue or interest retention (settled by every consumer that wanted them).
+    removed_acked: int = 0
     #: Messages removed by a later message's Nats-Rollup header.
     removed_rollup: int = 0
     #: Messages removed by their per-message TTL.

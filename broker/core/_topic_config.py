@@ -20,13 +20,16 @@ from typing import Any
 from protocol.nats import NATS_SETTINGS
 from protocol import ErrorCode, SubjectTransform, TransformError, error_class, filters_overlap, validate_filter
 
-__all__ = ["DEFAULT_DUPLICATE_WINDOW", "TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]
+__all__ = ["DEFAULT_DUPLICATE_WINDOW", "RETENTIONS", "TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]
 
 #: JetStream's default duplicate window (``StreamDefaultDuplicatesWindow``), seconds.
 DEFAULT_DUPLICATE_WINDOW = 120
 
 _Invalid = error_class(ErrorCode.INVALID_OPTIONS)
 _Config = error_class(ErrorCode.INVALID_TOPIC_CONFIG)
+
+#: The retention policies, as JetStream's (``limits`` keeps messages until a limit removes them).
+RETENTIONS = ("limits", "workqueue", "interest")
 
 #: key -> (accepted Python types, meaning). ``message_expiry`` travels in the fixed
 #: layout on create and in the map on update; ``pedantic`` applies to the request
@@ -39,6 +42,11 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "allow_msg_ttl": ((bool,), "accept per-message TTLs (can be turned on by update, never off)"),
     "subject_delete_marker_ttl": ((int,), "seconds a subject delete marker lives; 0 = no markers"),
     "allow_rollup": ((bool,), "honour Nats-Rollup headers (sub, all)"),
+    "retention": (
+        (str,),
+        "limits (default: kept until a limit removes them) | workqueue (removed once a consumer acks them; "
+        "consumers' filters may not overlap) | interest (removed once every consumer that wants them acks them)",
+    ),
     "duplicate_window": (
         (int,),
         "seconds a Nats-Msg-Id is remembered for de-duplication (default 120, at most the max age); 0 = off",
@@ -112,6 +120,8 @@ class TopicConfig:
     allow_msg_ttl: bool = False
     subject_delete_marker_ttl: int = 0
     allow_rollup: bool = False
+    #: ``limits``, ``workqueue`` or ``interest`` (``broker/consumers/_retention.py``).
+    retention: str = "limits"
     #: Seconds a ``Nats-Msg-Id`` is remembered (``_dedup.py``); 0 = no de-duplication.
     #: A catalog written before the option existed loads with the default.
     duplicate_window: int = DEFAULT_DUPLICATE_WINDOW
@@ -145,6 +155,7 @@ class TopicConfig:
             "allow_msg_ttl": self.allow_msg_ttl,
             "subject_delete_marker_ttl": self.subject_delete_marker_ttl,
             "allow_rollup": self.allow_rollup,
+            "retention": self.retention,
             "duplicate_window": self.duplicate_window,
             "republish": dict(self.republish) if self.republish else None,
             "kv": dict(self.kv) if self.kv else None,
@@ -171,6 +182,8 @@ class TopicConfig:
             raise _Config("max_msgs_per_subject must not be negative (0 = unlimited)")
         if not 4096 <= self.segment_size <= 1024**3:
             raise _Config("segment_size must be between 4096 and 1073741824 bytes")
+        if self.retention not in RETENTIONS:
+            raise _Config(f"retention must be one of {', '.join(RETENTIONS)}, not {self.retention!r}")
 
 
 def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
@@ -238,6 +251,8 @@ def resolve(
             raise _Config("message TTL status can not be disabled")
         if old.deny_purge and not new.deny_purge:
             raise _Config("stream configuration update can not cancel deny purge")
+        if old.retention != new.retention and "workqueue" in (old.retention, new.retention):
+            raise _Config("stream configuration update can not change retention policy to/from workqueue")
     return new
 
 

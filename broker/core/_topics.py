@@ -109,6 +109,9 @@ class Partition:
         #: engine sets with the first of them) of every append.
         self.watchers: list[PartitionWatcher] = []
         self.on_append: Callable[[Partition, int, list[bytes]], None] | None = None
+        #: ``on_append`` hears every append, watchers or not (a topic with interest
+        #: retention removes at once what no consumer wants).
+        self.hear_all_appends = False
         #: Offsets below this are durable (or acks do not wait for the disk): what
         #: consumers may deliver.
         self.visible_next = log.next_offset
@@ -197,7 +200,7 @@ class Partition:
     ) -> AppendResult:
         res = self.log.append(data, starts, ends, timestamp, stamps)
         self.index.extend(res.first_offset, subjects, flags)
-        if self.watchers:
+        if self.watchers or self.hear_all_appends:
             on_append = self.on_append
             if on_append is not None:
                 on_append(self, res.first_offset, subjects)

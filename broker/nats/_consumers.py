@@ -79,6 +79,7 @@ from broker.consumers import (
     new_consumer,
     remove_consumer,
     retire,
+    work_queue_conflict,
 )
 from broker.core import get_logger
 
@@ -918,6 +919,9 @@ def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple
     except BrokerError as err:  # the name rule is ours (stricter than the server's): say so
         raise JSError(400, 10094, err.message) from None
     config = ConsumerConfig.from_map(ours)
+    conflict = work_queue_conflict(st.engine, topic, cname, config, push=bool(settings.deliver_subject))
+    if conflict is not None:
+        raise JSError(400, *conflict)
     action = req.get("action") or ""
     existing = st.engine.consumers_of(topic).get(cname)
     epoch = 0

@@ -338,7 +338,6 @@ def _seconds(cfg: dict[str, Any], key: str) -> int:
 # Fields the server has and ttlbroker accepts only at their "off" value: key ->
 # (values accepted, the refusal's wording).
 _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
-    "retention": (("limits", None), "retention policy {v!r} (only 'limits'; work-queue and interest retention are not)"),
     "storage": (("file", None), "storage {v!r} (only 'file': every stream is on disk)"),
     "max_consumers": ((-1, 0, None), "max_consumers {v}"),
     "max_msgs": ((-1, 0, None), "max_msgs {v} (no message count limit per stream; use max_age or max_msgs_per_subject)"),
@@ -365,7 +364,7 @@ _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
 _MAPPED = {
     "name", "description", "subjects", "max_age", "max_msgs_per_subject", "discard", "num_replicas", "duplicate_window",
     "deny_delete", "deny_purge", "allow_rollup_hdrs", "republish", "allow_direct", "allow_msg_ttl",
-    "subject_delete_marker_ttl", "metadata",
+    "subject_delete_marker_ttl", "metadata", "retention",
 }
 
 
@@ -414,6 +413,9 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
         per_subject = 0
     if not isinstance(per_subject, int) or isinstance(per_subject, bool) or per_subject < 0:
         raise js_error(STREAM_INVALID_CONFIG, f"max_msgs_per_subject must be -1 or more, not {per_subject!r}")
+    retention = cfg.get("retention") or "limits"
+    if retention not in ("limits", "workqueue", "interest"):
+        raise js_error(INVALID_JSON, f"invalid JSON: can not unmarshal {retention!r} into RetentionPolicy")
     discard = cfg.get("discard") or "old"
     if discard not in ("old", "new"):
         raise js_error(INVALID_JSON, f"invalid JSON: can not unmarshal {discard!r} into DiscardPolicy")
@@ -436,6 +438,7 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
         "allow_rollup": bool(cfg.get("allow_rollup_hdrs")),
         "allow_msg_ttl": bool(cfg.get("allow_msg_ttl")),
         "subject_delete_marker_ttl": sdm,
+        "retention": retention,
         "nats": nats,
     }
     if window:
@@ -457,7 +460,7 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
         out["description"] = nats["description"]
     out.update(
         subjects=list(options["subjects"]),
-        retention="limits",
+        retention=options.get("retention", "limits"),
         max_consumers=-1,
         max_msgs=-1,
         max_bytes=-1,

@@ -95,6 +95,7 @@ def test_topic_info(cli: CLI, shop: None) -> None:
         "  marker TTL            30s\n"
         "  rollup                allowed\n"
         "  deny purge            no\n"
+        "  retention             limits\n"
         "  republish             ev.* -> audit.{{wildcard(1)}} (headers only)\n"
         "\n"
         "State\n"

@@ -144,6 +144,32 @@ async def test_kill_9_with_ttls_deletes_republish_and_kv(data_dir: Path, fsync: 
         await trio.to_thread.run_sync(proc2.stop)
 
 
+async def _pull_and_ack(clients: list[Client], topic: str, tried: set[tuple[int, int]], sync_acked: set[tuple[int, int]]) -> None:
+    """20 pulls of 10 from the consumer ``work``, the clients taking turns: of each
+    batch a third is left outstanding, a third acked with sync (recorded in
+    ``sync_acked``), a third acked without (both recorded in ``tried``)."""
+    for round_ in range(20):
+        batch = await clients[round_ % len(clients)].pull("s", topic, "work", 10, no_wait=True)
+        for k, m in enumerate(batch):
+            key = (m.partition, m.offset)
+            if k % 3 == 0:
+                continue  # left outstanding
+            tried.add(key)
+            if k % 3 == 1:
+                await m.ack(sync=True)
+                sync_acked.add(key)
+            else:
+                await m.ack()
+
+
+async def _pull_all(c: Client, topic: str) -> list[P.Message]:
+    """Every message the consumer ``work`` delivers now, pulled until none is left."""
+    rest: list[P.Message] = []
+    while got := await c.pull("s", topic, "work", 100, no_wait=True):
+        rest.extend(got)
+    return rest
+
+
 @pytest.mark.slow
 async def test_kill_9_with_consumers_mid_flight(data_dir: Path) -> None:
     """Pulls, sync and plain acks, then SIGKILL: after the restart nothing whose sync
@@ -159,35 +185,56 @@ async def test_kill_9_with_consumers_mid_flight(data_dir: Path) -> None:
             await c.create_topic("s", "a", partitions=2, subjects=["a.>"])
             await c.publish_batch([(f"a.{i}", b"%d" % i) for i in range(total)])
             await c.create_consumer("s", "a", "work", ack_wait=3600)
-            for round_ in range(20):
-                batch = await c.pull("s", "a", "work", 10, no_wait=True)
-                for k, m in enumerate(batch):
-                    key = (m.partition, m.offset)
-                    if k % 3 == 0:
-                        continue  # left outstanding
-                    tried.add(key)
-                    if k % 3 == 1:
-                        await m.ack(sync=True)
-                        sync_acked.add(key)
-                    else:
-                        await m.ack()
+            await _pull_and_ack([c], "a", tried, sync_acked)
     finally:
         await trio.to_thread.run_sync(proc.kill9)
     proc = await trio.to_thread.run_sync(lambda: BrokerProcess(data_dir, "--fsync", "always"))
     try:
         async with connect(proc.address) as c:
             info = await c.consumer_info("s", "a", "work")
-            rest: list = []
-            while True:
-                got = await c.pull("s", "a", "work", 100, no_wait=True)
-                if not got:
-                    break
-                rest.extend(got)
+            rest = await _pull_all(c, "a")
             keys = {(m.partition, m.offset) for m in rest}
             assert not keys & sync_acked
             outstanding = info["num_ack_pending"]
             assert info["num_pending"] == len(rest) == total - 200
             settled = total - len(rest) - outstanding
             assert len(sync_acked) <= settled <= len(tried)
+    finally:
+        await trio.to_thread.run_sync(proc.stop)
+
+
+@pytest.mark.slow
+async def test_kill_9_with_work_queue_consumers_mid_flight(data_dir: Path) -> None:
+    """A work-queue topic with two workers pulling, sync acks, plain acks and
+    messages left outstanding, then SIGKILL: after the restart no message whose sync
+    ack was answered is in the topic or comes back, every message not acked is still
+    there, and the counters agree: the topic's live messages are exactly those
+    pending and outstanding."""
+    total = 300
+    proc = await trio.to_thread.run_sync(lambda: BrokerProcess(data_dir, "--fsync", "always"))
+    sync_acked: set[tuple[int, int]] = set()
+    tried: set[tuple[int, int]] = set()
+    try:
+        async with connect(proc.address, reconnect=False) as c, connect(proc.address, reconnect=False) as c2:
+            await c.create_stream("s")
+            await c.create_topic("s", "w", partitions=2, subjects=["w.>"], retention="workqueue")
+            await c.publish_batch([(f"w.{i}", b"%d" % i) for i in range(total)])
+            await c.create_consumer("s", "w", "work", ack_wait=3600)
+            await _pull_and_ack([c, c2], "w", tried, sync_acked)
+    finally:
+        await trio.to_thread.run_sync(proc.kill9)
+    proc = await trio.to_thread.run_sync(lambda: BrokerProcess(data_dir, "--fsync", "always"))
+    try:
+        async with connect(proc.address) as c:
+            stored = await read_topic(c, "w", 2)
+            assert not set(stored) & sync_acked  # an acked work item never comes back
+            info = await c.consumer_info("s", "w", "work")
+            details = await c.get_topic("s", "w")
+            assert details.messages_count == len(stored) == info["num_pending"] + info["num_ack_pending"]
+            rest = await _pull_all(c, "w")
+            assert info["num_pending"] == len(rest) == total - 200
+            assert not {(m.partition, m.offset) for m in rest} & tried
+            assert len(stored) >= total - len(tried)  # every message not acked is still there
+            assert (await c.stats())["corrupt_records"] == 0
     finally:
         await trio.to_thread.run_sync(proc.stop)
