@@ -12,6 +12,13 @@ ttlbroker: the topic ``nats/bench``, one partition), payloads are ``--size`` byt
 * **pull consume with acks**: a durable pull consumer (``js.pull_subscribe``) on what
   publish_async stored, ``fetch(--batch)`` and ``await msg.ack()`` each, until all
   are consumed.
+* **push consume with acks**: a durable push consumer (``js.subscribe(...,
+  durable=..., manual_ack=True, cb=...)``, nats-py's first JetStream example) on the
+  same messages, ``await msg.ack()`` in the callback, until all have come.
+* **work queue, 4 workers**: a ``retention="workqueue"`` stream ``WQ`` holding
+  ``--messages`` messages (published before the clock starts), consumed by four
+  connections pulling from one durable consumer (``fetch(--batch)``, ``await
+  msg.ack()`` each), each message removed from the stream by its ack.
 * **KV put**, **KV get**: ``js.create_key_value(bucket=..., history=1)`` then
   ``--keys`` puts and as many gets of those keys, one at a time.
 
@@ -67,6 +74,8 @@ WORKLOADS = {
     "publish": "awaited publish",
     "publish_async": "publish_async, 1,000 in flight",
     "consume": "pull consume with acks",
+    "push_consume": "push consume with acks",
+    "work_queue": "work queue, 4 workers",
     "kv_put": "KV put",
     "kv_get": "KV get",
 }
@@ -117,9 +126,56 @@ async def run_workloads(url: str, pid: int, args: argparse.Namespace) -> dict[st
                 progress.update(done)
             return done, 0
 
+        async def push_consume(progress: Progress) -> tuple[int, int]:
+            done = 0
+            finished = asyncio.Event()
+
+            async def cb(msg: Any) -> None:
+                nonlocal done
+                await msg.ack()
+                done += 1
+                if not done & 1023:
+                    progress.update(done)
+                if done == args.messages:
+                    finished.set()
+
+            sub = await js.subscribe("bench.async", durable="push", stream="BENCH", manual_ack=True, cb=cb)
+            await asyncio.wait_for(finished.wait(), 120)
+            await sub.unsubscribe()
+            return done, 0
+
+        async def work_queue(progress: Progress) -> tuple[int, int]:
+            workers = [await nats.connect(url, max_reconnect_attempts=0) for _ in range(4)]
+            done = 0
+            try:
+                async def worker(conn: Any) -> None:
+                    nonlocal done
+                    sub = await conn.jetstream().pull_subscribe("wq.>", durable="workers", stream="WQ")
+                    while done < args.messages:
+                        try:
+                            msgs = await sub.fetch(args.batch, timeout=0.25)
+                        except nats.errors.TimeoutError:
+                            continue
+                        for msg in msgs:
+                            await msg.ack()
+                            done += 1
+                        progress.update(done)
+
+                await asyncio.gather(*(worker(w) for w in workers))
+            finally:
+                for w in workers:
+                    await w.close()
+            return done, 0
+
         await phase("publish", args.serial, publish)
         await phase("publish_async", args.messages, publish_async)
         await phase("consume", args.messages, consume)
+        await phase("push_consume", args.messages, push_consume)
+        await js.add_stream(name="WQ", subjects=["wq.>"], retention="workqueue")
+        for i in range(args.messages):  # not timed: the work to share
+            await js.publish_async(f"wq.{i & 3}", payload)
+        await js.publish_async_completed()
+        await phase("work_queue", args.messages, work_queue)
 
         kv = await js.create_key_value(bucket="bench", history=1)
 
