@@ -164,6 +164,7 @@ from ._ttl import TTL_MAX as TTL_MAX
 from ._ttl import TTL_NEVER as TTL_NEVER
 from ._ttl import TTL_NONE as TTL_NONE
 from ._ttl import format_go_duration as format_go_duration
+from ._ttl import format_go_duration_ns as format_go_duration_ns
 from ._ttl import parse_go_duration as parse_go_duration
 from ._ttl import parse_ttl as parse_ttl
 from ._state import Role as Role

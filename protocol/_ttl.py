@@ -23,7 +23,10 @@ seconds.
 
 from __future__ import annotations
 
-__all__ = ["TTL_NONE", "TTL_NEVER", "TTL_MAX", "TTL_INVALID", "parse_ttl", "parse_go_duration", "format_go_duration"]
+__all__ = [
+    "TTL_NONE", "TTL_NEVER", "TTL_MAX", "TTL_INVALID", "parse_ttl", "parse_go_duration", "format_go_duration",
+    "format_go_duration_ns",
+]
 
 TTL_NONE = 0
 TTL_NEVER = 0xFFFFFFFF
@@ -181,6 +184,37 @@ def parse_ttl(value: bytes | str | None) -> int:
     if seconds == 0:
         return TTL_NONE  # "00", "000": zero, as the server reads them
     return seconds if seconds <= TTL_MAX else TTL_INVALID
+
+
+def _fraction(value: int, unit: int) -> str:
+    """``value / unit`` in decimal, trailing zeros of the fraction dropped (Go's ``fmtFrac``)."""
+    whole, rest = divmod(value, unit)
+    if not rest:
+        return str(whole)
+    digits = str(rest).rjust(len(str(unit)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}"
+
+
+def format_go_duration_ns(ns: int) -> str:
+    """Nanoseconds as Go's ``Duration.String()`` prints them: ``0s``, ``750ns``,
+    ``1.5µs``, ``250ms``, ``1.5s``, ``1m30s``, ``1h0m0.5s`` (nats-server's ``%v`` of a
+    duration in its messages)."""
+    if ns == 0:
+        return "0s"
+    sign = "-" if ns < 0 else ""
+    u = abs(ns)
+    if u < 1_000_000_000:
+        if u < 1_000:
+            return f"{sign}{u}ns"
+        if u < 1_000_000:
+            return f"{sign}{_fraction(u, 1_000)}µs"
+        return f"{sign}{_fraction(u, 1_000_000)}ms"
+    minutes, rest = divmod(u, 60_000_000_000)
+    out = f"{_fraction(rest, 1_000_000_000)}s"
+    if minutes:
+        hours, minutes = divmod(minutes, 60)
+        out = (f"{hours}h" if hours else "") + f"{minutes}m" + out
+    return sign + out
 
 
 def format_go_duration(seconds: int) -> str:

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from protocol import AckKind, BrokerError, PullEnd, normalize_name
+from protocol import AckKind, BrokerError, PullEnd, format_go_duration_ns, normalize_name
 from protocol import expand_runs
 from protocol.nats import AckRun
 from protocol.nats import (
@@ -212,7 +212,7 @@ class State:
     def start(self, c: Consumer, settings: PushSettings) -> None:
         """Start what a NATS consumer's settings ask for: an ephemeral one's
         inactivity clock, a push consumer's delivery."""
-        if not settings.durable:
+        if not settings.durable or settings.inactive_threshold_ns:
             self.touch(c)
             self._clock(c, settings)
         if settings.deliver_subject and c not in self.pushes:
@@ -233,7 +233,7 @@ class State:
             if push is not None:
                 push.stop()
             self.start(c, new)
-        elif not new.durable and old.inactive_threshold_ns != new.inactive_threshold_ns:
+        elif old.inactive_threshold_ns != new.inactive_threshold_ns and (not new.durable or new.inactive_threshold_ns):
             self._clock(c, new)
 
     def _subscribed(self, sub: Any) -> None:
@@ -540,6 +540,17 @@ class NatsPull(PullRequest):
         self.state.ticks.arm(self, now_ns + self.heartbeat_ns)
 
 
+def _over_limits(s: PushSettings, nr: NextRequest) -> str:
+    """The server's refusal of a pull over the consumer's request limits ("": none)."""
+    if s.max_batch and nr.batch > s.max_batch:
+        return f"Exceeded MaxRequestBatch of {s.max_batch}"
+    if nr.expires_ns and s.max_expires_ns and nr.expires_ns > s.max_expires_ns:
+        return f"Exceeded MaxRequestExpires of {format_go_duration_ns(s.max_expires_ns)}"
+    if nr.max_bytes and s.max_request_bytes and nr.max_bytes > s.max_request_bytes:
+        return f"Exceeded MaxRequestMaxBytes of {s.max_request_bytes}"
+    return ""
+
+
 def _last_stream_seq(c: Consumer) -> int:
     cp = c.parts[0]
     return cp.last_delivered or max(cp.cursor - 1, 0)
@@ -561,6 +572,11 @@ def _next(st: State, c: Consumer, reply: str | None, payload: bytes, last: bool 
     except ValueError as exc:
         st.flush_acks()
         st.send(reply, None, status_message(400, f"Bad Request - {exc}"))
+        return
+    refused = _over_limits(st.settings_of(c), nr)
+    if refused:
+        st.flush_acks()
+        st.send(reply, None, status_message(409, refused))
         return
     if st.acks:
         if last and st.may_pass(c, max(nr.batch, 1)):
@@ -770,7 +786,8 @@ class Push:
 
 
 class Inactivity:
-    """Deletes an ephemeral consumer unused for its ``inactive_threshold``."""
+    """Deletes a consumer unused for its ``inactive_threshold`` (an ephemeral one
+    always, 5 s by default; a durable one when it has one, as on the server)."""
 
     def __init__(self, state: State, c: Consumer, threshold_ns: int) -> None:
         self.state = state

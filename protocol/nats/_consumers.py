@@ -19,6 +19,7 @@ configuration in the server's JSON, the pull request (``CONSUMER.MSG.NEXT``), th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -116,6 +117,13 @@ class PushSettings:
     #: Created with a name (in the subject or the config): the config shows it. An
     #: ephemeral created without one has a made-up name the config leaves out.
     named: bool = True
+    #: The pull request limits (``max_batch``, ``max_expires``, ``max_bytes``; 0 =
+    #: none): a pull over one is refused with the server's ``409 Exceeded ...``.
+    max_batch: int = 0
+    max_expires_ns: int = 0
+    max_request_bytes: int = 0
+    #: The consumer's ``metadata`` (a JSON object of strings, kept as its text).
+    metadata: str = ""
 
 
 #: Settings the server has and the engine does not: refused when set to anything but
@@ -123,10 +131,6 @@ class PushSettings:
 _UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "rate_limit_bps": (lambda v: bool(v), "consumer rate_limit_bps is not supported by ttlbroker"),
     "sample_freq": (lambda v: bool(v), "consumer sample_freq is not supported by ttlbroker"),
-    "max_batch": (lambda v: bool(v), "consumer max_batch (MaxRequestBatch) is not supported by ttlbroker"),
-    "max_expires": (lambda v: bool(v), "consumer max_expires (MaxRequestExpires) is not supported by ttlbroker"),
-    "max_bytes": (lambda v: bool(v), "consumer max_bytes (MaxRequestMaxBytes) is not supported by ttlbroker"),
-    "metadata": (lambda v: bool(v), "consumer metadata is not supported by ttlbroker"),
     "pause_until": (lambda v: bool(v) and not str(v).startswith("0001-01-01"), "pausing consumers (pause_until) is not supported by ttlbroker"),
     "priority_groups": (lambda v: bool(v), "consumer priority groups are not supported by ttlbroker"),
     "priority_policy": (lambda v: v not in (None, "", "none"), "consumer priority policies are not supported by ttlbroker"),
@@ -138,7 +142,7 @@ _KNOWN = {
     "name", "durable_name", "description", "deliver_policy", "opt_start_seq", "opt_start_time", "ack_policy",
     "ack_wait", "max_deliver", "backoff", "filter_subject", "filter_subjects", "replay_policy", "max_waiting",
     "max_ack_pending", "flow_control", "idle_heartbeat", "headers_only", "deliver_subject", "deliver_group", "inactive_threshold",
-    "num_replicas", "mem_storage", *_UNSUPPORTED,
+    "num_replicas", "mem_storage", "max_batch", "max_expires", "max_bytes", "metadata", *_UNSUPPORTED,
 }
 
 
@@ -261,20 +265,43 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
     inactive = _ns("inactive_threshold", raw.get("inactive_threshold") or 0)
     if inactive < 0:
         raise _invalid("consumer inactive_threshold needs to be positive")
-    if durable and inactive:
-        raise _invalid("inactive_threshold on a durable consumer is not supported by ttlbroker: durable consumers stay until deleted")
     group = raw.get("deliver_group") or ""  # a pull consumer keeps it and ignores it, as the server
     if not isinstance(group, str):
         raise JSError(400, 10025, "invalid JSON: deliver_group must be a string")
     settings = PushSettings(
         durable=durable, deliver_subject=deliver, deliver_group=group, flow_control=fc, idle_heartbeat_ns=hb,
-        headers_only=bool(raw.get("headers_only")), inactive_threshold_ns=inactive if not durable else 0,
+        headers_only=bool(raw.get("headers_only")), inactive_threshold_ns=inactive,
         mem_storage=bool(raw.get("mem_storage")), num_replicas=replicas,
         max_deliver=1 if ap == "none" and md == 1 else 0, ack_wait_ns=wait if ap == "none" else 0,
+        metadata=_metadata(raw.get("metadata")),
     )
-    if settings.headers_only and durable:
-        raise _invalid("headers_only on a durable consumer is not supported by ttlbroker")
-    return out, settings
+    batch, expires, max_bytes = _request_limits(raw, pull=not deliver)
+    return out, dataclasses.replace(settings, max_batch=batch, max_expires_ns=expires, max_request_bytes=max_bytes)
+
+
+def _request_limits(raw: dict[str, Any], pull: bool) -> tuple[int, int, int]:
+    """``max_batch``, ``max_expires`` (ns) and ``max_bytes``, as the server reads them
+    (a negative one is 0, ``setConsumerConfigDefaults``), and checks them on a pull
+    consumer (``checkConsumerCfg``)."""
+    limits = []
+    for key in ("max_batch", "max_expires", "max_bytes"):
+        v = raw.get(key) or 0
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise JSError(400, 10025, f"invalid JSON: {key} must be an integer")
+        limits.append(max(v, 0))
+    batch, expires, max_bytes = limits
+    if pull and expires and expires < 1_000_000:
+        raise JSError(400, 10115, "consumer max request expires needs to be >= 1ms")
+    return batch, expires, max_bytes
+
+
+def _metadata(raw: Any) -> str:
+    """A consumer's ``metadata`` (strings to strings) as its JSON text ("" for none)."""
+    if not raw:
+        return ""
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        raise JSError(400, 10025, "invalid JSON: metadata must be an object of strings")
+    return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
 
 def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettings, default_inactive_ns: int) -> dict[str, Any]:
@@ -324,8 +351,18 @@ def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettin
         out["idle_heartbeat"] = settings.idle_heartbeat_ns
     if settings.headers_only:
         out["headers_only"] = True
+    if settings.max_batch:
+        out["max_batch"] = settings.max_batch
+    if settings.max_expires_ns:
+        out["max_expires"] = settings.max_expires_ns
+    if settings.max_request_bytes:
+        out["max_bytes"] = settings.max_request_bytes
     if not settings.durable:
         out["inactive_threshold"] = settings.inactive_threshold_ns or default_inactive_ns
+    elif settings.inactive_threshold_ns:
+        out["inactive_threshold"] = settings.inactive_threshold_ns
+    if settings.metadata:
+        out["metadata"] = json.loads(settings.metadata)
     out["num_replicas"] = settings.num_replicas
     if settings.mem_storage:
         out["mem_storage"] = True

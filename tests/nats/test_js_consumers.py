@@ -1071,3 +1071,57 @@ async def test_consumer_info_says_when_it_last_delivered_and_was_acked(nats_url:
     assert list(fetched["delivered"]) == ["consumer_seq", "stream_seq", "last_active"] and fetched["delivered"]["last_active"].endswith("Z")
     assert "last_active" not in naked["ack_floor"]  # a NAK is not an ack
     assert acked["ack_floor"]["last_active"].endswith("Z") and acked["ack_floor"]["last_active"] >= fetched["delivered"]["last_active"]
+
+
+async def test_pull_request_limits_metadata_headers_only_and_a_durables_inactive_threshold(mock_clock: Any, nats_url: str) -> None:
+    """``max_batch``, ``max_expires`` and ``max_bytes`` refuse a pull over them with the
+    server's 409s; ``metadata`` is kept and may change; a durable ``headers_only``
+    consumer delivers headers alone; a durable with an ``inactive_threshold`` goes
+    once unused for that long (virtual time), as on the server. (nats-py's
+    ConsumerConfig has no request limits: the API's JSON is sent as is.)"""
+
+    def create(metadata: dict[str, str]) -> dict[str, Any]:
+        return {"stream_name": STREAM, "config": {
+            "durable_name": "lim", "ack_policy": "explicit", "max_batch": 5, "max_expires": 2 * 10**9, "max_bytes": 1000,
+            "metadata": metadata, "headers_only": True,
+        }}
+
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        await orders(js, 2)
+        out: dict[str, Any] = {}
+        created = await api_request(nc, f"$JS.API.CONSUMER.CREATE.{STREAM}.lim", create({"team": "shop"}))
+        c = created["config"]
+        out["config"] = (c["max_batch"], c["max_expires"], c["max_bytes"], c["metadata"], c["headers_only"])
+        nxt = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.lim"
+        statuses = []
+        for req in ({"batch": 6}, {"batch": 1, "expires": 3 * 10**9}, {"batch": 1, "max_bytes": 2000}):
+            m = await nc.request(nxt, json.dumps(req).encode(), timeout=5)
+            statuses.append((m.headers or {}).get("Status"))
+            statuses.append((m.headers or {}).get("Description"))
+        out["statuses"] = statuses
+        psub = await js.pull_subscribe_bind("lim", stream=STREAM)
+        (m,) = await psub.fetch(1, timeout=2)
+        out["headers_only"] = (m.data, m.headers.get("Nats-Msg-Size"))
+        updated = await api_request(nc, f"$JS.API.CONSUMER.CREATE.{STREAM}.lim", create({"team": "ops"}))
+        out["updated"] = updated["config"]["metadata"]
+        await js.add_consumer(STREAM, api.ConsumerConfig(durable_name="idle", inactive_threshold=10.0))
+        out["idle"] = (await js.consumer_info(STREAM, "idle")).config.inactive_threshold
+        jump(11)
+        try:
+            await js.consumer_info(STREAM, "idle")
+            out["gone"] = False
+        except NotFoundError:
+            out["gone"] = True
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    assert r["config"] == (5, 2 * 10**9, 1000, {"team": "shop"}, True)
+    assert r["statuses"] == [
+        "409", "Exceeded MaxRequestBatch of 5", "409", "Exceeded MaxRequestExpires of 2s", "409", "Exceeded MaxRequestMaxBytes of 1000",
+    ]
+    assert r["headers_only"] == (b"", "2")  # m0
+    assert r["updated"] == {"team": "ops"}
+    assert r["idle"] == 10.0
+    assert r["gone"] is True

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import protocol as P
 from protocol import AckKind
 from protocol.nats import JSError, rfc3339
 from protocol.nats import (
@@ -140,7 +141,21 @@ def test_config_refusals() -> None:
     assert _err({"deliver_subject": "x.*"}, False)[1] == 10079
     assert _err({"deliver_subject": "x", "idle_heartbeat": 1000}, False)[1] == 10083
     assert _err({"deliver_subject": "x", "flow_control": True}, False)[1] == 10108
-    assert _err({"inactive_threshold": 10**9}) == (
-        400, 10094, "inactive_threshold on a durable consumer is not supported by ttlbroker: durable consumers stay until deleted")
+    assert _err({"max_expires": 999_999}) == (400, 10115, "consumer max request expires needs to be >= 1ms")
+    assert _err({"metadata": {"a": 1}})[:2] == (400, 10025)
     assert _err({"whatever": 1}) == (400, 10094, "consumer option 'whatever' is not supported by ttlbroker")
     assert _err([])[1] == 10078  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("ns", "text"), [
+    (0, "0s"), (750, "750ns"), (1_500, "1.5µs"), (250_000_000, "250ms"), (1_000_000, "1ms"), (10**9, "1s"),
+    (1_500_000_000, "1.5s"), (90 * 10**9, "1m30s"), (3600 * 10**9, "1h0m0s"), (3600 * 10**9 + 500_000_000, "1h0m0.5s"),
+    (-2 * 10**9, "-2s"),
+])
+def test_go_durations_as_go_prints_them(ns: int, text: str) -> None:
+    assert P.format_go_duration_ns(ns) == text
+
+
+@given(st.integers(min_value=1, max_value=10**15))
+def test_whole_seconds_print_as_the_seconds_formatter_prints_them(seconds: int) -> None:
+    assert P.format_go_duration_ns(seconds * 10**9) == P.format_go_duration(seconds)
