@@ -326,6 +326,9 @@ class Consumer:
         #: does not keep across a restart either).
         self.delivered_at = 0
         self.acked_at = 0
+        #: Delivers nothing before this time (ns, the broker's clock; 0: not paused):
+        #: waiting pulls wait on (a NATS consumer's ``pause_until``).
+        self.paused_until = 0
         self.config = config
 
     @property

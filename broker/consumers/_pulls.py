@@ -87,7 +87,10 @@ def collect(engine: Engine, c: Consumer, req: PullRequest) -> tuple[list[PullPar
     for a request that ``takes_runs``, a ``PulledRun`` before each run of first
     deliveries taken whole: what ``pull_entries`` would give, not yet encoded).
 
-    The consumers' hot path: each step below keeps its loops' state in locals."""
+    The consumers' hot path: each step below keeps its loops' state in locals. A
+    paused consumer gives nothing (whoever paused it kicks the engine at the end)."""
+    if c.paused_until and engine.clock.now_ns() < c.paused_until:
+        return [], 0, False
     parts: list[PullPart] = []
     limit_bytes = req.bytes_left or engine.broker.config.limits.max_fetch_bytes
     now = engine.clock.now_ns()
@@ -283,6 +286,8 @@ def fill(engine: Engine, c: Consumer) -> None:
 
 
 def _fill(engine: Engine, c: Consumer) -> None:
+    if c.paused_until and engine.clock.now_ns() < c.paused_until:
+        return  # paused (collect would give nothing)
     for req in list(c.waiting):
         if req.ended:
             continue

@@ -66,6 +66,7 @@ from protocol.nats import (
     parse_ack_body,
     parse_ack_subject,
     parse_next_request,
+    parse_pause_until,
     status_message,
 )
 
@@ -215,9 +216,19 @@ class State:
         if not settings.durable or settings.inactive_threshold_ns:
             self.touch(c)
             self._clock(c, settings)
+        self._pause(c, settings)
         if settings.deliver_subject and c not in self.pushes:
             push = self.pushes[c] = Push(self, c, settings)
             push.start()
+
+    def _pause(self, c: Consumer, settings: PushSettings) -> None:
+        """``pause_until``: the engine delivers nothing to ``c`` before then; a tick at
+        the end wakes it."""
+        c.paused_until = settings.pause_until_ns
+        if settings.pause_until_ns > self.broker.clock.now_ns():
+            self.ticks.arm(Unpause(self, c, settings.pause_until_ns), settings.pause_until_ns)
+        else:
+            self.engine.kick(c)
 
     def _clock(self, c: Consumer, settings: PushSettings) -> None:
         threshold = settings.inactive_threshold_ns or EPHEMERAL_INACTIVE_NS
@@ -228,6 +239,8 @@ class State:
         """After an update of ``c`` (checked by :func:`_check_update`): a push consumer
         whose deliver subject moved delivers to the new one; a new inactivity
         threshold counts from the last activity, as on the server."""
+        if old.pause_until_ns != new.pause_until_ns:
+            self._pause(c, new)
         if old.deliver_subject != new.deliver_subject:
             push = self.pushes.pop(c, None)
             if push is not None:
@@ -785,6 +798,21 @@ class Push:
             self.window = None
 
 
+class Unpause:
+    """The end of a consumer's pause: the engine delivers again (unless the pause
+    moved meanwhile)."""
+
+    def __init__(self, state: State, c: Consumer, until_ns: int) -> None:
+        self.state = state
+        self.consumer = c
+        self.until_ns = until_ns
+
+    def tick(self, now_ns: int) -> None:
+        c = self.consumer
+        if not c.deleted and c.paused_until == self.until_ns:
+            self.state.engine.kick(c)
+
+
 class Inactivity:
     """Deletes a consumer unused for its ``inactive_threshold`` (an ephemeral one
     always, 5 s by default; a durable one when it has one, as on the server)."""
@@ -1026,6 +1054,10 @@ def _info(st: State, c: Consumer) -> dict[str, Any]:
     }
     if settings.deliver_subject and st.broker.subs.match(settings.deliver_subject.encode()):
         info["push_bound"] = True  # the server's omitempty: absent unless bound
+    remaining = c.paused_until - st.broker.clock.now_ns()
+    if remaining > 0:
+        info["paused"] = True
+        info["pause_remaining"] = remaining
     info["ts"] = rfc3339(st.broker.clock.now_ns())
     return info
 
@@ -1068,8 +1100,28 @@ def _api_list(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, A
     return {"total": total, "offset": offset, "limit": LIST_LIMIT, "consumers": [_info(st, c) for c in page]}, 0
 
 
+def _api_pause(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    """``CONSUMER.PAUSE.<stream>.<consumer>`` with ``{"pause_until": time}`` (none, or
+    Go's zero time: resume), as the server answers it; the change is in the
+    consumer's configuration (journaled), so it survives a restart."""
+    c = _find(st, tokens)
+    req = parse_request(payload) if bytes(payload).strip() else {}
+    until = parse_pause_until(req.get("pause_until"))
+    old = st.settings_of(c)
+    new = dataclasses.replace(old, pause_until_ns=until)
+    epoch = change_consumer(st.engine, c, ConsumerConfig.from_map({**c.config.to_map(), "nats": dataclasses.asdict(new)}))
+    st.updated(c, old, new)
+    body: dict[str, Any] = {"paused": False, "pause_until": rfc3339(until)}
+    remaining = until - st.broker.clock.now_ns()
+    if remaining > 0:
+        body["paused"] = True
+        body["pause_remaining"] = remaining
+    return body, epoch
+
+
 _API = {
     "CREATE": ("consumer_create", _api_create),
+    "PAUSE": ("consumer_pause", _api_pause),
     "DURABLE.CREATE": ("consumer_create", _api_durable_create),
     "INFO": ("consumer_info", _api_info),
     "DELETE": ("consumer_delete", _api_delete),

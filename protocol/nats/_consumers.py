@@ -33,7 +33,7 @@ from .._records import FIXED_SIZE, RECORD_FIXED
 
 __all__ = [
     "PushSettings", "NextRequest", "ACK_NEXT", "consumer_config_from_nats", "consumer_config_to_nats",
-    "parse_next_request", "ack_subject", "parse_ack_subject", "AckReply", "parse_ack_body", "parse_rfc3339",
+    "parse_next_request", "ack_subject", "parse_ack_subject", "AckReply", "parse_ack_body", "parse_pause_until", "parse_rfc3339",
     "js_delivery", "js_delivery_frames", "status_message", "idle_heartbeat",
 ]
 
@@ -124,6 +124,8 @@ class PushSettings:
     max_request_bytes: int = 0
     #: The consumer's ``metadata`` (a JSON object of strings, kept as its text).
     metadata: str = ""
+    #: Delivers nothing before this time (ns since the epoch; 0: not paused).
+    pause_until_ns: int = 0
 
 
 #: Settings the server has and the engine does not: refused when set to anything but
@@ -131,7 +133,6 @@ class PushSettings:
 _UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "rate_limit_bps": (lambda v: bool(v), "consumer rate_limit_bps is not supported by ttlbroker"),
     "sample_freq": (lambda v: bool(v), "consumer sample_freq is not supported by ttlbroker"),
-    "pause_until": (lambda v: bool(v) and not str(v).startswith("0001-01-01"), "pausing consumers (pause_until) is not supported by ttlbroker"),
     "priority_groups": (lambda v: bool(v), "consumer priority groups are not supported by ttlbroker"),
     "priority_policy": (lambda v: v not in (None, "", "none"), "consumer priority policies are not supported by ttlbroker"),
     "priority_timeout": (lambda v: bool(v), "consumer priority groups are not supported by ttlbroker"),
@@ -142,7 +143,7 @@ _KNOWN = {
     "name", "durable_name", "description", "deliver_policy", "opt_start_seq", "opt_start_time", "ack_policy",
     "ack_wait", "max_deliver", "backoff", "filter_subject", "filter_subjects", "replay_policy", "max_waiting",
     "max_ack_pending", "flow_control", "idle_heartbeat", "headers_only", "deliver_subject", "deliver_group", "inactive_threshold",
-    "num_replicas", "mem_storage", "max_batch", "max_expires", "max_bytes", "metadata", *_UNSUPPORTED,
+    "num_replicas", "mem_storage", "max_batch", "max_expires", "max_bytes", "metadata", "pause_until", *_UNSUPPORTED,
 }
 
 
@@ -273,7 +274,7 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
         headers_only=bool(raw.get("headers_only")), inactive_threshold_ns=inactive,
         mem_storage=bool(raw.get("mem_storage")), num_replicas=replicas,
         max_deliver=1 if ap == "none" and md == 1 else 0, ack_wait_ns=wait if ap == "none" else 0,
-        metadata=_metadata(raw.get("metadata")),
+        metadata=_metadata(raw.get("metadata")), pause_until_ns=parse_pause_until(raw.get("pause_until")),
     )
     batch, expires, max_bytes = _request_limits(raw, pull=not deliver)
     return out, dataclasses.replace(settings, max_batch=batch, max_expires_ns=expires, max_request_bytes=max_bytes)
@@ -293,6 +294,16 @@ def _request_limits(raw: dict[str, Any], pull: bool) -> tuple[int, int, int]:
     if pull and expires and expires < 1_000_000:
         raise JSError(400, 10115, "consumer max request expires needs to be >= 1ms")
     return batch, expires, max_bytes
+
+
+def parse_pause_until(raw: Any) -> int:
+    """``pause_until`` (an RFC 3339 time; none, or Go's zero time: not paused) in ns."""
+    if not raw or (isinstance(raw, str) and raw.startswith("0001-01-01")):
+        return 0
+    try:
+        return parse_rfc3339(raw)
+    except ValueError:
+        raise JSError(400, 10025, f"invalid JSON: pause_until {raw!r} is not an RFC 3339 time") from None
 
 
 def _metadata(raw: Any) -> str:
@@ -363,6 +374,8 @@ def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettin
         out["inactive_threshold"] = settings.inactive_threshold_ns
     if settings.metadata:
         out["metadata"] = json.loads(settings.metadata)
+    if settings.pause_until_ns:
+        out["pause_until"] = rfc3339(settings.pause_until_ns)
     out["num_replicas"] = settings.num_replicas
     if settings.mem_storage:
         out["mem_storage"] = True

@@ -1125,3 +1125,43 @@ async def test_pull_request_limits_metadata_headers_only_and_a_durables_inactive
     assert r["updated"] == {"team": "ops"}
     assert r["idle"] == 10.0
     assert r["gone"] is True
+
+
+async def test_pause_until_and_the_pause_api(mock_clock: Any, nats_url: str) -> None:
+    """``$JS.API.CONSUMER.PAUSE`` and ``pause_until``: a paused consumer delivers
+    nothing (its pulls wait), reports ``paused`` and ``pause_remaining``, and delivers
+    again when the pause ends (virtual time) or is lifted."""
+
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        await orders(js, 2)
+        out: dict[str, Any] = {}
+        info = await js.add_consumer(STREAM, durable_name="p", ack_policy="explicit")
+        now = int(info.created.timestamp()) * 10**9 + info.created.microsecond * 1000  # (nats-py parses it into a datetime)
+        until = PN.rfc3339(now + 60 * 10**9)
+        pause = f"$JS.API.CONSUMER.PAUSE.{STREAM}.p"
+        r = await api_request(nc, pause, {"pause_until": until})
+        out["paused"] = (r["type"], r["paused"], r["pause_until"], r["pause_remaining"])
+        raw = json.loads((await nc.request(f"$JS.API.CONSUMER.INFO.{STREAM}.p", b"", timeout=5)).data)
+        out["info"] = (raw["paused"], raw["pause_remaining"], raw["config"]["pause_until"])
+        psub = await js.pull_subscribe_bind("p", stream=STREAM)
+        out["while_paused"] = await fetch_or_none(psub, 1)
+        jump(61)
+        out["after"] = [m.data for m in await fetch_or_none(psub, 1, timeout=2)]
+        await api_request(nc, pause, {"pause_until": PN.rfc3339(now + 3600 * 10**9)})
+        r = await api_request(nc, pause, {})
+        out["resumed"] = (r["paused"], r["pause_until"], "pause_remaining" in r)
+        out["again"] = [m.data for m in await fetch_or_none(psub, 1, timeout=2)]
+        out["missing"] = await api_request(nc, f"$JS.API.CONSUMER.PAUSE.{STREAM}.nope", {})
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    assert r["paused"][:2] == ("io.nats.jetstream.api.v1.consumer_pause_response", True)
+    assert 60 * 10**9 - 1000 < r["paused"][3] <= 60 * 10**9  # (nats-py's datetime keeps microseconds)
+    assert r["info"] == (True, r["paused"][3], r["paused"][2])  # virtual time stands still
+    assert r["while_paused"] == []
+    assert r["after"] == [b"m0"]
+    assert r["resumed"] == (False, "0001-01-01T00:00:00Z", False)
+    assert r["again"] == [b"m1"]
+    assert r["missing"]["error"] == {"code": 404, "err_code": 10014, "description": "consumer not found"}
