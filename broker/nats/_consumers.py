@@ -241,6 +241,9 @@ class State:
         threshold counts from the last activity, as on the server."""
         if old.pause_until_ns != new.pause_until_ns:
             self._pause(c, new)
+        push = self.pushes.get(c)
+        if push is not None and old.rate_limit_bps != new.rate_limit_bps:
+            push.rate = new.rate_limit_bps / 8
         if old.deliver_subject != new.deliver_subject:
             push = self.pushes.pop(c, None)
             if push is not None:
@@ -691,6 +694,14 @@ class Push:
         self.pending_bytes = 0
         self.max_pending = FC_START_PENDING
         self.fc_size = 0
+        #: ``rate_limit_bps``, as the server's token bucket (``setRateLimit``): bytes
+        #: a second, a burst of the broker's max payload, the bytes in the bucket
+        #: (below zero: owed) as of ``tokens_at``, and a window waiting for them.
+        self.rate = settings.rate_limit_bps / 8
+        self.burst = state.broker.max_payload
+        self.tokens = float(self.burst)
+        self.tokens_at = 0
+        self.waiting_tokens = False
         self.busy = False  # something was delivered since the last heartbeat tick
         self.window: PushWindow | None = None
 
@@ -714,8 +725,19 @@ class Push:
         self.state.unbound.add(self)
 
     def _has_room(self) -> bool:
-        """Flow control lets more go (always, without it)."""
+        """Flow control lets more go (always, without it), and the rate limit is not
+        waiting for its bucket to fill."""
+        if self.waiting_tokens:
+            return False
         return not self.flow_control or self.pending_bytes < self.max_pending
+
+    def _refill(self) -> float:
+        """The rate limit's bucket now (tokens are bytes)."""
+        now = self.state.broker.clock.now_ns()
+        if self.tokens_at:
+            self.tokens = min(self.burst, self.tokens + (now - self.tokens_at) * self.rate / 1e9)
+        self.tokens_at = now
+        return self.tokens
 
     def open_window(self) -> None:
         c = self.consumer
@@ -724,6 +746,8 @@ class Push:
         room = WINDOW_BYTES
         if self.flow_control:
             room = min(room, max(self.max_pending - self.pending_bytes, 1))
+        if self.rate:
+            room = min(room, max(int(self._refill()), 1))
         self.window = w = PushWindow(self, room)
         c.waiting.append(w)
         self.state.owner.pulls.add(w)
@@ -736,6 +760,9 @@ class Push:
         self.busy = True
         if reached:
             self.state.touch(self.consumer)
+        if self.rate:
+            self._refill()
+            self.tokens -= size
         if not self.flow_control:
             return
         self.pending_bytes += size
@@ -758,7 +785,20 @@ class Push:
         """The window is used up: the next starts at once, or, with flow control at
         its limit, when the outstanding request is answered."""
         self.window = None
+        if self.rate and self._refill() < 0:
+            # What was sent is owed: the next window waits until the bucket is back
+            # at zero (the server's ReserveN delay).
+            self.waiting_tokens = True
+            wait_ns = int(-self.tokens / self.rate * 1e9) + 1
+            self.state.ticks.arm(RateWait(self), self.tokens_at + wait_ns)
+            return
         if self._has_room():
+            self.open_window()
+
+    def tokens_back(self) -> None:
+        """The rate limit's wait is over."""
+        self.waiting_tokens = False
+        if self.window is None and not self.consumer.deleted and self._has_room() and self.state.pushes.get(self.consumer) is self:
             self.open_window()
 
     def flow_reply(self, subject: str) -> None:
@@ -796,6 +836,16 @@ class Push:
         if self.window is not None:
             retire(self.window)
             self.window = None
+
+
+class RateWait:
+    """The moment a rate-limited push consumer's bucket is back at zero."""
+
+    def __init__(self, push: Push) -> None:
+        self.push = push
+
+    def tick(self, now_ns: int) -> None:
+        self.push.tokens_back()
 
 
 class Unpause:

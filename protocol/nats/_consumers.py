@@ -126,12 +126,13 @@ class PushSettings:
     metadata: str = ""
     #: Delivers nothing before this time (ns since the epoch; 0: not paused).
     pause_until_ns: int = 0
+    #: A push consumer's delivery rate in bits per second (0: unlimited).
+    rate_limit_bps: int = 0
 
 
 #: Settings the server has and the engine does not: refused when set to anything but
 #: the default, with the reason (field -> (is it set?, description)).
 _UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "rate_limit_bps": (lambda v: bool(v), "consumer rate_limit_bps is not supported by ttlbroker"),
     "sample_freq": (lambda v: bool(v), "consumer sample_freq is not supported by ttlbroker"),
     "priority_groups": (lambda v: bool(v), "consumer priority groups are not supported by ttlbroker"),
     "priority_policy": (lambda v: v not in (None, "", "none"), "consumer priority policies are not supported by ttlbroker"),
@@ -143,7 +144,8 @@ _KNOWN = {
     "name", "durable_name", "description", "deliver_policy", "opt_start_seq", "opt_start_time", "ack_policy",
     "ack_wait", "max_deliver", "backoff", "filter_subject", "filter_subjects", "replay_policy", "max_waiting",
     "max_ack_pending", "flow_control", "idle_heartbeat", "headers_only", "deliver_subject", "deliver_group", "inactive_threshold",
-    "num_replicas", "mem_storage", "max_batch", "max_expires", "max_bytes", "metadata", "pause_until", *_UNSUPPORTED,
+    "num_replicas", "mem_storage", "max_batch", "max_expires", "max_bytes", "metadata", "pause_until", "rate_limit_bps",
+    *_UNSUPPORTED,
 }
 
 
@@ -266,6 +268,11 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
     inactive = _ns("inactive_threshold", raw.get("inactive_threshold") or 0)
     if inactive < 0:
         raise _invalid("consumer inactive_threshold needs to be positive")
+    rate = raw.get("rate_limit_bps") or 0
+    if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
+        raise JSError(400, 10025, "invalid JSON: rate_limit_bps must be an unsigned integer")
+    if rate and not deliver:
+        raise JSError(400, 10086, "consumer in pull mode can not have rate limit set")
     group = raw.get("deliver_group") or ""  # a pull consumer keeps it and ignores it, as the server
     if not isinstance(group, str):
         raise JSError(400, 10025, "invalid JSON: deliver_group must be a string")
@@ -275,6 +282,7 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
         mem_storage=bool(raw.get("mem_storage")), num_replicas=replicas,
         max_deliver=1 if ap == "none" and md == 1 else 0, ack_wait_ns=wait if ap == "none" else 0,
         metadata=_metadata(raw.get("metadata")), pause_until_ns=parse_pause_until(raw.get("pause_until")),
+        rate_limit_bps=rate,
     )
     batch, expires, max_bytes = _request_limits(raw, pull=not deliver)
     return out, dataclasses.replace(settings, max_batch=batch, max_expires_ns=expires, max_request_bytes=max_bytes)
@@ -376,6 +384,8 @@ def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettin
         out["metadata"] = json.loads(settings.metadata)
     if settings.pause_until_ns:
         out["pause_until"] = rfc3339(settings.pause_until_ns)
+    if settings.rate_limit_bps:
+        out["rate_limit_bps"] = settings.rate_limit_bps
     out["num_replicas"] = settings.num_replicas
     if settings.mem_storage:
         out["mem_storage"] = True

@@ -248,3 +248,44 @@ async def test_flow_control_lets_delivery_run_ahead_of_its_request(mock_clock: A
     assert r["requests"] == 1
     assert 1024 < r["before_reply"] < 3072 and r["before_reply"] * 1024 <= 2 * 1024 * 1024 + 2048
     assert r["all"] == 3072 and r["order"]
+
+
+async def test_rate_limit_bps_paces_a_push_consumer_after_its_burst(mock_clock: Any, tmp_path: Any) -> None:
+    """``rate_limit_bps``, as the server's token bucket: a burst of the broker's max
+    payload (here 4 KiB), then the configured rate (8,192 bits, 1 KiB, a second),
+    on virtual time; a pull consumer may not have one (10086)."""
+    from conftest import make_config, start_server
+
+    config = make_config(tmp_path / "d", **{"nats.enabled": True, "limits.max_payload_bytes": 4096})
+    async with start_server(config) as server:
+        url = f"nats://{server.nats_host}:{server.nats_port}"
+
+        async def scenario() -> dict[str, Any]:
+            nc = await nats.connect(url)
+            js = nc.jetstream()
+            await _stream(js)
+            body = b"x" * 1000
+            for i in range(12):
+                await js.publish(f"orders.{i}", body)
+            await js.add_consumer(STREAM, api.ConsumerConfig(
+                durable_name="slow", deliver_subject="slow.in", ack_policy=api.AckPolicy.NONE, rate_limit_bps=8192,
+            ))
+            sub = await nc.subscribe("slow.in")
+            counts = [len(await _take(sub, 12, timeout=0.3))]
+            for _ in range(3):
+                jump(2.0)
+                counts.append(len(await _take(sub, 12, timeout=0.3)))
+            try:
+                await js.add_consumer(STREAM, api.ConsumerConfig(durable_name="pull", rate_limit_bps=8192))
+                refused: Any = None
+            except nats.js.errors.APIError as err:
+                refused = (err.code, err.err_code, err.description)
+            await nc.close()
+            return {"counts": counts, "refused": refused}
+
+        r = await in_asyncio(scenario)
+    counts = r["counts"]
+    assert 3 <= counts[0] <= 5  # the burst: 4 KiB of ~1 KiB records
+    assert all(1 <= n <= 3 for n in counts[1:])  # then ~2 records per 2 s
+    assert sum(counts) <= 12
+    assert r["refused"] == (400, 10086, "consumer in pull mode can not have rate limit set")

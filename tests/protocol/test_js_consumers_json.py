@@ -127,7 +127,7 @@ def test_config_mapping_and_back() -> None:
 
 def test_config_refusals() -> None:
     assert _err({"replay_policy": "original"})[:2] == (400, 10094)
-    assert _err({"rate_limit_bps": 100}) == (400, 10094, "consumer rate_limit_bps is not supported by ttlbroker")
+    assert _err({"rate_limit_bps": 100}) == (400, 10086, "consumer in pull mode can not have rate limit set")
     assert _err({"deliver_group": 7, "deliver_subject": "x"})[:2] == (400, 10025)
     assert _err({"num_replicas": 3}) == (500, 10074, "replicas > 1 not supported in non-clustered mode")
     assert _err({"filter_subject": "a", "filter_subjects": ["b"]})[1] == 10136
