@@ -647,8 +647,8 @@ class PushWindow(NatsPull):
 
     __slots__ = ("push",)
 
-    def __init__(self, push: Push, max_bytes: int) -> None:
-        nr = NextRequest(WINDOW_MSGS, max_bytes, 0, False, 0)
+    def __init__(self, push: Push, max_bytes: int, max_msgs: int = WINDOW_MSGS) -> None:
+        nr = NextRequest(max_msgs, max_bytes, 0, False, 0)
         super().__init__(push.state, push.subject, push.consumer, nr)
         self.push = push
 
@@ -701,7 +701,14 @@ class Push:
         self.burst = state.broker.max_payload
         self.tokens = float(self.burst)
         self.tokens_at = 0
-        self.waiting_tokens = False
+        self.window_held = False
+        #: ``replay_policy`` ``original`` (the server's ``o.replay``): until the
+        #: consumer is past what the stream held when delivery started, one message
+        #: a window, each after the gap between its timestamp and the last one's.
+        self.replay_until = 0
+        self.replay_ts = 0
+        if settings.replay_original:
+            self.replay_until = c.parts[0].part.log.next_offset - 1
         self.busy = False  # something was delivered since the last heartbeat tick
         self.window: PushWindow | None = None
 
@@ -727,7 +734,7 @@ class Push:
     def _has_room(self) -> bool:
         """Flow control lets more go (always, without it), and the rate limit is not
         waiting for its bucket to fill."""
-        if self.waiting_tokens:
+        if self.window_held:
             return False
         return not self.flow_control or self.pending_bytes < self.max_pending
 
@@ -748,7 +755,7 @@ class Push:
             room = min(room, max(self.max_pending - self.pending_bytes, 1))
         if self.rate:
             room = min(room, max(int(self._refill()), 1))
-        self.window = w = PushWindow(self, room)
+        self.window = w = PushWindow(self, room, 1 if self._replaying() else WINDOW_MSGS)
         c.waiting.append(w)
         self.state.owner.pulls.add(w)
         self.state.engine.kick(c)
@@ -785,19 +792,47 @@ class Push:
         """The window is used up: the next starts at once, or, with flow control at
         its limit, when the outstanding request is answered."""
         self.window = None
+        if self._replaying():
+            delay_ns = self._replay_gap()
+            if delay_ns > 1_000_000:  # as the server: a gap of a millisecond or less is none
+                self.window_held = True
+                self.state.ticks.arm(WindowTimer(self), self.state.broker.clock.now_ns() + delay_ns)
+                return
         if self.rate and self._refill() < 0:
             # What was sent is owed: the next window waits until the bucket is back
             # at zero (the server's ReserveN delay).
-            self.waiting_tokens = True
+            self.window_held = True
             wait_ns = int(-self.tokens / self.rate * 1e9) + 1
-            self.state.ticks.arm(RateWait(self), self.tokens_at + wait_ns)
+            self.state.ticks.arm(WindowTimer(self), self.tokens_at + wait_ns)
             return
         if self._has_room():
             self.open_window()
 
+    def _replaying(self) -> bool:
+        if not self.replay_until:
+            return False
+        if self.consumer.parts[0].cursor > self.replay_until:
+            self.replay_until = 0  # caught up: from here on, as instant
+            return False
+        return True
+
+    def _replay_gap(self) -> int:
+        """Nanoseconds between the last message delivered and the next one the
+        consumer will deliver (0 when unknown)."""
+        cp = self.consumer.parts[0]
+        log_ = cp.part.log
+        last = cp.last_delivered
+        if not last or not log_.is_live(last):
+            return 0
+        wanted = cp.wanted()
+        for o in range(cp.cursor, self.replay_until + 1):
+            if log_.is_live(o) and (wanted is None or wanted(o)):
+                return max(log_.timestamp_of(o) - log_.timestamp_of(last), 0)
+        return 0
+
     def tokens_back(self) -> None:
-        """The rate limit's wait is over."""
-        self.waiting_tokens = False
+        """A held window's wait is over (the rate limit's, or a replay gap)."""
+        self.window_held = False
         if self.window is None and not self.consumer.deleted and self._has_room() and self.state.pushes.get(self.consumer) is self:
             self.open_window()
 
@@ -838,8 +873,9 @@ class Push:
             self.window = None
 
 
-class RateWait:
-    """The moment a rate-limited push consumer's bucket is back at zero."""
+class WindowTimer:
+    """When a held push window may open: the rate limit's bucket is back at zero, or a
+    replay's gap has passed."""
 
     def __init__(self, push: Push) -> None:
         self.push = push

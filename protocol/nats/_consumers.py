@@ -128,6 +128,9 @@ class PushSettings:
     pause_until_ns: int = 0
     #: A push consumer's delivery rate in bits per second (0: unlimited).
     rate_limit_bps: int = 0
+    #: ``replay_policy`` ``original``: what was stored when delivery started goes out
+    #: with the gaps between the messages' own timestamps.
+    replay_original: bool = False
 
 
 #: Settings the server has and the engine does not: refused when set to anything but
@@ -171,10 +174,10 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
     if unknown:
         raise _invalid(f"consumer option {unknown[0]!r} is not supported by ttlbroker")
     replay = raw.get("replay_policy") or "instant"
-    if replay != "instant":
-        if replay == "original":
-            raise _invalid("consumer replay policy original is not supported by ttlbroker: messages are delivered as fast as they are pulled")
+    if replay not in ("instant", "original"):
         raise JSError(400, 10182, "consumer replay policy invalid")
+    if replay == "original" and not raw.get("deliver_subject"):
+        raise _invalid("consumer replay policy original on a pull consumer is not supported by ttlbroker: use a push consumer")
     replicas = raw.get("num_replicas") or 0
     if replicas not in (0, 1):
         raise JSError(500, 10074, "replicas > 1 not supported in non-clustered mode")
@@ -282,7 +285,7 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
         mem_storage=bool(raw.get("mem_storage")), num_replicas=replicas,
         max_deliver=1 if ap == "none" and md == 1 else 0, ack_wait_ns=wait if ap == "none" else 0,
         metadata=_metadata(raw.get("metadata")), pause_until_ns=parse_pause_until(raw.get("pause_until")),
-        rate_limit_bps=rate,
+        rate_limit_bps=rate, replay_original=replay == "original",
     )
     batch, expires, max_bytes = _request_limits(raw, pull=not deliver)
     return out, dataclasses.replace(settings, max_batch=batch, max_expires_ns=expires, max_request_bytes=max_bytes)
@@ -359,7 +362,7 @@ def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettin
         out["filter_subject"] = filters[0]
     elif filters:
         out["filter_subjects"] = list(filters)
-    out["replay_policy"] = "instant"
+    out["replay_policy"] = "original" if settings.replay_original else "instant"
     if not settings.deliver_subject:
         out["max_waiting"] = cfg["max_waiting"]
     if cfg["ack_policy"] != "none":

@@ -401,8 +401,8 @@ async def test_create_info_names_list_delete_and_errors(nats_url: str) -> None:
                                              "description": "stream name in subject does not match request"}
     assert r["filter_mismatch"]["error"] == {
         "code": 400, "err_code": 10131, "description": "Consumer create request did not match filtered subject from create subject"}
-    assert r["replay"] == (400, 10094, "consumer replay policy original is not supported by ttlbroker: "
-                                       "messages are delivered as fast as they are pulled")
+    assert r["replay"] == (400, 10094, "consumer replay policy original on a pull consumer is not supported by ttlbroker: "
+                                       "use a push consumer")
     assert r["sample"] == (400, 10094, "consumer sample_freq is not supported by ttlbroker")
     push = r["push_durable"].config
     assert (push.durable_name, push.deliver_subject, push.deliver_group, push.ack_policy) == ("p", "here", "g", api.AckPolicy.EXPLICIT)

@@ -289,3 +289,35 @@ async def test_rate_limit_bps_paces_a_push_consumer_after_its_burst(mock_clock: 
     assert all(1 <= n <= 3 for n in counts[1:])  # then ~2 records per 2 s
     assert sum(counts) <= 12
     assert r["refused"] == (400, 10086, "consumer in pull mode can not have rate limit set")
+
+
+async def test_replay_original_keeps_the_gaps_between_the_stored_messages(mock_clock: Any, nats_url: str) -> None:
+    """``replay_policy: original``: what the stream held when delivery started goes
+    out with the gaps between the messages' timestamps (virtual time: published 0 s,
+    5 s and 15 s apart), then live messages come at once."""
+
+    async def scenario() -> dict[str, Any]:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        await _stream(js)
+        for i, gap in enumerate((0, 5, 10)):
+            jump(gap)
+            await js.publish(f"orders.{i}", b"m%d" % i)
+        await js.add_consumer(STREAM, api.ConsumerConfig(
+            durable_name="replay", deliver_subject="replay.in", ack_policy=api.AckPolicy.NONE,
+            replay_policy=api.ReplayPolicy.ORIGINAL,
+        ))
+        sub = await nc.subscribe("replay.in")
+        seen = [len(await _take(sub, 3, timeout=0.3))]
+        for step in (4, 1.1, 8.8, 1.3):  # (timer entries fire within 10 ms after their deadline)
+            jump(step)
+            seen.append(len(await _take(sub, 3, timeout=0.3)))
+        await js.publish("orders.live", b"live")
+        seen.append(len(await _take(sub, 1, timeout=2)))
+        info = await js.consumer_info(STREAM, "replay")
+        await nc.close()
+        return {"seen": seen, "policy": info.config.replay_policy}
+
+    r = await in_asyncio(scenario)
+    assert r["seen"] == [1, 0, 1, 0, 1, 1]  # m0 at once, m1 5 s later, m2 10 s after it, the live one at once
+    assert r["policy"] == api.ReplayPolicy.ORIGINAL
