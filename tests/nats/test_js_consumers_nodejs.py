@@ -1,6 +1,7 @@
 """A second language for consumers: nats.js under Node (tests/nats/js, installed by
-``test_js_nodejs.node_nats``) pulls from a durable consumer with acks, and makes,
-writes and watches a bucket with its own KV API, on ttlbroker's NATS listener. The
+``test_js_nodejs.node_nats``) pulls from a durable consumer with acks, takes push consumers with acks and a
+queue group, and makes, writes and watches a bucket with its own KV API, on
+ttlbroker's NATS listener. The
 expected values are what the same script prints against nats-server 2.15."""
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ async def test_nodejs_pull_consumer_and_kv_watch(node_nats: Path, nats_url: str)
     # value, revision, delta), and kv.get after the watch.
     assert out["watched"] == [["a", "PUT", "1", 2, 0], ["b", "PUT", "2", 3, 0], ["a", "DEL", "", 4, 0]]
     assert out["got"] == ["2", "DEL"]
+
+
+async def test_nodejs_push_consumers_with_acks_and_a_queue_group(node_nats: Path, nats_url: str) -> None:  # noqa: F811
+    """nats.js's ``js.subscribe`` with ``consumerOpts``: a durable push consumer with
+    manual acks, and two subscriptions of one durable with a deliver group."""
+    out = await _node(node_nats / "push.mjs", nats_url)
+    assert out["got"] == [[f"np.a.{i}", f"m{i}", 1] for i in range(4)]
+    assert out["info"]["num_ack_pending"] == 0 and out["info"]["num_pending"] == 0
+    a, b = out["jobs"]["a"], out["jobs"]["b"]
+    assert sorted(a + b, key=lambda j: int(j[1:])) == [f"j{i}" for i in range(40)]
+    assert a and b and not set(a) & set(b)
+    assert out["workers"] == {"deliver_group": "workers", "delivered": 44}
 
 
 def test_hpub_with_no_header_block_is_a_message_without_headers() -> None:
