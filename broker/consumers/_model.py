@@ -488,6 +488,12 @@ class PullRequest:
         message is handed to it (``_pulls.fill``)."""
         return self.session.closing
 
+    def passes(self) -> bool:
+        """Whether this pull waits instead of taking messages now (the NATS
+        listener's priority groups: an overflow request below its thresholds, a
+        request that is not the pinned one)."""
+        return False
+
 
 def entries(parts: list[PullPart]) -> list[bytes | memoryview]:
     """The parts of a pull that does not take runs (``PullRequest.takes_runs`` false:

@@ -294,6 +294,8 @@ def _fill(engine: Engine, c: Consumer) -> None:
         if req.unheard():  # nobody would get its messages: they stay for the next pull
             retire(req)
             continue
+        if req.passes():
+            continue
         parts, count, hit = collect(engine, c, req)
         if not count:
             if hit:

@@ -68,6 +68,7 @@ from protocol.nats import (
     parse_next_request,
     parse_pause_until,
     status_message,
+    with_header,
 )
 
 from broker.consumers import (
@@ -176,6 +177,8 @@ class State:
         self.inactivity: weakref.WeakKeyDictionary[Consumer, Inactivity] = weakref.WeakKeyDictionary()
         #: Push consumers whose deliver subject has no subscriber (they wait for one).
         self.unbound: set[Push] = set()
+        #: ADR-42: the pinned client of each ``pinned_client`` consumer.
+        self.pins: weakref.WeakKeyDictionary[Consumer, Pin] = weakref.WeakKeyDictionary()
         #: Flow-control requests awaiting their answer, by reply subject.
         self.flow: dict[str, Push] = {}
         #: ``$JS.ACK.<stream>.<consumer>`` of ack subjects -> the consumer (checked:
@@ -421,18 +424,32 @@ class State:
     def touch(self, c: Consumer) -> None:
         self.last_active[c] = self.broker.clock.now_ns()
 
-    def deliver(self, c: Consumer, subject: str, parts: list[Any], count: int) -> int:
+    def pin(self, c: Consumer, group: str) -> Pin:
+        """Pin a new client of ``c`` (ADR-42's ``pinned_client``): its id, and a timer
+        that unpins it after the consumer's ``priority_timeout`` without a request."""
+        pin = self.pins[c] = Pin(self, c, group, secrets.token_hex(11).upper(), self.settings_of(c).pinned_ttl_ns)
+        pin.touch()
+        return pin
+
+    def unpin(self, c: Consumer) -> None:
+        if self.pins.pop(c, None) is not None:
+            self.engine.kick(c)
+
+    def deliver(self, c: Consumer, subject: str, parts: list[Any], count: int, pin: str = "") -> int:
         """Send the ``count`` messages of a pull batch (``_pulls.collect``'s parts) to
-        ``subject``; returns how many reached a subscriber."""
+        ``subject``; returns how many reached a subscriber. ``pin``: each carries a
+        ``Nats-Pin-Id`` header with it (ADR-42's pinned client)."""
         stream = self.js.stream_name(c.topic)
         headers_only = self.settings_of(c).headers_only
         name = c.name
         raw = subject.encode()
         subs = self.broker.subs.match(raw)
         nats_subs = [sub for sub in subs if isinstance(sub, NatsSubscription)]
-        if len(nats_subs) != len(subs):  # a ttlbroker subscriber too: one by one
+        if pin or len(nats_subs) != len(subs):  # one by one (a ttlbroker subscriber too, or a header to add)
             parts = expand_runs(parts)
             messages = [js_delivery(parts[i], parts[i + 1], stream, name, headers_only) for i in range(0, len(parts), 2)]
+            if pin:
+                messages = [(s, r, with_header(h, "Nats-Pin-Id", pin), p) for s, r, h, p in messages]
             return sum([send_core(self.broker, subject, r.decode(), h, p, shown=s) > 0 for s, r, h, p in messages])
         if any(sub.queue for sub in nats_subs):
             return self._spread(raw, expand_runs(parts), stream, name, headers_only)
@@ -495,7 +512,8 @@ def _state(js: JetStream) -> State:
 class NatsPull(PullRequest):
     """A ``CONSUMER.MSG.NEXT`` request waiting on its consumer."""
 
-    __slots__ = ("state", "reply", "reply_bytes", "no_wait", "heartbeat_ns", "max_bytes")
+    __slots__ = ("state", "reply", "reply_bytes", "no_wait", "heartbeat_ns", "max_bytes", "policy", "group", "min_pending",
+                 "min_ack_pending", "pin_id")
 
     takes_runs = True  # :meth:`State.deliver` formats them
 
@@ -507,6 +525,43 @@ class NatsPull(PullRequest):
         self.no_wait = nr.no_wait
         self.heartbeat_ns = nr.heartbeat_ns
         self.max_bytes = nr.max_bytes
+        #: ADR-42: the consumer's priority policy ("" none), and the request's group,
+        #: overflow thresholds and pin id.
+        self.policy = ""
+        self.group = nr.group
+        self.min_pending = nr.min_pending
+        self.min_ack_pending = nr.min_ack_pending
+        self.pin_id = nr.pin_id
+
+    def passes(self) -> bool:
+        """ADR-42, as nats-server's ``nextWaiting``: an overflow request with thresholds
+        waits until the consumer has at least ``min_pending`` messages pending or
+        ``min_ack_pending`` outstanding; under ``pinned_client``, the first request
+        of the group is pinned (its messages carry ``Nats-Pin-Id``), a request
+        without the pin waits, and one with another (a stale pin) ends with ``423
+        Nats-Wrong-Pin-Id``."""
+        policy = self.policy
+        if not policy:
+            return False
+        c = self.consumer
+        if policy == "overflow":
+            if not (self.min_pending or self.min_ack_pending):
+                return False
+            return not ((self.min_pending and self.min_pending <= c.num_pending)
+                        or (self.min_ack_pending and self.min_ack_pending <= c.num_ack_pending))
+        st = self.state
+        pin = st.pins.get(c)
+        if pin is None:
+            if self.group:
+                self.pin_id = st.pin(c, self.group).id
+            return False
+        if self.pin_id == pin.id:
+            return False
+        if not self.pin_id:
+            return True
+        self.state.send(self.reply, None, status_message(423, "Nats-Wrong-Pin-Id", max(self.remaining, 0), self.bytes_left))
+        retire(self)
+        return True
 
     def unheard(self) -> bool:
         """No subscription matches the reply subject (its client closed, unsubscribed
@@ -517,7 +572,7 @@ class NatsPull(PullRequest):
 
     def _deliver(self, parts: list[Any], count: int) -> bool:
         """Send the messages; False (and the pull dropped) when nobody got them."""
-        if count and not self.state.deliver(self.consumer, self.reply, parts, count):
+        if count and not self.state.deliver(self.consumer, self.reply, parts, count, pin=self.pin_id if self.policy == "pinned_client" else ""):
             retire(self)
             return False
         return True
@@ -556,6 +611,30 @@ class NatsPull(PullRequest):
         self.state.ticks.arm(self, now_ns + self.heartbeat_ns)
 
 
+def _priority_refusal(st: State, c: Consumer, s: PushSettings, nr: NextRequest) -> tuple[int, str] | None:
+    """ADR-42's checks of a pull request, as nats-server's ``processNextMsgRequest``
+    (a JSON request always has a priority group there, empty or not); a request with
+    the current pin id keeps the pin alive."""
+    if not nr.json:
+        return None
+    if (nr.min_pending or nr.min_ack_pending) and s.priority_policy != "overflow":
+        return 400, "Bad Request - Not a Overflow Priority consumer"
+    if nr.pin_id and s.priority_policy != "pinned_client":
+        return 400, "Bad Request - Not a Pinned Client Priority consumer"
+    if s.priority_policy:
+        if not nr.group:
+            return 400, "Bad Request - Priority Group missing"
+        if nr.group not in s.priority_groups.split(","):
+            return 400, "Bad Request - Invalid Priority Group"
+        pin = st.pins.get(c)
+        if pin is not None:
+            if nr.pin_id == pin.id:
+                pin.touch()
+            elif nr.pin_id:
+                return 423, "Nats-Pin-Id mismatch"
+    return None
+
+
 def _over_limits(s: PushSettings, nr: NextRequest) -> str:
     """The server's refusal of a pull over the consumer's request limits ("": none)."""
     if s.max_batch and nr.batch > s.max_batch:
@@ -589,10 +668,16 @@ def _next(st: State, c: Consumer, reply: str | None, payload: bytes, last: bool 
         st.flush_acks()
         st.send(reply, None, status_message(400, f"Bad Request - {exc}"))
         return
-    refused = _over_limits(st.settings_of(c), nr)
+    settings = st.settings_of(c)
+    refused = _over_limits(settings, nr)
     if refused:
         st.flush_acks()
         st.send(reply, None, status_message(409, refused))
+        return
+    priority = _priority_refusal(st, c, settings, nr)
+    if priority is not None:
+        st.flush_acks()
+        st.send(reply, None, status_message(*priority))
         return
     if st.acks:
         if last and st.may_pass(c, max(nr.batch, 1)):
@@ -615,7 +700,8 @@ def _next(st: State, c: Consumer, reply: str | None, payload: bytes, last: bool 
         return
     engine = st.engine
     req = NatsPull(st, reply, c, nr)
-    parts, count, hit = collect(engine, c, req)
+    req.policy = settings.priority_policy
+    parts, count, hit = ([], 0, False) if req.passes() else collect(engine, c, req)
     req.remaining -= count
     if req.bytes_left:
         req.bytes_left = max(req.bytes_left - sum(len(p) for p in parts[1::2]), 1)
@@ -871,6 +957,28 @@ class Push:
         if self.window is not None:
             retire(self.window)
             self.window = None
+
+
+class Pin:
+    """A consumer's pinned client (ADR-42): unpinned once ``ttl_ns`` passed without a
+    request carrying its id."""
+
+    def __init__(self, state: State, c: Consumer, group: str, pin_id: str, ttl_ns: int) -> None:
+        self.state = state
+        self.consumer = c
+        self.group = group
+        self.id = pin_id
+        self.ttl_ns = ttl_ns
+        self.since_ns = state.broker.clock.now_ns()
+        self.last_ns = 0
+
+    def touch(self) -> None:
+        self.last_ns = self.state.broker.clock.now_ns()
+        self.state.ticks.arm(self, self.last_ns + self.ttl_ns)
+
+    def tick(self, now_ns: int) -> None:
+        if self.state.pins.get(self.consumer) is self and now_ns - self.last_ns >= self.ttl_ns:
+            self.state.unpin(self.consumer)
 
 
 class WindowTimer:
@@ -1144,6 +1252,12 @@ def _info(st: State, c: Consumer) -> dict[str, Any]:
     if remaining > 0:
         info["paused"] = True
         info["pause_remaining"] = remaining
+    pin = st.pins.get(c)
+    if settings.priority_policy == "pinned_client":
+        info["priority_groups"] = [
+            {"group": g, **({"pinned_client_id": pin.id, "pinned_ts": rfc3339(pin.since_ns)} if pin is not None and pin.group == g else {})}
+            for g in settings.priority_groups.split(",")
+        ]
     info["ts"] = rfc3339(st.broker.clock.now_ns())
     return info
 
@@ -1205,8 +1319,25 @@ def _api_pause(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, 
     return body, epoch
 
 
+def _api_unpin(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
+    """``CONSUMER.UNPIN.<stream>.<consumer>`` with ``{"group": name}`` (ADR-42): the
+    pinned client of that group is unpinned; the next request gets a new pin."""
+    c = _find(st, tokens)
+    req = parse_request(payload) if bytes(payload).strip() else {}
+    group = req.get("group") or ""
+    if not group:
+        raise JSError(400, 10025, "invalid JSON: consumer group not specified")
+    if not isinstance(group, str) or not re.fullmatch(r"[a-zA-Z0-9/_=-]{1,16}", group):
+        raise JSError(400, 10162, "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters")
+    if group not in st.settings_of(c).priority_groups.split(","):
+        raise JSError(400, 10160, "Provided priority group does not exist for this consumer")
+    st.unpin(c)
+    return {}, 0
+
+
 _API = {
     "CREATE": ("consumer_create", _api_create),
+    "UNPIN": ("consumer_unpin", _api_unpin),
     "PAUSE": ("consumer_pause", _api_pause),
     "DURABLE.CREATE": ("consumer_create", _api_durable_create),
     "INFO": ("consumer_info", _api_info),

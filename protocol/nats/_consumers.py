@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -33,7 +34,7 @@ from .._records import FIXED_SIZE, RECORD_FIXED
 
 __all__ = [
     "PushSettings", "NextRequest", "ACK_NEXT", "consumer_config_from_nats", "consumer_config_to_nats",
-    "parse_next_request", "ack_subject", "parse_ack_subject", "AckReply", "parse_ack_body", "parse_pause_until", "parse_rfc3339",
+    "parse_next_request", "ack_subject", "parse_ack_subject", "AckReply", "parse_ack_body", "parse_pause_until", "parse_rfc3339", "with_header",
     "js_delivery", "js_delivery_frames", "status_message", "idle_heartbeat",
 ]
 
@@ -131,15 +132,18 @@ class PushSettings:
     #: ``replay_policy`` ``original``: what was stored when delivery started goes out
     #: with the gaps between the messages' own timestamps.
     replay_original: bool = False
+    #: ADR-42 priority groups: the group names (comma-separated), the policy
+    #: (``overflow``, ``pinned_client``; "" for none), and a pin's time to live.
+    priority_groups: str = ""
+    priority_policy: str = ""
+    pinned_ttl_ns: int = 0
 
 
 #: Settings the server has and the engine does not: refused when set to anything but
 #: the default, with the reason (field -> (is it set?, description)).
 _UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "sample_freq": (lambda v: bool(v), "consumer sample_freq is not supported by ttlbroker"),
-    "priority_groups": (lambda v: bool(v), "consumer priority groups are not supported by ttlbroker"),
-    "priority_policy": (lambda v: v not in (None, "", "none"), "consumer priority policies are not supported by ttlbroker"),
-    "priority_timeout": (lambda v: bool(v), "consumer priority groups are not supported by ttlbroker"),
+    "priority_policy": (lambda v: v == "prioritized", "consumer priority policy prioritized is not supported by ttlbroker"),
     "direct": (lambda v: bool(v), "direct consumers are not supported by ttlbroker"),
 }
 
@@ -148,7 +152,7 @@ _KNOWN = {
     "ack_wait", "max_deliver", "backoff", "filter_subject", "filter_subjects", "replay_policy", "max_waiting",
     "max_ack_pending", "flow_control", "idle_heartbeat", "headers_only", "deliver_subject", "deliver_group", "inactive_threshold",
     "num_replicas", "mem_storage", "max_batch", "max_expires", "max_bytes", "metadata", "pause_until", "rate_limit_bps",
-    *_UNSUPPORTED,
+    "priority_groups", "priority_timeout", *_UNSUPPORTED,
 }
 
 
@@ -286,6 +290,7 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
         max_deliver=1 if ap == "none" and md == 1 else 0, ack_wait_ns=wait if ap == "none" else 0,
         metadata=_metadata(raw.get("metadata")), pause_until_ns=parse_pause_until(raw.get("pause_until")),
         rate_limit_bps=rate, replay_original=replay == "original",
+        **_priority(raw, push=bool(deliver)),
     )
     batch, expires, max_bytes = _request_limits(raw, pull=not deliver)
     return out, dataclasses.replace(settings, max_batch=batch, max_expires_ns=expires, max_request_bytes=max_bytes)
@@ -315,6 +320,43 @@ def parse_pause_until(raw: Any) -> int:
         return parse_rfc3339(raw)
     except ValueError:
         raise JSError(400, 10025, f"invalid JSON: pause_until {raw!r} is not an RFC 3339 time") from None
+
+
+#: A priority group's name (the server's ``validGroupName``).
+_GROUP_NAME = re.compile(r"[a-zA-Z0-9/_=-]{1,16}")
+#: The server's default pin time to live (``JsDefaultPinnedTTL``).
+DEFAULT_PINNED_TTL_NS = 120 * NS
+
+
+def _priority(raw: dict[str, Any], push: bool) -> dict[str, Any]:
+    """ADR-42's ``priority_groups``, ``priority_policy`` and ``priority_timeout``, with the
+    server's defaults and checks (``setConsumerConfigDefaults``, ``checkConsumerCfg``)."""
+    policy = raw.get("priority_policy") or "none"
+    if policy not in ("none", "overflow", "pinned_client"):
+        raise JSError(400, 10025, f"invalid JSON: can not unmarshal {policy!r} into PriorityPolicy")
+    groups = raw.get("priority_groups") or []
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise JSError(400, 10025, "invalid JSON: priority_groups must be a list of strings")
+    ttl = _ns("priority_timeout", raw.get("priority_timeout") or 0)
+    ttl = max(ttl, 0)
+    if policy == "pinned_client" and not ttl:
+        ttl = DEFAULT_PINNED_TTL_NS
+    if policy != "none":
+        if push:
+            raise JSError(400, 10178, "priority groups can not be used with push consumers")
+        if not groups:
+            raise JSError(400, 10159, "Setting PriorityPolicy requires at least one PriorityGroup to be set")
+        for g in groups:
+            if not g:
+                raise JSError(400, 10161, "Group name cannot be an empty string")
+            if not _GROUP_NAME.fullmatch(g):
+                raise JSError(400, 10162, "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters")
+    else:
+        if groups:
+            raise JSError(400, 10196, "consumer can not have priority groups when policy is none")
+        if ttl:
+            raise JSError(400, 10197, "PinnedTTL cannot be set when PriorityPolicy is none")
+    return {"priority_groups": ",".join(groups), "priority_policy": "" if policy == "none" else policy, "pinned_ttl_ns": ttl}
 
 
 def _metadata(raw: Any) -> str:
@@ -389,6 +431,11 @@ def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettin
         out["pause_until"] = rfc3339(settings.pause_until_ns)
     if settings.rate_limit_bps:
         out["rate_limit_bps"] = settings.rate_limit_bps
+    if settings.priority_policy:
+        out["priority_groups"] = settings.priority_groups.split(",")
+        out["priority_policy"] = settings.priority_policy
+        if settings.pinned_ttl_ns:
+            out["priority_timeout"] = settings.pinned_ttl_ns
     out["num_replicas"] = settings.num_replicas
     if settings.mem_storage:
         out["mem_storage"] = True
@@ -404,6 +451,13 @@ class NextRequest(NamedTuple):
     expires_ns: int
     no_wait: bool
     heartbeat_ns: int
+    #: The request was JSON (nats-server then always has a priority group for it,
+    #: empty or not), and ADR-42's fields of it.
+    json: bool = False
+    group: str = ""
+    min_pending: int = 0
+    min_ack_pending: int = 0
+    pin_id: str = ""
 
 
 def parse_next_request(payload: bytes) -> NextRequest:
@@ -432,7 +486,11 @@ def parse_next_request(payload: bytes) -> NextRequest:
     batch, max_bytes, expires, hb = vals
     if hb > 0 and hb * 2 > expires:
         raise ValueError("heartbeat value too large")
-    return NextRequest(batch, max_bytes, max(expires, 0), bool(d.get("no_wait")), hb)
+    group, pin_id = d.get("group") or "", d.get("id") or ""
+    mins = [d.get("min_pending") or 0, d.get("min_ack_pending") or 0]
+    if not isinstance(group, str) or not isinstance(pin_id, str) or any(isinstance(v, bool) or not isinstance(v, int) for v in mins):
+        raise ValueError("json: cannot unmarshal the priority group")
+    return NextRequest(batch, max_bytes, max(expires, 0), bool(d.get("no_wait")), hb, True, group, mins[0], mins[1], pin_id)
 
 
 # -- ack subjects and bodies ------------------------------------------------------------------
@@ -551,6 +609,15 @@ def js_delivery(
         size = f"Nats-Msg-Size: {len(payload)}\r\n\r\n".encode()
         return subject, reply, (headers[:-2] if headers else b"NATS/1.0\r\n") + size, b""
     return subject, reply, headers, payload
+
+
+def with_header(block: bytes | None, name: str, value: str) -> bytes:
+    """A NATS header block with ``name: value`` added at its end (a new block when
+    there is none), as nats-server's ``genHeader`` adds one."""
+    line = f"{name}: {value}\r\n".encode()
+    if not block:
+        return b"NATS/1.0\r\n" + line + b"\r\n"
+    return block[:-2] + line + b"\r\n"
 
 
 def js_delivery_frames(

@@ -1165,3 +1165,95 @@ async def test_pause_until_and_the_pause_api(mock_clock: Any, nats_url: str) -> 
     assert r["resumed"] == (False, "0001-01-01T00:00:00Z", False)
     assert r["again"] == [b"m1"]
     assert r["missing"]["error"] == {"code": 404, "err_code": 10014, "description": "consumer not found"}
+
+
+async def test_priority_groups_overflow_and_pinned_client(mock_clock: Any, nats_url: str) -> None:
+    """ADR-42 as nats-server 2.11 has it: an overflow request with ``min_pending``
+    waits until that many messages are pending; a pinned-client consumer pins the
+    first request of its group (messages carry ``Nats-Pin-Id``), makes a request
+    without the pin wait, refuses another pin id (423), unpins after its
+    ``priority_timeout`` without requests (virtual time) or on UNPIN; and the
+    configuration rules in the server's words."""
+
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        await orders(js, 3)
+        out: dict[str, Any] = {}
+        create = f"$JS.API.CONSUMER.CREATE.{STREAM}"
+        r = await api_request(nc, f"{create}.over", {"stream_name": STREAM, "config": {
+            "durable_name": "over", "ack_policy": "explicit", "priority_groups": ["jobs"], "priority_policy": "overflow"}})
+        out["over_config"] = (r["config"]["priority_groups"], r["config"]["priority_policy"])
+        nxt = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.over"
+
+        async def pull(subject: str, req: dict[str, Any], timeout: float = 0.5) -> Any:
+            """One pull request with its own inbox (a delivery carries the stored
+            subject, which nats-py's request inbox would not route), its first answer."""
+            inbox = nc.new_inbox()
+            sub = await nc.subscribe(inbox)
+            await nc.publish(subject, json.dumps(req).encode(), reply=inbox)
+            try:
+                return await sub.next_msg(timeout=timeout)
+            except nats.errors.TimeoutError:
+                return None
+            finally:
+                await sub.unsubscribe()
+
+        out["overflow_waits"] = await pull(nxt, {"batch": 1, "group": "jobs", "min_pending": 5, "expires": 10**9})
+        m = await pull(nxt, {"batch": 1, "group": "jobs", "min_pending": 3})
+        out["overflow_served"] = m.data
+        out["missing_group"] = (await pull(nxt, {"batch": 1})).headers
+        out["bad_group"] = (await pull(nxt, {"batch": 1, "group": "nope"})).headers
+        r = await api_request(nc, f"{create}.pin", {"stream_name": STREAM, "config": {
+            "durable_name": "pin", "ack_policy": "explicit", "priority_groups": ["jobs"], "priority_policy": "pinned_client",
+            "priority_timeout": 30 * 10**9}})
+        out["pin_config"] = r["config"]["priority_timeout"]
+        pnxt = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.pin"
+        m = await pull(pnxt, {"batch": 1, "group": "jobs"})
+        pin = m.headers["Nats-Pin-Id"]
+        out["pinned"] = (m.data, bool(pin))
+        out["other_waits"] = await pull(pnxt, {"batch": 1, "group": "jobs", "expires": 10**9})
+        out["wrong_pin"] = (await pull(pnxt, {"batch": 1, "group": "jobs", "id": "NOTTHEPIN"})).headers
+        m = await pull(pnxt, {"batch": 1, "group": "jobs", "id": pin})
+        out["same_pin"] = (m.data, m.headers["Nats-Pin-Id"] == pin)
+        raw = json.loads((await nc.request(f"$JS.API.CONSUMER.INFO.{STREAM}.pin", b"", timeout=5)).data)
+        out["info"] = [(g["group"], g.get("pinned_client_id") == pin) for g in raw["priority_groups"]]
+        jump(31)
+        m = await pull(pnxt, {"batch": 1, "group": "jobs"})
+        out["repinned"] = m.headers["Nats-Pin-Id"] != pin
+        out["unpin"] = await api_request(nc, f"$JS.API.CONSUMER.UNPIN.{STREAM}.pin", {"group": "jobs"})
+        out["unpin_bad"] = await api_request(nc, f"$JS.API.CONSUMER.UNPIN.{STREAM}.pin", {"group": "other"})
+        out["rules"] = [
+            (await api_request(nc, f"{create}.x", {"stream_name": STREAM, "config": {"durable_name": "x", **cfg}}))["error"]
+            for cfg in (
+                {"priority_policy": "overflow"},
+                {"priority_policy": "overflow", "priority_groups": [""]},
+                {"priority_policy": "overflow", "priority_groups": ["way-too-long-group-name"]},
+                {"priority_groups": ["jobs"]},
+                {"priority_policy": "overflow", "priority_groups": ["jobs"], "deliver_subject": "dlv"},
+            )
+        ]
+        await nc.close()
+        return out
+
+    r = await in_asyncio(scenario)
+    assert r["over_config"] == (["jobs"], "overflow")
+    assert r["overflow_waits"] is None  # it waits (then nobody hears it: dropped)
+    assert r["overflow_served"] == b"m0"
+    assert (r["missing_group"]["Status"], r["missing_group"]["Description"]) == ("400", "Bad Request - Priority Group missing")
+    assert (r["bad_group"]["Status"], r["bad_group"]["Description"]) == ("400", "Bad Request - Invalid Priority Group")
+    assert r["pin_config"] == 30 * 10**9
+    assert r["pinned"] == (b"m0", True)
+    assert r["other_waits"] is None
+    assert (r["wrong_pin"]["Status"], r["wrong_pin"]["Description"]) == ("423", "Nats-Pin-Id mismatch")
+    assert r["same_pin"] == (b"m1", True)
+    assert r["info"] == [("jobs", True)]
+    assert r["repinned"] is True
+    assert r["unpin"] == {"type": "io.nats.jetstream.api.v1.consumer_unpin_response"}
+    assert r["unpin_bad"]["error"] == {"code": 400, "err_code": 10160, "description": "Provided priority group does not exist for this consumer"}
+    assert [(e["err_code"], e["description"]) for e in r["rules"]] == [
+        (10159, "Setting PriorityPolicy requires at least one PriorityGroup to be set"),
+        (10161, "Group name cannot be an empty string"),
+        (10162, "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters"),
+        (10196, "consumer can not have priority groups when policy is none"),
+        (10178, "priority groups can not be used with push consumers"),
+    ]

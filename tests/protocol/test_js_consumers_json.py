@@ -70,7 +70,12 @@ def test_ack_body_parser_never_fails_otherwise(body: bytes) -> None:
 def test_next_requests_as_the_server_reads_them() -> None:
     assert parse_next_request(b"") == NextRequest(1, 0, 0, False, 0)
     assert parse_next_request(b" 7 ") == NextRequest(7, 0, 0, False, 0)
-    assert parse_next_request(b'{"batch": 3, "max_bytes": 100, "expires": 5, "no_wait": true}') == NextRequest(3, 100, 5, True, 0)
+    assert parse_next_request(b'{"batch": 3, "max_bytes": 100, "expires": 5, "no_wait": true}') == NextRequest(3, 100, 5, True, 0, True)
+    # ADR-42's fields of a JSON request.
+    assert parse_next_request(b'{"batch": 1, "group": "g", "min_pending": 2, "min_ack_pending": 3, "id": "P"}') == NextRequest(
+        1, 0, 0, False, 0, True, "g", 2, 3, "P")
+    with pytest.raises(ValueError):
+        parse_next_request(b'{"batch": 1, "group": 5}')
     with pytest.raises(ValueError, match="heartbeat value too large"):
         parse_next_request(b'{"batch": 1, "expires": 10, "idle_heartbeat": 6}')
     with pytest.raises(ValueError):
