@@ -186,10 +186,12 @@ class _Acker:
     def add(self, entry: tuple[int, int, int, int]) -> None:
         entries = self.entries
         entries.append(entry)
-        if len(entries) >= ACK_FLUSH_AT:
+        n = len(entries)
+        if n >= ACK_FLUSH_AT:
             self.flush()
             return
-        self.client._queued.add(self)  # sent before the client's next request
+        if n == 1:
+            self.client._queued.add(self)  # sent before the client's next request
         if not self.scheduled:
             self.scheduled = True
             self.client._backend.spawn(self._flush_soon)

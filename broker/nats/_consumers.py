@@ -658,7 +658,8 @@ def _next(st: State, c: Consumer, reply: str | None, payload: bytes, last: bool 
     if not reply:
         st.flush_acks()
         return
-    if st.settings_of(c).deliver_subject:
+    settings = st.settings_of(c)
+    if settings.deliver_subject:
         st.flush_acks()
         st.send(reply, None, status_message(409, "Consumer is push based"))
         return
@@ -668,7 +669,6 @@ def _next(st: State, c: Consumer, reply: str | None, payload: bytes, last: bool 
         st.flush_acks()
         st.send(reply, None, status_message(400, f"Bad Request - {exc}"))
         return
-    settings = st.settings_of(c)
     refused = _over_limits(settings, nr)
     if refused:
         st.flush_acks()
