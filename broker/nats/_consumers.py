@@ -764,7 +764,8 @@ class PushWindow(NatsPull):
 
 
 class Push:
-    """A push consumer's delivery: windows, flow control, idle heartbeats."""
+    """A push consumer's delivery: windows, flow control, the rate limit, replay at the
+    original pace, idle heartbeats."""
 
     def __init__(self, state: State, c: Consumer, settings: PushSettings) -> None:
         self.state = state
@@ -792,7 +793,6 @@ class Push:
         #: consumer is past what the stream held when delivery started, one message
         #: a window, each after the gap between its timestamp and the last one's.
         self.replay_until = 0
-        self.replay_ts = 0
         if settings.replay_original:
             self.replay_until = c.parts[0].part.log.next_offset - 1
         self.busy = False  # something was delivered since the last heartbeat tick
