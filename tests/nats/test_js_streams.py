@@ -118,7 +118,7 @@ async def test_api_requests_reach_the_core_subscriptions_that_match_them(nats_ur
                 await watcher.flush()
                 info = await js.add_stream(name="WATCHED", subjects=["watched.>"])
                 await js.stream_info("WATCHED")
-                seen = [await sub.next_msg(timeout=5) for _ in range(2)]
+                seen = [await sub.next_msg(timeout=10) for _ in range(2)]
                 return {"info": info, "seen": [(m.subject, m.reply.startswith("_INBOX."), json.loads(m.data or b"{}")) for m in seen]}
             finally:
                 await watcher.close()
