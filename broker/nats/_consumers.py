@@ -41,6 +41,7 @@ engine's deadline structure, owned by :class:`Ticks`: nothing polls.
 from __future__ import annotations
 
 import dataclasses
+import random
 import re
 import secrets
 import weakref
@@ -56,6 +57,7 @@ from protocol.nats import (
 )
 from protocol.nats import (
     ACK_NEXT,
+    ack_metric,
     NextRequest,
     PushSettings,
     consumer_config_from_nats,
@@ -67,6 +69,7 @@ from protocol.nats import (
     parse_ack_subject,
     parse_next_request,
     parse_pause_until,
+    sample_percent,
     status_message,
     with_header,
 )
@@ -291,6 +294,10 @@ class State:
             if not c.deleted:
                 if runs or fences:
                     entries = _ack_entries(entries, fences.get(c))
+                if c.config.nats is not None:
+                    freq = sample_percent(self.settings_of(c).sample_freq)
+                    if freq:
+                        self._sample(c, entries, freq)
                 epoch = max(epoch, self.engine.settle(c, entries, wait))
         if wait and not epoch:
             # Nothing changed: the acks were settled by earlier ones sent without a
@@ -299,6 +306,26 @@ class State:
             epoch = self.engine.committer.durable_at()
         for reply in replies:
             self.js.respond(reply, b"", epoch=epoch)
+
+    def _sample(self, c: Consumer, entries: list[Any], percent: int) -> None:
+        """``sample_freq``: an ack metric advisory (nats-server's ``sampleAck``) for
+        that share of the plain acks about to be settled, on
+        ``$JS.EVENT.METRIC.CONSUMER.ACK.<stream>.<consumer>``; ``ack_time`` counts from
+        the delivery (its ack deadline less its ack wait)."""
+        now = self.broker.clock.now_ns()
+        stream = self.js.stream_name(c.topic)
+        subject = f"$JS.EVENT.METRIC.CONSUMER.ACK.{stream}.{c.name}"
+        parts = c.parts
+        for kind, pn, o, _ in entries:
+            if kind != _ACK or pn >= len(parts):
+                continue
+            e = parts[pn].out.get(o)
+            if e is None or (percent < 100 and random.randrange(100) > percent):
+                continue
+            delivered_at = e.deadline - c.config.wait_ns(e.count)
+            self.send(subject, None, None, ack_metric(
+                stream, c.name, e.dseq, o, max(now - delivered_at, 0), e.count, now, secrets.token_hex(11).upper(),
+            ))
 
     def take_acks(self, items: list[tuple[str, str | None, bytes, str, int]], i: int) -> int:
         """Queue the plain acks at ``items[i:]`` (``NatsParser.ack_pubs``: v1 ack

@@ -34,7 +34,7 @@ from .._records import FIXED_SIZE, RECORD_FIXED
 
 __all__ = [
     "PushSettings", "NextRequest", "ACK_NEXT", "consumer_config_from_nats", "consumer_config_to_nats",
-    "parse_next_request", "ack_subject", "parse_ack_subject", "AckReply", "parse_ack_body", "parse_pause_until", "parse_rfc3339", "with_header",
+    "parse_next_request", "ack_subject", "parse_ack_subject", "AckReply", "parse_ack_body", "parse_pause_until", "parse_rfc3339", "with_header", "ack_metric", "sample_percent",
     "js_delivery", "js_delivery_frames", "status_message", "idle_heartbeat",
 ]
 
@@ -132,6 +132,9 @@ class PushSettings:
     #: ``replay_policy`` ``original``: what was stored when delivery started goes out
     #: with the gaps between the messages' own timestamps.
     replay_original: bool = False
+    #: ``sample_freq`` as given ("50%", "100"; "" none): that share of acks gets an
+    #: ack metric advisory (:func:`ack_metric`).
+    sample_freq: str = ""
     #: ADR-42 priority groups: the group names (comma-separated), the policy
     #: (``overflow``, ``pinned_client``; "" for none), and a pin's time to live.
     priority_groups: str = ""
@@ -142,7 +145,6 @@ class PushSettings:
 #: Settings the server has and the engine does not: refused when set to anything but
 #: the default, with the reason (field -> (is it set?, description)).
 _UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "sample_freq": (lambda v: bool(v), "consumer sample_freq is not supported by ttlbroker"),
     "priority_policy": (lambda v: v == "prioritized", "consumer priority policy prioritized is not supported by ttlbroker"),
     "direct": (lambda v: bool(v), "direct consumers are not supported by ttlbroker"),
 }
@@ -152,7 +154,7 @@ _KNOWN = {
     "ack_wait", "max_deliver", "backoff", "filter_subject", "filter_subjects", "replay_policy", "max_waiting",
     "max_ack_pending", "flow_control", "idle_heartbeat", "headers_only", "deliver_subject", "deliver_group", "inactive_threshold",
     "num_replicas", "mem_storage", "max_batch", "max_expires", "max_bytes", "metadata", "pause_until", "rate_limit_bps",
-    "priority_groups", "priority_timeout", *_UNSUPPORTED,
+    "priority_groups", "priority_timeout", "sample_freq", *_UNSUPPORTED,
 }
 
 
@@ -289,7 +291,7 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
         mem_storage=bool(raw.get("mem_storage")), num_replicas=replicas,
         max_deliver=1 if ap == "none" and md == 1 else 0, ack_wait_ns=wait if ap == "none" else 0,
         metadata=_metadata(raw.get("metadata")), pause_until_ns=parse_pause_until(raw.get("pause_until")),
-        rate_limit_bps=rate, replay_original=replay == "original",
+        rate_limit_bps=rate, replay_original=replay == "original", sample_freq=_sample_freq(raw.get("sample_freq")),
         **_priority(raw, push=bool(deliver)),
     )
     batch, expires, max_bytes = _request_limits(raw, pull=not deliver)
@@ -357,6 +359,36 @@ def _priority(raw: dict[str, Any], push: bool) -> dict[str, Any]:
         if ttl:
             raise JSError(400, 10197, "PinnedTTL cannot be set when PriorityPolicy is none")
     return {"priority_groups": ",".join(groups), "priority_policy": "" if policy == "none" else policy, "pinned_ttl_ns": ttl}
+
+
+def _sample_freq(raw: Any) -> str:
+    """``sample_freq``, checked as the server checks it (``strconv.Atoi`` of it without
+    a trailing ``%``, not negative)."""
+    if not raw:
+        return ""
+    if not isinstance(raw, str):
+        raise JSError(400, 10025, "invalid JSON: sample_freq must be a string")
+    digits = raw[:-1] if raw.endswith("%") else raw
+    if not re.fullmatch(r"[+-]?[0-9]+", digits):
+        raise JSError(400, 10095, f'failed to parse consumer sampling configuration: strconv.Atoi: parsing "{digits}": invalid syntax')
+    if int(digits) < 0:
+        raise JSError(400, 10095, "failed to parse consumer sampling configuration: %!s(<nil>)")
+    return raw
+
+
+def sample_percent(sample_freq: str) -> int:
+    """The share of acks sampled (0 to 100 and over), from a checked ``sample_freq``."""
+    return int(sample_freq.rstrip("%")) if sample_freq else 0
+
+
+def ack_metric(stream: str, consumer: str, consumer_seq: int, stream_seq: int, ack_time_ns: int, deliveries: int, now_ns: int, event_id: str) -> bytes:
+    """The server's ``io.nats.jetstream.metric.v1.consumer_ack`` advisory
+    (``JSConsumerAckMetric``), sent to ``$JS.EVENT.METRIC.CONSUMER.ACK.<stream>.<consumer>``."""
+    return json.dumps({
+        "type": "io.nats.jetstream.metric.v1.consumer_ack", "id": event_id, "timestamp": rfc3339(now_ns),
+        "stream": stream, "consumer": consumer, "consumer_seq": consumer_seq, "stream_seq": stream_seq,
+        "ack_time": ack_time_ns, "deliveries": deliveries,
+    }, separators=(",", ":")).encode()
 
 
 def _metadata(raw: Any) -> str:
@@ -431,6 +463,8 @@ def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettin
         out["pause_until"] = rfc3339(settings.pause_until_ns)
     if settings.rate_limit_bps:
         out["rate_limit_bps"] = settings.rate_limit_bps
+    if settings.sample_freq:
+        out["sample_freq"] = settings.sample_freq
     if settings.priority_policy:
         out["priority_groups"] = settings.priority_groups.split(",")
         out["priority_policy"] = settings.priority_policy

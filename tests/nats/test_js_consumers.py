@@ -366,7 +366,7 @@ async def test_create_info_names_list_delete_and_errors(nats_url: str) -> None:
         out["filter_mismatch"] = await api_request(nc, f"{create}.f.orders.eu", {
             "stream_name": STREAM, "config": {"name": "f", "filter_subject": "orders.us"}})
         out["replay"] = await err(js.add_consumer(STREAM, durable_name="r", replay_policy="original"))
-        out["sample"] = await err(js.add_consumer(STREAM, durable_name="s", sample_freq="50%"))
+        out["sample"] = await err(js.add_consumer(STREAM, durable_name="s", sample_freq="-5%"))
         out["push_durable"] = await js.add_consumer(STREAM, durable_name="p", deliver_subject="here", deliver_group="g")
         out["hb_pull"] = await err(js.add_consumer(STREAM, durable_name="h", idle_heartbeat=1.0))
         out["backoff"] = await err(js.add_consumer(STREAM, durable_name="bo", backoff=[1, 2, 3], max_deliver=2))
@@ -403,7 +403,7 @@ async def test_create_info_names_list_delete_and_errors(nats_url: str) -> None:
         "code": 400, "err_code": 10131, "description": "Consumer create request did not match filtered subject from create subject"}
     assert r["replay"] == (400, 10094, "consumer replay policy original on a pull consumer is not supported by ttlbroker: "
                                        "use a push consumer")
-    assert r["sample"] == (400, 10094, "consumer sample_freq is not supported by ttlbroker")
+    assert r["sample"] == (400, 10095, "failed to parse consumer sampling configuration: %!s(<nil>)")  # the server's words
     push = r["push_durable"].config
     assert (push.durable_name, push.deliver_subject, push.deliver_group, push.ack_policy) == ("p", "here", "g", api.AckPolicy.EXPLICIT)
     assert r["hb_pull"] == (400, 10088, "consumer idle heartbeat requires a push based consumer")
@@ -1257,3 +1257,35 @@ async def test_priority_groups_overflow_and_pinned_client(mock_clock: Any, nats_
         (10196, "consumer can not have priority groups when policy is none"),
         (10178, "priority groups can not be used with push consumers"),
     ]
+
+
+async def test_sample_freq_sends_the_servers_ack_metric_advisories(mock_clock: Any, nats_url: str) -> None:
+    """``sample_freq`` (here 100%): each ack of a delivery gets nats-server's
+    ``io.nats.jetstream.metric.v1.consumer_ack`` on
+    ``$JS.EVENT.METRIC.CONSUMER.ACK.<stream>.<consumer>``; a frequency that does not
+    parse is 10095."""
+
+    async def scenario() -> dict[str, Any]:
+        nc, js = await connect(nats_url)
+        await orders(js, 2)
+        events = await nc.subscribe(f"$JS.EVENT.METRIC.CONSUMER.ACK.{STREAM}.sampled")
+        info = await js.add_consumer(STREAM, api.ConsumerConfig(durable_name="sampled", ack_policy="explicit", sample_freq="100%"))
+        psub = await js.pull_subscribe_bind("sampled", stream=STREAM)
+        msgs = await psub.fetch(2, timeout=2)
+        jump(1.5)
+        for m in msgs:
+            await m.ack_sync()
+        got = [json.loads((await events.next_msg(timeout=2)).data) for _ in range(2)]
+        bad = await api_request(nc, f"$JS.API.CONSUMER.CREATE.{STREAM}.bad", {"stream_name": STREAM, "config": {
+            "durable_name": "bad", "sample_freq": "often"}})
+        await nc.close()
+        return {"config": info.config.sample_freq, "events": got, "bad": bad["error"]}
+
+    r = await in_asyncio(scenario)
+    assert r["config"] == "100%"
+    for i, e in enumerate(r["events"], 1):
+        assert e["type"] == "io.nats.jetstream.metric.v1.consumer_ack" and e["id"] and e["timestamp"]
+        assert (e["stream"], e["consumer"], e["consumer_seq"], e["stream_seq"], e["deliveries"]) == (STREAM, "sampled", i, i, 1)
+        assert e["ack_time"] == 1_500_000_000  # virtual time: delivered, then 1.5 s
+    assert r["bad"] == {"code": 400, "err_code": 10095,
+                        "description": 'failed to parse consumer sampling configuration: strconv.Atoi: parsing "often": invalid syntax'}
