@@ -169,10 +169,10 @@ def change_consumer(engine: ConsumerEngine, c: Consumer, cfg: ConsumerConfig) ->
     return epoch
 
 
-def _check_retention(engine: ConsumerEngine, topic: Topic, name: str, cfg: ConsumerConfig, push: bool = False) -> None:
+def _check_retention(engine: ConsumerEngine, topic: Topic, name: str, cfg: ConsumerConfig) -> None:
     """A work-queue topic's rules for its consumers (``_retention.work_queue_conflict``),
     refused with INVALID_CONSUMER_CONFIG and the server's words."""
-    conflict = work_queue_conflict(engine, topic, name, cfg, push)
+    conflict = work_queue_conflict(engine, topic, name, cfg, push=False)  # (the binary protocol's consumers pull)
     if conflict is not None:
         raise error_class(ErrorCode.INVALID_CONSUMER_CONFIG)(conflict[1])
 

@@ -58,6 +58,7 @@ from protocol.nats import (
 from protocol.nats import (
     ACK_NEXT,
     ack_metric,
+    check_group_name,
     NextRequest,
     PushSettings,
     consumer_config_from_nats,
@@ -1327,12 +1328,17 @@ def _api_list(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, A
     return {"total": total, "offset": offset, "limit": LIST_LIMIT, "consumers": [_info(st, c) for c in page]}, 0
 
 
+def _optional_body(payload: bytes) -> dict[str, Any]:
+    """A request body that may be empty (then ``{}``)."""
+    return parse_request(payload) if bytes(payload).strip() else {}
+
+
 def _api_pause(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:
     """``CONSUMER.PAUSE.<stream>.<consumer>`` with ``{"pause_until": time}`` (none, or
     Go's zero time: resume), as the server answers it; the change is in the
     consumer's configuration (journaled), so it survives a restart."""
     c = _find(st, tokens)
-    req = parse_request(payload) if bytes(payload).strip() else {}
+    req = _optional_body(payload)
     until = parse_pause_until(req.get("pause_until"))
     old = st.settings_of(c)
     new = dataclasses.replace(old, pause_until_ns=until)
@@ -1350,12 +1356,10 @@ def _api_unpin(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, 
     """``CONSUMER.UNPIN.<stream>.<consumer>`` with ``{"group": name}`` (ADR-42): the
     pinned client of that group is unpinned; the next request gets a new pin."""
     c = _find(st, tokens)
-    req = parse_request(payload) if bytes(payload).strip() else {}
-    group = req.get("group") or ""
+    group = _optional_body(payload).get("group") or ""
     if not group:
         raise JSError(400, 10025, "invalid JSON: consumer group not specified")
-    if not isinstance(group, str) or not re.fullmatch(r"[a-zA-Z0-9/_=-]{1,16}", group):
-        raise JSError(400, 10162, "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters")
+    check_group_name(group)
     if group not in st.settings_of(c).priority_groups.split(","):
         raise JSError(400, 10160, "Provided priority group does not exist for this consumer")
     st.unpin(c)

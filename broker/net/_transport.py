@@ -445,7 +445,7 @@ class Transport:
 
     def accepts_pushes(self) -> bool:
         """False when any delivery would be dropped (this connection or the broker is full)."""
-        return not self.closing and self.pending_bytes <= self.limit and self.budget.has_room(1)
+        return self.has_room(1)
 
     def full(self) -> bool:
         """It or the broker is over its output limit (the reader waits: :meth:`wait_room`)."""

@@ -28,6 +28,7 @@ from ._consumers import parse_pause_until as parse_pause_until
 from ._consumers import parse_rfc3339 as parse_rfc3339
 from ._consumers import with_header as with_header
 from ._consumers import ack_metric as ack_metric
+from ._consumers import check_group_name as check_group_name
 from ._consumers import sample_percent as sample_percent
 from ._consumers import status_message as status_message
 from ._jetstream import ACK_PREFIX as ACK_PREFIX
@@ -106,7 +107,7 @@ __all__ = [
     "encode_connect", "encode_err", "encode_info", "encode_msg", "encode_nats_headers", "encode_pub", "encode_sub",
     "encode_unsub", "idle_heartbeat", "js_delivery", "js_delivery_frames", "js_error", "last_by_subj_of",
     "msg_get_response", "nats_error", "nats_message_of_record", "nats_to_record_headers", "no_responders_status",
-    "parse_ack_body", "parse_ack_subject", "parse_next_request", "parse_pause_until", "parse_request", "parse_rfc3339", "with_header", "ack_metric", "sample_percent", "pub_ack",
+    "parse_ack_body", "parse_ack_subject", "parse_next_request", "parse_pause_until", "parse_request", "parse_rfc3339", "with_header", "ack_metric", "sample_percent", "check_group_name", "pub_ack",
     "pub_error", "record_to_nats_headers", "rfc3339", "status_message", "stream_config", "stream_config_to_topic",
     "valid_nats_subject",
 ]

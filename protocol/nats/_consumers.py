@@ -28,13 +28,13 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from .._consumers import _PULL_ENTRY, AckKind, PulledRun, encode_pull_entry
+from .._records import FIXED_SIZE, RECORD_FIXED
 from ._jetstream import JSError, rfc3339
 from ._wire import encode_msg, encode_nats_headers, nats_message_of_record
-from .._records import FIXED_SIZE, RECORD_FIXED
 
 __all__ = [
     "PushSettings", "NextRequest", "ACK_NEXT", "consumer_config_from_nats", "consumer_config_to_nats",
-    "parse_next_request", "ack_subject", "parse_ack_subject", "AckReply", "parse_ack_body", "parse_pause_until", "parse_rfc3339", "with_header", "ack_metric", "sample_percent",
+    "parse_next_request", "ack_subject", "parse_ack_subject", "AckReply", "parse_ack_body", "parse_pause_until", "parse_rfc3339", "with_header", "ack_metric", "sample_percent", "check_group_name",
     "js_delivery", "js_delivery_frames", "status_message", "idle_heartbeat",
 ]
 
@@ -330,6 +330,16 @@ _GROUP_NAME = re.compile(r"[a-zA-Z0-9/_=-]{1,16}")
 DEFAULT_PINNED_TTL_NS = 120 * NS
 
 
+def check_group_name(name: object) -> None:
+    """A priority group's name, as the server's ``validGroupName`` checks it.
+
+    Raises:
+        JSError: 400 10162 with the server's description.
+    """
+    if not isinstance(name, str) or not _GROUP_NAME.fullmatch(name):
+        raise JSError(400, 10162, "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters")
+
+
 def _priority(raw: dict[str, Any], push: bool) -> dict[str, Any]:
     """ADR-42's ``priority_groups``, ``priority_policy`` and ``priority_timeout``, with the
     server's defaults and checks (``setConsumerConfigDefaults``, ``checkConsumerCfg``)."""
@@ -351,8 +361,7 @@ def _priority(raw: dict[str, Any], push: bool) -> dict[str, Any]:
         for g in groups:
             if not g:
                 raise JSError(400, 10161, "Group name cannot be an empty string")
-            if not _GROUP_NAME.fullmatch(g):
-                raise JSError(400, 10162, "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters")
+            check_group_name(g)
     else:
         if groups:
             raise JSError(400, 10196, "consumer can not have priority groups when policy is none")
