@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from protocol import AckKind, BrokerError, PullEnd, format_go_duration_ns, normalize_name
-from protocol import expand_runs
+from protocol import expand_runs, subject_matches
 from protocol.nats import AckRun
 from protocol.nats import (
     ACK_PREFIX, FC_PREFIX, INVALID_JSON, STREAM_MISMATCH, JSError, api_error, api_response, js_error, parse_request, rfc3339,
@@ -1185,6 +1185,9 @@ def _create(st: State, tokens: list[str], payload: bytes, legacy: bool) -> tuple
         cname = normalize_name(name, "consumer name")
     except BrokerError as err:  # the name rule is ours (stricter than the server's): say so
         raise JSError(400, 10094, err.message) from None
+    deliver = settings.deliver_subject.split(".") if settings.deliver_subject else None
+    if deliver and any(subject_matches(tuple(s.split(".")), deliver) for s in topic.config.subjects):
+        raise JSError(400, 10081, "consumer deliver subject forms a cycle")  # its messages would be stored again
     config = ConsumerConfig.from_map(ours)
     conflict = work_queue_conflict(st.engine, topic, cname, config, push=bool(settings.deliver_subject))
     if conflict is not None:

@@ -270,6 +270,8 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
     else:
         if any(t in ("*", ">") for t in deliver.split(".")):
             raise JSError(400, 10079, "consumer deliver subject has wildcards")
+        if any(not t or any(c.isspace() for c in t) for t in deliver.split(".")):
+            raise JSError(400, 10112, "invalid push consumer deliver subject")
         if hb and hb < NS // 10:
             raise JSError(400, 10083, "consumer idle heartbeat needs to be >= 100ms")
         if fc and not hb:

@@ -183,6 +183,24 @@ async def test_nothing_is_delivered_while_nobody_listens_and_nothing_is_lost(moc
     assert r["data"] == [b"m%d" % i for i in range(5)]
 
 
+async def test_a_deliver_subject_the_stream_captures_is_refused_as_a_cycle(mock_clock: Any, nats_url: str) -> None:
+    """Each delivery would be stored again: nats-server refuses it (``10081``)."""
+
+    async def scenario() -> tuple[Any, ...]:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        await _stream(js)
+        try:
+            await js.add_consumer(STREAM, durable_name="loop", deliver_subject="orders.deliver")
+        except nats.js.errors.APIError as err:
+            return err.code, err.err_code, err.description
+        finally:
+            await nc.close()
+        return ()
+
+    assert await in_asyncio(scenario) == (400, 10081, "consumer deliver subject forms a cycle")
+
+
 async def test_ack_all_settles_everything_up_to_the_acked_message(mock_clock: Any, nats_url: str) -> None:
     async def scenario() -> tuple[int, int]:
         nc = await nats.connect(nats_url)

@@ -144,6 +144,8 @@ def test_config_refusals() -> None:
     assert _err({"max_ack_pending": 5})[1] == 10082  # ack none (the default)
     assert _err({"flow_control": True})[1] == 10089
     assert _err({"deliver_subject": "x.*"}, False)[1] == 10079
+    assert _err({"deliver_subject": "x..y"}, False) == (400, 10112, "invalid push consumer deliver subject")
+    assert _err({"deliver_subject": "x y"}, False)[1] == 10112
     assert _err({"deliver_subject": "x", "idle_heartbeat": 1000}, False)[1] == 10083
     assert _err({"deliver_subject": "x", "flow_control": True}, False)[1] == 10108
     assert _err({"max_expires": 999_999}) == (400, 10115, "consumer max request expires needs to be >= 1ms")
