@@ -116,7 +116,7 @@ class SubscriptionIndex:
         #: subject -> its queue groups' matching members (only with queue groups).
         self._groups: dict[bytes, tuple[tuple[Subscriber, ...], ...]] = {}
         #: Called with each subscription added (a NATS push consumer starts delivering
-        #: once its deliver subject has a subscriber, ``broker/nats/_consumers.py``).
+        #: once its deliver subject has a subscriber, ``broker/nats/_push.py``).
         self.on_add: list[Callable[[Subscriber], None]] = []
 
     def __len__(self) -> int:

@@ -6,7 +6,9 @@ broker's own topics, consumers and KV reads.
 Inside: ``_session.py`` (one connection), ``_core.py`` (core subscriptions and
 messages), ``_jetstream.py`` (the ``JetStream`` object and its dispatch),
 ``_streams.py`` and ``_consumers.py`` (the API families), ``_api.py`` (the API put
-together: ``open_jetstream``).
+together: ``open_jetstream``); under ``_consumers.py``: ``_consumer_state.py`` (the
+state of the NATS consumers: queued acks, settings, timers, deliveries),
+``_pull.py`` (pull requests) and ``_push.py`` (push consumers' delivery).
 
 May import: ``broker.consumers``, ``broker.kv``, ``broker.net``, ``broker.core``,
 ``broker.config``, ``protocol``.

@@ -103,7 +103,7 @@ class JetStream:
         #: The ttlbroker stream that holds the NATS streams (``[nats] stream``, by the
         #: name rule).
         self.namespace = normalize_name(broker.config.nats.stream, "[nats] stream")
-        #: The NATS side of the consumers (``_consumers.State``, made at first use).
+        #: The NATS side of the consumers (``_consumer_state.State``, made at first use).
         self.consumer_state: Any = None
         #: NATS connections with answers a sync made durable, released by :meth:`_synced`.
         self._released: list[Transport] = []
@@ -129,7 +129,7 @@ class JetStream:
         subject). ``last``: ``origin`` handles nothing else it read before it calls
         ``consumer_state.settle_held()``, which it does once it has sent what this
         queued, before it yields (a pull may then go ahead of the acks before it,
-        ``_consumers.State.may_pass``)."""
+        ``_consumer_state.State.may_pass``)."""
         self._origin, self._subject = origin, subject
         handlers = self.handlers
         try:

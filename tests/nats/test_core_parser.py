@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import protocol as P
 
 import protocol.nats as PN
-from broker.nats._consumers import _V1_ACK
+from broker.nats._consumer_state import V1_ACK as _V1_ACK
 from protocol.nats import (
     ACK_RUN_LIMIT,
     encode_connect,

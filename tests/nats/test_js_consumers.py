@@ -28,7 +28,7 @@ from nats.js.errors import APIError, NotFoundError
 
 
 import protocol.nats as PN
-from broker.nats._consumers import _V1_ACK
+from broker.nats._consumer_state import V1_ACK as _V1_ACK
 from protocol.nats import parse_ack_subject
 
 STREAM = "ORDERS"

@@ -21,7 +21,7 @@ from helpers import RawNats
 
 
 import protocol.nats as PN
-from broker.nats._consumers import State
+from broker.nats._consumer_state import State
 
 STREAM = "ORDERS"
 NEXT = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.d".encode()

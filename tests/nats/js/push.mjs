@@ -38,7 +38,7 @@ for (const name of ["a", "b"]) {
   q.queue("workers");
   q.manualAck();
   q.ackExplicit();
-  q.deliverTo("np.deliver.workers");
+  q.deliverTo("deliver.np.workers");
   q.filterSubject("np.j.>");
   const s = await js.subscribe("np.j.>", q);
   workers.push((async () => {
