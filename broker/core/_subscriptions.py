@@ -161,6 +161,12 @@ class SubscriptionIndex:
         self._shapes = {}
         self._groups = {}
 
+    def may_match(self, first: str, second: str) -> bool:
+        """Whether some subscription could match a subject whose first two tokens are
+        ``first`` and ``second`` (its filter's are those, or wildcards).
+        Runtime complexity: O(1)."""
+        return bool(self._wild or self._by_one.get(first) or self._by_two.get((first, second)))
+
     def match(self, subject: bytes) -> tuple[Subscriber, ...]:
         """Subscriptions that get a message on ``subject``: those whose filter
         matches, with one member of each queue group. Runtime complexity: O(1) on a

@@ -57,7 +57,6 @@ from broker.core import NO_TOPIC, VERSION, Broker, get_logger
 from broker.net import SHORT_READ, ConnectionGuard, Reading, TlsAcceptor, Transport
 from protocol import ErrorCode
 from protocol.nats import (
-    API_PREFIX,
     NATS_NEED_DATA,
     OK,
     PING,
@@ -328,7 +327,8 @@ class NatsSession:
         handled = False
         try:
             while True:
-                if not t.awaiting_handshake and not self.verbose and not self.pedantic and parser.at_ack():
+                if (not t.awaiting_handshake and not self.verbose and not self.pedantic and parser.at_ack()
+                        and not self.broker.subs.may_match("$JS", "ACK")):
                     run = parser.ack_run()  # nats-py: one PUB per msg.ack(), many per read
                     if run is not None and self._ack_run(*run):
                         acked = True
@@ -575,11 +575,12 @@ class NatsSession:
             return
         if handled:
             self._flush()
-            if subject.startswith(API_PREFIX):
-                # As on nats-server, where the API is one more subscription: the core
-                # subscriptions that match an API request get it too (monitoring
-                # tools watch $JS.API.>), before its answer.
-                send_core(broker, subject, ev.reply, ev.headers, ev.payload, origin=self)
+            # As on nats-server, where the API and each consumer's acks are one more
+            # subscription: the core subscriptions that match an API request, an ack
+            # or a flow-control answer get it too (monitoring tools watch $JS.API.>),
+            # before it is handled. (The read loop's fast ack paths are taken only
+            # while no subscription could match an ack subject.)
+            send_core(broker, subject, ev.reply, ev.headers, ev.payload, origin=self)
             # The last operation of the read: the read loop sends what it queued,
             # then settles any acks it went ahead of, before anything else.
             js.request(subject, ev.reply, ev.headers, ev.payload, self, last=not self.parser.buffered)

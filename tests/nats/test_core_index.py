@@ -1,6 +1,7 @@
 """The one subscription index both protocols share (``broker/core/_subscriptions.py``): what
 ``match`` gives is what checking every subscription gives, whatever was added and
-removed, and a queue group gets each message at one member."""
+removed (``may_match`` never says no where it matches), and a queue group gets each
+message at one member."""
 
 from __future__ import annotations
 
@@ -41,7 +42,11 @@ def test_match_is_what_checking_every_subscription_gives(ops: list[tuple[str, bo
             want = {s for s in live if subject_matches(s.tokens, subject.split("."))}
             assert set(index.match(subject.encode())) == want
             assert set(index.match(subject.encode())) == want  # from the cache
+            tokens = subject.split(".")
+            if want and len(tokens) >= 2:  # never False where a subscription matches
+                assert index.may_match(tokens[0], tokens[1])
     assert len(index) == len(live)
+    assert not live or index.may_match("?", "?") == any(s.tokens[0] in ("*", ">") for s in live)
 
 
 def test_a_queue_group_gets_each_message_at_one_member() -> None:

@@ -201,6 +201,42 @@ async def test_a_deliver_subject_the_stream_captures_is_refused_as_a_cycle(mock_
     assert await in_asyncio(scenario) == (400, 10081, "consumer deliver subject forms a cycle")
 
 
+async def test_acks_reach_the_core_subscriptions_that_match_them(mock_clock: Any, nats_url: str) -> None:
+    """As on nats-server, where a consumer's acks are one more subscription: a core
+    subscriber of ``$JS.ACK.>`` sees each ack, plain or not, with its body, and the
+    acks still settle. Without such a subscriber the read loop's fast ack path takes
+    them (the first consumer); with one, every ack goes through it too."""
+
+    async def scenario() -> dict[str, Any]:
+        nc = await nats.connect(nats_url)
+        watcher = await nats.connect(nats_url)
+        js = nc.jetstream()
+        await _stream(js, 4)
+        sub = await js.subscribe("orders.>", durable="seen", manual_ack=True)
+        before = await _take(sub, 2)
+        for m in before:
+            await m.ack()
+        await nc.flush()
+        acks = await watcher.subscribe("$JS.ACK.ORDERS.>")
+        await watcher.flush()
+        after = await _take(sub, 2)
+        await after[0].ack()
+        await after[1].nak()
+        seen = [await acks.next_msg(timeout=5) for _ in range(2)]
+        await nc.flush()
+        info = await js.consumer_info(STREAM, "seen")
+        await watcher.close()
+        await nc.close()
+        return {
+            "seen": [(m.subject == a.reply, m.data) for m, a in zip(seen, after)],
+            "info": (info.ack_floor.stream_seq, info.num_ack_pending, info.num_redelivered),
+        }
+
+    r = await in_asyncio(scenario)
+    assert r["seen"] == [(True, b""), (True, b"-NAK")]  # nats-py acks with an empty body
+    assert r["info"] == (3, 1, 1)  # the nak'd fourth is redelivered at once (nats-server: the same)
+
+
 async def test_ack_all_settles_everything_up_to_the_acked_message(mock_clock: Any, nats_url: str) -> None:
     async def scenario() -> tuple[int, int]:
         nc = await nats.connect(nats_url)
