@@ -554,6 +554,32 @@ async def test_ordered_push_consumer_with_flow_control(nats_url: str) -> None:
     assert late == [b"later"]
 
 
+@pytest.mark.parametrize(("size", "n"), [(64, 4096), (1024, 2048), (16 * 1024, 256), (256 * 1024, 24), (1000 * 1024, 6)])
+async def test_an_ordered_consumer_keeps_up_with_flow_control_at_every_size(nats_url: str, size: int, n: int) -> None:
+    """An ordered consumer subscribed before the publishes has every message once the
+    last PubAck is back (nats-py reads on while flow control is answered): from 64
+    bytes to the 1 MiB payload limit, across several flow-control limits."""
+
+    async def scenario() -> tuple[int, list[int]]:
+        nc, js = await connect(nats_url)
+        await orders(js, 0)
+        sub = await js.subscribe("orders.>", ordered_consumer=True)
+        body = b"x" * size
+        for i in range(n):
+            await js.publish_async(f"orders.{i}", body)
+        await js.publish_async_completed()
+        seqs = []
+        while len(seqs) < n:
+            m = await sub.next_msg(timeout=5)
+            assert len(m.data) == size
+            seqs.append(m.metadata.sequence.stream)
+        await nc.close()
+        return len(seqs), seqs
+
+    count, seqs = await in_asyncio(scenario)
+    assert count == n and seqs == list(range(1, n + 1))
+
+
 # -- KV watchers (ordered push consumers on a bucket's stream) ------------------------------------
 
 
