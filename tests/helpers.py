@@ -29,6 +29,16 @@ async def in_asyncio(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any)
     return await trio.to_thread.run_sync(_run_asyncio, fn, args, kwargs)
 
 
+async def subscribed(nc: Any) -> None:
+    """Return once the server has every SUB nats-py connection ``nc`` sent so far,
+    so that another connection's publish reaches them. One ``flush()`` does not
+    prove it: nats-py writes a flush's PING straight to the socket, ahead of a SUB
+    still in its pending buffer (``Client._send_ping``), and the PONG can come back
+    before the SUB is read. By the second PING the buffer has gone out."""
+    await nc.flush()
+    await nc.flush()
+
+
 def _run_asyncio(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
     loop = asyncio.new_event_loop()
     try:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 import socket
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,7 @@ from broker.core._stats import Counters
 from broker.client import Client, connect
 from broker.config import ConfigError
 
-from conftest import BrokerProcess, env_with_project, make_config, start_server
+from conftest import BrokerProcess, make_config, start_server
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -24,7 +24,7 @@ import pytest
 import trio
 import trustme
 from conftest import make_config, start_server
-from helpers import RawNats, in_asyncio
+from helpers import RawNats, in_asyncio, subscribed
 
 import protocol as P
 
@@ -98,8 +98,8 @@ async def test_queue_groups_get_each_message_once(nats_url: str) -> None:
         qa = await a.subscribe("work", queue="workers")
         qb = await b.subscribe("work", queue="workers")
         everyone = await a.subscribe("work")
-        await a.flush()
-        await b.flush()
+        await subscribed(a)
+        await subscribed(b)
         for i in range(100):
             await pub.publish("work", str(i).encode())
         await pub.flush()

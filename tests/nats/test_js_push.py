@@ -16,7 +16,7 @@ from typing import Any
 import nats
 import trio
 import trio.testing
-from helpers import in_asyncio
+from helpers import in_asyncio, subscribed
 from nats.js import api
 
 STREAM = "ORDERS"
@@ -218,7 +218,7 @@ async def test_acks_reach_the_core_subscriptions_that_match_them(mock_clock: Any
             await m.ack()
         await nc.flush()
         acks = await watcher.subscribe("$JS.ACK.ORDERS.>")
-        await watcher.flush()
+        await subscribed(watcher)
         after = await _take(sub, 2)
         await after[0].ack()
         await after[1].nak()

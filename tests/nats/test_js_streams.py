@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import make_config, start_server
-from helpers import RawNats, api_request, in_asyncio, run_cli
+from helpers import RawNats, api_request, in_asyncio, run_cli, subscribed
 from nats.js.api import RePublish, StreamConfig
 
 
@@ -115,7 +115,7 @@ async def test_api_requests_reach_the_core_subscriptions_that_match_them(nats_ur
             watcher = await nats.connect(nats_url)
             try:
                 sub = await watcher.subscribe("$JS.API.>")
-                await watcher.flush()
+                await subscribed(watcher)
                 info = await js.add_stream(name="WATCHED", subjects=["watched.>"])
                 await js.stream_info("WATCHED")
                 seen = [await sub.next_msg(timeout=10) for _ in range(2)]

@@ -150,7 +150,7 @@ async def test_after_an_answered_get_the_reader_waits_for_the_next_request(
     import nats
 
     from broker.net import Transport
-    from helpers import in_asyncio
+    from helpers import in_asyncio, subscribed
 
     waits: list[bool] = []  # per read of the getter's connection, as it begins: it waits for the socket first
     waited = [False]
@@ -176,7 +176,7 @@ async def test_after_an_answered_get_the_reader_waits_for_the_next_request(
             kv = await nc.jetstream().create_key_value(bucket="waits", history=1)
             await kv.put("k", b"v")
             sub = await other.subscribe("seen")
-            await other.flush()
+            await subscribed(other)
             waits.clear()
             values = [(await kv.get("k")).value for _ in range(5)]
             await nc.flush()  # a PING read after the last get's answer: that read's wait is in
