@@ -224,6 +224,9 @@ class NatsSession:
             "go": "python", "host": host, "port": port, "headers": True, "max_payload": self.broker.max_payload,
             "client_id": self.id, "jetstream": True,
         }
+        client_ip = self._client_ip()
+        if client_ip:
+            info["client_ip"] = client_ip  # as nats-server: nats-py's ``nc.client_ip``
         if config.server.auth_token:
             info["auth_required"] = True
         if self.tls is not None:
@@ -235,11 +238,27 @@ class NatsSession:
 
     def _address(self) -> tuple[str, int]:
         """The listener's address this client reached (INFO's host and port)."""
-        socket = getattr(self.transport.stream, "socket", None)
+        socket = self._socket()
         if socket is None:
             return "", 0
         name = socket.getsockname()
         return name[0], name[1]
+
+    def _socket(self) -> Any:
+        """The connection's socket, under TLS too (None when it has none)."""
+        stream = self.transport.stream
+        while not hasattr(stream, "socket") and hasattr(stream, "transport_stream"):
+            stream = stream.transport_stream
+        return getattr(stream, "socket", None)
+
+    def _client_ip(self) -> str:
+        """The client's address as the listener sees it ("" when unknown)."""
+        socket = self._socket()
+        try:
+            name = socket.getpeername() if socket is not None else None
+        except OSError:  # already reset by the peer
+            return ""
+        return str(name[0]) if isinstance(name, tuple) and name else ""
 
     # -- reading -------------------------------------------------------------------------
 

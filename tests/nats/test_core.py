@@ -357,6 +357,15 @@ async def test_info_describes_the_listener(nats_server: ServerHandle, nats_url: 
     assert (i["proto"], i["headers"], i["max_payload"], i["port"]) == (1, True, 1024 * 1024, nats_server.nats_port)
     assert "auth_required" not in i and "tls_required" not in i and i["server_id"] and i["version"] == "2.11.0"
     assert i["ttlbroker_version"] == VERSION
+    assert i["client_ip"] == "127.0.0.1"  # as nats-server
+
+    async def client_ip() -> str | None:
+        nc = await nats.connect(nats_url)
+        ip = nc.client_ip
+        await nc.close()
+        return ip
+
+    assert await in_asyncio(client_ip) == "127.0.0.1"
 
 
 async def test_verbose_answers_ok(nats_url: str) -> None:
