@@ -258,6 +258,7 @@ async def _update(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
         options["duplicate_window"] = min(DEFAULT_DUPLICATE_WINDOW, max_age) if max_age else DEFAULT_DUPLICATE_WINDOW
     if options.get("kv") is not None and topic.config.kv is not None:
         options["kv"] = {**topic.config.kv, **options["kv"]}  # keep our refresh and visibility
+    options.setdefault("republish", None)  # left out or null: none (the whole config, as the server)
     changes = {**options, "message_expiry": max_age}
     if pedantic:
         changes["pedantic"] = True

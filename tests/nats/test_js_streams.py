@@ -711,3 +711,27 @@ async def test_update_is_a_whole_config(nats_url: str) -> None:
         30_000_000_000, 120_000_000_000, 5_000_000_000,
         {"code": 500, "err_code": 10052, "description": "stream configuration update can not change storage type"},
     ]
+
+
+async def test_an_update_without_republish_removes_it(nats_url: str) -> None:
+    """An update that leaves ``republish`` out, or sets it to null, has none, as on
+    the server (the whole config): the copies stop."""
+
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        base = {"name": "RPU", "subjects": ["rpu.>"]}
+        rp = {"src": "rpu.>", "dest": "copy.rpu.>"}
+        copies = await nc.subscribe("copy.rpu.>")
+        out = []
+        for update in ({**base, "republish": rp}, base, {**base, "republish": rp}, {**base, "republish": None}):
+            d = await api_request(nc, "$JS.API.STREAM.UPDATE.RPU" if out else "$JS.API.STREAM.CREATE.RPU", update)
+            await js.publish("rpu.a", b"x")
+            try:
+                m = await copies.next_msg(timeout=0.3)
+                copied = m.subject
+            except nats.errors.TimeoutError:
+                copied = None
+            out.append((d["config"].get("republish"), copied))
+        return out
+
+    rp = {"src": "rpu.>", "dest": "copy.rpu.>"}
+    assert await _js(nats_url, fn) == [(rp, "copy.rpu.a"), (None, None), (rp, "copy.rpu.a"), (None, None)]
