@@ -270,8 +270,13 @@ class JetStream:
                 return t
             del self._topics[name]
         where, topic_name = self.place(name)
-        stream = next((s for s in self.broker.catalog.streams.values() if s.name == where), None)
-        if stream is not None:
+        places = [(where, topic_name)]
+        if where == KV_STREAM:
+            places.append((self.namespace, name))  # a plain stream named KV_<x>
+        for where, topic_name in places:
+            stream = next((s for s in self.broker.catalog.streams.values() if s.name == where), None)
+            if stream is None:
+                continue
             lowered = topic_name.lower()
             for t in stream.topics.values():
                 if t.name == lowered and (where != KV_STREAM or t.config.kv is not None):
@@ -281,10 +286,15 @@ class JetStream:
                     return t
         raise js_error(STREAM_NOT_FOUND)
 
-    def place(self, name: str) -> tuple[str, str]:
-        """(ttlbroker stream, topic name as given) of a NATS stream name."""
+    def place(self, name: str, config: dict[str, Any] | None = None) -> tuple[str, str]:
+        """(ttlbroker stream, topic name as given) of a NATS stream name: ``KV_<b>`` is
+        the bucket ``kv/<b>``, unless the stream ``config`` being created is not a
+        bucket's (no ``allow_rollup_hdrs``, which every KV client sets): then, as
+        any other stream, a topic of the namespace, and ``js.key_value`` finds no
+        bucket there, as on nats-server."""
         if name.startswith(KV_PREFIX) and len(name) > len(KV_PREFIX):
-            return KV_STREAM, name[len(KV_PREFIX) :]
+            if config is None or config.get("allow_rollup_hdrs"):
+                return KV_STREAM, name[len(KV_PREFIX) :]
         return self.namespace, name
 
     def topics(self) -> list[Topic]:

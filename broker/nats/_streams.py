@@ -184,9 +184,11 @@ def stream_info(js: JetStream, topic: Topic, subjects_filter: str | None = None)
     }
 
 
-def _topic_request(js: JetStream, name: str, req: dict[str, Any]) -> tuple[str, str, dict[str, Any], int, bool]:
+def _topic_request(
+    js: JetStream, name: str, req: dict[str, Any], existing: Topic | None = None,
+) -> tuple[str, str, dict[str, Any], int, bool]:
     """A create or update request as (ttlbroker stream, topic name, options, max
-    age seconds, pedantic)."""
+    age seconds, pedantic); an update's ``existing`` topic stays where it is."""
     req = dict(req)
     pedantic = bool(req.pop("pedantic", False))
     check_stream_name(name)
@@ -195,7 +197,7 @@ def _topic_request(js: JetStream, name: str, req: dict[str, Any]) -> tuple[str, 
     req["name"] = name
     options, max_age = stream_config_to_topic(req)
     check_option_types(options, updating=False)  # the nested values (republish, metadata) too
-    where, topic_name = js.place(name)
+    where, topic_name = js.place(name, req) if existing is None else (existing.stream.name, existing.name)
     if where == KV_STREAM and options["allow_msg_ttl"]:
         # A bucket: max_age is the default key TTL, so that the refresh policy applies.
         options["kv"] = {"ttl": max_age}
@@ -253,7 +255,7 @@ async def _update(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
     topic = js.topic(name)
     if req.get("storage") not in (None, "file"):
         raise js_error(STREAM_INVALID_CONFIG, "stream configuration update can not change storage type")
-    _, _, options, max_age, pedantic = _topic_request(js, name, req)
+    _, _, options, max_age, pedantic = _topic_request(js, name, req, topic)
     if "duplicate_window" not in options:
         options["duplicate_window"] = min(DEFAULT_DUPLICATE_WINDOW, max_age) if max_age else DEFAULT_DUPLICATE_WINDOW
     if options.get("kv") is not None and topic.config.kv is not None:

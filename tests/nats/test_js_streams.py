@@ -735,3 +735,35 @@ async def test_an_update_without_republish_removes_it(nats_url: str) -> None:
 
     rp = {"src": "rpu.>", "dest": "copy.rpu.>"}
     assert await _js(nats_url, fn) == [(rp, "copy.rpu.a"), (None, None), (rp, "copy.rpu.a"), (None, None)]
+
+
+async def test_a_plain_stream_may_be_named_kv_something(nats_url: str) -> None:
+    """nats-server creates a stream ``KV_<x>`` that is not a bucket (no roll-ups), and
+    ``js.key_value`` then says it is a bad bucket; the stream is an ordinary one."""
+
+    async def fn(nc: Any, js: Any) -> dict[str, Any]:
+        si = await js.add_stream(name="KV_plain", subjects=["plain.>"])
+        await js.publish("plain.a", b"x")
+        out: dict[str, Any] = {"created": (si.config.name, si.config.allow_rollup_hdrs)}
+        try:
+            await js.key_value("plain")
+            out["bucket"] = "opened"
+        except nats.js.errors.BadBucketError:
+            out["bucket"] = "bad bucket"
+        out["info"] = (await js.stream_info("KV_plain")).state.messages
+        out["names"] = [s.config.name for s in await js.streams_info()]
+        kv = await js.create_key_value(bucket="real")
+        await kv.put("k", b"v")
+        out["real"] = (await (await js.key_value("real")).get("k")).value
+        out["again"] = await _error(js.create_key_value(bucket="plain"))
+        out["deleted"] = await js.delete_stream("KV_plain")
+        return out
+
+    out = await _js(nats_url, fn)
+    assert out["created"] == ("KV_plain", False)
+    assert out["bucket"] == "bad bucket"
+    assert out["info"] == 1
+    assert out["names"] == ["KV_plain"]
+    assert out["real"] == b"v"
+    assert out["again"] == (400, 10058, "stream name already in use with a different configuration")
+    assert out["deleted"] is True
