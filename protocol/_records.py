@@ -24,7 +24,7 @@ files and also what a fetch, a get-last or a delivery sends, byte for byte::
     24      ...   body
 
 The header block is a run of ``u8 name_len | name | u16 value_len | value``. Names
-are 1..255 bytes of visible ASCII without ``:``; values at most 65535 bytes of UTF-8
+are 1..255 bytes of visible ASCII without ``:`` (spaces allowed between characters); values at most 65535 bytes of UTF-8
 without CR or LF, so every header set can also travel as NATS headers. A name may
 repeat; readers take the first occurrence, as the NATS server does
 (``docs/semantics.md`` §2.6).
@@ -105,6 +105,15 @@ def _bad_header(msg: str) -> Exception:
 
 
 _NAME_CHARS = bytes(b for b in range(33, 127) if b != 58)  # visible ASCII but ':'
+_NAME_CHARS_AND_SPACE = _NAME_CHARS + b" "
+_NAME_RULE = "may only contain visible ASCII characters other than ':', and spaces between them"
+
+
+def _bad_name(raw: bytes | memoryview) -> bool:
+    """Does a header name break the rule: visible ASCII but ':', with spaces allowed
+    between two characters (nats-server stores ``my key: v`` as it is)."""
+    raw = bytes(raw)
+    return bool(raw.translate(None, _NAME_CHARS_AND_SPACE)) or raw[:1] == b" " or raw[-1:] == b" "
 
 
 def _check_header_name(name: str) -> bytes:
@@ -113,11 +122,11 @@ def _check_header_name(name: str) -> bytes:
     try:
         raw = name.encode("ascii")
     except UnicodeEncodeError:
-        raise _bad_header(f"header name {name!r} may only contain visible ASCII characters other than ':'") from None
+        raise _bad_header(f"header name {name!r} {_NAME_RULE}") from None
     if not 1 <= len(raw) <= 255:
         raise _bad_header(f"header name {name!r} must be 1..255 bytes")
-    if raw.translate(None, _NAME_CHARS):  # control, space, DEL or ':' left
-        raise _bad_header(f"header name {name!r} may only contain visible ASCII characters other than ':'")
+    if raw.translate(None, _NAME_CHARS) and _bad_name(raw):  # control, DEL, ':' or a space at an end
+        raise _bad_header(f"header name {name!r} {_NAME_RULE}")
     return raw
 
 
@@ -244,8 +253,8 @@ def _walk_headers(block: bytes, names: frozenset[bytes], check: bool) -> dict[by
         name = block[npos : npos + nlen]
         if check:
             value = block[vpos:vend]
-            if name.translate(None, _NAME_CHARS):
-                raise _bad_header(f"header name {name!r} may only contain visible ASCII characters other than ':'")
+            if name.translate(None, _NAME_CHARS) and _bad_name(name):
+                raise _bad_header(f"header name {name!r} {_NAME_RULE}")
             if b"\r" in value or b"\n" in value:
                 raise _bad_header(f"header {name.decode('ascii')!r} value must not contain CR or LF")
             if not value.isascii():

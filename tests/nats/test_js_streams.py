@@ -4,6 +4,7 @@ asserted with the NATS server's exact ``code``, ``err_code`` and description."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -767,3 +768,27 @@ async def test_a_plain_stream_may_be_named_kv_something(nats_url: str) -> None:
     assert out["real"] == b"v"
     assert out["again"] == (400, 10058, "stream name already in use with a different configuration")
     assert out["deleted"] is True
+
+
+async def test_a_header_name_with_a_space_is_stored(nats_url: str) -> None:
+    """nats-server stores ``my key: v`` and gives it back; so do we (a name may have
+    spaces between its characters). nats-py refuses to send such a name, so the
+    publish is a raw HPUB, and its header parser drops it on the way back, so the
+    stored block is read as the server's JSON gives it."""
+
+    async def create(nc: Any, js: Any) -> None:
+        await js.add_stream(name="HS", subjects=["hs.>"])
+
+    await _js(nats_url, create)
+    peer = await RawNats.open(nats_url)
+    await peer.connect(headers=True)
+    hdr = b"NATS/1.0\r\nmy key: v\r\n\r\n"
+    await peer.send(b"SUB _INBOX.h 1\r\nHPUB hs.a _INBOX.h %d %d\r\n%sx\r\n" % (len(hdr), len(hdr) + 1, hdr))
+    ack = await peer.next_event()
+    assert isinstance(ack, PN.NatsMsg) and json.loads(ack.payload) == {"stream": "HS", "seq": 1}
+
+    async def read(nc: Any, js: Any) -> Any:
+        return await api_request(nc, "$JS.API.STREAM.MSG.GET.HS", {"seq": 1})
+
+    got = await _js(nats_url, read)
+    assert base64.b64decode(got["message"]["hdrs"]) == hdr

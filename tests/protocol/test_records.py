@@ -82,6 +82,12 @@ def test_truncated_record_is_detected() -> None:
         assert P.check_record(rec[:cut], 0, cut) < 0
 
 
+def test_a_header_name_may_have_spaces_between_its_characters() -> None:
+    """As nats-server stores ``my key: v``: a space inside a name, not at its ends."""
+    block = P.encode_headers({"my key": "v"})
+    assert P.decode_headers(block) == {"my key": "v"}
+
+
 def test_headers_first_occurrence_wins_and_order_is_kept() -> None:
     block = P.encode_headers([("A", "1"), ("B", "2"), ("A", "3")])
     assert P.decode_headers(block) == {"A": "1", "B": "2"}
@@ -93,7 +99,7 @@ def test_headers_first_occurrence_wins_and_order_is_kept() -> None:
 
 @pytest.mark.parametrize(
     "headers",
-    [{"": "x"}, {"a b": "x"}, {"a:b": "x"}, {"k": "line\r\nbreak"}, {"k": "x" * 70000}, {"é": "x"}],
+    [{"": "x"}, {" ab": "x"}, {"ab ": "x"}, {"a\tb": "x"}, {"a:b": "x"}, {"k": "line\r\nbreak"}, {"k": "x" * 70000}, {"é": "x"}],
 )
 def test_header_rules(headers: dict[str, str]) -> None:
     with pytest.raises(P.InvalidHeadersError):  # type: ignore[attr-defined]
@@ -113,9 +119,9 @@ def _reference_encode_headers(pairs: list[tuple[object, object]]) -> bytes:
         else:
             if not 1 <= len(raw) <= 255:
                 raise P.InvalidHeadersError(f"header name {name!r} must be 1..255 bytes")  # type: ignore[attr-defined]
-        if any(b <= 32 or b >= 127 or b == 58 for b in raw):
+        if any(b < 32 or b >= 127 or b == 58 for b in raw) or raw[:1] == b" " or raw[-1:] == b" ":
             raise P.InvalidHeadersError(  # type: ignore[attr-defined]
-                f"header name {name!r} may only contain visible ASCII characters other than ':'")
+                f"header name {name!r} may only contain visible ASCII characters other than ':', and spaces between them")
         if not isinstance(value, str):
             raise P.InvalidHeadersError(f"header {name!r} value must be a string, not {type(value).__name__}")  # type: ignore[attr-defined]
         rv = value.encode()
