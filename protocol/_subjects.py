@@ -18,6 +18,7 @@ from ._errors import ErrorCode, error_class
 __all__ = [
     "MAX_SUBJECT_BYTES",
     "validate_subject",
+    "validate_published_subject",
     "validate_filter",
     "filter_tokens",
     "match_order",
@@ -25,6 +26,7 @@ __all__ = [
     "filters_overlap",
     "filter_is_subset",
     "is_literal",
+    "is_wild",
 ]
 
 MAX_SUBJECT_BYTES = 255
@@ -71,6 +73,30 @@ def _check_subject(subject: str) -> str:
                 f"subject {subject!r} contains the wildcard {token!r}; wildcards are for filters"
             )
     return subject
+
+
+def validate_published_subject(subject: str) -> str:
+    """Check the subject of a message being published and return it: as
+    :func:`validate_subject`, except that ``*`` and ``>`` may be tokens. In a
+    published subject they are literal tokens, as in NATS (nats-server stores a
+    publish to ``a.*``, and ``kv.purge("a.*")`` relies on it): filters match them
+    token by token (``a.*`` and ``a.>`` capture ``a.*``; ``a.b`` does not).
+
+    Raises:
+        InvalidSubjectError: empty, too long, an empty token, or a whitespace/control
+            character.
+    """
+    if len(subject) <= 63 and _PLAIN_SUBJECT.fullmatch(subject):
+        return subject
+    _check_text(subject, "subject", ErrorCode.INVALID_SUBJECT)
+    if "" in subject.split("."):
+        raise error_class(ErrorCode.INVALID_SUBJECT)(f"subject {subject!r} has an empty token")
+    return subject
+
+
+def is_wild(subject: str) -> bool:
+    """Does a (published) subject have a wildcard token?"""
+    return ("*" in subject or ">" in subject) and any(t == "*" or t == ">" for t in subject.split("."))
 
 
 def validate_filter(subject_filter: str, code: ErrorCode = ErrorCode.INVALID_SUBJECT_FILTER) -> str:

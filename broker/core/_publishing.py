@@ -377,7 +377,16 @@ class Publisher:
             if not part.log.is_live(off):
                 continue  # a later rollup of this batch took it already
             if kind == ROLLUP_SUB:
-                self.retention.remove(part, part.subject_offsets(subjects[i], before=off), R.ROLLUP)
+                subject = subjects[i]
+                if P.is_wild(subject.decode(errors="replace")):
+                    # As nats-server, whose subject rollup is a purge by that subject:
+                    # with wildcard tokens, a filter (nats-py's kv.purge("a.*")).
+                    ftokens = tuple(subject.decode().split("."))
+                    doomed = sorted(o for s in list(part.index.subjects) if P.subject_matches(ftokens, s.decode(errors="replace").split("."))
+                                    for o in part.subject_offsets(s, before=off))
+                else:
+                    doomed = part.subject_offsets(subject, before=off)
+                self.retention.remove(part, doomed, R.ROLLUP)
                 continue
             for q in part.topic.partitions:
                 later = [offsets[j] for j in groups.get(q, ()) if j > i]

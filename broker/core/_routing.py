@@ -9,7 +9,7 @@ subjects (so a stream of unique subjects costs memory only up to that bound).
 
 from __future__ import annotations
 
-from protocol import BrokerError, ErrorCode, error_class, subject_matches, validate_subject
+from protocol import BrokerError, ErrorCode, error_class, subject_matches, validate_published_subject
 
 from ._topics import Topic
 from ._topics import Partition
@@ -47,7 +47,7 @@ class Router:
             self.cache = {}
         result: Partition | _NoTopic | BrokerError
         try:
-            text = validate_subject(subject.decode())
+            text = validate_published_subject(subject.decode())
         except UnicodeDecodeError:
             result = error_class(ErrorCode.INVALID_SUBJECT)("subject is not valid UTF-8")
         except BrokerError as err:

@@ -584,7 +584,10 @@ class NatsSession:
         # subject may end in a consumer's filter, wildcards and all
         # ($JS.API.CONSUMER.CREATE.S.C.$KV.b.>, as nats.js's KV watch sends it), which
         # nats-server's API subscription takes.
-        valid = (handled and not self.pedantic) or valid_nats_subject(subject)
+        # Outside ``pedantic``, as nats-server: a subject whose tokens are wildcards is
+        # published like any other (its subscriptions and streams match the tokens
+        # as they are: nats-py's ``kv.purge("a.*")`` stores a marker on ``$KV.b.a.*``).
+        valid = (handled and not self.pedantic) or valid_nats_subject(subject, literal=not self.pedantic)
         if not valid and self.pedantic:
             broker.counters.request_errors += 1
             self.send_now(encode_err("Invalid Publish Subject"))

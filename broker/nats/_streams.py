@@ -407,7 +407,19 @@ def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int
     part = topic.partitions[0]
     if last_by:
         if not P.is_literal(last_by):
-            raise js_error(NO_MESSAGE_FOUND)
+            # A filter, as on nats-server: the newest message it matches (nats-py's
+            # ObjectStore.list() and KV watch() ask for ``$O.b.M.>``, ``$KV.b.>``).
+            ftokens = tuple(last_by.split("."))
+            newest = max(
+                ((st.last, raw) for raw, st in part.index.subjects.items()
+                 if st.count and subject_matches(ftokens, raw.decode(errors="replace").split("."))),
+                default=None,
+            )
+            if newest is None:
+                raise js_error(NO_MESSAGE_FOUND)
+            last_by = newest[1].decode()
+            if topic.config.kv is None:
+                return _Found.of_record(newest[0], part.log.get(newest[0])), 0
         if topic.config.kv is not None:
             try:
                 read = js.kv.read(topic, last_by, 0, js.broker.clock.now_ns())

@@ -179,13 +179,14 @@ def _text(raw: bytes) -> str:
         raise NatsProtocolError(UNKNOWN_OP, "an argument is not UTF-8") from None
 
 
-def valid_nats_subject(subject: str, wildcards: bool = False) -> bool:
+def valid_nats_subject(subject: str, wildcards: bool = False, literal: bool = False) -> bool:
     """nats-server's ``IsValidLiteralSubject`` (``wildcards`` False) or
     ``IsValidSubject``: non-empty tokens, no whitespace, and wildcards only as
-    whole tokens, ``>`` last (only when ``wildcards``)."""
+    whole tokens, ``>`` last (only when ``wildcards``). ``literal``: ``*`` and ``>``
+    are tokens like any other (what a non-pedantic publish may carry)."""
     if not subject or _SPACE.search(subject):
         return False
-    if "*" not in subject and ">" not in subject:  # no wildcard to place: only empty tokens to find
+    if literal or ("*" not in subject and ">" not in subject):  # only empty tokens to find
         return ".." not in subject and subject[0] != "." and subject[-1] != "."
     tokens = subject.split(".")
     last = len(tokens) - 1

@@ -71,7 +71,15 @@ def _expected_msg_get(kv: Any, topic: Any, subject: str) -> bytes:
     if topic is None:
         return api_error("stream_msg_get", js_error(STREAM_NOT_FOUND))
     if not P.is_literal(subject):
-        return api_error("stream_msg_get", js_error(NO_MESSAGE_FOUND))
+        # A filter (as on nats-server): the subject of the newest message it matches,
+        # read through the bucket's rules.
+        ftokens = tuple(subject.split("."))
+        part = topic.partitions[0]
+        newest = [(st.last, raw.decode()) for raw, st in part.index.subjects.items()
+                  if st.count and P.subject_matches(ftokens, raw.decode().split("."))]
+        if not newest:
+            return api_error("stream_msg_get", js_error(NO_MESSAGE_FOUND))
+        subject = max(newest)[1]
     try:
         entry, _ = kv.get(topic, subject, 0, kv.broker.clock.now_ns())
     except BrokerError:

@@ -792,3 +792,50 @@ async def test_a_header_name_with_a_space_is_stored(nats_url: str) -> None:
 
     got = await _js(nats_url, read)
     assert base64.b64decode(got["message"]["hdrs"]) == hdr
+
+
+async def test_a_publish_to_wildcard_tokens_is_stored_as_nats_server_stores_it(nats_url: str) -> None:
+    """Outside ``pedantic``, nats-server stores a publish to ``hello.*`` (the tokens
+    are literal): it is acked, a core ``hello.*`` subscription gets it and a
+    ``hello.b`` one does not, and a last-by-subject get with a wildcard is the newest
+    message the filter matches (the expected values are nats-server 2.15.1's)."""
+
+    async def fn(nc: Any, js: Any) -> dict[str, Any]:
+        await js.add_stream(name="WILD", subjects=["hello.>"])
+        star = await nc.subscribe("hello.*")
+        literal = await nc.subscribe("hello.b")
+        acks = [await js.publish(s, b"x") for s in ("hello.*", "hello.>")]
+        got = (await star.next_msg(timeout=2)).subject
+        try:
+            other = (await literal.next_msg(timeout=0.3)).subject
+        except nats.errors.TimeoutError:
+            other = None
+        last = await js.get_last_msg("WILD", "hello.*")
+        subjects = (await js.stream_info("WILD", subjects_filter=">")).state.subjects
+        return {"acks": [a.seq for a in acks], "got": got, "other": other, "last": (last.subject, last.seq), "subjects": subjects}
+
+    assert await _js(nats_url, fn) == {
+        "acks": [1, 2], "got": "hello.*", "other": None, "last": ("hello.>", 2), "subjects": {"hello.*": 1, "hello.>": 1},
+    }
+
+
+async def test_kv_purge_of_a_wildcard_key_and_object_store_list(nats_url: str) -> None:
+    """nats-py's ``kv.purge("a.*")`` publishes a roll-up on ``$KV.b.a.*``, which
+    nats-server stores and applies as a purge by that filter; ``ObjectStore.list()``
+    asks for the last message of ``$O.b.M.>``. Both as on nats-server."""
+
+    async def fn(nc: Any, js: Any) -> dict[str, Any]:
+        kv = await js.create_key_value(bucket="kvp", history=5)
+        for k in ("a.x", "a.y", "b.x"):
+            await kv.put(k, b"1")
+        await kv.purge("a.*")
+        si = await js.stream_info("KV_kvp", subjects_filter=">")
+        obj = await js.create_object_store("files")
+        await obj.put("one", b"1")
+        await obj.put("two", b"22")
+        listed = sorted(o.name for o in await obj.list())
+        return {"keys": sorted(await kv.keys()), "state": (si.state.messages, si.state.subjects), "objects": listed}
+
+    assert await _js(nats_url, fn) == {
+        "keys": ["b.x"], "state": (2, {"$KV.kvp.a.*": 1, "$KV.kvp.b.x": 1}), "objects": ["one", "two"],
+    }
