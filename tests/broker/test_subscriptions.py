@@ -28,6 +28,27 @@ async def test_wildcards(server: ServerHandle, client: Client, topic: tuple[str,
             await star.next(timeout=0.2)
 
 
+async def test_a_published_subject_may_carry_wildcard_tokens_as_literals(
+    server: ServerHandle, client: Client, topic: tuple[str, str],
+) -> None:
+    """As in NATS: ``orders.*.new`` is published and stored as it is; filters match
+    its tokens as they are (``orders.>`` and ``orders.*.new`` get it, ``orders.eu.new``
+    does not)."""
+    async with connect(server.address) as listener:
+        tail = await listener.subscribe("orders.>")
+        exact = await listener.subscribe("orders.eu.new")
+        ack = await client.publish("orders.*.new", b"w")
+        assert ack is not None
+        got = await tail.next(timeout=5)
+        assert (got.subject, got.payload) == ("orders.*.new", b"w")
+        with pytest.raises(TimeoutError):
+            await exact.next(timeout=0.2)
+    f = await client.fetch(*topic, ack.partition, ack.offset, 1)
+    assert [m.subject for m in f.messages] == ["orders.*.new"]
+    with pytest.raises(P.InvalidSubjectError):  # type: ignore[attr-defined]
+        await client.publish("orders..new", b"x")
+
+
 async def test_delivered_messages_carry_where_they_were_stored(client: Client, topic: tuple[str, str]) -> None:
     sub = await client.subscribe("orders.>")
     ack = await client.publish("orders.k", b"v", headers={"h": "1"})
