@@ -377,16 +377,7 @@ class Publisher:
             if not part.log.is_live(off):
                 continue  # a later rollup of this batch took it already
             if kind == ROLLUP_SUB:
-                subject = subjects[i]
-                if P.is_wild(subject.decode(errors="replace")):
-                    # As nats-server, whose subject rollup is a purge by that subject:
-                    # with wildcard tokens, a filter (nats-py's kv.purge("a.*")).
-                    ftokens = tuple(subject.decode().split("."))
-                    doomed = sorted(o for s in list(part.index.subjects) if P.subject_matches(ftokens, s.decode(errors="replace").split("."))
-                                    for o in part.subject_offsets(s, before=off))
-                else:
-                    doomed = part.subject_offsets(subject, before=off)
-                self.retention.remove(part, doomed, R.ROLLUP)
+                self.retention.remove(part, _rolled_up(part, subjects[i], off), R.ROLLUP)
                 continue
             for q in part.topic.partitions:
                 later = [offsets[j] for j in groups.get(q, ()) if j > i]
@@ -418,3 +409,16 @@ class Publisher:
             for i in unrouted:
                 entries[i] = (subjects[i], head, P.encode_record(0, now, data[starts[i] : ends[i]]))
         self.subs.deliver([e for e in entries if e is not None])
+
+
+def _rolled_up(part: Partition, subject: bytes, before: int) -> list[int]:
+    """The live offsets below ``before`` that a subject roll-up on ``subject``
+    removes: its own, or, when it has wildcard tokens, those of every subject it
+    matches as a filter (nats-server's roll-up is a purge by that subject, which
+    nats-py's ``kv.purge("a.*")`` relies on)."""
+    text = subject.decode(errors="replace")
+    if not P.is_wild(text):
+        return part.subject_offsets(subject, before=before)
+    ftokens = tuple(text.split("."))
+    matched = [s for s in part.index.subjects if P.subject_matches(ftokens, s.decode(errors="replace").split("."))]
+    return sorted(o for s in matched for o in part.subject_offsets(s, before=before))
