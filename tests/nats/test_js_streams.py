@@ -839,3 +839,18 @@ async def test_kv_purge_of_a_wildcard_key_and_object_store_list(nats_url: str) -
     assert await _js(nats_url, fn) == {
         "keys": ["b.x"], "state": (2, {"$KV.kvp.a.*": 1, "$KV.kvp.b.x": 1}), "objects": ["one", "two"],
     }
+
+
+async def test_a_message_on_wildcard_tokens_is_not_republished(nats_url: str, nats_server: ServerHandle) -> None:
+    """nats-server stores ``rw.*`` but publishes no copy of it (checked against
+    2.15.1); here the copy's subject is refused and counted as a dropped copy."""
+
+    async def fn(nc: Any, js: Any) -> tuple[int, str | None]:
+        await js.add_stream(name="RW", subjects=["rw.>"], republish=RePublish(src="rw.>", dest="copy.rw.>"))
+        sub = await nc.subscribe("copy.rw.>")
+        ack = await js.publish("rw.*", b"x")
+        await js.publish("rw.a", b"y")
+        return ack.seq, (await sub.next_msg(timeout=2)).subject
+
+    assert await _js(nats_url, fn) == (1, "copy.rw.a")
+    assert nats_server.broker.counters.dropped_invalid_subject == 1
