@@ -57,6 +57,7 @@ from broker.core import NO_TOPIC, VERSION, Broker, get_logger
 from broker.net import SHORT_READ, ConnectionGuard, Reading, TlsAcceptor, Transport
 from protocol import ErrorCode
 from protocol.nats import (
+    NATS_VERSION,
     NATS_NEED_DATA,
     OK,
     PING,
@@ -93,7 +94,6 @@ SERVER_ID = "TTLBROKER" + secrets.token_hex(12).upper()
 #: refuses KV below 2.6.2; per-message TTL came with 2.11). Features of later servers
 #: that ttlbroker does not have (counters, atomic batches, schedules) are refused.
 #: ttlbroker's own version goes in ``ttlbroker_version``.
-NATS_VERSION = "2.11.0"
 
 AUTH_VIOLATION = "Authorization Violation"
 MAX_CONNECTIONS = "maximum connections exceeded"

@@ -24,7 +24,7 @@ import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
 from protocol import RemovalReason as R
 from protocol.nats import (
-    BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
+    API_LEVEL, BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
     stream_config, last_by_subj_of, parse_request, stream_config_to_topic,
 )
@@ -49,8 +49,6 @@ NAMES_LIMIT = 1024
 LIST_LIMIT = 256
 #: nats-server's ``JSMaxSubjectDetails``: the subjects one STREAM.INFO page holds.
 SUBJECTS_LIMIT = 100_000
-#: The JetStream API level we report (ADR-43's per-message TTLs and markers are level 1).
-API_LEVEL = 1
 
 
 def api(js: JetStream, tokens: list[str], reply: str | None, headers: bytes | None, payload: bytes) -> None:

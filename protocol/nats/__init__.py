@@ -33,6 +33,8 @@ from ._consumers import sample_percent as sample_percent
 from ._consumers import status_message as status_message
 from ._jetstream import ACK_PREFIX as ACK_PREFIX
 from ._jetstream import API_PREFIX as API_PREFIX
+from ._jetstream import API_LEVEL as API_LEVEL
+from ._jetstream import NATS_VERSION as NATS_VERSION
 from ._jetstream import BAD_REQUEST as BAD_REQUEST
 from ._jetstream import FC_PREFIX as FC_PREFIX
 from ._jetstream import INVALID_JSON as INVALID_JSON
@@ -97,7 +99,7 @@ from ._wire import record_to_nats_headers as record_to_nats_headers
 from ._wire import valid_nats_subject as valid_nats_subject
 
 __all__ = [
-    "ACK_NEXT", "ACK_PREFIX", "ACK_RUN_LIMIT", "API_PREFIX", "AckReply", "AckRun", "BAD_REQUEST", "FC_PREFIX",
+    "ACK_NEXT", "ACK_PREFIX", "ACK_RUN_LIMIT", "API_LEVEL", "API_PREFIX", "NATS_VERSION", "AckReply", "AckRun", "BAD_REQUEST", "FC_PREFIX",
     "INVALID_JSON", "JSError", "MAX_CONTROL_LINE", "MSG_DELETE_FAILED", "NATS_ERRORS", "NATS_NEED_DATA",
     "NATS_SETTINGS", "NO_MESSAGE_FOUND", "NS", "NatsConnect", "NatsErr", "NatsEvent", "NatsInfo", "NatsMsg", "NatsOk",
     "NatsParser", "NatsPing", "NatsPong", "NatsProtocolError", "NatsPub", "NatsSub", "NatsUnsub", "NextRequest",

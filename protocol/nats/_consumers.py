@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from .._consumers import _PULL_ENTRY, AckKind, PulledRun, encode_pull_entry
 from .._records import FIXED_SIZE, RECORD_FIXED
-from ._jetstream import JSError, rfc3339
+from ._jetstream import JSError, rfc3339, user_metadata, versioned_metadata
 from ._wire import encode_msg, encode_nats_headers, nats_message_of_record
 
 __all__ = [
@@ -408,7 +408,8 @@ def _metadata(raw: Any) -> str:
         return ""
     if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
         raise JSError(400, 10025, "invalid JSON: metadata must be an object of strings")
-    return json.dumps(raw, sort_keys=True, separators=(",", ":"))
+    raw = user_metadata(raw)
+    return json.dumps(raw, sort_keys=True, separators=(",", ":")) if raw else ""
 
 
 def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettings, default_inactive_ns: int) -> dict[str, Any]:
@@ -468,8 +469,9 @@ def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettin
         out["inactive_threshold"] = settings.inactive_threshold_ns or default_inactive_ns
     elif settings.inactive_threshold_ns:
         out["inactive_threshold"] = settings.inactive_threshold_ns
-    if settings.metadata:
-        out["metadata"] = json.loads(settings.metadata)
+    # ADR-44: pausing and priority groups need API level 1 (the server's rule).
+    required = 1 if settings.pause_until_ns or settings.priority_policy or settings.pinned_ttl_ns or settings.priority_groups else 0
+    out["metadata"] = versioned_metadata(json.loads(settings.metadata) if settings.metadata else None, required)
     if settings.pause_until_ns:
         out["pause_until"] = rfc3339(settings.pause_until_ns)
     if settings.rate_limit_bps:

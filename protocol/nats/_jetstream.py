@@ -37,7 +37,37 @@ __all__ = [
     "check_stream_name", "parse_request", "js_error", "BAD_REQUEST", "INVALID_JSON", "MSG_DELETE_FAILED",
     "NO_MESSAGE_FOUND", "PURGE_FAILED", "SEQUENCE_NOT_FOUND", "STREAM_INVALID_CONFIG", "STREAM_MISMATCH",
     "STREAM_NAME_EXIST", "STREAM_NOT_FOUND", "last_by_subj_of", "msg_get_response",
+    "NATS_VERSION", "API_LEVEL", "versioned_metadata", "user_metadata",
 ]
+
+#: The nats-server version the NATS listener reports (INFO, ``_nats.ver``).
+NATS_VERSION = "2.11.0"
+#: The JetStream API level reported (ADR-44; ADR-43's per-message TTLs and markers,
+#: ADR-42's priority groups and pausing are level 1).
+API_LEVEL = 1
+#: ADR-44's metadata keys, the server's own: the level an asset requires (stored
+#: with it), and the server's version and level (added to every answer).
+_REQUIRED_LEVEL, _SERVER_VERSION, _SERVER_LEVEL = "_nats.req.level", "_nats.ver", "_nats.level"
+
+
+def user_metadata(meta: dict[str, str] | None) -> dict[str, str]:
+    """A stream's or consumer's ``metadata`` as the client sent it, without the
+    server's versioning keys (a config read back from an info and sent again has
+    them; nats-server sets them itself)."""
+    if not meta:
+        return {}
+    return {k: v for k, v in meta.items() if k not in (_REQUIRED_LEVEL, _SERVER_VERSION, _SERVER_LEVEL)}
+
+
+def versioned_metadata(meta: dict[str, str] | None, required_level: int) -> dict[str, str]:
+    """The ``metadata`` an info reports, as nats-server's ``setStaticStreamMetadata``
+    and ``setDynamicStreamMetadata`` (and their consumer twins) make it: the
+    client's keys, the API level the asset's features require, and this server's
+    version and API level."""
+    return {
+        **user_metadata(meta), _REQUIRED_LEVEL: str(required_level), _SERVER_VERSION: NATS_VERSION,
+        _SERVER_LEVEL: str(API_LEVEL),
+    }
 
 API_PREFIX = "$JS.API."
 ACK_PREFIX = "$JS.ACK."
@@ -423,9 +453,14 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
     if not isinstance(subjects, list) or not all(isinstance(s, str) for s in subjects):
         raise js_error(INVALID_JSON, "invalid JSON: subjects must be a list of strings")
     nats: dict[str, Any] = {"name": name, "discard": discard}
-    for key in ("description", "metadata"):
-        if cfg.get(key):
-            nats[key] = cfg[key]
+    if cfg.get("description"):
+        nats["description"] = cfg["description"]
+    if cfg.get("metadata"):
+        if not isinstance(cfg["metadata"], dict):
+            raise js_error(INVALID_JSON, "invalid JSON: metadata must be dict")
+        meta = user_metadata(cfg["metadata"])
+        if meta:
+            nats["metadata"] = meta
     for key in ("deny_delete", "allow_direct"):
         nats[key] = bool(cfg.get(key))
     for key, types in NATS_SETTINGS.items():
@@ -488,6 +523,7 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
         # The server's RePublish: src and headers_only are omitempty, dest is not.
         out["republish"] = {k: v for k, v in (("src", rp.get("src")), ("dest", rp.get("dest", "")),
                                               ("headers_only", rp.get("headers_only"))) if v or k == "dest"}
-    if nats.get("metadata"):
-        out["metadata"] = dict(nats["metadata"])
+    # ADR-44: TTLs and markers need API level 1 (the server's rule).
+    required = 1 if options.get("allow_msg_ttl") or options.get("subject_delete_marker_ttl") else 0
+    out["metadata"] = versioned_metadata(nats.get("metadata"), required)
     return out

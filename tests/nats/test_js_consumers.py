@@ -1143,12 +1143,14 @@ async def test_pull_request_limits_metadata_headers_only_and_a_durables_inactive
         return out
 
     r = await in_asyncio(scenario)
-    assert r["config"] == (5, 2 * 10**9, 1000, {"team": "shop"}, True)
+    # ADR-44: the server's versioning keys beside the client's own, as nats-server reports them.
+    versioning = {"_nats.req.level": "0", "_nats.ver": "2.11.0", "_nats.level": "1"}
+    assert r["config"] == (5, 2 * 10**9, 1000, {"team": "shop", **versioning}, True)
     assert r["statuses"] == [
         "409", "Exceeded MaxRequestBatch of 5", "409", "Exceeded MaxRequestExpires of 2s", "409", "Exceeded MaxRequestMaxBytes of 1000",
     ]
     assert r["headers_only"] == (b"", "2")  # m0
-    assert r["updated"] == {"team": "ops"}
+    assert r["updated"] == {"team": "ops", **versioning}
     assert r["idle"] == 10.0
     assert r["gone"] is True
 

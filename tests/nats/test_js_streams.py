@@ -83,7 +83,9 @@ async def test_create_info_names_list_delete(nats_url: str, nats_server: ServerH
     assert (c.allow_msg_ttl, c.subject_delete_marker_ttl, c.duplicate_window, c.allow_direct) == (True, 10.0, 60.0, True)
     # the server's automatic fix: markers need roll-ups
     assert c.allow_rollup_hdrs is True and c.deny_purge is False
-    assert (c.republish.src, c.republish.dest, c.metadata) == ("orders.>", "copy.orders.>", {"team": "shop"})
+    # ADR-44: TTLs need API level 1; the server's version and level, as nats-server adds them.
+    versioning = {"_nats.req.level": "1", "_nats.ver": "2.11.0", "_nats.level": "1"}
+    assert (c.republish.src, c.republish.dest, c.metadata) == ("orders.>", "copy.orders.>", {"team": "shop", **versioning})
     assert (c.retention, c.storage, c.num_replicas, c.max_msgs, c.max_bytes) == ("limits", "file", 1, -1, -1)
     assert si.did_create is True and out["again"].config.name == "ORDERS"
     assert out["different"] == (400, 10058, "stream name already in use with a different configuration")
@@ -854,3 +856,29 @@ async def test_a_message_on_wildcard_tokens_is_not_republished(nats_url: str, na
 
     assert await _js(nats_url, fn) == (1, "copy.rw.a")
     assert nats_server.broker.counters.dropped_invalid_subject == 1
+
+
+async def test_adr44_versioning_metadata(nats_url: str) -> None:
+    """Every stream and consumer info carries nats-server's ADR-44 keys: the API level
+    its features require (TTLs, pausing: 1), and the server's version and level. A
+    config read back from an info and created again is the same config (the keys
+    are the server's, not the client's)."""
+
+    async def fn(nc: Any, js: Any) -> dict[str, Any]:
+        plain = await js.add_stream(name="V0", subjects=["v0.>"])
+        ttl = await js.add_stream(name="V1", subjects=["v1.>"], allow_msg_ttl=True)
+        again = await api_request(nc, "$JS.API.STREAM.CREATE.V1", {**ttl.config.as_dict()})
+        paused = await api_request(nc, "$JS.API.CONSUMER.CREATE.V0.p", {
+            "stream_name": "V0", "config": {"durable_name": "p", "pause_until": "2099-01-01T00:00:00Z", "ack_policy": "explicit"},
+        })
+        return {
+            "plain": plain.config.metadata, "ttl": ttl.config.metadata, "again": again.get("error"),
+            "consumer": paused["config"]["metadata"],
+        }
+
+    out = await _js(nats_url, fn)
+    server = {"_nats.ver": "2.11.0", "_nats.level": "1"}
+    assert out["plain"] == {"_nats.req.level": "0", **server}
+    assert out["ttl"] == {"_nats.req.level": "1", **server}
+    assert out["again"] is None
+    assert out["consumer"] == {"_nats.req.level": "1", **server}
