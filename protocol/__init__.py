@@ -177,7 +177,6 @@ from ._subjects import subject_matches as subject_matches
 from ._subjects import validate_filter as validate_filter
 from ._subjects import validate_subject as validate_subject
 from ._subjects import validate_published_subject as validate_published_subject
-from ._subjects import is_wild as is_wild
 
 # One exception class per error code (StreamNotFoundError, InvalidMsgTtlError, ...).
 globals().update({cls.__name__: cls for cls in ERROR_CLASSES.values()})

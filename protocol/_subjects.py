@@ -26,7 +26,6 @@ __all__ = [
     "filters_overlap",
     "filter_is_subset",
     "is_literal",
-    "is_wild",
 ]
 
 MAX_SUBJECT_BYTES = 255
@@ -63,12 +62,12 @@ def validate_subject(subject: str) -> str:
     return _check_subject(subject)
 
 
-def _check_subject(subject: str) -> str:
+def _check_subject(subject: str, wildcards_literal: bool = False) -> str:
     _check_text(subject, "subject", ErrorCode.INVALID_SUBJECT)
     for token in subject.split("."):
         if not token:
             raise error_class(ErrorCode.INVALID_SUBJECT)(f"subject {subject!r} has an empty token")
-        if token == "*" or token == ">":
+        if not wildcards_literal and (token == "*" or token == ">"):
             raise error_class(ErrorCode.INVALID_SUBJECT)(
                 f"subject {subject!r} contains the wildcard {token!r}; wildcards are for filters"
             )
@@ -88,15 +87,7 @@ def validate_published_subject(subject: str) -> str:
     """
     if len(subject) <= 63 and _PLAIN_SUBJECT.fullmatch(subject):
         return subject
-    _check_text(subject, "subject", ErrorCode.INVALID_SUBJECT)
-    if "" in subject.split("."):
-        raise error_class(ErrorCode.INVALID_SUBJECT)(f"subject {subject!r} has an empty token")
-    return subject
-
-
-def is_wild(subject: str) -> bool:
-    """Does a (published) subject have a wildcard token?"""
-    return ("*" in subject or ">" in subject) and any(t == "*" or t == ">" for t in subject.split("."))
+    return _check_subject(subject, wildcards_literal=True)
 
 
 def validate_filter(subject_filter: str, code: ErrorCode = ErrorCode.INVALID_SUBJECT_FILTER) -> str:

@@ -417,8 +417,6 @@ def _rolled_up(part: Partition, subject: bytes, before: int) -> list[int]:
     matches as a filter (nats-server's roll-up is a purge by that subject, which
     nats-py's ``kv.purge("a.*")`` relies on)."""
     text = subject.decode(errors="replace")
-    if not P.is_wild(text):
+    if P.is_literal(text):
         return part.subject_offsets(subject, before=before)
-    ftokens = tuple(text.split("."))
-    matched = [s for s in part.index.subjects if P.subject_matches(ftokens, s.decode(errors="replace").split("."))]
-    return sorted(o for s in matched for o in part.subject_offsets(s, before=before))
+    return sorted(o for s in part.subjects_matching(text) for o in part.subject_offsets(s, before=before))

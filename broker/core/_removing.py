@@ -36,11 +36,7 @@ def matching_subjects(topic: Topic, subject_filter: str) -> list[tuple[Partition
     if P.is_literal(subject_filter):
         raw = subject_filter.encode()
         return [(topic.partition_for(raw), [raw])]
-    ftokens = tuple(subject_filter.split("."))
-    return [
-        (p, [s for s, st in p.index.subjects.items() if st.count and P.subject_matches(ftokens, s.decode().split("."))])
-        for p in topic.partitions
-    ]
+    return [(p, p.subjects_matching(subject_filter)) for p in topic.partitions]
 
 
 def purge(broker: Broker, session: object, cmd: P.Purge) -> Reply:

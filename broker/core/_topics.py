@@ -31,6 +31,7 @@ from protocol import (
     TopicDetails,
     error_class,
     header_values,
+    subject_matches,
 )
 from storage import AppendResult, ConsumerOffsets, PartitionLog, ReadResult
 
@@ -285,6 +286,16 @@ class Partition:
         for w in list(self.watchers):
             w.purged(self.log.next_offset)
         return removed, cleared
+
+    def subjects_matching(self, subject_filter: str) -> list[bytes]:
+        """The subjects with live messages that a filter matches (token by token: a
+        stored ``a.*`` is matched by ``a.*`` and ``a.>``). Runtime complexity:
+        O(subjects)."""
+        ftokens = tuple(subject_filter.split("."))
+        return [
+            s for s, st in self.index.subjects.items()
+            if st.count and subject_matches(ftokens, s.decode(errors="replace").split("."))
+        ]
 
     def subject_offsets(self, subject: bytes, before: int | None = None) -> list[int]:
         """Every live offset of one subject (below ``before`` if given), oldest first."""

@@ -407,12 +407,7 @@ def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int
         if not P.is_literal(last_by):
             # A filter, as on nats-server: the newest message it matches (nats-py's
             # ObjectStore.list() and KV watch() ask for ``$O.b.M.>``, ``$KV.b.>``).
-            ftokens = tuple(last_by.split("."))
-            newest = max(
-                ((st.last, raw) for raw, st in part.index.subjects.items()
-                 if st.count and subject_matches(ftokens, raw.decode(errors="replace").split("."))),
-                default=None,
-            )
+            newest = max(((part.index.subjects[s].last, s) for s in part.subjects_matching(last_by)), default=None)
             if newest is None:
                 raise js_error(NO_MESSAGE_FOUND)
             last_by = newest[1].decode()
