@@ -21,6 +21,13 @@ ttlbroker: the topic ``nats/bench``, one partition), payloads are ``--size`` byt
   msg.ack()`` each), each message removed from the stream by its ack.
 * **KV put**, **KV get**: ``js.create_key_value(bucket=..., history=1)`` then
   ``--keys`` puts and as many gets of those keys, one at a time.
+* **publish_async at max_msgs, discard old**: the stream ``LIMITED`` (``max_msgs=
+  --max-msgs``, ``discard="old"``), filled before the clock starts, then ``--messages``
+  more, each removing the oldest; the count must be exactly ``--max-msgs`` after.
+* **memory storage: publish_async**, **memory storage: pull consume with acks**: as
+  the file workloads, on the stream ``MEM`` with ``storage="memory"``.
+* **stream creations**: ``--streams`` ``js.add_stream`` calls one after the other,
+  each a new stream with its own subjects.
 
 Durability is equal on both: ``--sync always`` (default; ttlbroker ``--fsync always``,
 nats ``sync_interval: always``: every ack after an fsync) or a duration for both
@@ -78,6 +85,10 @@ WORKLOADS = {
     "work_queue": "work queue, 4 workers",
     "kv_put": "KV put",
     "kv_get": "KV get",
+    "limit_publish": "publish_async at max_msgs, discard old",
+    "memory_publish": "memory storage: publish_async",
+    "memory_consume": "memory storage: pull consume with acks",
+    "stream_create": "stream creations",
 }
 
 
@@ -192,6 +203,45 @@ async def run_workloads(url: str, pid: int, args: argparse.Namespace) -> dict[st
 
         await phase("kv_put", args.keys, kv_put)
         await phase("kv_get", args.keys, kv_get)
+
+        async def publish_into(stream: str, subject: str, progress: Progress) -> tuple[int, int]:
+            for i in range(args.messages):
+                await js.publish_async(subject, payload)
+                if not i & 1023:
+                    progress.update(i)
+            await js.publish_async_completed()
+            return args.messages, 0
+
+        async def limit_publish(progress: Progress) -> tuple[int, int]:
+            done, _ = await publish_into("LIMITED", "limited.x", progress)
+            info = await js.stream_info("LIMITED")
+            return done, int(info.state.messages != args.max_msgs)  # a wrong count is reported as wrong
+
+        async def memory_consume(progress: Progress) -> tuple[int, int]:
+            sub = await js.pull_subscribe("mem.>", durable="mem", stream="MEM")
+            done = 0
+            while done < args.messages:
+                for msg in await sub.fetch(args.batch, timeout=10):
+                    await msg.ack()
+                    done += 1
+                progress.update(done)
+            return done, 0
+
+        async def stream_create(progress: Progress) -> tuple[int, int]:
+            for i in range(args.streams):
+                await js.add_stream(name=f"C{i}", subjects=[f"c{i}.>"])
+                progress.update(i)
+            return args.streams, 0
+
+        await js.add_stream(name="LIMITED", subjects=["limited.>"], max_msgs=args.max_msgs, discard="old")
+        for _ in range(args.max_msgs):  # not timed: the stream starts full
+            await js.publish_async("limited.x", payload)
+        await js.publish_async_completed()
+        await phase("limit_publish", args.messages, limit_publish)
+        await js.add_stream(name="MEM", subjects=["mem.>"], storage="memory")
+        await phase("memory_publish", args.messages, lambda progress: publish_into("MEM", "mem.x", progress))
+        await phase("memory_consume", args.messages, memory_consume)
+        await phase("stream_create", args.streams, stream_create)
     finally:
         await nc.close()
     return rates
@@ -221,6 +271,8 @@ def main() -> None:
     p.add_argument("--keys", type=int, default=5_000, help="KV puts and gets")
     p.add_argument("--size", type=int, default=128, help="payload bytes")
     p.add_argument("--batch", type=int, default=100, help="fetch batch of the pull consumer")
+    p.add_argument("--max-msgs", type=int, default=1_000, help="max_msgs of the stream the limit workload fills")
+    p.add_argument("--streams", type=int, default=300, help="stream creations")
     p.add_argument("--sync", default="always", help="durability on both: always, or a duration such as 2m")
     p.add_argument("--rounds", type=int, default=5, help="rounds, each a fresh run on both servers (order swapped each round)")
     p.add_argument("--quick", action="store_true", help="2,000 messages, 500 serial, 500 keys")
@@ -279,12 +331,19 @@ def main() -> None:
          "ttlbroker CPU us/msg", "nats CPU us/msg"],
         rows, right=(1, 2, 3, 4, 5, 6),
     ))
+    mem, disk = results["ttlbroker"].get("memory_publish"), results["ttlbroker"].get("publish_async")
+    own = None
+    if mem and disk and mem.messages and disk.messages and disk.per_second:
+        own = mem.per_second / disk.per_second
+        print(f"\nttlbroker memory-storage publish / its file-storage publish (--sync {args.sync}): {own:.2f}x "
+              "(target: at least 2x at always)")
     print_cpu_share(others)
     data: dict[str, Any] = {
         "environment": env, "args": vars(args), "other_cpu": others,
         # Each server's median round per workload (what the table shows).
         "results": {k: {w: r.as_dict() for w, r in v.items()} for k, v in results.items()},
         "ratios": ratios,
+        "memory_over_file_publish": None if own is None else round(own, 4),
         "rounds": [{k: {w: r.as_dict() for w, r in v.items()} for k, v in rnd.items()} for rnd in rounds],
     }
     log(f"wrote {write_json(args.json, data)}")

@@ -22,6 +22,7 @@ from ._datadir import ConsumerOffsets as ConsumerOffsets
 from ._datadir import DataDir as DataDir
 from ._journal import Journal as Journal
 from ._durability import FsyncPolicy as FsyncPolicy
+from ._durability import deferred_dir_syncs as deferred_dir_syncs
 from ._durability import fsync_dir as fsync_dir
 from ._durability import parse_duration_ms as parse_duration_ms
 from ._durability import sync_fds as sync_fds

@@ -71,6 +71,9 @@ def check_data_dir(root: str, report: Report, repair: bool = False) -> CheckSumm
         datadir = DataDir(root, found)
         catalog = datadir.load_catalog(readonly=not repair) or {"streams": []}
         known: dict[int, set[int]] = {}
+        # Topics whose create stopped before their files were all made: the broker's
+        # next start makes what is missing (not damage).
+        creating = {(int(s), int(t)) for s, t in catalog.get("creating", [])}
         for sd in catalog.get("streams", []):
             sid = int(sd["id"])
             known[sid] = set()
@@ -80,6 +83,8 @@ def check_data_dir(root: str, report: Report, repair: bool = False) -> CheckSumm
                 summary.topics += 1
                 cfg = td.get("config", {})
                 for n in range(int(cfg.get("partitions_count", 1))):
+                    if (sid, tid) in creating and not os.path.isdir(datadir.partition_dir(sid, tid, n)):
+                        continue
                     _check_partition(datadir, sid, tid, n, int(cfg.get("segment_size", 64 << 20)), found, repair, summary)
                 offsets = datadir.consumer_offsets(sid, tid, readonly=not repair)
                 offsets.close()
@@ -91,6 +96,7 @@ def check_data_dir(root: str, report: Report, repair: bool = False) -> CheckSumm
         for path in datadir.report_unknown(known, removing):
             if repair:
                 summary.moved.append((path, _move_to_quarantine(datadir, path)))
+        datadir.close_catalog()
     finally:
         os.close(lock_fd)
     return summary

@@ -4,12 +4,15 @@ Layout (directories are named by numeric ids only, never by user-given names)::
 
     <data>/LOCK                                  flock'ed by the running broker
     <data>/catalog.json, catalog.json.1          streams, topics, options: two checksummed copies
+    <data>/catalog.journal, catalog.journal.1    the catalog's changes since that snapshot
     <data>/quarantine/                           damaged files kept aside (never read back)
     <data>/streams/<stream id>/topics/<topic id>/consumers.log, consumers.log.1
     <data>/streams/<stream id>/topics/<topic id>/partitions/<n>/   (storage._partition_log)
 
-**The catalog** is one JSON document written as two checksummed copies with a
-generation (``storage._copies``): a damaged or missing copy is reported and
+**The catalog** is one JSON document: a snapshot written as two checksummed copies
+with a generation (``storage._copies``), and a journal of the changes since it
+(``storage._catalog_files``: a save appends only what changed). A damaged or
+missing snapshot copy is reported and
 rewritten from the other; when neither is valid the broker refuses to start rather
 than start empty over existing data. Besides streams and topics it holds the id
 high-water marks (``next_stream_id``, and ``next_topic_id`` per stream: ids are
@@ -38,6 +41,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 from dataclasses import dataclass
 
+from ._catalog_files import JOURNAL_NAME, CatalogFiles, CatalogJournalConflict
 from ._copies import Copies, CopiesUnreadable
 from ._damage import Damage, Report, ignore_damage
 from ._durability import fsync_dir
@@ -74,10 +78,11 @@ class DataDir:
         self.root = os.path.abspath(root)
         self.report = report
         self._lock_fd = -1
-        self._catalog = Copies(
+        copies = Copies(
             os.path.join(self.root, CATALOG_NAME), _CATALOG_FORMAT, "catalog", self._report, self.keep_aside,
             legacy=_is_legacy_catalog,
         )
+        self._catalog = CatalogFiles(copies, self.root, self._report, self.keep_aside)
 
     def _report(self, damage: Damage) -> None:
         self.report(damage)
@@ -124,7 +129,13 @@ class DataDir:
 
     @property
     def catalog_generation(self) -> int:
-        return self._catalog.generation
+        """The generation of the catalog's snapshot (``catalog.json``)."""
+        return self._catalog.copies.generation
+
+    @property
+    def catalog_changes(self) -> int:
+        """Changes in the catalog's journal since its snapshot."""
+        return self._catalog.changes
 
     def load_catalog(self, readonly: bool = False) -> dict | None:
         """The catalog (None: a new data directory), after reporting and rewriting a
@@ -135,7 +146,7 @@ class DataDir:
             StorageFailure: no copy is valid, or both are missing while ``streams/``
                 holds data: the message names the files and what to do.
         """
-        for name in self._catalog.paths if not readonly else ():
+        for name in (*self._catalog.paths, *self._catalog.journal_paths) if not readonly else ():
             try:
                 os.unlink(name + ".tmp")  # a save cut short by a crash: never renamed, never used
             except FileNotFoundError:
@@ -150,6 +161,13 @@ class DataDir:
                 "(both copies are left as they are; docs/operations.md, 'Files and what protects them', says how "
                 "to mend one by hand)"
             ) from None
+        except CatalogJournalConflict as exc:
+            raise StorageFailure(
+                f"the catalog of {self.root} cannot be read: {exc.message}; the broker will not start on a guess. "
+                f"Restore {CATALOG_NAME} and {JOURNAL_NAME} from a backup, or remove "
+                f"{JOURNAL_NAME} and its copy {JOURNAL_NAME}.1 to start from {CATALOG_NAME} alone "
+                "(the changes since it are then lost; docs/operations.md, 'Files and what protects them')"
+            ) from None
         if body is None and self._holds_data():
             raise StorageFailure(
                 f"{self.root} has no catalog ({CATALOG_NAME} and {CATALOG_NAME}.1 are missing) but streams/ holds data; "
@@ -158,12 +176,18 @@ class DataDir:
         return body
 
     def save_catalog(self, catalog: dict) -> None:
-        """Write the catalog's next generation, both copies (blocking: call off the loop).
+        """Record the catalog: what changed since the last save, durably
+        (``storage._catalog_files``; blocking: call off the loop).
 
         Raises:
             StorageFailure: a write failed.
         """
         self._catalog.save(catalog)
+
+    def close_catalog(self, catalog: dict | None = None) -> None:
+        """Fold the catalog's journal into its snapshot and close it (a clean stop);
+        ``catalog``: the catalog as it is now, if it may differ from the last save."""
+        self._catalog.close(catalog)
 
     def _holds_data(self) -> bool:
         try:
@@ -206,12 +230,12 @@ class DataDir:
 
         return Journal(self.consumer_journal_path(stream_id, topic_id), self._report, self.keep_aside, readonly)
 
-    def stream_ids_on_disk(self) -> set[int]:
-        """Ids that have a directory under ``streams/`` (named or not)."""
-        return _numeric_entries(os.path.join(self.root, "streams"))
+    def stream_on_disk(self, stream_id: int) -> bool:
+        """Whether stream ``stream_id`` has a directory (or any entry) under ``streams/``."""
+        return os.path.lexists(self.stream_dir(stream_id))
 
-    def topic_ids_on_disk(self, stream_id: int) -> set[int]:
-        return _numeric_entries(os.path.join(self.stream_dir(stream_id), "topics"))
+    def topic_on_disk(self, stream_id: int, topic_id: int) -> bool:
+        return os.path.lexists(self.topic_dir(stream_id, topic_id))
 
     def remove_topic(self, stream_id: int, topic_id: int) -> bool:
         """Remove a deleted topic's directory (and fsync its parent). Returns False if
@@ -291,10 +315,6 @@ def _listdir(path: str) -> list[str]:
         return sorted(os.listdir(path))
     except (FileNotFoundError, NotADirectoryError):
         return []
-
-
-def _numeric_entries(path: str) -> set[int]:
-    return {int(n) for n in _listdir(path) if n.isdigit()}
 
 
 def _remove_tree(path: str) -> bool:

@@ -92,6 +92,8 @@ class Journal(MirroredFiles):
     keep_aside: copies a damaged file to quarantine before it is rewritten (default:
         a ``quarantine`` folder beside the file).
     readonly: read and report only (``ttlbroker check``).
+    kind: the :class:`Damage` kind reported (``consumer_journal``, ``catalog_journal``).
+    gap_action: what a report of entries missing from both copies says happens next.
 
     After opening, :attr:`payloads` holds the payloads from the newest snapshot on,
     in order, and :attr:`gaps` the positions in that list before which entries are
@@ -100,9 +102,12 @@ class Journal(MirroredFiles):
 
     def __init__(
         self, path: str, report: Report = ignore_damage, keep_aside: Callable[[str], str] | None = None,
-        readonly: bool = False,
+        readonly: bool = False, kind: str = "consumer_journal",
+        gap_action: str = "the file is kept in quarantine and what those entries held is treated as outstanding",
     ) -> None:
         self.path = path
+        self.kind = kind
+        self.gap_action = gap_action
         self.paths = (path, path + _MIRROR)
         self.report = report
         self.fds = [-1, -1]
@@ -158,7 +163,7 @@ class Journal(MirroredFiles):
                     else f"{end - start} bytes hold no valid entry"
                 )
                 self.report(Damage(
-                    "consumer_journal", p, start, what,
+                    self.kind, p, start, what,
                     "left as is (check)" if readonly else "entries taken from both copies; the file is rewritten",
                 ))
             any_damage |= bool(damaged)
@@ -185,10 +190,9 @@ class Journal(MirroredFiles):
             if s != expected:
                 self.gaps.append(i)
                 self.report(Damage(
-                    "consumer_journal", self.path, None,
+                    self.kind, self.path, None,
                     f"entries {expected}..{s - 1} are missing from both copies",
-                    "reported; the file is kept in quarantine and what those entries held is treated as outstanding"
-                    if not readonly else "left as is (check)",
+                    f"reported; {self.gap_action}" if not readonly else "left as is (check)",
                 ))
         self._seq = seqs[-1] if seqs else 0
         return live
@@ -232,7 +236,7 @@ class Journal(MirroredFiles):
         entry = encode_entry(self._seq, payload)
         for i, fd in enumerate(self.fds):
             if fd < 0:
-                raise StorageFailure(f"consumer journal {self.paths[i]} is closed")
+                raise StorageFailure(f"journal {self.paths[i]} is closed")
             self._out[i].append(entry)
         self.dirty = True
         return self._seq

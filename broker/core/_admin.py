@@ -15,6 +15,7 @@ import trio
 
 import protocol as P
 from protocol import EXPIRY_NONE, BrokerError, ErrorCode, error_class, normalize_name, validate_filter
+from storage import deferred_dir_syncs
 
 from ._broker import Broker, Reply
 from ._log import get_logger
@@ -46,25 +47,30 @@ def list_streams(broker: Broker, session: object, cmd: P.ListStreams) -> Reply:
     return P.StreamList(tuple(_stream_details(broker, s, False) for s in streams)).encode()
 
 
-async def _new_id(wanted: int, kind: str, used: set[int], on_disk: Callable[[], set[int]], pending: set[int],
+async def _new_id(wanted: int, kind: str, used: set[int], on_disk: Callable[[int], bool], pending: set[int],
                   next_id: int, where: Callable[[int], str], parent: str) -> int:
     """The id of a new stream or topic: ``wanted``, or (0) the next id never given.
     Never an id whose directory is on disk (one the catalog does not name, or one
-    still being removed), so a new stream or topic can never open old data."""
-    disk = await trio.to_thread.run_sync(on_disk)
+    still being removed), so a new stream or topic can never open old data. Only the
+    candidates are looked up on disk: the cost does not grow with the topics."""
     code = ErrorCode.STREAM_ID_EXISTS if kind == "stream" else ErrorCode.TOPIC_ID_EXISTS
     if wanted:
         if wanted in used:
             raise error_class(code)(f"{parent}a {kind} with id {wanted} already exists")
-        if wanted in disk or wanted in pending:
+        if wanted in pending or await trio.to_thread.run_sync(on_disk, wanted):
             raise error_class(code)(
                 f"{kind} id {wanted} is taken by {where(wanted)}, a directory the catalog does not name "
                 "(see the broker's unknown_path damage reports; `ttlbroker repair` moves it to quarantine/)"
             )
         return wanted
-    new = next_id
-    while new in used or new in disk or new in pending:
-        new += 1
+
+    def first_free() -> int:
+        new = next_id
+        while new in used or new in pending or on_disk(new):
+            new += 1
+        return new
+
+    new = await trio.to_thread.run_sync(first_free)
     if new > 0xFFFFFFFF:
         raise error_class(code)(f"{parent}no {kind} id is left (ids are u32 and never reused)")
     return new
@@ -76,7 +82,7 @@ async def create_stream(broker: Broker, session: object, cmd: P.CreateStream) ->
         if any(s.name == name for s in broker.catalog.streams.values()):
             raise error_class(ErrorCode.STREAM_NAME_EXISTS)(f"a stream named {name!r} already exists")
         sid = await _new_id(
-            cmd.stream_id, "stream", set(broker.catalog.streams), broker.datadir.stream_ids_on_disk,
+            cmd.stream_id, "stream", set(broker.catalog.streams), broker.datadir.stream_on_disk,
             {s for s, t in broker.catalog.removing if t is None}, broker.catalog.next_stream_id(),
             broker.datadir.stream_dir, "",
         )
@@ -149,7 +155,7 @@ async def create_topic(broker: Broker, session: object, cmd: P.CreateTopic) -> R
         if any(t.name == name for t in stream.topics.values()):
             raise error_class(ErrorCode.TOPIC_NAME_EXISTS)(f"stream {stream.name!r} already has a topic named {name!r}")
         tid = await _new_id(
-            cmd.topic_id, "topic", set(stream.topics), lambda: broker.datadir.topic_ids_on_disk(stream.id),
+            cmd.topic_id, "topic", set(stream.topics), lambda t: broker.datadir.topic_on_disk(stream.id, t),
             {t for s, t in broker.catalog.removing if s == stream.id and t is not None}, stream.next_topic_id(),
             lambda t: broker.datadir.topic_dir(stream.id, t), f"stream {stream.name!r}: ",
         )
@@ -176,30 +182,36 @@ async def create_topic(broker: Broker, session: object, cmd: P.CreateTopic) -> R
         broker.catalog.check_overlap(cfg.subjects)
         topic = Topic(stream, tid, cfg, broker.clock.now_ns())
         broker.catalog.check_republish_cycles(topic, cfg)
-        # The new directory is listed as garbage until the catalog names the topic,
-        # so a crash in between leaves nothing unaccounted for.
-        entry: tuple[int, int | None] = (stream.id, tid)
+        # One catalog write names the topic and lists it in ``creating`` (its files
+        # may not exist yet); then its directories and first files are made, durable
+        # before the reply. A crash in between: the next start makes what is missing.
+        # The catalog state is made here, on the loop; the files in one worker hop.
+        entry = (stream.id, tid)
         stream.topic_id_mark = max(stream.topic_id_mark, tid)
-        broker.catalog.removing.append(entry)
+        stream.topics[tid] = topic
+        broker.catalog.creating.append(entry)
+        named = broker.catalog.to_json()
+        del stream.topics[tid]
+        broker.catalog.creating.remove(entry)
+        done: list[str] = []
+
+        def build() -> None:
+            broker.datadir.save_catalog(named)
+            done.append("named")
+            with deferred_dir_syncs():  # the new tree is durable before the reply
+                broker.datadir.make_topic_dirs(stream.id, tid, cfg.partitions_count)
+                broker.open_topic_storage(topic, False)
+
         try:
-            await broker.save_catalog()
+            await trio.to_thread.run_sync(build)
         except BaseException:
-            broker.catalog.removing.remove(entry)
+            if done:  # the catalog names the topic: take it back out, as a delete does
+                with trio.CancelScope(shield=True):
+                    await _list_as_garbage(broker, entry, lambda: None)
+                    _close_topic(broker, topic)
+                    await _finish_removal(broker, entry)
             raise
-        try:
-            await trio.to_thread.run_sync(broker.datadir.make_topic_dirs, stream.id, tid, cfg.partitions_count)
-            await trio.to_thread.run_sync(broker.open_topic_storage, topic, False)
-            stream.topics[tid] = topic
-            broker.catalog.removing.remove(entry)
-            await broker.save_catalog()
-        except BaseException:
-            stream.topics.pop(tid, None)
-            if entry not in broker.catalog.removing:
-                broker.catalog.removing.append(entry)
-            with trio.CancelScope(shield=True):
-                _close_topic(broker, topic)
-                await _finish_removal(broker, entry)
-            raise
+        stream.topics[tid] = topic  # ``creating`` is dropped by the next catalog write
         broker.router.rebuild(broker.catalog.topics())
         log.info("topic_created", topic=topic.full_name, id=tid, partitions=cfg.partitions_count, subjects=",".join(cfg.subjects))
         return broker.topic_details(topic).encode()

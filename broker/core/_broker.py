@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from protocol import BrokerError, TopicDetails
-from storage import Damage, DataDir, PartitionLog, RecoveryReport
+from storage import Damage, DataDir, PartitionLog, RecoveryReport, StorageFailure
 
 from broker.config import Config
 
@@ -145,17 +145,22 @@ class Broker:
         removed, self.catalog.removing = self.datadir.remove_garbage(listed, named)
         for path in removed:
             log.info("removal_finished", path=path)
+        # Topics whose create stopped before all their files were made: made now.
+        creating = {(int(s), int(t)) for s, t in data.get("creating", [])}
         for sd in data["streams"]:
             stream = Stream(sd["id"], sd["name"], sd["created_at"])
             stream.topic_id_mark = int(sd.get("next_topic_id", 1)) - 1
             self.catalog.streams[stream.id] = stream
             for td in sd["topics"]:
                 topic = Topic(stream, td["id"], TopicConfig.from_json(td["config"]), td["created_at"])
-                self.open_topic_storage(topic, recovering=True)
+                new = (stream.id, topic.id) in creating
+                if new:
+                    self.datadir.make_topic_dirs(stream.id, topic.id, topic.config.partitions_count)
+                self.open_topic_storage(topic, recovering=True, expect_existing=not new)
                 stream.topics[topic.id] = topic
         known = {s.id: set(s.topics) for s in self.catalog.streams.values()}
         self.datadir.report_unknown(known, self.catalog.removing)
-        if self.catalog.removing != listed:
+        if self.catalog.removing != listed or creating:
             self.datadir.save_catalog(self.catalog.to_json())
         self.router.rebuild(self.catalog.topics())
         log.info(
@@ -165,7 +170,11 @@ class Broker:
             messages=sum(t.messages_count for t in self.catalog.topics()),
         )
 
-    def open_topic_storage(self, topic: Topic, recovering: bool) -> None:
+    def open_topic_storage(self, topic: Topic, recovering: bool, expect_existing: bool | None = None) -> None:
+        """Open (``recovering``) or create the partitions of ``topic``. ``expect_existing``
+        (default: ``recovering``): a missing partition directory is damage."""
+        if expect_existing is None:
+            expect_existing = recovering
         topic.partitions = []
         reserve = not self.committer.acks_wait
         for n in range(topic.config.partitions_count):
@@ -178,7 +187,7 @@ class Broker:
             plog, reports = PartitionLog.open(
                 path, topic.config.segment_size, on_corrupt, report=self._damage, reserve=reserve,
                 quarantine_dir=os.path.join(self.datadir.quarantine_dir, os.path.relpath(path, self.datadir.root)),
-                expect_existing=recovering,
+                expect_existing=expect_existing,
             )
             if recovering:
                 self._report_recovery(topic, n, plog, reports)
@@ -238,6 +247,10 @@ class Broker:
                 topic.consumers.close()
             for hooks in self.topic_hooks:
                 hooks.topic_closed(topic)
+        try:
+            self.datadir.close_catalog(self.catalog.to_json())
+        except (OSError, StorageFailure) as exc:  # the journal still holds every change: the next start folds it
+            log.error("catalog_fold_failed", error=str(exc))
         self.datadir.unlock()
 
     def background_tasks(self) -> list[Callable[[], Awaitable[None]]]:

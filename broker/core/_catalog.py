@@ -30,6 +30,11 @@ class Catalog:
         #: deleted topic's files are removed (and before a new topic's are created),
         #: dropped once done; at start the broker removes what is still listed.
         self.removing: list[tuple[int, int | None]] = []
+        #: Topics the catalog names whose directories may not all exist yet: ``(stream
+        #: id, topic id)``. A create names the topic and lists it here in one catalog
+        #: write, then makes its files; the next catalog write drops the entry. At start
+        #: a listed topic's missing directories are made, not reported as damage.
+        self.creating: list[tuple[int, int]] = []
         self._by_name: dict[str, Stream] = {}
 
     def stream(self, ident: Identifier) -> Stream:
@@ -111,5 +116,6 @@ class Catalog:
             "version": self.VERSION,
             "next_stream_id": self.next_stream_id(),
             "removing": [[s, t] for s, t in self.removing],
+            **({"creating": [[s, t] for s, t in self.creating]} if self.creating else {}),
             "streams": [s.to_json() for s in sorted(self.streams.values(), key=lambda s: s.id)],
         }

@@ -381,6 +381,7 @@ class Topic:
     @config.setter
     def config(self, value: TopicConfig) -> None:
         self._config = value
+        self._json: dict[str, Any] | None = None
         rp = value.republish
         #: The compiled republish transform, or None.
         self.republisher = SubjectTransform(rp["src"], rp["dest"]) if rp else None
@@ -454,7 +455,12 @@ class Topic:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "created_at": self.created_at, "config": self.config.to_json()}
+        """The catalog's entry for this topic: made once per configuration (a topic's
+        id and creation time never change), so a catalog save can tell the topics
+        that did not change by identity. Treat it as read-only."""
+        if self._json is None:
+            self._json = {"id": self.id, "created_at": self.created_at, "config": self.config.to_json()}
+        return self._json
 
 
 _Named = TypeVar("_Named", "Topic", "Stream")
