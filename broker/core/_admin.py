@@ -212,7 +212,7 @@ async def create_topic(broker: Broker, session: object, cmd: P.CreateTopic) -> R
                     await _finish_removal(broker, entry)
             raise
         stream.topics[tid] = topic  # ``creating`` is dropped by the next catalog write
-        broker.router.rebuild(broker.catalog.topics())
+        broker.router.add(topic)
         log.info("topic_created", topic=topic.full_name, id=tid, partitions=cfg.partitions_count, subjects=",".join(cfg.subjects))
         return broker.topic_details(topic).encode()
 

@@ -41,6 +41,13 @@ class Router:
         #: Some topic is a KV bucket (whose every message goes through admission).
         self.any_kv = any(t.config.kv is not None for t in topics)
 
+    def add(self, topic: Topic) -> None:
+        """A new topic (what :meth:`rebuild` would give, without going through the
+        others: no two topics' filters overlap, so their order does not matter)."""
+        self._filters.extend((tuple(f.split(".")), topic) for f in topic.config.subjects)
+        self.cache = {}
+        self.any_kv = self.any_kv or topic.config.kv is not None
+
     def resolve(self, subject: bytes) -> Partition | _NoTopic | BrokerError:
         """Route one subject (and cache the answer). Runtime complexity: O(filters)."""
         if len(self.cache) >= CACHE_LIMIT:
