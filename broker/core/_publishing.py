@@ -43,6 +43,7 @@ from ._commit import Committer, Reply
 from ._republish import Republisher
 from ._retention import Retention
 from ._routing import NO_TOPIC, Router
+from ._schedules import Scheduler
 from ._stats import Counters
 from ._subscriptions import Entry, SubscriptionIndex
 from ._topics import Partition, flags_for
@@ -92,6 +93,8 @@ class Publisher:
         self.committer = committer
         self.retention = retention
         self.republisher = republisher
+        #: The message schedules (``_schedules.py``), set by the broker.
+        self.scheduler: Scheduler | None = None
 
     # -- entry points ----------------------------------------------------------------
 
@@ -212,6 +215,8 @@ class Publisher:
             self._duplicate_acks(batch)
         if batch.rollups:
             self._apply_rollups(batch)
+        if batch.schedules and self.scheduler is not None:
+            self.scheduler.after_append(batch.schedules, batch.now)
         for a in batch.appended:
             if a.last_offsets is not None:
                 self.republisher.after_append(a.partition, a.result, a.last_offsets, a.epoch)
@@ -321,6 +326,8 @@ class Publisher:
                         ttls.append((off, a.ttl))
                     if a.rollup:
                         rollups.append((i, part, off, a.rollup))
+                    if a.schedule:
+                        batch.schedules.append((part, off, subjects[i], a.schedule, epoch))
                 off += 1
             self.retention.after_append(part, res, ttls)
             appended.append(Appended(part, idx, gsubjects, res, lasts, epoch))
