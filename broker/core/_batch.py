@@ -112,7 +112,7 @@ class Batch:
 
     __slots__ = (
         "data", "count", "subjects", "starts", "ends", "special", "ttl_only", "headed", "trusted",
-        "fields", "hvs", "failed", "groups", "unrouted", "admitted", "stamps", "any_rollup", "any_msg_id", "schedules",
+        "fields", "hvs", "failed", "groups", "unrouted", "admitted", "stamps", "any_rollup", "any_msg_id", "schedules", "quiet",
         "duplicates", "fresh", "now", "epoch", "whole", "first_offset",
         "stream_ids", "topic_ids", "partitions", "offsets", "statuses", "errors", "appended", "rollups",
     )
@@ -183,6 +183,9 @@ class Batch:
         self.ttl_only = scan.ttl_only
         self.headed = scan.headed
         self.trusted = trusted
+        #: Stored without a copy to the core subscriptions (a message schedule's
+        #: produced messages: nats-server stores them into the stream, it does not publish them).
+        self.quiet = False
         self.fields = {}
         self.hvs = {}
         self.failed = {}

@@ -107,7 +107,7 @@ class Broker:
             self.republisher,
         )
         self.scheduler = Scheduler(self.retention, self.committer, self.counters)
-        self.scheduler.publish = self.publisher.publish_bodies
+        self.scheduler.publish = lambda bodies: self.publisher.publish_bodies(bodies, deliver=False)
         self.publisher.scheduler = self.scheduler
         self.retention.on_rebuild, self.retention.on_forget = self.scheduler.rebuild, self.scheduler.forget
         #: Finishes the seals of segment rolls off the event loop (``_sealing.py``).

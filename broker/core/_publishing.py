@@ -176,12 +176,15 @@ class Publisher:
             return batch.first_offset, batch.epoch
         return (b"" if cmd.flags & _NO_ACK else batch.acks().encode()), batch.epoch
 
-    def publish_bodies(self, bodies: list[bytes]) -> None:
-        """Message bodies the broker built itself (republished copies), without acks:
-        their flags, sizes and headers need no checking, and their ids are not
-        de-duplicated."""
+    def publish_bodies(self, bodies: list[bytes], deliver: bool = True) -> None:
+        """Message bodies the broker built itself (republished copies, the messages
+        schedules produce), without acks: their flags, sizes and headers need no
+        checking, and their ids are not de-duplicated. ``deliver=False``: stored
+        only, not copied to the core subscriptions (a schedule's produced messages)."""
         data = b"".join(bodies)
-        self._store(Batch(data, scan_bodies(data, 0, len(bodies), self.max_payload), trusted=True))
+        batch = Batch(data, scan_bodies(data, 0, len(bodies), self.max_payload), trusted=True)
+        batch.quiet = not deliver
+        self._store(batch)
 
     # -- the steps -------------------------------------------------------------------
 
@@ -201,7 +204,7 @@ class Publisher:
             if part.topic.config.max_msgs_per_subject:
                 self.enforce_max_msgs(part, batch.subjects)
             # Subscribers, but none on these subjects (a client's reply inbox): no entries to build.
-            if self.subs and any(map(self.subs.match, batch.subjects)):
+            if self.subs and not batch.quiet and any(map(self.subs.match, batch.subjects)):
                 head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
                 self.subs.deliver([(s, head, rec) for s, rec in zip(batch.subjects, _record_views(res))])
             return
@@ -402,7 +405,7 @@ class Publisher:
             self.counters.messages_unrouted += len(unrouted)
             for i in unrouted:
                 batch.refuse(i, _NO_TOPIC, f"no topic captures subject {subjects[i].decode(errors='replace')!r}")
-        if not self.subs:
+        if not self.subs or batch.quiet:
             return
         entries: list[Entry | None] = [None] * batch.count
         for a in batch.appended:

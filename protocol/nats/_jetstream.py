@@ -483,9 +483,8 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
         "subject_delete_marker_ttl": sdm,
         "retention": retention,
         "nats": nats,
+        "allow_msg_schedules": bool(cfg.get("allow_msg_schedules")),
     }
-    if cfg.get("allow_msg_schedules"):
-        options["allow_msg_schedules"] = True
     if window:
         options["duplicate_window"] = window
     rp = cfg.get("republish")
