@@ -207,6 +207,7 @@ class Scheduler:
         """Arm the partition's schedules from its log (startup): ``headed`` are
         ``(offset, timestamp, header block)`` of its live records with schedule
         headers, in offset order."""
+        self._gone.discard(part)  # (a rebuild starts by forgetting the partition)
         schedules: dict[bytes, tuple[int, int, dict[bytes, bytes]]] = {}
         produced: dict[bytes, tuple[int, bytes]] = {}
         for offset, ts, block in headed:

@@ -131,3 +131,45 @@ async def test_an_at_in_the_past_fires_at_once_and_cron_with_a_zone(mock_clock: 
         assert len(out2) == 1
         assert out2[0].timestamp >= T0 + 86400 * NS
         assert out2[0].headers["Nats-Schedule-Next"] == rfc3339(T0 + 2 * 86400 * NS)
+
+
+async def test_schedules_survive_a_restart_and_what_passed_meanwhile_fires_once(mock_clock: Any, data_dir: Path) -> None:
+    clock = Clock(T0)
+    async with broker_and_client(data_dir, clock) as (_, c):
+        await _topic(c)
+        await c.publish("a.once", b"o", headers={"Nats-Schedule": _at(T0 + 10 * NS), "Nats-Schedule-Target": "a.out1"})
+        await c.publish("a.rep", b"r", headers={"Nats-Schedule": "@every 5s", "Nats-Schedule-Target": "a.out2"})
+        await c.publish("a.late", b"l", headers={"Nats-Schedule": _at(T0 + 3600 * NS), "Nats-Schedule-Target": "a.out3"})
+        await advance(5.01)  # the repeating one fired once
+    await advance(60)  # down while the one-off's time and many repeats pass
+    async with broker_and_client(data_dir, clock) as (_, c):
+        assert (await c.stats())["pending_schedules"] in (2, 3)  # (the one-off may have fired already)
+        await advance(0.011)  # what passed fires at once after the start, once
+        subjects = [m.subject for m in await all_messages(c, "s", "t")]
+        assert subjects.count("a.out1") == 1 and "a.once" not in subjects
+        assert subjects.count("a.out2") == 2  # one before the stop, one catching up (never one per missed repeat)
+        assert "a.out3" not in subjects  # not early
+        assert (await c.stats())["pending_schedules"] == 2
+        await advance(5.01)
+        assert [m.subject for m in await all_messages(c, "s", "t")].count("a.out2") == 3
+
+
+async def test_a_crash_between_producing_and_removing_the_schedule_never_fires_it_twice(
+    mock_clock: Any, data_dir: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from broker.core._schedules import Scheduler
+
+    clock = Clock(T0)
+    with monkeypatch.context() as m:
+        m.setattr(Scheduler, "_purge", lambda self, topic, subject, epoch: None)  # the removal never happens
+        async with broker_and_client(data_dir, clock) as (_, c):
+            await _topic(c)
+            await c.publish("a.once", b"o", headers={"Nats-Schedule": _at(T0 + 1 * NS), "Nats-Schedule-Target": "a.out"})
+            await advance(1.01)
+            subjects = [m.subject for m in await all_messages(c, "s", "t")]
+            assert subjects == ["a.once", "a.out"]  # produced; its schedule is still stored
+    async with broker_and_client(data_dir, clock) as (_, c):
+        stats = await c.stats()
+        assert stats["pending_schedules"] == 0
+        await advance(10)
+        assert [m.subject for m in await all_messages(c, "s", "t")] == ["a.out"]  # the schedule went, not fired again
