@@ -444,6 +444,8 @@ class _Admitter:
                             if h is not None and a.body is None and not a.schedule:  # for the messages alike
                                 simple = a.expected_last is None and a.expects is None and not a.rollup and a.msg_id is None
                                 same[h] = (a, stamp, simple)
+                        if a.schedule == SCHEDULE_PURGE and not batch.trusted:
+                            _check_purged_schedule(part, view[starts[i] : ends[i]])
                         if a.expected_last is not None:
                             _check_expected_last(part, subjects[i], a.expected_last, written)
                         if a.expects is not None:
@@ -498,6 +500,18 @@ def _plain_kv_admission(cfg: TopicConfig) -> tuple[Admission, Stamp, bool]:
         assert a.body is None and a.expected_last is None and a.expects is None and not a.rollup and a.msg_id is None
         got = _plain_kv[id(cfg)] = (cfg, a, (a.ttl, a.flags) if a.ttl or a.flags else None)
     return got[1], got[2], True
+
+
+def _check_purged_schedule(part: Partition, body: memoryview) -> None:
+    """A client's ``Nats-Schedule-Next: purge`` must name a subject whose last
+    message is a schedule, or one with no message (the server's rule)."""
+    f = P.body_fields(body, 0)
+    scheduler = header_values(f.headers, S.SCHEDULE_HEADERS).get(S.SCHEDULER, b"")
+    last = part.topic.partition_for(scheduler).last(scheduler)
+    if last is not None:
+        _, _, _, h_at, p_at, _ = P.record_spans(last)
+        if not header_values(last[h_at:p_at], S.SCHEDULE_HEADERS).get(S.SCHEDULE):
+            raise _Scheduler("message schedules invalid scheduler")
 
 
 def _check_expected_last(part: Partition, subject: bytes, expected: int, written: set[bytes]) -> None:

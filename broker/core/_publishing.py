@@ -203,6 +203,10 @@ class Publisher:
             res = self._append_whole(batch, part)
             if part.topic.config.max_msgs_per_subject:
                 self.enforce_max_msgs(part, batch.subjects)
+            if part.schedule_of:
+                for s in batch.subjects:
+                    if s in part.schedule_of:  # (plain messages only on this path)
+                        part.drop_schedule(part.schedule_of[s])
             # Subscribers, but none on these subjects (a client's reply inbox): no entries to build.
             if self.subs and not batch.quiet and any(map(self.subs.match, batch.subjects)):
                 head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
@@ -212,6 +216,8 @@ class Publisher:
         for a in batch.appended:
             if a.partition.topic.config.max_msgs_per_subject:
                 self.enforce_max_msgs(a.partition, a.subjects)
+            if a.partition.schedule_of:
+                self._overwrite_schedules(batch, a)
         if batch.fresh:
             self._register_ids(batch)
         if batch.duplicates:
@@ -334,6 +340,16 @@ class Publisher:
                 off += 1
             self.retention.after_append(part, res, ttls)
             appended.append(Appended(part, idx, gsubjects, res, lasts, epoch))
+
+    @staticmethod
+    def _overwrite_schedules(batch: Batch, a: Appended) -> None:
+        """A message stored on a pending schedule's subject that is neither a schedule
+        nor names one (``Nats-Scheduler``) ends that schedule (nats-server's
+        ``removeSubject``)."""
+        part, admitted = a.partition, batch.admitted
+        for i, s in zip(a.indexes, a.subjects):
+            if s in part.schedule_of and not ((adm := admitted.get(i)) is not None and adm.schedule):
+                part.drop_schedule(part.schedule_of[s])
 
     def enforce_max_msgs(self, part: Partition, subjects: list[bytes]) -> None:
         """``max_msgs_per_subject``: each of ``subjects`` over the limit loses its

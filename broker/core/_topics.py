@@ -450,6 +450,7 @@ class Topic:
             "created_at": self.created_at,
             "options": self.config.options(),
             "pending_expiries": sum(p.pending for p in self.partitions),
+            "pending_schedules": sum(len(p.schedules) for p in self.partitions),
             "removed": dict(self.removed),
             "markers": dict(self.markers),
             "duplicates": self.duplicates,

@@ -173,3 +173,16 @@ async def test_a_crash_between_producing_and_removing_the_schedule_never_fires_i
         assert stats["pending_schedules"] == 0
         await advance(10)
         assert [m.subject for m in await all_messages(c, "s", "t")] == ["a.out"]  # the schedule went, not fired again
+
+
+async def test_a_plain_message_on_the_schedules_subject_ends_it(mock_clock: Any, data_dir: Path) -> None:
+    async with broker_and_client(data_dir, Clock(T0)) as (_, c):
+        await _topic(c)
+        await c.publish("a.s", b"", headers={"Nats-Schedule": "@every 1s", "Nats-Schedule-Target": "a.out"})
+        await c.publish("a.s", b"plain")  # nats-server's removeSubject: no roll-up, the schedule just ends
+        assert (await c.stats())["pending_schedules"] == 0
+        await advance(5)
+        assert [m.subject for m in await all_messages(c, "s", "t")] == ["a.s", "a.s"]
+        with pytest.raises(BrokerError) as err:  # a purge must name a schedule's subject
+            await c.publish("a.x", b"", headers={"Nats-Schedule-Next": "purge", "Nats-Scheduler": "a.s"})
+        assert (err.value.code, err.value.message) == (ErrorCode.INVALID_SCHEDULER, "message schedules invalid scheduler")

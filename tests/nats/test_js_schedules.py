@@ -102,7 +102,10 @@ async def errors_scenario(url: str) -> dict[str, Any]:
             "ok_cron": ("on.c", {SCHED: "0 30 9 * * mon-fri", TZ: "America/New_York", TARGET: "on.b"}),
             "ok_every": ("ttl.a", {SCHED: "@every 1h", TARGET: "ttl.b", TTL: "5m", ROLLUP: "sub", SOURCE: "ttl.c"}),
             "ok_empty_pattern": ("on.d", {SCHED: "", TARGET: "on.b"}),
+            "purge_names_plain": ("on.z", {"Nats-Schedule-Next": "purge", "Nats-Scheduler": "on.plain"}),
+            "purge_names_nothing": ("on.z", {"Nats-Schedule-Next": "purge", "Nats-Scheduler": "on.none"}),
         }
+        await js.publish("on.plain", b"not a schedule")
         for name, (subject, headers) in cases.items():
             out[name] = await _error(js.publish(subject, b"x", headers=headers))
         out["messages"] = {s: (await js.stream_info(s)).state.messages for s in ("OFF", "ON", "TTL")}
@@ -129,7 +132,8 @@ async def test_every_publish_error_as_nats_server(nats_url: str, nats_server: Se
         "schedule_rollup": rollup, "own_rollup": rollup, "source_is_target": source, "source_outside": source,
         "next_not_purge": scheduler, "purge_no_scheduler": scheduler, "scheduler_alone": scheduler,
         "ok_at": "stored", "ok_cron": "stored", "ok_every": "stored", "ok_empty_pattern": "stored",
-        "messages": {"OFF": 0, "ON": 3, "TTL": 1},
+        "purge_names_plain": scheduler, "purge_names_nothing": "stored",
+        "messages": {"OFF": 0, "ON": 5, "TTL": 1},
     }
 
 
