@@ -32,7 +32,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 
-from protocol import RemovalReason, header_values, record_spans
+from protocol import BrokerError, RemovalReason, header_values, record_spans
 from protocol.nats import rfc3339
 from protocol.nats import schedule as S
 
@@ -188,10 +188,14 @@ class Scheduler:
                     _, _, _, sh, sp, se = record_spans(last)
                     block, payload = last[sh:sp], last[sp:se]
             next_ns, repeat = nxt
-            bodies.append(S.produced_body(
-                target, block, payload, subject, rfc3339(next_ns) if repeat else "purge",
-                hv.get(S.SCHEDULE_TTL) or None, hv.get(S.SCHEDULE_ROLLUP) or None,
-            ))
+            try:
+                bodies.append(S.produced_body(
+                    target, block, payload, subject, rfc3339(next_ns) if repeat else "purge",
+                    hv.get(S.SCHEDULE_TTL) or None, hv.get(S.SCHEDULE_ROLLUP) or None,
+                ))
+            except (BrokerError, UnicodeDecodeError):  # (a schedule admission did not check: a republished copy)
+                part.drop_schedule(offset)
+                continue
             if repeat:
                 self.arm(part, offset, subject, next_ns)
             else:

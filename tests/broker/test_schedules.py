@@ -96,7 +96,7 @@ async def test_every_repeats_and_a_new_schedule_replaces_the_old(mock_clock: Any
         assert len([m for m in await all_messages(c, "s", "t") if m.subject == "a.out"]) == 3
 
 
-@pytest.mark.parametrize("removal", ["ttl", "max_age"])
+@pytest.mark.parametrize("removal", ["ttl", "max_age", "own_ttl"])
 async def test_a_schedule_due_when_its_source_expires_fires_first(mock_clock: Any, data_dir: Path, removal: str) -> None:
     """FLIP-25's order: at the same instant, the schedule (a user timer) before the
     TTL or max-age removal, so the source's message is still there to be produced."""
@@ -105,14 +105,19 @@ async def test_a_schedule_due_when_its_source_expires_fires_first(mock_clock: An
         expiry = 5 if removal == "max_age" else None
         await c.create_topic("s", "t", subjects=["a.>"], allow_msg_schedules=True, allow_msg_ttl=True, message_expiry=expiry)
         await c.publish("a.src", b"source", ttl=5 if removal == "ttl" else None)
-        # Due exactly when the source goes (same virtual instant: same tick).
-        await c.publish("a.sched", b"own", headers={
-            "Nats-Schedule": _at(T0 + 5 * NS), "Nats-Schedule-Target": "a.out", "Nats-Schedule-Source": "a.src",
+        # Due exactly when the source (or the schedule itself) goes: the same virtual instant, the same tick.
+        own = removal == "own_ttl"
+        await c.publish("a.sched", b"own", ttl=5 if own else None, headers={
+            "Nats-Schedule": _at(T0 + 5 * NS), "Nats-Schedule-Target": "a.out",
+            **({} if own else {"Nats-Schedule-Source": "a.src"}),
         })
         await advance(5.01)
         out = [m for m in await all_messages(c, "s", "t") if m.subject == "a.out"]
-        assert [m.payload for m in out] == [b"source"]
-        assert (await c.stats())["expired_ttl" if removal == "ttl" else "expired_max_age"] >= 1
+        assert [m.payload for m in out] == [b"own" if own else b"source"]
+        stats = await c.stats()
+        # (its own TTL finds the one-off schedule gone already: the produced message removed it)
+        assert stats["expired_max_age" if removal == "max_age" else "expired_ttl"] == (0 if own else 1)
+        assert stats["schedules_fired"] == 1 and stats["pending_schedules"] == 0
 
 
 async def test_an_at_in_the_past_fires_at_once_and_cron_with_a_zone(mock_clock: Any, data_dir: Path) -> None:
