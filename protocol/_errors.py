@@ -117,6 +117,14 @@ class ErrorCode(IntEnum):
     )
     WRONG_EXPECTED_STREAM = 6015, "the message's Nats-Expected-Stream does not name the topic that captures it"
     WRONG_LAST_MSG_ID = 6016, "the topic's last Nats-Msg-Id is not the one Nats-Expected-Last-Msg-Id names"
+    SCHEDULES_DISABLED = 6030, "a message schedule header on a topic without allow_msg_schedules (the server's 10188)"
+    INVALID_SCHEDULE_PATTERN = 6031, "the Nats-Schedule pattern is invalid (the server's 10189)"
+    INVALID_SCHEDULE_TARGET = 6032, "the Nats-Schedule-Target is missing, invalid, the schedule's own subject or not the topic's (10190)"
+    INVALID_SCHEDULE_TTL = 6033, "the Nats-Schedule-TTL is not a valid TTL (the server's 10191)"
+    INVALID_SCHEDULE_ROLLUP = 6034, "the Nats-Schedule-Rollup (or the schedule's Nats-Rollup) is not 'sub' (10192)"
+    INVALID_SCHEDULE_SOURCE = 6035, "the Nats-Schedule-Source is invalid, the target, the schedule's own subject or not the topic's (10203)"
+    INVALID_SCHEDULER = 6036, "Nats-Scheduler / Nats-Schedule-Next used other than to purge a schedule (the server's 10212)"
+    INVALID_SCHEDULE_TIME_ZONE = 6037, "the Nats-Schedule-Time-Zone is empty or not a zone (the server's 10223)"
 
     # -- subscriptions and consumers (7000s) -------------------------------------
     SUBSCRIPTION_EXISTS = 7001, "the connection already has a subscription with that id"

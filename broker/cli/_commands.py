@@ -41,7 +41,7 @@ _TOPIC_VALUES = (
     ("subjects", "subjects"), ("max_msgs_per_subject", "max_msgs_per_subject"), ("segment_size", "segment_size"),
     ("marker_ttl", "subject_delete_marker_ttl"), ("duplicate_window", "duplicate_window"),
 )
-_TOPIC_FLAGS = ("deny_purge", "allow_msg_ttl", "allow_rollup", "pedantic")
+_TOPIC_FLAGS = ("deny_purge", "allow_msg_ttl", "allow_rollup", "allow_msg_schedules", "pedantic")
 
 
 def _topic_options(args: argparse.Namespace, updating: bool) -> dict[str, Any]:

@@ -36,6 +36,10 @@ def _topic_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--allow-rollup", action="store_true", help="honour Nats-Rollup headers (sub, all)")
     p.add_argument(
+        "--allow-msg-schedules", action="store_true",
+        help="accept message schedules (Nats-Schedule, NATS ADR-51; turns on rollups; once on, never off)",
+    )
+    p.add_argument(
         "--duplicate-window", type=whole_seconds, metavar="DURATION",
         help="remember Nats-Msg-Id this long to store each id once (default 2m, at most the max age; 0 = off)",
     )

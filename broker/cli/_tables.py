@@ -82,6 +82,7 @@ def topic_json(t: TopicDetails) -> dict[str, Any]:
         "messages_count": t.messages_count,
         **t.options,
         "pending_expiries": x.get("pending_expiries", 0),
+        "pending_schedules": x.get("pending_schedules", 0),
         "removed": x.get("removed", {}),
         "markers": x.get("markers", {}),
         "duplicates": x.get("duplicates", 0),
@@ -126,6 +127,7 @@ _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "subject_delete_marker_ttl": ("marker TTL", _off_or(duration, "off")),
     "allow_rollup": ("rollup", lambda v: "allowed" if v else "no"),
     "deny_purge": ("deny purge", flag),
+    "allow_msg_schedules": ("message schedules", lambda v: "allowed" if v else "no"),
     "retention": ("retention", str),
     "republish": ("republish", _republish),
     "kv": ("KV bucket", _bucket_options),
@@ -158,7 +160,7 @@ def show_topic(out: Out, t: TopicDetails) -> None:
     for key, (label, fmt) in _TOPIC_OPTIONS.items():
         if key in options:
             value = options.pop(key)
-            if key not in ("kv", "nats") or value:
+            if key not in ("kv", "nats", "allow_msg_schedules") or value:  # (those only when set)
                 config.append((label, fmt(value)))
     config += [(k.replace("_", " "), value_text(v)) for k, v in options.items()]
     out.fields(f"Topic {x.get('stream', t.stream_id)}/{t.name} (id {t.id})", config)
@@ -171,6 +173,8 @@ def show_topic(out: Out, t: TopicDetails) -> None:
         ("removed", value_text(x.get("removed", {}))),
         ("markers", value_text(x.get("markers", {}))),
     ]
+    if t.options.get("allow_msg_schedules"):
+        state.insert(3, ("pending schedules", count(x.get("pending_schedules", 0))))
     if x.get("consumers"):
         state.append(("consumers", listing(c["name"] for c in x["consumers"])))
     out.fields("State", state)
@@ -228,6 +232,7 @@ _STATS: list[tuple[str, list[tuple[str, str, Callable[[Any], str]]]]] = [
         ("expired_ttl", "expired (TTL)", count), ("expired_max_age", "expired (max age)", count),
         ("markers", "markers written", count), ("pending_expiries", "pending expiries", count),
         ("expiry_passes", "expiry passes", count), ("expiry_lag_max_ms", "expiry lag (max)", _ms),
+        ("pending_schedules", "pending schedules", count), ("schedules_fired", "schedules fired", count),
     ]),
     ("Consumers", [
         ("consumers", "consumers", count), ("consumer_num_pending", "pending", count),

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 
 import protocol as P
+from protocol.nats import schedule as S
 from protocol import (
     FLAG_NO_MARKER,
     HOPS_HEADER,
@@ -91,6 +92,22 @@ WANTED = _WANTED
 #: be joined into one batch (``Publisher.publish_frames``).
 SELF_CONTAINED = frozenset((_TTL, _KV_OP, _MARKER_REASON))
 _ROLLUPS = {b"sub": ROLLUP_SUB, b"all": ROLLUP_ALL}
+_WANTED = _WANTED | S.SCHEDULE_HEADERS
+WANTED = _WANTED
+#: ``Admission.schedule``: the message is a schedule (``Nats-Schedule``); it asks for
+#: the schedule on its ``Nats-Scheduler`` subject to be removed (``Nats-Schedule-Next:
+#: purge``, a client's or a one-off's produced message); it is a repeating
+#: schedule's produced message (``Nats-Schedule-Next: <time>``).
+SCHEDULE, SCHEDULE_PURGE, SCHEDULE_PRODUCED = 1, 2, 3
+
+_SchedDisabled = error_class(ErrorCode.SCHEDULES_DISABLED)
+_SchedPattern = error_class(ErrorCode.INVALID_SCHEDULE_PATTERN)
+_SchedTarget = error_class(ErrorCode.INVALID_SCHEDULE_TARGET)
+_SchedTtl = error_class(ErrorCode.INVALID_SCHEDULE_TTL)
+_SchedRollup = error_class(ErrorCode.INVALID_SCHEDULE_ROLLUP)
+_SchedSource = error_class(ErrorCode.INVALID_SCHEDULE_SOURCE)
+_Scheduler = error_class(ErrorCode.INVALID_SCHEDULER)
+_SchedZone = error_class(ErrorCode.INVALID_SCHEDULE_TIME_ZONE)
 
 _Disabled = error_class(ErrorCode.MSG_TTL_DISABLED)
 _Invalid = error_class(ErrorCode.INVALID_MSG_TTL)
@@ -115,7 +132,7 @@ _plain_kv: dict[int, tuple[TopicConfig, Admission, Stamp]] = {}
 
 def admit(
     body: bytes | memoryview, field_ttl: int, block: bytes, cfg: TopicConfig, hv: dict[bytes, bytes] | None = None,
-    restamp: bool = True,
+    restamp: bool = True, subject: bytes = b"", trusted: bool = False,
 ) -> Admission:
     """Check one message for a topic; see the module docstring. ``field_ttl`` and
     ``block`` are the body's TTL field and header block.
@@ -136,6 +153,12 @@ def admit(
     header_ttl = parse_ttl(raw_ttl) if raw_ttl else TTL_NONE
     if not cfg.allow_msg_ttl and (field_ttl != TTL_NONE or header_ttl != TTL_NONE):
         raise _Disabled("per-message TTL is disabled")
+    schedule = 0
+    headers = block
+    if not hv.keys().isdisjoint(S.SCHEDULE_HEADERS):
+        schedule, headers = _check_schedule(hv, subject, cfg, block, trusted)
+        if headers is not block:
+            hv = {**hv, _ROLLUP: b"sub"}
     rollup = ROLLUP_NONE
     raw_rollup = hv.get(_ROLLUP)
     if raw_rollup:
@@ -155,7 +178,6 @@ def admit(
     ttl = field_ttl or header_ttl
     if ttl == TTL_NONE and cfg.kv and cfg.kv.get("ttl"):
         ttl = cfg.kv["ttl"]  # a KV bucket's default TTL for a key put without one
-    headers = block
     sdm = cfg.subject_delete_marker_ttl
     if sdm and ttl != TTL_NEVER and 0 < ttl < sdm and cfg.max_msgs_per_subject != 1:
         ttl = sdm
@@ -180,8 +202,82 @@ def admit(
     changed = headers is not block or (restamp and (ttl != field_ttl or flags))
     msg_id = (hv.get(MSG_ID) or None) if cfg.duplicate_window and _HOPS not in hv else None
     return Admission(
-        ttl, rollup, flags, restamp_body(body, ttl, flags, headers) if changed else None, expected, msg_id, expects
+        ttl, rollup, flags, restamp_body(body, ttl, flags, headers) if changed else None, expected, msg_id, expects,
+        schedule,
     )
+
+
+def _publish_subject(raw: bytes) -> bool:
+    """The server's ``IsValidPublishSubject``."""
+    try:
+        text = raw.decode()
+        P.validate_subject(text)
+    except (UnicodeDecodeError, BrokerError):
+        return False
+    return P.is_literal(text)
+
+
+def _check_schedule(
+    hv: dict[bytes, bytes], subject: bytes, cfg: TopicConfig, block: bytes, trusted: bool
+) -> tuple[int, bytes]:
+    """The message schedule headers (NATS ADR-51), in the server's order
+    (``processJetStreamMsg``): returns the message's :data:`SCHEDULE` kind and its
+    header block (a schedule gets ``Nats-Rollup: sub`` appended when it has none)."""
+    allowed = cfg.allow_msg_schedules
+    kind = 0
+    pattern = hv.get(S.SCHEDULE)
+    try:
+        zone = S.load_zone(hv.get(S.SCHEDULE_TIME_ZONE)) if S.SCHEDULE_TIME_ZONE in hv else None
+    except S.ScheduleError:
+        raise (_SchedDisabled("message schedules is disabled") if not allowed else _SchedZone("message schedules time zone is invalid")) from None
+    if pattern and not trusted:
+        try:
+            S.next_fire(pattern.decode(), zone, 0, 0)
+        except (S.ScheduleError, UnicodeDecodeError):
+            raise (_SchedDisabled("message schedules is disabled") if not allowed else _SchedPattern("message schedules pattern is invalid")) from None
+        if not allowed:
+            raise _SchedDisabled("message schedules is disabled")
+        ttl = hv.get(S.SCHEDULE_TTL)
+        if not S.schedule_ttl_valid(ttl):
+            raise _SchedTtl("message schedules invalid per-message TTL")
+        srollup = hv.get(S.SCHEDULE_ROLLUP)
+        if srollup and srollup != b"sub":
+            raise _SchedRollup("message schedules invalid rollup")
+        if ttl and not cfg.allow_msg_ttl:
+            raise _Disabled("per-message TTL is disabled")
+        target = hv.get(S.SCHEDULE_TARGET)
+        if not target or not _publish_subject(target) or target == subject:
+            raise _SchedTarget("message schedules target is invalid")
+        source = hv.get(S.SCHEDULE_SOURCE)
+        if source and (source == target or source == subject or not _publish_subject(source)):
+            raise _SchedSource("message schedules source is invalid")
+        if not any(P.filters_overlap(f, target.decode()) for f in cfg.subjects):
+            raise _SchedTarget("message schedules target is invalid")
+        if source and not any(P.filters_overlap(f, source.decode()) for f in cfg.subjects):
+            raise _SchedSource("message schedules source is invalid")
+        own = hv.get(_ROLLUP)
+        if not own:
+            block = block + P.encode_headers([("Nats-Rollup", "sub")])
+        elif own != b"sub":
+            raise _SchedRollup("message schedules invalid rollup")
+        kind = SCHEDULE
+    elif pattern:
+        kind = SCHEDULE
+    nxt = hv.get(S.SCHEDULE_NEXT)
+    if nxt and trusted:
+        return (S.SCHEDULE_NEXT_PURGE == nxt and SCHEDULE_PURGE or SCHEDULE_PRODUCED), block
+    if nxt:
+        if nxt != S.SCHEDULE_NEXT_PURGE:
+            raise _Scheduler("message schedules invalid scheduler")
+        scheduler = hv.get(S.SCHEDULER)
+        if not scheduler or scheduler == subject or not _publish_subject(scheduler):
+            raise _Scheduler("message schedules invalid scheduler")
+        if not allowed:
+            raise _SchedDisabled("message schedules is disabled")
+        return SCHEDULE_PURGE, block
+    if hv.get(S.SCHEDULER) and not trusted:
+        raise _Scheduler("message schedules invalid scheduler")
+    return kind, block
 
 
 def _ttl_text(ttl: int) -> str:
@@ -340,11 +436,16 @@ class _Admitter:
                             else:
                                 f = fields.get(i) or P.body_fields(batch.data, starts[i])
                                 field_ttl, block = f.ttl, f.headers
-                            a = admit(view[starts[i] : ends[i]], field_ttl, block, cfg, hvs.get(i), restamp=False)
+                            a = admit(
+                                view[starts[i] : ends[i]], field_ttl, block, cfg, hvs.get(i), restamp=False,
+                                subject=subjects[i], trusted=batch.trusted,
+                            )
                             stamp = (a.ttl, a.flags) if a.body is None and (a.ttl != field_ttl or a.flags) else None
-                            if h is not None and a.body is None:  # for the messages alike
+                            if h is not None and a.body is None and not a.schedule:  # for the messages alike
                                 simple = a.expected_last is None and a.expects is None and not a.rollup and a.msg_id is None
                                 same[h] = (a, stamp, simple)
+                        if a.schedule == SCHEDULE_PURGE and not batch.trusted:
+                            _check_purged_schedule(part, view[starts[i] : ends[i]])
                         if a.expected_last is not None:
                             _check_expected_last(part, subjects[i], a.expected_last, written)
                         if a.expects is not None:
@@ -352,7 +453,7 @@ class _Admitter:
                     except BrokerError as err:
                         failed[i] = err
                         continue
-                    if a.rollup:
+                    if a.rollup or a.schedule:
                         batch.any_rollup = True
                     if a.msg_id is not None:
                         batch.any_msg_id = True
@@ -399,6 +500,18 @@ def _plain_kv_admission(cfg: TopicConfig) -> tuple[Admission, Stamp, bool]:
         assert a.body is None and a.expected_last is None and a.expects is None and not a.rollup and a.msg_id is None
         got = _plain_kv[id(cfg)] = (cfg, a, (a.ttl, a.flags) if a.ttl or a.flags else None)
     return got[1], got[2], True
+
+
+def _check_purged_schedule(part: Partition, body: memoryview) -> None:
+    """A client's ``Nats-Schedule-Next: purge`` must name a subject whose last
+    message is a schedule, or one with no message (the server's rule)."""
+    f = P.body_fields(body, 0)
+    scheduler = header_values(f.headers, S.SCHEDULE_HEADERS).get(S.SCHEDULER, b"")
+    last = part.topic.partition_for(scheduler).last(scheduler)
+    if last is not None:
+        _, _, _, h_at, p_at, _ = P.record_spans(last)
+        if not header_values(last[h_at:p_at], S.SCHEDULE_HEADERS).get(S.SCHEDULE):
+            raise _Scheduler("message schedules invalid scheduler")
 
 
 def _check_expected_last(part: Partition, subject: bytes, expected: int, written: set[bytes]) -> None:

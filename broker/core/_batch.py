@@ -74,6 +74,8 @@ class Admission(NamedTuple):
     expected_last: int | None = None
     msg_id: bytes | None = None
     expects: tuple[bytes | None, int | None, bytes | None] | None = None
+    #: A message schedule's part (``_admission.SCHEDULE`` ...): 0 for none.
+    schedule: int = 0
 
 
 class Appended(NamedTuple):
@@ -110,7 +112,7 @@ class Batch:
 
     __slots__ = (
         "data", "count", "subjects", "starts", "ends", "special", "ttl_only", "headed", "trusted",
-        "fields", "hvs", "failed", "groups", "unrouted", "admitted", "stamps", "any_rollup", "any_msg_id",
+        "fields", "hvs", "failed", "groups", "unrouted", "admitted", "stamps", "any_rollup", "any_msg_id", "schedules", "quiet",
         "duplicates", "fresh", "now", "epoch", "whole", "first_offset",
         "stream_ids", "topic_ids", "partitions", "offsets", "statuses", "errors", "appended", "rollups",
     )
@@ -181,6 +183,9 @@ class Batch:
         self.ttl_only = scan.ttl_only
         self.headed = scan.headed
         self.trusted = trusted
+        #: Stored without a copy to the core subscriptions (a message schedule's
+        #: produced messages: nats-server stores them into the stream, it does not publish them).
+        self.quiet = False
         self.fields = {}
         self.hvs = {}
         self.failed = {}
@@ -189,6 +194,8 @@ class Batch:
         self.admitted = {}
         self.stamps = {}
         self.any_rollup = self.any_msg_id = False
+        #: Stored messages admission marked as schedule messages (``_schedules.py``).
+        self.schedules: list[tuple[Partition, int, bytes, int, int]] = []
         self.duplicates = self.fresh = None
         self.now = self.epoch = self.first_offset = 0
         self.whole = None

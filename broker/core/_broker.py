@@ -39,6 +39,7 @@ from ._publishing import Publisher
 from ._republish import Republisher
 from ._retention import Retention
 from ._routing import Router
+from ._schedules import Scheduler
 from ._sealing import Sealer
 from ._stats import Counters
 from ._subscriptions import SubscriptionIndex
@@ -105,6 +106,10 @@ class Broker:
             self.max_payload, self.router, self.clock, self.counters, self.subs, self.committer, self.retention,
             self.republisher,
         )
+        self.scheduler = Scheduler(self.retention, self.committer, self.counters)
+        self.scheduler.publish = lambda bodies: self.publisher.publish_bodies(bodies, deliver=False)
+        self.publisher.scheduler = self.scheduler
+        self.retention.on_rebuild, self.retention.on_forget = self.scheduler.rebuild, self.scheduler.forget
         #: Finishes the seals of segment rolls off the event loop (``_sealing.py``).
         self.sealer = Sealer()
         self.exporter = Exporter(

@@ -285,6 +285,8 @@ class ExpiryEngine:
         #: partition, and timer ids by owner, not yet handled.
         self._work: dict[Partition, _Due] = {}
         self._timer_work: dict[TimerOwner, list[int]] = {}
+        #: Entries of the owners that run first (message schedules), not yet handled.
+        self._first_work: dict[TimerOwner, list[int]] = {}
         self._queued = 0  # entries in _work and _timer_work
         #: A slice's budget (:data:`SLICE_NS`; None: a pass in one go), and slices run.
         self.slice_ns: int | None = SLICE_NS
@@ -309,6 +311,14 @@ class ExpiryEngine:
         self.timers += len(ids)
         self._maybe_wake(b)
         return b
+
+    def schedule_first(self, owner: TimerOwner, entry: int, deadline_ns: int) -> None:
+        """An entry of an owner that runs before the TTL and max-age removals of its
+        tick (a message schedule, ``_schedules.py``: its ``before_ttl`` is true); not
+        counted as a consumer timer."""
+        b = fire_time(deadline_ns)
+        self.queue.add_timers(b, owner, (entry,))
+        self._maybe_wake(b)
 
     def schedule_ttl_many(self, partition: Partition, offsets: list[int], deadline_ns: int) -> None:
         b = fire_time(deadline_ns)
@@ -362,7 +372,7 @@ class ExpiryEngine:
         chunks gets its marker from the last one, for its newest message, as in one
         call. A backlog of many ticks (after a restart) goes tick by tick, as the
         ticks would have gone on time."""
-        work, timers = self._work, self._timer_work
+        work, timers, first = self._work, self._timer_work, self._first_work
         grown: set[Partition] = set()
         # Take what is due a few chunks at a time (whole ticks, earliest first), so a
         # backlog (a restart after a long stop) is never opened and sorted at once.
@@ -371,7 +381,7 @@ class ExpiryEngine:
             for owner, offsets in self.queue.pop_due(now_ns, limit):
                 self._queued += len(offsets)
                 if not isinstance(owner, Partition):  # a timer owner's
-                    timers.setdefault(owner, []).extend(offsets)
+                    (first if getattr(owner, "before_ttl", False) else timers).setdefault(owner, []).extend(offsets)
                     continue
                 entry = work.get(owner)
                 if entry is None:
@@ -397,9 +407,18 @@ class ExpiryEngine:
             self.passes += 1
             for p in grown:
                 work[p].offsets.sort(reverse=True)  # taken from the end: oldest first
-        elif not (work or timers):
+        elif not (work or timers or first):
             return False
         start = perf_counter_ns()
+        # Message schedules first: one due at the same tick as a TTL or max-age
+        # removal fires before it (FLIP-25: user timers before TTL timers).
+        while first:
+            owner, ids = next(iter(first.items()))
+            del first[owner]
+            self._queued -= len(ids)
+            owner.timers_due(ids, now_ns)
+            if budget_ns is not None and perf_counter_ns() - start >= budget_ns:
+                return True
         while work:
             part, entry = next(iter(work.items()))
             offsets, age_due = entry.offsets, entry.age_due
@@ -434,7 +453,7 @@ class ExpiryEngine:
 
     async def _run(self) -> None:
         while True:
-            if self._work or self._timer_work:  # a pass under way: the loop ran, go on
+            if self._work or self._timer_work or self._first_work:  # a pass under way: the loop ran, go on
                 await trio.lowlevel.checkpoint()
                 self.slices += 1
                 self.expire_due(self.clock.now_ns(), self.slice_ns)

@@ -71,6 +71,7 @@ def stats_values(broker: Broker, bytes_on_disk: int, connections: int = 0, nats_
         fsync=str(broker.config.system.partition.fsync),
         last_fsync_seconds=round(broker.committer.last_sync_seconds, 6),
         pending_expiries=len(engine.queue),
+        pending_schedules=sum(len(p.schedules) for t in topics for p in t.partitions),
         expiry_passes=engine.passes,
         expiry_lag_max_ms=round(engine.lag_ns_max / 1e6, 3),
         **engine.watch.values(),

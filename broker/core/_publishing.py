@@ -43,6 +43,7 @@ from ._commit import Committer, Reply
 from ._republish import Republisher
 from ._retention import Retention
 from ._routing import NO_TOPIC, Router
+from ._schedules import Scheduler
 from ._stats import Counters
 from ._subscriptions import Entry, SubscriptionIndex
 from ._topics import Partition, flags_for
@@ -92,6 +93,8 @@ class Publisher:
         self.committer = committer
         self.retention = retention
         self.republisher = republisher
+        #: The message schedules (``_schedules.py``), set by the broker.
+        self.scheduler: Scheduler | None = None
 
     # -- entry points ----------------------------------------------------------------
 
@@ -173,12 +176,15 @@ class Publisher:
             return batch.first_offset, batch.epoch
         return (b"" if cmd.flags & _NO_ACK else batch.acks().encode()), batch.epoch
 
-    def publish_bodies(self, bodies: list[bytes]) -> None:
-        """Message bodies the broker built itself (republished copies), without acks:
-        their flags, sizes and headers need no checking, and their ids are not
-        de-duplicated."""
+    def publish_bodies(self, bodies: list[bytes], deliver: bool = True) -> None:
+        """Message bodies the broker built itself (republished copies, the messages
+        schedules produce), without acks: their flags, sizes and headers need no
+        checking, and their ids are not de-duplicated. ``deliver=False``: stored
+        only, not copied to the core subscriptions (a schedule's produced messages)."""
         data = b"".join(bodies)
-        self._store(Batch(data, scan_bodies(data, 0, len(bodies), self.max_payload), trusted=True))
+        batch = Batch(data, scan_bodies(data, 0, len(bodies), self.max_payload), trusted=True)
+        batch.quiet = not deliver
+        self._store(batch)
 
     # -- the steps -------------------------------------------------------------------
 
@@ -197,8 +203,12 @@ class Publisher:
             res = self._append_whole(batch, part)
             if part.topic.config.max_msgs_per_subject:
                 self.enforce_max_msgs(part, batch.subjects)
+            if part.schedule_of:
+                for s in batch.subjects:
+                    if s in part.schedule_of:  # (plain messages only on this path)
+                        part.drop_schedule(part.schedule_of[s])
             # Subscribers, but none on these subjects (a client's reply inbox): no entries to build.
-            if self.subs and any(map(self.subs.match, batch.subjects)):
+            if self.subs and not batch.quiet and any(map(self.subs.match, batch.subjects)):
                 head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
                 self.subs.deliver([(s, head, rec) for s, rec in zip(batch.subjects, _record_views(res))])
             return
@@ -206,12 +216,16 @@ class Publisher:
         for a in batch.appended:
             if a.partition.topic.config.max_msgs_per_subject:
                 self.enforce_max_msgs(a.partition, a.subjects)
+            if a.partition.schedule_of:
+                self._overwrite_schedules(batch, a)
         if batch.fresh:
             self._register_ids(batch)
         if batch.duplicates:
             self._duplicate_acks(batch)
         if batch.rollups:
             self._apply_rollups(batch)
+        if batch.schedules and self.scheduler is not None:
+            self.scheduler.after_append(batch.schedules, batch.now)
         for a in batch.appended:
             if a.last_offsets is not None:
                 self.republisher.after_append(a.partition, a.result, a.last_offsets, a.epoch)
@@ -321,9 +335,21 @@ class Publisher:
                         ttls.append((off, a.ttl))
                     if a.rollup:
                         rollups.append((i, part, off, a.rollup))
+                    if a.schedule:
+                        batch.schedules.append((part, off, subjects[i], a.schedule, epoch))
                 off += 1
             self.retention.after_append(part, res, ttls)
             appended.append(Appended(part, idx, gsubjects, res, lasts, epoch))
+
+    @staticmethod
+    def _overwrite_schedules(batch: Batch, a: Appended) -> None:
+        """A message stored on a pending schedule's subject that is neither a schedule
+        nor names one (``Nats-Scheduler``) ends that schedule (nats-server's
+        ``removeSubject``)."""
+        part, admitted = a.partition, batch.admitted
+        for i, s in zip(a.indexes, a.subjects):
+            if s in part.schedule_of and not ((adm := admitted.get(i)) is not None and adm.schedule):
+                part.drop_schedule(part.schedule_of[s])
 
     def enforce_max_msgs(self, part: Partition, subjects: list[bytes]) -> None:
         """``max_msgs_per_subject``: each of ``subjects`` over the limit loses its
@@ -395,7 +421,7 @@ class Publisher:
             self.counters.messages_unrouted += len(unrouted)
             for i in unrouted:
                 batch.refuse(i, _NO_TOPIC, f"no topic captures subject {subjects[i].decode(errors='replace')!r}")
-        if not self.subs:
+        if not self.subs or batch.quiet:
             return
         entries: list[Entry | None] = [None] * batch.count
         for a in batch.appended:

@@ -97,6 +97,11 @@ class Retention:
         #: offsets)``, ``offsets[k]`` being the message whose removal marker ``k``
         #: marks (republish's ``Nats-Last-Sequence``).
         self.on_markers: Callable[[Partition, AppendResult, int, list[int]], None] | None = None
+        #: The message schedules (``_schedules.py``, set by the broker): told of a
+        #: rebuilt partition of a topic with ``allow_msg_schedules`` (with its
+        #: records that carry schedule headers) and of a partition going away.
+        self.on_rebuild: Callable[[Partition, list[tuple[int, int, bytes]]], None] | None = None
+        self.on_forget: Callable[[Partition], None] | None = None
 
     # -- scheduling --------------------------------------------------------------------
 
@@ -139,7 +144,8 @@ class Retention:
         self.forget(part)
         window = part.topic.config.duplicate_window
         msg_ids: list[tuple[int, bytes, int, int]] | None = [] if window else None
-        with_ttl = part.rebuild_index(msg_ids)
+        headed: list[tuple[int, int, bytes]] | None = [] if part.topic.config.allow_msg_schedules else None
+        with_ttl = part.rebuild_index(msg_ids, headed)
         if msg_ids:
             part.topic.dedup.load(msg_ids, window)
         if part.topic.config.allow_msg_ttl:
@@ -159,6 +165,8 @@ class Retention:
                 part.mark_pending(offsets)
                 self.engine.schedule_ttl_many(part, offsets, deadline)
         self.rearm_age(part)
+        if headed is not None and self.on_rebuild is not None:
+            self.on_rebuild(part, headed)
 
     def rearm_age(self, part: Partition) -> None:
         """Arm the partition's max-age check at its oldest message's deadline (after a
@@ -168,6 +176,8 @@ class Retention:
     def forget(self, part: Partition) -> None:
         """The partition is going away (its topic was deleted)."""
         self.engine.forget(part)
+        if self.on_forget is not None:
+            self.on_forget(part)
         self.engine.queue.discarded(part.pending)
         part.pending = 0
 

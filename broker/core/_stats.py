@@ -53,6 +53,8 @@ class Counters:
     expired_max_age: int = 0
     #: Subject delete markers written.
     markers: int = 0
+    #: Messages produced by message schedules (NATS ADR-51).
+    schedules_fired: int = 0
     #: Messages republished.
     republished: int = 0
     #: Republished messages dropped by the hop limit.

@@ -65,6 +65,7 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
         "what a NATS stream has and a topic does not: {'name' (as given), 'description', 'deny_delete', "
         "'allow_direct', 'discard', 'metadata'}; the NATS listener sets it",
     ),
+    "allow_msg_schedules": ((bool,), "accept message schedules (Nats-Schedule, NATS ADR-51; never turned off)"),
     "pedantic": ((bool,), "refuse instead of fixing the configuration automatically (this request only)"),
     "message_expiry": ((int,), "update only: max age in seconds; 0 = none"),
 }
@@ -131,6 +132,8 @@ class TopicConfig:
     kv: dict[str, Any] | None = None
     #: The NATS stream settings with no topic equivalent (``protocol.nats.NATS_SETTINGS``), or None
     nats: dict[str, Any] | None = None
+    #: Message schedules (NATS ADR-51, ``_schedules.py``).
+    allow_msg_schedules: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -160,6 +163,7 @@ class TopicConfig:
             "republish": dict(self.republish) if self.republish else None,
             "kv": dict(self.kv) if self.kv else None,
             "nats": dict(self.nats) if self.nats else None,
+            "allow_msg_schedules": self.allow_msg_schedules,
         }
 
     def validate(self, max_partitions: int) -> None:
@@ -238,6 +242,14 @@ def resolve(
             if pedantic:
                 raise _Config("subject delete marker cannot be set if roll-ups are disabled")
             new = replace(new, allow_rollup=True, deny_purge=False)
+    # Message schedules: a schedule rolls up its subject; not with discard new.
+    if new.allow_msg_schedules:
+        if (new.nats or {}).get("discard") == "new":
+            raise _Config("message scheduling cannot use discard new")
+        if not new.allow_rollup:
+            if pedantic:
+                raise _Config("message scheduling cannot be set if roll-ups are disabled")
+            new = replace(new, allow_rollup=True, deny_purge=False)
     # 6. Republish (NATS ADR-28): an empty destination (refused: ADR-28 requires
     #    one), the source default, the cycle through the topic's own subjects, then
     #    the transform.
@@ -249,6 +261,8 @@ def resolve(
     if old is not None:
         if old.allow_msg_ttl and not new.allow_msg_ttl:
             raise _Config("message TTL status can not be disabled")
+        if old.allow_msg_schedules and not new.allow_msg_schedules:
+            raise _Config("message schedules can not be disabled")
         if old.deny_purge and not new.deny_purge:
             raise _Config("stream configuration update can not cancel deny purge")
         if old.retention != new.retention and "workqueue" in (old.retention, new.retention):

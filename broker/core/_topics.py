@@ -104,6 +104,11 @@ class Partition:
         #: lazy re-arm: the deadline structure keeps the first entry, and when it falls
         #: due the expiry pass re-arms it here once instead of removing the message).
         self.refreshed: dict[int, int] = {}
+        #: Pending message schedules (``_schedules.py``): the schedule's offset ->
+        #: (its subject, when it fires, ns), and subject -> offset. A removal of the
+        #: schedule message takes it out.
+        self.schedules: dict[int, tuple[bytes, int]] = {}
+        self.schedule_of: dict[bytes, int] = {}
         self._filter_cache: dict[str, tuple[int, set[int]]] = {}
         #: Durable consumers' states in this partition (``broker/consumers/_model.py``):
         #: told of every removal, and (through ``on_append``, which the consumer
@@ -120,7 +125,9 @@ class Partition:
     def __repr__(self) -> str:
         return f"Partition({self.topic.full_name}[{self.number}])"
 
-    def rebuild_index(self, msg_ids: list[tuple[int, bytes, int, int]] | None = None) -> dict[tuple[int, int], list[int]]:
+    def rebuild_index(
+        self, msg_ids: list[tuple[int, bytes, int, int]] | None = None, headed: list[tuple[int, int, bytes]] | None = None,
+    ) -> dict[tuple[int, int], list[int]]:
         """Rebuild the subject index from the log (startup). Returns the offsets of the
         live records that carry a TTL (seconds, not never) grouped by ``(timestamp,
         ttl)``, for the caller to schedule.
@@ -134,7 +141,7 @@ class Partition:
         with_ttl: dict[tuple[int, int], list[int]] = {}
         window_ns = self.topic.config.duplicate_window * 1_000_000_000 if msg_ids is not None else 0
         ids: deque[tuple[int, bytes, int, int]] = deque()
-        for live in self.log.scan(headers=bool(window_ns)):
+        for live in self.log.scan(headers=bool(window_ns) or headed is not None):
             flags = live.flags.translate(_INDEX_FLAGS)
             if live.stats is not None:  # every record of the segment is live
                 index.extend_ids(live.base, live.names, live.sids, flags, live.stats)
@@ -154,6 +161,10 @@ class Partition:
                         index.set_flags(o, index.flags_at(o) | NEVER)
             for offset, ts, block in live.headers:
                 if index.flags_at(offset) & MARKER:
+                    continue
+                if headed is not None and b"Nats-Schedul" in block:  # (message schedules: ``_schedules.py``)
+                    headed.append((offset, ts, block))
+                if not window_ns:
                     continue
                 found = header_values(block, _DEDUP_HEADERS)
                 msg_id = found.get(MSG_ID)
@@ -226,6 +237,8 @@ class Partition:
                 cleared += 1
             if self.refreshed and self.refreshed.pop(o, None) is not None:
                 self._forget_lease(o)
+            if self.schedules:
+                self.drop_schedule(o)
             if st is not None:
                 out.append(Removed(o, subject, f, st))
         self.pending -= cleared
@@ -281,6 +294,8 @@ class Partition:
         cleared = self.pending
         self.pending = 0
         self.refreshed.clear()
+        self.schedules.clear()
+        self.schedule_of.clear()
         self.index = SubjectIndex(self.log.next_offset, self.log.is_live)
         self._filter_cache.clear()
         for w in list(self.watchers):
@@ -348,6 +363,12 @@ class Partition:
 
     def read(self, offset: int, count: int, max_bytes: int, wanted: Callable[[int], bool] | None) -> ReadResult:
         return self.log.read(offset, count, max_bytes, wanted)
+
+    def drop_schedule(self, offset: int) -> None:
+        """The schedule stored at ``offset`` (if any) is pending no more."""
+        got = self.schedules.pop(offset, None)
+        if got is not None and self.schedule_of.get(got[0]) == offset:
+            del self.schedule_of[got[0]]
 
     def last(self, subject: bytes) -> memoryview | None:
         st = self.index.get(subject)
@@ -430,6 +451,7 @@ class Topic:
             "created_at": self.created_at,
             "options": self.config.options(),
             "pending_expiries": sum(p.pending for p in self.partitions),
+            "pending_schedules": sum(len(p.schedules) for p in self.partitions),
             "removed": dict(self.removed),
             "markers": dict(self.markers),
             "duplicates": self.duplicates,

@@ -61,6 +61,7 @@ GAUGES: dict[str, tuple[str, str, float]] = {
     "bytes_on_disk": ("bytes_on_disk", "Bytes of every file in the data directory.", 1),
     "last_fsync_seconds": ("last_fsync_seconds", "Duration of the last group commit's fsync round.", 1),
     "pending_expiries": ("pending_expiries", "Messages waiting in the deadline structure for their per-message TTL.", 1),
+    "pending_schedules": ("pending_schedules", "Message schedules (NATS ADR-51) waiting to fire.", 1),
     "expiry_lag_max_ms": ("expiry_lag_max_seconds", "The longest an expiry pass ran after its bucket's time since start.", 1e-3),
     "loop_stall_max_ms": ("loop_stall_max_seconds", "The longest the event loop ran tasks without looking at I/O and timers, since start.", 1e-3),
     "gc_pause_max_ms": ("gc_pause_max_seconds", "The longest garbage collection since start.", 1e-3),

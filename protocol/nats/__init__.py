@@ -31,6 +31,7 @@ from ._consumers import ack_metric as ack_metric
 from ._consumers import check_group_name as check_group_name
 from ._consumers import sample_percent as sample_percent
 from ._consumers import status_message as status_message
+from . import _schedule as schedule
 from ._jetstream import ACK_PREFIX as ACK_PREFIX
 from ._jetstream import API_PREFIX as API_PREFIX
 from ._jetstream import API_LEVEL as API_LEVEL
@@ -99,6 +100,7 @@ from ._wire import record_to_nats_headers as record_to_nats_headers
 from ._wire import valid_nats_subject as valid_nats_subject
 
 __all__ = [
+    "schedule",
     "ACK_NEXT", "ACK_PREFIX", "ACK_RUN_LIMIT", "API_LEVEL", "API_PREFIX", "NATS_VERSION", "AckReply", "AckRun", "BAD_REQUEST", "FC_PREFIX",
     "INVALID_JSON", "JSError", "MAX_CONTROL_LINE", "MSG_DELETE_FAILED", "NATS_ERRORS", "NATS_NEED_DATA",
     "NATS_SETTINGS", "NO_MESSAGE_FOUND", "NS", "NatsConnect", "NatsErr", "NatsEvent", "NatsInfo", "NatsMsg", "NatsOk",

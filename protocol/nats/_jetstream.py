@@ -158,6 +158,14 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.CONSUMER_FILTERS_OVERLAP: (400, 10138, "consumer subject filters cannot overlap"),
     ErrorCode.INVALID_CONSUMER_CONFIG: (500, 10012, None),  # JSConsumerCreateErrF "{err}"
     ErrorCode.CONSUMER_UPDATE_DENIED: (500, 10012, None),
+    ErrorCode.SCHEDULES_DISABLED: (400, 10188, "message schedules is disabled"),
+    ErrorCode.INVALID_SCHEDULE_PATTERN: (400, 10189, "message schedules pattern is invalid"),
+    ErrorCode.INVALID_SCHEDULE_TARGET: (400, 10190, "message schedules target is invalid"),
+    ErrorCode.INVALID_SCHEDULE_TTL: (400, 10191, "message schedules invalid per-message TTL"),
+    ErrorCode.INVALID_SCHEDULE_ROLLUP: (400, 10192, "message schedules invalid rollup"),
+    ErrorCode.INVALID_SCHEDULE_SOURCE: (400, 10203, "message schedules source is invalid"),
+    ErrorCode.INVALID_SCHEDULER: (400, 10212, "message schedules invalid scheduler"),
+    ErrorCode.INVALID_SCHEDULE_TIME_ZONE: (400, 10223, "message schedules time zone is invalid"),
 }
 
 
@@ -384,7 +392,6 @@ _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
     "compression": (("none", "", None), "compression {v!r}"),
     "discard_new_per_subject": ((False, None), "discard_new_per_subject"),
     "allow_msg_counter": ((False, None), "allow_msg_counter"),
-    "allow_msg_schedules": ((False, None), "allow_msg_schedules"),
     "allow_atomic": ((False, None), "allow_atomic"),
     "allow_batched": ((False, None), "allow_batched"),
     "persist_mode": (("default", "", None), "persist_mode {v!r}"),
@@ -395,6 +402,7 @@ _MAPPED = {
     "name", "description", "subjects", "max_age", "max_msgs_per_subject", "discard", "num_replicas", "duplicate_window",
     "deny_delete", "deny_purge", "allow_rollup_hdrs", "republish", "allow_direct", "allow_msg_ttl",
     "subject_delete_marker_ttl", "metadata", "retention",
+    "allow_msg_schedules",
 }
 
 
@@ -475,6 +483,7 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
         "subject_delete_marker_ttl": sdm,
         "retention": retention,
         "nats": nats,
+        "allow_msg_schedules": bool(cfg.get("allow_msg_schedules")),
     }
     if window:
         options["duplicate_window"] = window
@@ -516,6 +525,8 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
         allow_msg_ttl=options["allow_msg_ttl"],
         consumer_limits={},
     )
+    if options.get("allow_msg_schedules"):
+        out["allow_msg_schedules"] = True
     if options["subject_delete_marker_ttl"]:
         out["subject_delete_marker_ttl"] = options["subject_delete_marker_ttl"] * NS
     rp = options.get("republish")
@@ -525,5 +536,6 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
                                               ("headers_only", rp.get("headers_only"))) if v or k == "dest"}
     # ADR-44: TTLs and markers need API level 1 (the server's rule).
     required = 1 if options.get("allow_msg_ttl") or options.get("subject_delete_marker_ttl") else 0
+    required = max(required, 2 if options.get("allow_msg_schedules") else 0)  # ADR-51: level 2
     out["metadata"] = versioned_metadata(nats.get("metadata"), required)
     return out

@@ -77,8 +77,8 @@ def open_broker(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Broker
     rebuild gave (deadline groups and message ids)."""
     rebuilt: list[Any] = []
 
-    def spy(self: Partition, msg_ids: Any = None) -> Any:
-        groups = _REBUILD(self, msg_ids)
+    def spy(self: Partition, msg_ids: Any = None, headed: Any = None) -> Any:
+        groups = _REBUILD(self, msg_ids, headed)
         rebuilt.append((self.number, {k: list(v) for k, v in groups.items()}, None if msg_ids is None else list(msg_ids)))
         return groups
 

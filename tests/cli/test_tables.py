@@ -178,3 +178,16 @@ def test_piped_tables_are_not_wrapped(cli: CLI) -> None:
     cli("topic", "create", "wide", "t", "--subjects", *subjects)
     rows = cli("topic", "list", "wide").splitlines()
     assert len(rows) == 2 and rows[1].endswith(", ".join(subjects)) and len(rows[1]) > 300
+
+
+def test_topic_with_message_schedules(cli: CLI) -> None:
+    """``--allow-msg-schedules`` (NATS ADR-51): the option and the pending schedules
+    shown (last in this module: it adds a stream)."""
+    cli("stream", "create", "timers")
+    cli("topic", "create", "timers", "t", "--subjects", "tm.>", "--allow-msg-schedules")
+    cli("pub", "tm.s", "x", "--header", "Nats-Schedule=@at 2099-01-01T00:00:00Z", "--header", "Nats-Schedule-Target=tm.out")
+    text = cli("topic", "info", "timers", "t")
+    assert "  rollup                allowed\n" in text and "  message schedules     allowed\n" in text
+    assert "  pending schedules  1\n" in text
+    info = cli.json("topic", "info", "timers", "t")[0]
+    assert (info["allow_msg_schedules"], info["pending_schedules"]) == (True, 1)

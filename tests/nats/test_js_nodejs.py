@@ -49,3 +49,16 @@ async def test_nodejs_publish_with_nats_ttl(node_nats: Path, nats_url: str) -> N
     assert out["stored"] == {"subject": "node.a", "data": "hello", "ttl": "1m30s"}
     assert out["invalid"] == {"code": 400, "err_code": 10165, "description": "invalid per-message TTL"}
     assert out["disabled"] == {"code": 400, "err_code": 10166, "description": "per-message TTL is disabled"}
+
+
+async def test_nodejs_message_schedules(node_nats: Path, nats_url: str) -> None:
+    out = await _node(node_nats / "schedules.mjs", nats_url)
+    assert out["config"] == {"allow_msg_schedules": True, "allow_rollup_hdrs": True, "level": "2"}
+    assert out["ack"] == {"stream": "SCHED", "seq": 1}
+    assert out["subjects"] == {"sched.out": 1}  # produced at once, the one-off schedule gone
+    assert out["produced"] == {"subject": "sched.out", "data": "payload", "scheduler": "sched.once", "next": "purge",
+                               "ttl": "5m", "after": True}
+    assert out["disabled"] == {"code": 400, "err_code": 10188, "description": "message schedules is disabled"}
+    assert out["pattern"] == {"code": 400, "err_code": 10189, "description": "message schedules pattern is invalid"}
+    assert out["target"] == {"code": 400, "err_code": 10190, "description": "message schedules target is invalid"}
+    assert out["zone"] == {"code": 400, "err_code": 10223, "description": "message schedules time zone is invalid"}
