@@ -127,6 +127,7 @@ _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "allow_rollup": ("rollup", lambda v: "allowed" if v else "no"),
     "deny_purge": ("deny purge", flag),
     "retention": ("retention", str),
+    "storage": ("storage", str),
     "republish": ("republish", _republish),
     "kv": ("KV bucket", _bucket_options),
     "nats": ("NATS stream", _nats_options),

@@ -176,7 +176,7 @@ class ConsumerEngine(TopicHooks):
             part = cp.part
             if not part.watchers:
                 # Nobody tracked what is durable here: find out now.
-                epoch = self.committer.durable_at() if self.committer.acks_wait else 0
+                epoch = self.committer.durable_at() if self.committer.acks_wait and not part.log.volatile else 0
                 if epoch:
                     self._unsynced[part] = (epoch, part.log.next_offset)
                 else:
@@ -227,7 +227,7 @@ class ConsumerEngine(TopicHooks):
         if part.topic.config.retention == "interest":
             retention_appended(self, part, first, subjects)
         nxt = part.log.next_offset
-        if self.committer.acks_wait:
+        if self.committer.acks_wait and not part.log.volatile:  # (memory storage: nothing to wait for)
             self._unsynced[part] = (self.committer.epoch, nxt)
         else:
             part.visible_next = nxt
