@@ -82,6 +82,14 @@ class ConsumerEngine(TopicHooks):
         if recovering:
             for c in journal.load():
                 self.attach(c)
+                if topic.config.storage == "memory":
+                    # Its messages did not survive the stop: the consumer's state is
+                    # at the partition's new first offset - 1 (delivered and acked
+                    # through it, nothing outstanding; see docs/semantics.md).
+                    for cp in c.parts:
+                        start = cp.part.log.next_offset
+                        cp.purged(start)
+                        cp.last_delivered = max(cp.last_delivered, start - 1)
             if topic.config.retention != "limits":
                 self._sweep.append(topic)  # on the event loop, when the engine starts (run)
         self._watch_appends(topic)

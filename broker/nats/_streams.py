@@ -24,7 +24,7 @@ import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
 from protocol import RemovalReason as R
 from protocol.nats import (
-    API_LEVEL, BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
+    API_LEVEL, BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
     stream_config, last_by_subj_of, parse_request, stream_config_to_topic,
 )
@@ -251,8 +251,6 @@ async def _update(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
     """STREAM.UPDATE: the request is the whole new config, as for the server (what it
     leaves out takes its default, not the old value)."""
     topic = js.topic(name)
-    if req.get("storage") not in (None, "file"):
-        raise js_error(STREAM_INVALID_CONFIG, "stream configuration update can not change storage type")
     _, _, options, max_age, pedantic = _topic_request(js, name, req, topic)
     if "duplicate_window" not in options:
         options["duplicate_window"] = min(DEFAULT_DUPLICATE_WINDOW, max_age) if max_age else DEFAULT_DUPLICATE_WINDOW
