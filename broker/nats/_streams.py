@@ -110,14 +110,14 @@ def _fail(js: JetStream, reply: str | None, kind: str, err: BrokerError | JSErro
 def account_info(js: JetStream) -> dict[str, Any]:
     topics = js.topics()
     return {
-        "memory": 0,
-        "storage": sum(t.size_bytes for t in topics),
+        "memory": sum(t.size_bytes for t in topics if t.config.storage == "memory"),
+        "storage": sum(t.size_bytes for t in topics if t.config.storage != "memory"),
         "reserved_memory": 0,
         "reserved_storage": 0,
         "streams": len(topics),
         "consumers": sum(len(js.consumers.consumers_of(t)) for t in topics),
         "limits": {
-            "max_memory": -1, "max_storage": -1, "max_streams": -1, "max_consumers": -1, "max_ack_pending": -1,
+            "max_memory": js.broker.memory_budget.limit, "max_storage": -1, "max_streams": -1, "max_consumers": -1, "max_ack_pending": -1,
             "memory_max_stream_bytes": -1, "storage_max_stream_bytes": -1, "max_bytes_required": False,
         },
         "api": {"level": API_LEVEL, "total": js.api_total, "errors": js.api_errors},

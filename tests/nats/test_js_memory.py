@@ -23,6 +23,7 @@ from broker import ServerHandle
 from broker.client import connect
 from protocol import BrokerError, ErrorCode
 
+from test_js_nodejs import _node, node_nats  # noqa: F401 (the fixture that installs nats.js)
 from test_js_streams import _error, _js
 
 
@@ -304,3 +305,14 @@ async def test_kill_9_keeps_config_loses_messages_never_reuses_offsets(data_dir:
     assert (storage, messages, consumers, fmsg) == ("memory", 0, ["dur"], b"kept")
     assert last == 3000
     assert seq > last
+
+
+async def test_nodejs_memory_stream_and_bucket(node_nats: Path, nats_url: str) -> None:  # noqa: F811
+    out = await _node(node_nats / "memory.mjs", nats_url)
+    assert out["storage"] == "memory"
+    assert out["seqs"] == [1, 2, 3, 4, 5]
+    assert out["last"] == [5, "m4"]
+    assert out["fetched"] == [[i, f"m{i - 1}"] for i in range(1, 6)]
+    assert out["state"] == [5, 1, 5]
+    assert out["kv"] == ["v", "memory"]
+    assert out["update"] == {"code": 500, "err_code": 10052, "description": "stream configuration update can not change storage type"}
