@@ -170,8 +170,10 @@ class MemoryPartitionLog(PartitionLog):
         expect_existing: bool = False,
     ) -> tuple[Self, list[RecoveryReport]]:
         """Open (or create) the memory partition at ``path``: empty, at the next
-        offset its ``partition.state`` allows (beyond every offset handed out before;
-        :attr:`skipped` names what an unclean stop leaves unused)."""
+        offset its ``partition.state`` allows (beyond every offset handed out before).
+        After an unclean stop :attr:`skipped` is ``(first, last)``: the offsets from
+        the last recorded next offset up to the reservation, some of which may have
+        been handed out before the stop; none is handed out again."""
         existed = os.path.isdir(path)
         makedirs(path)
         log = cls(path, segment_size, on_corrupt, budget)

@@ -232,7 +232,10 @@ class Broker:
             first, last = plog.skipped
             log.info(
                 "offsets_skipped", topic=topic.full_name, partition=n, first=first, last=last,
-                reason="reserved before an unclean stop or beyond missing records; never handed out",
+                reason=(
+                    "memory storage after an unclean stop: the offsets up to the reservation are not handed out again"
+                    if plog.volatile else "reserved before an unclean stop or beyond missing records; never handed out"
+                ),
             )
 
     def close(self) -> None:
