@@ -24,7 +24,7 @@ import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
 from protocol import RemovalReason as R
 from protocol.nats import (
-    API_LEVEL, BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_MISMATCH,
+    API_LEVEL, BAD_REQUEST, MEMORY_RESOURCES_EXCEEDED, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
     stream_config, last_by_subj_of, parse_request, stream_config_to_topic,
 )
@@ -216,6 +216,13 @@ async def _create(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
         if _same(broker, existing, options, max_age, pedantic):
             return stream_info(js, existing)
         raise js_error(STREAM_NAME_EXIST)
+    if options.get("storage") == "memory":
+        # nats-server's check of a memory stream against its max_memory_store
+        # (``checkBytesLimits``: the stream's max_bytes, or 1 byte without one).
+        wanted = req.get("max_bytes")
+        wanted = wanted if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > 0 else 1
+        if wanted > broker.memory_budget.limit:
+            raise js_error(MEMORY_RESOURCES_EXCEEDED)
     if not any(s.name == where for s in broker.catalog.streams.values()):
         try:
             await core.create_stream(broker, None, P.CreateStream(0, where))

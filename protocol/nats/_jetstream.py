@@ -35,6 +35,7 @@ __all__ = [
     "API_PREFIX", "ACK_PREFIX", "FC_PREFIX", "NS", "JSError", "NATS_ERRORS", "nats_error", "api_response",
     "api_error", "pub_ack", "pub_error", "rfc3339", "stream_config_to_topic", "stream_config", "NATS_SETTINGS",
     "check_stream_name", "parse_request", "js_error", "BAD_REQUEST", "INVALID_JSON", "MSG_DELETE_FAILED",
+    "MEMORY_RESOURCES_EXCEEDED",
     "NO_MESSAGE_FOUND", "PURGE_FAILED", "SEQUENCE_NOT_FOUND", "STREAM_INVALID_CONFIG", "STREAM_MISMATCH",
     "STREAM_NAME_EXIST", "STREAM_NOT_FOUND", "last_by_subj_of", "msg_get_response",
     "NATS_VERSION", "API_LEVEL", "versioned_metadata", "user_metadata",
@@ -116,6 +117,7 @@ STREAM_NOT_MATCH = (400, 10060, "expected stream does not match")
 WRONG_LAST_MSG_ID = (400, 10070, None)  # "wrong last msg ID: {id}"
 STORE_FAILED = (503, 10077, None)
 NOT_EMPTY_REQUEST = (400, 10038, "expected an empty request payload")
+MEMORY_RESOURCES_EXCEEDED = (500, 10028, "insufficient memory resources available")
 
 
 def js_error(entry: tuple[int, int, str | None], reason: str = "") -> JSError:

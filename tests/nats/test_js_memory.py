@@ -227,6 +227,22 @@ async def test_budget_refuses_publishes_past_it(data_dir: Path) -> None:
             assert stats["memory_storage_refused"] == 5
 
 
+async def test_no_memory_streams_with_a_budget_of_zero(data_dir: Path) -> None:
+    """``memory_storage_bytes = 0``: a memory stream is refused as nats-server refuses
+    one past its ``max_memory_store`` (500 10028); file streams are not."""
+    config = make_config(data_dir, **{"nats.enabled": True, "limits.memory_storage_bytes": 0})
+
+    async def fn(nc: Any, js: Any) -> list[Any]:
+        body = {"name": "MEM", "subjects": ["mem.>"], "storage": "memory"}
+        err = (await api_request(nc, "$JS.API.STREAM.CREATE.MEM", body))["error"]
+        return [err, (await js.add_stream(name="F", subjects=["f.>"])).config.storage]
+
+    async with start_server(config) as srv:
+        err, storage = await _js(srv.nats_url, fn)
+    assert err == {"code": 500, "err_code": 10028, "description": "insufficient memory resources available"}
+    assert storage == "file"
+
+
 async def test_restart_keeps_config_and_consumers_not_messages(data_dir: Path) -> None:
     """A clean restart: the memory stream and its durable consumer are there, its
     messages are not; the next sequence follows the last one given out; the
