@@ -59,7 +59,7 @@ class _MemoryOut:
     interface): appends extend the segment's ``bytearray`` and are counted in the
     budget."""
 
-    __slots__ = ("data", "budget")
+    __slots__ = ("budget", "data")
 
     def __init__(self, data: bytearray, budget: MemoryBudget) -> None:
         self.data = data

@@ -18,13 +18,12 @@ import trio.testing
 from conftest import BrokerProcess, make_config, start_server
 from helpers import api_request, in_asyncio
 from nats.js.api import ConsumerConfig, StreamConfig
+from test_js_nodejs import _node, node_nats  # noqa: F401 (the fixture that installs nats.js)
+from test_js_streams import _error, _js
 
 from broker import ServerHandle
 from broker.client import connect
 from protocol import BrokerError, ErrorCode
-
-from test_js_nodejs import _node, node_nats  # noqa: F401 (the fixture that installs nats.js)
-from test_js_streams import _error, _js
 
 
 async def test_memory_stream_as_a_file_stream_without_waiting_for_syncs(nats_url: str, nats_server: ServerHandle) -> None:
