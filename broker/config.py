@@ -305,6 +305,9 @@ class LimitsConfig:
     #: same host, up to auth_failure_delay_max).
     auth_failure_delay: float = 0.5
     auth_failure_delay_max: float = 10.0
+    #: Bytes of records all memory-storage topics together may hold (``storage:
+    #: memory``); a publish past it is refused.
+    memory_storage_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -444,7 +447,8 @@ def _build(d: dict[str, Any]) -> Config:
     return cfg
 
 
-_SIZE_LIMITS = {"max_frame_bytes", "max_payload_bytes", "max_pending_bytes_per_connection", "max_fetch_bytes", "max_pending_bytes_total"}
+_SIZE_LIMITS = {"max_frame_bytes", "max_payload_bytes", "max_pending_bytes_per_connection", "max_fetch_bytes", "max_pending_bytes_total",
+                "memory_storage_bytes"}
 _DURATION_LIMITS = {"slow_consumer_seconds", "handshake_timeout", "auth_failure_delay", "auth_failure_delay_max"}
 
 
@@ -510,6 +514,8 @@ def _validate(cfg: Config) -> None:
     for key in ("slow_consumer_seconds", "handshake_timeout"):
         if getattr(li, key) <= 0:
             raise ConfigError(f"limits.{key}: must be positive")
+    if li.memory_storage_bytes < 0:
+        raise ConfigError("limits.memory_storage_bytes: must not be negative (0: no memory storage)")
     if li.auth_failure_delay > li.auth_failure_delay_max:
         raise ConfigError("limits.auth_failure_delay: must not exceed limits.auth_failure_delay_max")
     parse_mode(cfg.system.file_mode, "system.file_mode", 0o600)

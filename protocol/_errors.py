@@ -92,6 +92,7 @@ class ErrorCode(IntEnum):
     # -- storage (4000s) ---------------------------------------------------------
     CORRUPTED_RECORD = 4001, "the record failed its checksum or is truncated; it is never served"
     STORAGE_FAILURE = 4002, "the disk refused an operation (full, read-only, I/O error)"
+    MEMORY_STORAGE_FULL = 4003, "the memory storage budget ([limits] memory_storage_bytes) is used up"
 
     # -- export (5000s) ----------------------------------------------------------
     EXPORT_NOT_CONFIGURED = 5001, "the broker has no export directory ([export] dir)"

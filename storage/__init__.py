@@ -5,7 +5,8 @@ network, of subjects' meaning, or of TTL policy. The record layout it writes is
 ``protocol._records`` (the same bytes as on the wire).
 
 Public surface: :class:`DataDir` (layout, lock, catalog), :class:`PartitionLog`
-(append, read, delete, purge, recovery), :class:`Segment` (one segment's files, for
+(append, read, delete, purge, recovery) and :class:`MemoryPartitionLog` (the same
+in memory, bounded by a :class:`MemoryBudget`), :class:`Segment` (one segment's files, for
 the cleaner and the exporter) and the states of its records (:data:`RecordState`:
 ``LIVE``, ``DELETED``, ``CORRUPT``), :class:`ConsumerOffsets`, the fsync policy and
 :func:`sync_fds`, and the errors.
@@ -37,6 +38,8 @@ from ._errors import StorageFailure as StorageFailure
 from ._partition_reads import SCAN_LIMIT as SCAN_LIMIT
 from ._partition_log import AppendResult as AppendResult
 from ._partition_log import PartitionLog as PartitionLog
+from ._memory import MemoryBudget as MemoryBudget
+from ._memory import MemoryPartitionLog as MemoryPartitionLog
 from ._partition_reads import ReadResult as ReadResult
 from ._partition_recovery import LiveRecords as LiveRecords
 from ._deletions import read_deletion_tags as read_deletion_tags

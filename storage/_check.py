@@ -85,7 +85,10 @@ def check_data_dir(root: str, report: Report, repair: bool = False) -> CheckSumm
                 for n in range(int(cfg.get("partitions_count", 1))):
                     if (sid, tid) in creating and not os.path.isdir(datadir.partition_dir(sid, tid, n)):
                         continue
-                    _check_partition(datadir, sid, tid, n, int(cfg.get("segment_size", 64 << 20)), found, repair, summary)
+                    # A memory-storage partition has no segment files: its state file
+                    # is checked, and never rewritten here (the broker's start does).
+                    _check_partition(datadir, sid, tid, n, int(cfg.get("segment_size", 64 << 20)), found,
+                                     repair and cfg.get("storage", "file") != "memory", summary)
                 offsets = datadir.consumer_offsets(sid, tid, readonly=not repair)
                 offsets.close()
                 if datadir.has_consumer_journal(sid, tid):

@@ -343,7 +343,7 @@ class SegmentLog:
             j = bisect_right(positions, limit, rel + 1, end_rel) - 1
             end_rel = max(j, rel + 1)
             end_pos = positions[end_rel] if end_rel < count else self.size
-        buf = os.pread(self.fd, end_pos - start, start)
+        buf = self._pread(end_pos - start, start)
         view = memoryview(buf)
         if (
             unwanted is None and end_rel > rel and len(buf) == end_pos - start
@@ -400,7 +400,7 @@ class SegmentLog:
             return self._read_one_general(rel, on_corrupt)
         positions = self.positions
         start = positions[rel]
-        buf = os.pread(self.fd, (positions[rel + 1] if rel + 1 < len(positions) else self.size) - start, start)
+        buf = self._pread((positions[rel + 1] if rel + 1 < len(positions) else self.size) - start, start)
         offset = self.base + rel
         if len(buf) >= FIXED:
             length, crc, off = _HEAD.unpack_from(buf)
@@ -427,7 +427,12 @@ class SegmentLog:
 
     def read_all(self) -> bytes:
         """The whole log (its records: recovery scans, export)."""
-        return os.pread(self.fd, self.size, 0) if self.size else b""
+        return self._pread(self.size, 0) if self.size else b""
+
+    def _pread(self, n: int, pos: int) -> bytes:
+        """``n`` bytes of the log from ``pos`` (the one way reads reach the records:
+        a memory segment, ``_memory.MemorySegment``, holds them in a ``bytearray``)."""
+        return os.pread(self.fd, n, pos)
 
     # -- closing -------------------------------------------------------------------
 

@@ -85,6 +85,18 @@ class PartitionLog(PartitionReads):
         self.flush_wanted = False
         self._flush_at = 1 << 62
 
+    #: Its records are in memory only (``_memory.MemoryPartitionLog``): nothing of
+    #: them to sync, and an ack never waits for a sync.
+    volatile = False
+
+    def _new_segment(self, base: int) -> Segment:
+        """A new, empty active segment at ``base`` (a roll)."""
+        return Segment.create(self.path, base, self.segment_size)
+
+    def _sync_dir(self) -> None:
+        """Make the directory's entries durable (a roll, a purge, a removal)."""
+        fsync_dir(self.path)
+
     # -- appending -----------------------------------------------------------------
 
     def append(
@@ -150,9 +162,9 @@ class PartitionLog(PartitionReads):
         old = self.segments[-1]
         if not old.count:
             return None
-        new = Segment.create(self.path, old.next_offset, self.segment_size)
+        new = self._new_segment(old.next_offset)
         crc = old.begin_seal()
-        fsync_dir(self.path)
+        self._sync_dir()
         self.segments.append(new)
         self.bases.append(new.base)
         if self._flush_at < 1 << 62:
@@ -215,9 +227,9 @@ class PartitionLog(PartitionReads):
             self.begin_roll()
             return self.segments[-1]
         old = self.segments[-1]
-        new = Segment.create(self.path, old.next_offset, self.segment_size)
+        new = self._new_segment(old.next_offset)
         old.seal()
-        fsync_dir(self.path)
+        self._sync_dir()
         self.segments.append(new)
         self.bases.append(new.base)
         return new
@@ -283,7 +295,7 @@ class PartitionLog(PartitionReads):
         self.segments = keep
         self.bases = [s.base for s in keep]
         self._drop_owed_seals()
-        fsync_dir(self.path)
+        self._sync_dir()
         self.live_count -= removed
         return removed
 
@@ -319,5 +331,5 @@ class PartitionLog(PartitionReads):
             self.size_bytes -= seg.size
         self.bases = [s.base for s in self.segments]
         self._drop_owed_seals()
-        fsync_dir(self.path)
+        self._sync_dir()
         return freed

@@ -40,6 +40,7 @@ __all__ = [
 _TOPIC_VALUES = (
     ("subjects", "subjects"), ("max_msgs_per_subject", "max_msgs_per_subject"), ("segment_size", "segment_size"),
     ("marker_ttl", "subject_delete_marker_ttl"), ("duplicate_window", "duplicate_window"),
+    ("storage", "storage"),
 )
 _TOPIC_FLAGS = ("deny_purge", "allow_msg_ttl", "allow_rollup", "allow_msg_schedules", "pedantic")
 

@@ -29,6 +29,10 @@ def _topic_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-msgs-per-subject", type=int, metavar="N", help="keep at most N messages per subject (0 = unlimited)")
     p.add_argument("--deny-purge", action="store_true", help="refuse purges and deletes")
     p.add_argument("--segment-size", type=int, metavar="BYTES", help="seal segments at this size")
+    p.add_argument(
+        "--storage", choices=("file", "memory"),
+        help="where messages live: file (default) or memory (gone after a restart; cannot change by update)",
+    )
     p.add_argument("--allow-msg-ttl", action="store_true", help="accept per-message TTLs (once on, never off)")
     p.add_argument(
         "--marker-ttl", type=whole_seconds, metavar="DURATION",

@@ -129,6 +129,7 @@ _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "deny_purge": ("deny purge", flag),
     "allow_msg_schedules": ("message schedules", lambda v: "allowed" if v else "no"),
     "retention": ("retention", str),
+    "storage": ("storage", str),
     "republish": ("republish", _republish),
     "kv": ("KV bucket", _bucket_options),
     "nats": ("NATS stream", _nats_options),

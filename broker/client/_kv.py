@@ -318,6 +318,7 @@ class KVMethods(Requests):
         refresh: str = "on_write",
         visibility: str = "never_return_expired",
         marker_ttl: int = 60,
+        storage: str = "file",
     ) -> KeyValue:
         """Create a KV bucket (Flink FLIP-25's state TTL; ``docs/semantics.md``, "KV
         buckets").
@@ -329,6 +330,7 @@ class KVMethods(Requests):
                 (a get does too).
             visibility: ``never_return_expired`` or ``return_expired_if_not_cleaned_up``.
             marker_ttl: how long the marker an expired key leaves stays, in seconds.
+            storage: ``file`` or ``memory`` (the keys are gone after a restart).
 
         Raises:
             InvalidKeyError: a bad bucket name. TopicNameExistsError: it exists.
@@ -342,7 +344,7 @@ class KVMethods(Requests):
         info = await self.create_topic(
             KV_STREAM, name, partitions=1, message_expiry=0, subjects=[f"$KV.{name}.>"],
             max_msgs_per_subject=history, allow_msg_ttl=True, allow_rollup=True, subject_delete_marker_ttl=marker_ttl,
-            kv={"ttl": ttl, "refresh": refresh, "visibility": visibility},
+            kv={"ttl": ttl, "refresh": refresh, "visibility": visibility}, storage=storage,
         )
         return KeyValue(self, name, info)
 

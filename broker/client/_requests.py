@@ -185,7 +185,7 @@ class Requests(Connection):
             subjects: the subject filters it captures (default
                 ``["<stream>.<topic>.>"]``).
             options: further topic options (``max_msgs_per_subject``, ``deny_purge``,
-                ``segment_size``, ...).
+                ``segment_size``, ``storage="memory"``, ...).
         """
         expiry = 0 if message_expiry is None else (EXPIRY_NONE if message_expiry == 0 else message_expiry)
         if subjects is not None:

@@ -82,6 +82,14 @@ class ConsumerEngine(TopicHooks):
         if recovering:
             for c in journal.load():
                 self.attach(c)
+                if topic.config.storage == "memory":
+                    # Its messages did not survive the stop: the consumer's state is
+                    # at the partition's new first offset - 1 (delivered and acked
+                    # through it, nothing outstanding; see docs/semantics.md).
+                    for cp in c.parts:
+                        start = cp.part.log.next_offset
+                        cp.purged(start)
+                        cp.last_delivered = max(cp.last_delivered, start - 1)
             if topic.config.retention != "limits":
                 self._sweep.append(topic)  # on the event loop, when the engine starts (run)
         self._watch_appends(topic)
@@ -176,7 +184,7 @@ class ConsumerEngine(TopicHooks):
             part = cp.part
             if not part.watchers:
                 # Nobody tracked what is durable here: find out now.
-                epoch = self.committer.durable_at() if self.committer.acks_wait else 0
+                epoch = self.committer.durable_at() if self.committer.acks_wait and not part.log.volatile else 0
                 if epoch:
                     self._unsynced[part] = (epoch, part.log.next_offset)
                 else:
@@ -227,7 +235,7 @@ class ConsumerEngine(TopicHooks):
         if part.topic.config.retention == "interest":
             retention_appended(self, part, first, subjects)
         nxt = part.log.next_offset
-        if self.committer.acks_wait:
+        if self.committer.acks_wait and not part.log.volatile:  # (memory storage: nothing to wait for)
             self._unsynced[part] = (self.committer.epoch, nxt)
         else:
             part.visible_next = nxt

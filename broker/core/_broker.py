@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from protocol import BrokerError, TopicDetails
-from storage import Damage, DataDir, PartitionLog, RecoveryReport, StorageFailure
+from storage import Damage, DataDir, MemoryBudget, MemoryPartitionLog, PartitionLog, RecoveryReport, StorageFailure
 
 from broker.config import Config
 
@@ -94,6 +94,8 @@ class Broker:
         self.router = Router()
         self.subs = SubscriptionIndex(self.counters)
         self.committer = Committer(config.system.partition.fsync, self.counters)
+        #: What the memory-storage topics hold, against ``[limits] memory_storage_bytes``.
+        self.memory_budget = MemoryBudget(config.limits.memory_storage_bytes)
         self.retention = Retention(self.clock, self.counters, self.committer, self.subs.deliver)
         self.republisher = Republisher(
             self.counters, self.committer, config.limits.max_republish_hops, self._republish, self.router, self.subs,
@@ -104,7 +106,8 @@ class Broker:
         self.max_payload = config.limits.max_payload_bytes
         self.publisher = Publisher(
             self.max_payload, self.router, self.clock, self.counters, self.subs, self.committer, self.retention,
-            self.republisher,
+            self.republisher, self.memory_budget,
+            lambda: self.retention.clean([p for p in self.all_partitions() if p.log.volatile]),
         )
         self.scheduler = Scheduler(self.retention, self.committer, self.counters)
         self.scheduler.publish = lambda bodies: self.publisher.publish_bodies(bodies, deliver=False)
@@ -189,11 +192,18 @@ class Broker:
                 self.counters.corrupt_records += 1
                 log.error("corrupt_record", topic=_t.full_name, partition=_n, offset=offset, reason=reason)
 
-            plog, reports = PartitionLog.open(
-                path, topic.config.segment_size, on_corrupt, report=self._damage, reserve=reserve,
-                quarantine_dir=os.path.join(self.datadir.quarantine_dir, os.path.relpath(path, self.datadir.root)),
-                expect_existing=expect_existing,
-            )
+            plog: PartitionLog
+            if topic.config.storage == "memory":
+                plog, reports = MemoryPartitionLog.open(
+                    path, topic.config.segment_size, on_corrupt, budget=self.memory_budget, report=self._damage,
+                    expect_existing=expect_existing,
+                )
+            else:
+                plog, reports = PartitionLog.open(
+                    path, topic.config.segment_size, on_corrupt, report=self._damage, reserve=reserve,
+                    quarantine_dir=os.path.join(self.datadir.quarantine_dir, os.path.relpath(path, self.datadir.root)),
+                    expect_existing=expect_existing,
+                )
             if recovering:
                 self._report_recovery(topic, n, plog, reports)
             self.sealer.attach(plog)
@@ -236,7 +246,10 @@ class Broker:
             first, last = plog.skipped
             log.info(
                 "offsets_skipped", topic=topic.full_name, partition=n, first=first, last=last,
-                reason="reserved before an unclean stop or beyond missing records; never handed out",
+                reason=(
+                    "memory storage after an unclean stop: the offsets up to the reservation are not handed out again"
+                    if plog.volatile else "reserved before an unclean stop or beyond missing records; never handed out"
+                ),
             )
 
     def close(self) -> None:

@@ -160,8 +160,12 @@ class Committer:
         released are out. ``lazy``: nobody waits for this write; it goes with the
         next sync (under ``always``, within :data:`LAZY_SYNC_SECONDS`), and 0 is
         returned: no epoch to wait on.
+        A source with nothing durable to sync (a memory partition's log: its
+        ``volatile`` is true) is not recorded, and 0 is returned.
         Runtime complexity: O(1).
         """
+        if getattr(source, "volatile", False):
+            return 0
         if lazy and self.policy.mode == "always":
             self._lazy.add(source)
             if not self._lazy_due:

@@ -126,8 +126,8 @@ class Exporter:
 
     def keeps(self, part: Partition, seg: Segment) -> bool:
         """True when the cleaner must keep ``seg`` (the export is on and it is not
-        exported yet)."""
-        return self.enabled and (bool(self.paused) or self.key(part, seg) not in self.exported)
+        exported yet). Never a memory-storage segment: it is not exported."""
+        return self.enabled and not part.log.volatile and (bool(self.paused) or self.key(part, seg) not in self.exported)
 
     def snapshot(self, partitions: list[Partition]) -> list[SegmentJob]:
         """The jobs of the sealed segments of
@@ -171,6 +171,9 @@ class Exporter:
             raise error_class(ErrorCode.EXPORT_NOT_CONFIGURED)(
                 "the broker has no export directory: start it with --export-dir DIR or set [export] dir"
             )
+        # Memory-storage topics have no segment files, and their messages are meant
+        # not to outlive the broker: not exported (docs/semantics.md §19.8).
+        partitions = [p for p in partitions if not p.log.volatile]
         async with self._lock:
             if self.paused:
                 raise error_class(ErrorCode.EXPORT_FAILED)(self.paused)

@@ -31,10 +31,12 @@ matches its subjects.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import protocol as P
 from protocol import RemovalReason as R
 from protocol import TTL_NEVER, BrokerError, ErrorCode, scan_bodies
-from storage import AppendResult
+from storage import AppendResult, MemoryBudget
 
 from ._admission import ROLLUP_SUB, admit_batch, check, dedupe, self_contained
 from ._batch import Appended, Batch
@@ -53,6 +55,10 @@ __all__ = ["Publisher", "StoredReply"]
 _DUPLICATE = int(ErrorCode.DUPLICATE_MESSAGE)
 _NO_TOPIC = int(ErrorCode.NO_TOPIC_FOR_SUBJECT)
 _NO_ACK = P.PUBLISH_NO_ACK
+#: A record's bytes beyond its body (``protocol.RECORD_HEADER``: what the memory
+#: budget counts besides the bodies).
+_RECORD_HEAD = 24
+_MemoryFull = P.error_class(ErrorCode.MEMORY_STORAGE_FULL)
 #: Where the bodies of a PUBLISH payload start (after u8 flags and u32 count).
 _BODY_POS = 5
 
@@ -79,12 +85,18 @@ class Publisher:
         max_payload: ``[limits] max_payload_bytes``.
         router, clock, counters, subs, committer, retention, republisher: the
             broker's parts a publish goes through.
+        memory_budget: what the memory-storage topics may hold (``[limits]
+            memory_storage_bytes``); ``reclaim_memory`` frees what their removed
+            records hold (a cleaner pass over them), before a publish is refused.
     """
 
     def __init__(
         self, max_payload: int, router: Router, clock: Clock, counters: Counters, subs: SubscriptionIndex,
         committer: Committer, retention: Retention, republisher: Republisher,
+        memory_budget: MemoryBudget | None = None, reclaim_memory: Callable[[], object] | None = None,
     ) -> None:
+        self.memory_budget = memory_budget or MemoryBudget(0)
+        self.reclaim_memory = reclaim_memory
         self.max_payload = max_payload
         self.router = router
         self.clock = clock
@@ -198,6 +210,10 @@ class Publisher:
         batch.now = self.clock.now_ns()
         if batch.any_msg_id and not batch.trusted:
             dedupe(batch)
+        for p in groups:
+            if p.log.volatile:
+                self._within_memory_budget(batch)
+                break
         part = batch.one_partition()
         if part is not None:
             res = self._append_whole(batch, part)
@@ -262,6 +278,46 @@ class Publisher:
                 assert isinstance(route, BrokerError)  # the subject is invalid
                 failed[i] = route
 
+    def _within_memory_budget(self, batch: Batch) -> None:
+        """The messages for memory-storage partitions that the budget (``[limits]
+        memory_storage_bytes``) cannot hold are refused (MEMORY_STORAGE_FULL; each
+        group's first messages that fit are kept, in order), after one pass of the
+        cleaner over the memory partitions has given back what removed records
+        held."""
+        budget = self.memory_budget
+        starts, ends = batch.starts, batch.ends
+        reclaimed = False
+        for part, idx in list(batch.groups.items()):
+            if not part.log.volatile:
+                continue
+            need = sum(ends[i] - starts[i] for i in idx) + _RECORD_HEAD * len(idx)
+            if budget.fits(need):
+                continue
+            if not reclaimed and self.reclaim_memory is not None:
+                reclaimed = True
+                self.reclaim_memory()
+                if budget.fits(need):
+                    continue
+            room = budget.limit - budget.used
+            kept = 0
+            for i in idx:
+                n = ends[i] - starts[i] + _RECORD_HEAD
+                if n > room:
+                    break
+                room -= n
+                kept += 1
+            err = _MemoryFull(
+                f"insufficient resources: the memory storage budget ([limits] memory_storage_bytes = "
+                f"{budget.limit} bytes) is used up ({budget.used} bytes held by memory-storage topics)"
+            )
+            for i in idx[kept:]:
+                batch.failed[i] = err
+            self.counters.memory_storage_refused += len(idx) - kept
+            if kept:
+                batch.groups[part] = idx[:kept]
+            else:
+                del batch.groups[part]
+
     def _append_whole(self, batch: Batch, part: Partition) -> AppendResult:
         """Append the whole batch, in order, into ``part`` (message k of the batch at
         ``first_offset + k``), count it and schedule its TTLs in bulk, one insertion
@@ -318,7 +374,8 @@ class Publisher:
                 if stamps:
                     gstamps = {k: st for k, i in enumerate(idx) if (st := stamps.get(i)) is not None}
             res = part.append(batch.data, [starts[i] for i in idx], [ends[i] for i in idx], gsubjects, batch.now, gflags, gstamps)
-            epoch = batch.epoch = self.committer.note_write(part.log)
+            epoch = self.committer.note_write(part.log)
+            batch.epoch = max(batch.epoch, epoch)  # (0 for a memory partition: nothing to wait for)
             counters.messages_in += len(idx)
             counters.bytes_in += len(res.records)
             sid, tid, number = topic.stream.id, topic.id, part.number

@@ -75,6 +75,8 @@ class Counters:
     corrupt_records: int = 0
     #: Torn records cut from the tail of an active segment on recovery.
     torn_records_truncated: int = 0
+    #: Messages refused because the memory storage budget ([limits] memory_storage_bytes) was used up.
+    memory_storage_refused: int = 0
     #: fsync rounds of the group commit.
     fsyncs: int = 0
     #: Connections accepted since start.

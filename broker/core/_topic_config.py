@@ -20,7 +20,7 @@ from typing import Any
 from protocol.nats import NATS_SETTINGS
 from protocol import ErrorCode, SubjectTransform, TransformError, error_class, filters_overlap, validate_filter
 
-__all__ = ["DEFAULT_DUPLICATE_WINDOW", "RETENTIONS", "TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]
+__all__ = ["DEFAULT_DUPLICATE_WINDOW", "RETENTIONS", "STORAGES", "TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]
 
 #: JetStream's default duplicate window (``StreamDefaultDuplicatesWindow``), seconds.
 DEFAULT_DUPLICATE_WINDOW = 120
@@ -30,6 +30,10 @@ _Config = error_class(ErrorCode.INVALID_TOPIC_CONFIG)
 
 #: The retention policies, as JetStream's (``limits`` keeps messages until a limit removes them).
 RETENTIONS = ("limits", "workqueue", "interest")
+
+#: Where a topic's messages live: ``file`` (the segment files) or ``memory``
+#: (``storage.MemoryPartitionLog``).
+STORAGES = ("file", "memory")
 
 #: key -> (accepted Python types, meaning). ``message_expiry`` travels in the fixed
 #: layout on create and in the map on update; ``pedantic`` applies to the request
@@ -66,6 +70,11 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
         "'allow_direct', 'discard', 'metadata'}; the NATS listener sets it",
     ),
     "allow_msg_schedules": ((bool,), "accept message schedules (Nats-Schedule, NATS ADR-51; never turned off)"),
+    "storage": (
+        (str,),
+        "file (default: on disk) | memory (in memory only: gone after a restart, the configuration kept; "
+        "bounded by [limits] memory_storage_bytes); cannot change by update",
+    ),
     "pedantic": ((bool,), "refuse instead of fixing the configuration automatically (this request only)"),
     "message_expiry": ((int,), "update only: max age in seconds; 0 = none"),
 }
@@ -134,6 +143,8 @@ class TopicConfig:
     nats: dict[str, Any] | None = None
     #: Message schedules (NATS ADR-51, ``_schedules.py``).
     allow_msg_schedules: bool = False
+    #: ``file`` or ``memory`` (:data:`STORAGES`); a catalog written before the option existed loads as file.
+    storage: str = "file"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -164,6 +175,7 @@ class TopicConfig:
             "kv": dict(self.kv) if self.kv else None,
             "nats": dict(self.nats) if self.nats else None,
             "allow_msg_schedules": self.allow_msg_schedules,
+            "storage": self.storage,
         }
 
     def validate(self, max_partitions: int) -> None:
@@ -188,6 +200,8 @@ class TopicConfig:
             raise _Config("segment_size must be between 4096 and 1073741824 bytes")
         if self.retention not in RETENTIONS:
             raise _Config(f"retention must be one of {', '.join(RETENTIONS)}, not {self.retention!r}")
+        if self.storage not in STORAGES:
+            raise _Config(f"storage must be one of {', '.join(STORAGES)}, not {self.storage!r}")
 
 
 def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
@@ -259,6 +273,8 @@ def resolve(
         new = replace(new, kv=_check_kv(new))
     # Update-only rules (configUpdateCheckLocked), on the fixed configuration.
     if old is not None:
+        if old.storage != new.storage:  # (the server checks it first)
+            raise _Config("stream configuration update can not change storage type")
         if old.allow_msg_ttl and not new.allow_msg_ttl:
             raise _Config("message TTL status can not be disabled")
         if old.allow_msg_schedules and not new.allow_msg_schedules:

@@ -59,6 +59,8 @@ GAUGES: dict[str, tuple[str, str, float]] = {
     "messages": ("messages", "Live messages stored in all partitions.", 1),
     "bytes_in_logs": ("bytes_in_logs", "Bytes of the segment logs of all partitions.", 1),
     "bytes_on_disk": ("bytes_on_disk", "Bytes of every file in the data directory.", 1),
+    "memory_storage_bytes": ("memory_storage_bytes", "Bytes of records held by memory-storage topics.", 1),
+    "memory_storage_limit_bytes": ("memory_storage_limit_bytes", "The memory storage budget ([limits] memory_storage_bytes).", 1),
     "last_fsync_seconds": ("last_fsync_seconds", "Duration of the last group commit's fsync round.", 1),
     "pending_expiries": ("pending_expiries", "Messages waiting in the deadline structure for their per-message TTL.", 1),
     "pending_schedules": ("pending_schedules", "Message schedules (NATS ADR-51) waiting to fire.", 1),

@@ -24,7 +24,7 @@ import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
 from protocol import RemovalReason as R
 from protocol.nats import (
-    API_LEVEL, BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
+    API_LEVEL, BAD_REQUEST, MEMORY_RESOURCES_EXCEEDED, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
     stream_config, last_by_subj_of, parse_request, stream_config_to_topic,
 )
@@ -110,14 +110,14 @@ def _fail(js: JetStream, reply: str | None, kind: str, err: BrokerError | JSErro
 def account_info(js: JetStream) -> dict[str, Any]:
     topics = js.topics()
     return {
-        "memory": 0,
-        "storage": sum(t.size_bytes for t in topics),
+        "memory": sum(t.size_bytes for t in topics if t.config.storage == "memory"),
+        "storage": sum(t.size_bytes for t in topics if t.config.storage != "memory"),
         "reserved_memory": 0,
         "reserved_storage": 0,
         "streams": len(topics),
         "consumers": sum(len(js.consumers.consumers_of(t)) for t in topics),
         "limits": {
-            "max_memory": -1, "max_storage": -1, "max_streams": -1, "max_consumers": -1, "max_ack_pending": -1,
+            "max_memory": js.broker.memory_budget.limit, "max_storage": -1, "max_streams": -1, "max_consumers": -1, "max_ack_pending": -1,
             "memory_max_stream_bytes": -1, "storage_max_stream_bytes": -1, "max_bytes_required": False,
         },
         "api": {"level": API_LEVEL, "total": js.api_total, "errors": js.api_errors},
@@ -216,6 +216,13 @@ async def _create(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
         if _same(broker, existing, options, max_age, pedantic):
             return stream_info(js, existing)
         raise js_error(STREAM_NAME_EXIST)
+    if options.get("storage") == "memory":
+        # nats-server's check of a memory stream against its max_memory_store
+        # (``checkBytesLimits``: the stream's max_bytes, or 1 byte without one).
+        wanted = req.get("max_bytes")
+        wanted = wanted if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > 0 else 1
+        if wanted > broker.memory_budget.limit:
+            raise js_error(MEMORY_RESOURCES_EXCEEDED)
     if not any(s.name == where for s in broker.catalog.streams.values()):
         try:
             await core.create_stream(broker, None, P.CreateStream(0, where))
@@ -251,8 +258,6 @@ async def _update(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
     """STREAM.UPDATE: the request is the whole new config, as for the server (what it
     leaves out takes its default, not the old value)."""
     topic = js.topic(name)
-    if req.get("storage") not in (None, "file"):
-        raise js_error(STREAM_INVALID_CONFIG, "stream configuration update can not change storage type")
     _, _, options, max_age, pedantic = _topic_request(js, name, req, topic)
     if "duplicate_window" not in options:
         options["duplicate_window"] = min(DEFAULT_DUPLICATE_WINDOW, max_age) if max_age else DEFAULT_DUPLICATE_WINDOW

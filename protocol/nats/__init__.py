@@ -41,6 +41,7 @@ from ._jetstream import FC_PREFIX as FC_PREFIX
 from ._jetstream import INVALID_JSON as INVALID_JSON
 from ._jetstream import JSError as JSError
 from ._jetstream import MSG_DELETE_FAILED as MSG_DELETE_FAILED
+from ._jetstream import MEMORY_RESOURCES_EXCEEDED as MEMORY_RESOURCES_EXCEEDED
 from ._jetstream import NATS_ERRORS as NATS_ERRORS
 from ._jetstream import NATS_SETTINGS as NATS_SETTINGS
 from ._jetstream import NO_MESSAGE_FOUND as NO_MESSAGE_FOUND

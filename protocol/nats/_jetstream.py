@@ -35,6 +35,7 @@ __all__ = [
     "API_PREFIX", "ACK_PREFIX", "FC_PREFIX", "NS", "JSError", "NATS_ERRORS", "nats_error", "api_response",
     "api_error", "pub_ack", "pub_error", "rfc3339", "stream_config_to_topic", "stream_config", "NATS_SETTINGS",
     "check_stream_name", "parse_request", "js_error", "BAD_REQUEST", "INVALID_JSON", "MSG_DELETE_FAILED",
+    "MEMORY_RESOURCES_EXCEEDED",
     "NO_MESSAGE_FOUND", "PURGE_FAILED", "SEQUENCE_NOT_FOUND", "STREAM_INVALID_CONFIG", "STREAM_MISMATCH",
     "STREAM_NAME_EXIST", "STREAM_NOT_FOUND", "last_by_subj_of", "msg_get_response",
     "NATS_VERSION", "API_LEVEL", "versioned_metadata", "user_metadata",
@@ -116,6 +117,7 @@ STREAM_NOT_MATCH = (400, 10060, "expected stream does not match")
 WRONG_LAST_MSG_ID = (400, 10070, None)  # "wrong last msg ID: {id}"
 STORE_FAILED = (503, 10077, None)
 NOT_EMPTY_REQUEST = (400, 10038, "expected an empty request payload")
+MEMORY_RESOURCES_EXCEEDED = (500, 10028, "insufficient memory resources available")
 
 
 def js_error(entry: tuple[int, int, str | None], reason: str = "") -> JSError:
@@ -151,6 +153,7 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.PURGE_DENIED: PURGE_FAILED,
     ErrorCode.MALFORMED_PAYLOAD: BAD_REQUEST,
     ErrorCode.STORAGE_FAILURE: STORE_FAILED,
+    ErrorCode.MEMORY_STORAGE_FULL: (503, 10023, "insufficient resources"),  # JSInsufficientResourcesErr
     ErrorCode.SHUTTING_DOWN: STORE_FAILED,
     ErrorCode.NO_TOPIC_FOR_SUBJECT: STORE_FAILED,
     ErrorCode.CONSUMER_NOT_FOUND: (404, 10014, "consumer not found"),
@@ -376,7 +379,6 @@ def _seconds(cfg: dict[str, Any], key: str) -> int:
 # Fields the server has and ttlbroker accepts only at their "off" value: key ->
 # (values accepted, the refusal's wording).
 _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
-    "storage": (("file", None), "storage {v!r} (only 'file': every stream is on disk)"),
     "max_consumers": ((-1, 0, None), "max_consumers {v}"),
     "max_msgs": ((-1, 0, None), "max_msgs {v} (no message count limit per stream; use max_age or max_msgs_per_subject)"),
     "max_bytes": ((-1, 0, None), "max_bytes {v} (no byte limit per stream)"),
@@ -401,7 +403,7 @@ _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
 _MAPPED = {
     "name", "description", "subjects", "max_age", "max_msgs_per_subject", "discard", "num_replicas", "duplicate_window",
     "deny_delete", "deny_purge", "allow_rollup_hdrs", "republish", "allow_direct", "allow_msg_ttl",
-    "subject_delete_marker_ttl", "metadata", "retention",
+    "subject_delete_marker_ttl", "metadata", "retention", "storage",
     "allow_msg_schedules",
 }
 
@@ -454,6 +456,9 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
     retention = cfg.get("retention") or "limits"
     if retention not in ("limits", "workqueue", "interest"):
         raise js_error(INVALID_JSON, f"invalid JSON: can not unmarshal {retention!r} into RetentionPolicy")
+    storage = cfg.get("storage") or "file"
+    if storage not in ("file", "memory"):
+        raise js_error(INVALID_JSON, f"invalid JSON: can not unmarshal {storage!r} into StorageType")
     discard = cfg.get("discard") or "old"
     if discard not in ("old", "new"):
         raise js_error(INVALID_JSON, f"invalid JSON: can not unmarshal {discard!r} into DiscardPolicy")
@@ -484,6 +489,7 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
         "retention": retention,
         "nats": nats,
         "allow_msg_schedules": bool(cfg.get("allow_msg_schedules")),
+        "storage": storage,
     }
     if window:
         options["duplicate_window"] = window
@@ -512,7 +518,7 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
         max_msgs_per_subject=options["max_msgs_per_subject"] or -1,
         max_msg_size=-1,
         discard=nats.get("discard", "old"),
-        storage="file",
+        storage=options.get("storage", "file"),
         num_replicas=1,
         duplicate_window=options["duplicate_window"] * NS,
         compression="none",

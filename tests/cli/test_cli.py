@@ -48,6 +48,15 @@ def test_stream_and_topic_commands(broker: BrokerProcess) -> None:
     assert [s["name"] for s in lines(run(a, "stream", "list", json_out=True))] == ["shop.floor"]
 
 
+def test_topic_create_with_memory_storage(broker: BrokerProcess) -> None:
+    a = broker.address
+    run(a, "stream", "create", "mem")
+    t = lines(run(a, "topic", "create", "mem", "cache", "--subjects", "cache.>", "--storage", "memory", json_out=True))[0]
+    assert t["storage"] == "memory"
+    out = run(a, "topic", "update", "mem", "cache", "--storage", "file", check=False)
+    assert out.returncode != 0 and "stream configuration update can not change storage type" in out.stderr
+
+
 def test_pub_fetch_last_and_errors(broker: BrokerProcess) -> None:
     a = broker.address
     run(a, "stream", "create", "cli")

@@ -96,6 +96,7 @@ def test_topic_info(cli: CLI, shop: None) -> None:
         "  rollup                allowed\n"
         "  deny purge            no\n"
         "  retention             limits\n"
+        "  storage               file\n"
         "  republish             ev.* -> audit.{{wildcard(1)}} (headers only)\n"
         "\n"
         "State\n"

@@ -145,7 +145,7 @@ async def test_refusals(nats_url: str) -> None:
             StreamConfig(name="R", subjects=["r.>"], num_replicas=3),
             StreamConfig(name="R", subjects=["r.>"], sealed=True),
             StreamConfig(name="R", subjects=["r.>"], no_ack=True),
-            StreamConfig(name="R", subjects=["r.>"], storage="memory"),
+            StreamConfig(name="R", subjects=["r.>"], mirror_direct=True),
             StreamConfig(name="R", subjects=["r.>"], max_msgs=100),
             StreamConfig(name="R", subjects=["r.>"], max_bytes=1 << 20),
             StreamConfig(name="R", subjects=["r.>"], max_age=0.05),
@@ -173,7 +173,7 @@ async def test_refusals(nats_url: str) -> None:
     assert out[0] == (500, 10074, "replicas > 1 not supported in non-clustered mode")
     assert out[1] == (500, 10052, "sealed is not supported by ttlbroker")
     assert out[2] == (500, 10052, "no_ack is not supported by ttlbroker")
-    assert out[3] == (500, 10052, "storage 'memory' (only 'file': every stream is on disk) is not supported by ttlbroker")
+    assert out[3] == (500, 10052, "mirror_direct is not supported by ttlbroker")
     assert out[4] == (500, 10052, "max_msgs 100 (no message count limit per stream; use max_age or max_msgs_per_subject) is not supported by ttlbroker")
     assert out[5] == (500, 10052, "max_bytes 1048576 (no byte limit per stream) is not supported by ttlbroker")
     assert out[6] == (500, 10052, "max age needs to be >= 100ms")

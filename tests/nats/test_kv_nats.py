@@ -127,17 +127,12 @@ async def test_key_ttl_and_bucket_refusals(nats_url: str) -> None:
             await js.create_key_value(bucket="r3", replicas=3)
         except jse.APIError as err:
             out.append((err.code, err.err_code, err.description))
-        try:
-            await js.create_key_value(bucket="mem", storage="memory")
-        except jse.APIError as err:
-            out.append((err.code, err.err_code, err.description))
         return out
 
     out = await _js(nats_url, fn)
     assert out[0] == 1
     assert out[1]["Nats-TTL"] == "30"
     assert out[2] == (500, 10074, "replicas > 1 not supported in non-clustered mode")
-    assert out[3] == (500, 10052, "storage 'memory' (only 'file': every stream is on disk) is not supported by ttlbroker")
 
 
 async def test_after_an_answered_get_the_reader_waits_for_the_next_request(
