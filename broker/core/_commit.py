@@ -135,6 +135,8 @@ class Committer:
         self._progress: trio.Event | None = None
         self._watchers: set[SyncWatcher] = set()
         self._after: list[tuple[int, Callable[[], None]]] = []
+        #: ``after`` actions that run before the answers of their sync go out.
+        self._first: list[tuple[int, Callable[[], None]]] = []
         #: Called with the durable epoch after every sync, before the ``after``
         #: actions (the consumer engine hands newly durable messages to waiting pulls).
         self.on_synced: list[Callable[[int], None]] = []
@@ -210,11 +212,15 @@ class Committer:
         """Have ``session.on_sync()`` called after the next sync completes."""
         self._watchers.add(session)
 
-    def after(self, epoch: int, action: Callable[[], None]) -> None:
+    def after(self, epoch: int, action: Callable[[], None], before_answers: bool = False) -> None:
         """Run ``action`` on the event loop once epoch ``epoch`` is durable (at once
-        if it is already)."""
+        if it is already). ``before_answers``: in the same turn as the sync's end,
+        before any answer it released is sent (what the answer must already show);
+        otherwise after them."""
         if epoch <= self.synced:
             action()
+        elif before_answers:
+            self._first.append((epoch, action))
         else:
             self._after.append((epoch, action))
 
@@ -359,6 +365,14 @@ class Committer:
                 hook(target)
             except Exception as exc:  # a failed hook must not stop durability
                 log.error("after_sync_failed", error=repr(exc), exc_info=True)
+        if self._first:
+            due = [a for e, a in self._first if e <= target]
+            self._first = [(e, a) for e, a in self._first if e > target]
+            for action in due:  # (the sessions woken above run at the next checkpoint)
+                try:
+                    action()
+                except Exception as exc:
+                    log.error("after_sync_failed", error=repr(exc), exc_info=True)
 
     @staticmethod
     def _synced(sources: Iterable[SyncSource]) -> None:

@@ -153,7 +153,9 @@ class Scheduler:
                     self.retention.remove(part, doomed, RemovalReason.ROLLUP)
 
         if self.committer.acks_wait:
-            self.committer.after(epoch, remove)
+            # Before the PubAck of the message that ends the schedule goes out: its
+            # answer shows the schedule gone, as nats-server's does.
+            self.committer.after(epoch, remove, before_answers=True)
         else:  # (fsync interval or never: nothing waits for the disk, and neither does this)
             remove()
 
