@@ -117,6 +117,9 @@ class ErrorCode(IntEnum):
     )
     WRONG_EXPECTED_STREAM = 6015, "the message's Nats-Expected-Stream does not name the topic that captures it"
     WRONG_LAST_MSG_ID = 6016, "the topic's last Nats-Msg-Id is not the one Nats-Expected-Last-Msg-Id names"
+    TOPIC_SEALED = 6040, "the topic is sealed: no message goes in or out (the server's 10109)"
+    MSG_COUNTER_DISABLED = 6041, "a Nats-Incr message counter (ADR-49): ttlbroker has no counters (the server's 10168)"
+    ATOMIC_PUBLISH_DISABLED = 6042, "a Nats-Batch-Id atomic batch (ADR-50): ttlbroker has no batches (the server's 10174)"
 
     # -- subscriptions and consumers (7000s) -------------------------------------
     SUBSCRIPTION_EXISTS = 7001, "the connection already has a subscription with that id"

@@ -113,6 +113,7 @@ class Batch:
         "fields", "hvs", "failed", "groups", "unrouted", "admitted", "stamps", "any_rollup", "any_msg_id",
         "duplicates", "fresh", "now", "epoch", "whole", "first_offset",
         "stream_ids", "topic_ids", "partitions", "offsets", "statuses", "errors", "appended", "rollups",
+        "originals",
     )
 
     #: The bodies' bytes; bodies admission rewrote are appended at the end, their
@@ -170,6 +171,10 @@ class Batch:
     appended: list[Appended]
     #: ``(index, partition, offset, ROLLUP_SUB or ROLLUP_ALL)`` of each stored rollup.
     rollups: list[tuple[int, Partition, int, int]]
+    #: index -> the subject as published, for the messages a topic's subject
+    #: transform stores under another (``subjects`` holds the stored one; core
+    #: subscribers get the message on this one), or None.
+    originals: dict[int, bytes] | None
 
     def __init__(self, data: bytes, scan: PublishScan, trusted: bool = False) -> None:
         self.data = data
@@ -192,6 +197,7 @@ class Batch:
         self.duplicates = self.fresh = None
         self.now = self.epoch = self.first_offset = 0
         self.whole = None
+        self.originals = None
 
     def framed(self, counts: list[int], positions: list[int]) -> bool:
         """Read as the bodies of consecutive requests of ``counts`` messages whose
@@ -214,6 +220,13 @@ class Batch:
             return None
         (part,) = groups
         return part if part.topic.republisher is None else None
+
+    def published_subjects(self) -> list[bytes]:
+        """Each message's subject as published (``subjects`` holds the stored ones)."""
+        originals = self.originals
+        if not originals:
+            return self.subjects
+        return [originals.get(i, s) for i, s in enumerate(self.subjects)]
 
     def open_acks(self) -> None:
         """Start the ack columns: every message unanswered (stream, topic,

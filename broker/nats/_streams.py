@@ -24,7 +24,7 @@ import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
 from protocol import RemovalReason as R
 from protocol.nats import (
-    API_LEVEL, BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
+    API_LEVEL, STREAM_SEALED, BAD_REQUEST, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
     stream_config, last_by_subj_of, parse_request, stream_config_to_topic,
 )
@@ -297,6 +297,8 @@ async def _delete(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
 
 def _purge(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
     topic = js.topic(name)
+    if topic.config.sealed:
+        raise js_error(STREAM_SEALED)
     if topic.config.deny_purge:
         raise js_error(PURGE_FAILED, "stream purge not permitted")
     flt = req.get("filter") or ""
@@ -483,6 +485,8 @@ def _msg_delete(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str
     if not req or not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
         raise js_error(BAD_REQUEST)
     nats = topic.config.nats or {}
+    if topic.config.sealed:
+        raise js_error(STREAM_SEALED)
     if nats.get("deny_delete") or topic.config.deny_purge:
         raise js_error(MSG_DELETE_FAILED, "message delete not permitted")
     if seq == 0:
