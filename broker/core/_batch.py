@@ -216,17 +216,10 @@ class Batch:
         to be done per message (nothing refused or unrouted, no rollup, no id to
         de-duplicate, no republish): the common case. Else None."""
         groups = self.groups
-        if len(groups) != 1 or self.failed or self.unrouted or self.any_rollup or self.any_msg_id:
+        if len(groups) != 1 or self.failed or self.unrouted or self.any_rollup or self.any_msg_id or self.originals:
             return None
         (part,) = groups
         return part if part.topic.republisher is None else None
-
-    def published_subjects(self) -> list[bytes]:
-        """Each message's subject as published (``subjects`` holds the stored ones)."""
-        originals = self.originals
-        if not originals:
-            return self.subjects
-        return [originals.get(i, s) for i, s in enumerate(self.subjects)]
 
     def open_acks(self) -> None:
         """Start the ack columns: every message unanswered (stream, topic,

@@ -198,11 +198,10 @@ class Publisher:
             res = self._append_whole(batch, part)
             if part.topic.config.max_msgs_per_subject:
                 self.enforce_max_msgs(part, batch.subjects)
-            published = batch.published_subjects()
             # Subscribers, but none on these subjects (a client's reply inbox): no entries to build.
-            if self.subs and any(map(self.subs.match, published)):
+            if self.subs and any(map(self.subs.match, batch.subjects)):
                 head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
-                self.subs.deliver([(s, head, rec) for s, rec in zip(published, _record_views(res))])
+                self.subs.deliver([(s, head, rec) for s, rec in zip(batch.subjects, _record_views(res))])
             return
         self._append(batch)
         for a in batch.appended:
@@ -444,12 +443,19 @@ class Publisher:
         if not self.subs:
             return
         entries: list[Entry | None] = [None] * batch.count
-        originals = batch.originals or {}
+        originals = batch.originals
         for a in batch.appended:
             topic = a.partition.topic
             head = P.delivery_entry(topic.stream.id, topic.id, a.partition.number)
             for i, rec in zip(a.indexes, _record_views(a.result)):
-                entries[i] = (originals.get(i, subjects[i]), head, rec)
+                if originals and i in originals:
+                    # A core subscriber gets it on the subject it was published on (as
+                    # from nats-server, where the stream's capture is one more subscriber).
+                    subject = originals[i]
+                    body = P.resubject_body(memoryview(batch.data)[batch.starts[i] : batch.ends[i]], subject)
+                    entries[i] = (subject, head, P.encode_record(batch.offsets[i], a.result.timestamp, body))
+                else:
+                    entries[i] = (subjects[i], head, rec)
         if unrouted:
             head = P.delivery_entry(0, 0, 0)
             data, starts, ends, now = batch.data, batch.starts, batch.ends, batch.now

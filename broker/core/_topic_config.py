@@ -282,14 +282,14 @@ def resolve(
         raise _Config("stream configuration for create can not be sealed")
     # Update-only rules (configUpdateCheckLocked), on the fixed configuration.
     if old is not None:
+        if old.sealed and not new.sealed:  # checked before the permissions, as the server
+            raise _Config("stream configuration update can not unseal a sealed stream")
         if old.allow_msg_ttl and not new.allow_msg_ttl:
             raise _Config("message TTL status can not be disabled")
         if old.deny_purge and not new.deny_purge:
             raise _Config("stream configuration update can not cancel deny purge")
         if old.retention != new.retention and "workqueue" in (old.retention, new.retention):
             raise _Config("stream configuration update can not change retention policy to/from workqueue")
-        if old.sealed and not new.sealed:
-            raise _Config("stream configuration update can not unseal a sealed stream")
         if new.sealed:
             # What sealing sets, as nats-server (even in pedantic mode): no max age, no
             # purges, deletes or roll-ups, and NATS's discard new and deny delete.

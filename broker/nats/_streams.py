@@ -259,6 +259,7 @@ async def _update(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
     if options.get("kv") is not None and topic.config.kv is not None:
         options["kv"] = {**topic.config.kv, **options["kv"]}  # keep our refresh and visibility
     options.setdefault("republish", None)  # left out or null: none (the whole config, as the server)
+    options.setdefault("subject_transform", None)
     changes = {**options, "message_expiry": max_age}
     if pedantic:
         changes["pedantic"] = True
