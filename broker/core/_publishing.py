@@ -249,7 +249,7 @@ class Publisher:
             subj = subjects[i]
             route, stored = route_stored(subj)
             if route.__class__ is Partition:
-                groups.setdefault(route, []).append(i)  # type: ignore[arg-type]
+                groups.setdefault(route, []).append(i)
                 if stored is not None:
                     if batch.originals is None:
                         batch.originals = {}

@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-
 import nats
 import nats.js.errors as jse
 from conftest import make_config, start_server
