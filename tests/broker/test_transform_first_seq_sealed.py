@@ -10,6 +10,7 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ttl_helpers import advance, all_messages, broker_and_client
 
 from broker.client import Client
 from broker.core import TopicConfig, resolve
@@ -143,3 +144,18 @@ def test_route_stored_is_the_transform_of_a_captured_subject(
             assert isinstance(route, BrokerError) and route.code == ErrorCode.INVALID_SUBJECT and stored is None
         else:
             assert stored == out.encode() and route is topic.partitions[zlib.crc32(stored) % partitions]
+
+
+async def test_a_sealed_topic_expires_ttls_and_writes_no_markers(mock_clock, data_dir) -> None:  # type: ignore[no-untyped-def]
+    """Virtual time: TTLs keep expiring in a sealed topic (docs/semantics.md §21.3),
+    and the subject delete marker the expiry would leave is not written."""
+    async with broker_and_client(data_dir) as (_, c):
+        await c.create_stream("s")
+        await c.create_topic("s", "t", subjects=["a.>"], subject_delete_marker_ttl=1, max_msgs_per_subject=1)
+        await c.publish("a.x", b"short", headers={"Nats-TTL": "2s"})
+        await c.publish("a.y", b"long")
+        await c.update_topic("s", "t", sealed=True)
+        await advance(2.5)
+        assert [(m.offset, m.subject) for m in await all_messages(c, "s", "t")] == [(2, "a.y")]
+        stats = await c.stats()
+        assert (stats["markers"], stats["expired_ttl"]) == (0, 1)
