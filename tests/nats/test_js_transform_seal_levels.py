@@ -235,6 +235,9 @@ async def test_api_level_and_version(nats_url: str) -> None:
             out[label] = await _req(nc, subject, b"", headers={"Nats-Required-Api-Level": level})
         m = await nc.request("$JS.API.DIRECT.GET.L", b'{"seq":1}', timeout=5, headers={"Nats-Required-Api-Level": "3"})
         out["direct"] = (m.headers or {}).get("Status"), (m.headers or {}).get("Description")
+        await js.add_consumer("L", durable_name="C")
+        m = await nc.request("$JS.API.CONSUMER.MSG.NEXT.L.C", b'{"batch":1}', timeout=5, headers={"Nats-Required-Api-Level": "3"})
+        out["next"] = (m.headers or {}).get("Status"), (m.headers or {}).get("Description")
         out["totals"] = (await _req(nc, "$JS.API.INFO"))["api"]
         return out
 
@@ -251,7 +254,7 @@ async def test_api_level_and_version(nats_url: str) -> None:
     assert out["names9"] == {"type": "io.nats.jetstream.api.v1.stream_names_response", **paged, "streams": None}
     assert out["consumer9"] == {"type": "io.nats.jetstream.api.v1.consumer_info_response", "error": err}
     assert out["stream2"]["config"]["name"] == "L"
-    assert out["direct"] == ("412", "Required Api Level")
+    assert out["direct"] == out["next"] == ("412", "Required Api Level")
     assert out["totals"]["errors"] >= 6
 
 
