@@ -208,6 +208,8 @@ def _topic_request(
 async def _create(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, Any]:
     broker = js.broker
     where, topic_name, options, max_age, pedantic = _topic_request(js, name, req)
+    if options.get("sealed"):  # before the stream is looked up, as the server
+        raise js_error(STREAM_INVALID_CONFIG, "stream configuration for create can not be sealed")
     try:
         existing = js.topic(name)
     except JSError:

@@ -205,6 +205,7 @@ async def test_sealed(nats_url: str) -> None:
         out["unseal"] = (await _req(nc, "$JS.API.STREAM.UPDATE.S", {"name": "S", "subjects": ["s.>"], "allow_msg_ttl": True}))["error"]
         info = await _req(nc, "$JS.API.STREAM.INFO.S")
         out["messages"] = info["state"]["messages"]
+        out["recreate"] = (await _req(nc, "$JS.API.STREAM.CREATE.S", info["config"]))["error"]
         out["get"] = (await js.get_msg("S", 2)).data
         return out
 
@@ -219,6 +220,7 @@ async def test_sealed(nats_url: str) -> None:
     assert out["purge"] == sealed and out["delete"] == sealed
     assert out["unseal"] == {"code": 500, "err_code": 10052, "description": "stream configuration update can not unseal a sealed stream"}
     assert out["messages"] == 2 and out["get"] == b"y"
+    assert out["recreate"] == out["create"]  # a create of the sealed stream's own config
 
 
 async def test_api_level_and_version(nats_url: str) -> None:
