@@ -127,6 +127,7 @@ from ._records import read_record_info as read_record_info
 from ._records import record_spans as record_spans
 from ._records import replace_header as replace_header
 from ._records import restamp_body as restamp_body
+from ._records import resubject_body as resubject_body
 from ._records import scan_bodies as scan_bodies
 from ._records import validate_header_block as validate_header_block
 from ._responses import PUSH_TYPES as PUSH_TYPES

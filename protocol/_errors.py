@@ -126,6 +126,9 @@ class ErrorCode(IntEnum):
     INVALID_SCHEDULE_SOURCE = 6035, "the Nats-Schedule-Source is invalid, the target, the schedule's own subject or not the topic's (10203)"
     INVALID_SCHEDULER = 6036, "Nats-Scheduler / Nats-Schedule-Next used other than to purge a schedule (the server's 10212)"
     INVALID_SCHEDULE_TIME_ZONE = 6037, "the Nats-Schedule-Time-Zone is empty or not a zone (the server's 10223)"
+    TOPIC_SEALED = 6040, "the topic is sealed: no message goes in or out (the server's 10109)"
+    MSG_COUNTER_DISABLED = 6041, "a Nats-Incr message counter (ADR-49): ttlbroker has no counters (the server's 10168)"
+    ATOMIC_PUBLISH_DISABLED = 6042, "a Nats-Batch-Id atomic batch (ADR-50): ttlbroker has no batches (the server's 10174)"
 
     # -- subscriptions and consumers (7000s) -------------------------------------
     SUBSCRIPTION_EXISTS = 7001, "the connection already has a subscription with that id"

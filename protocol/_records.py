@@ -60,6 +60,7 @@ __all__ = [
     "encode_body",
     "replace_header",
     "restamp_body",
+    "resubject_body",
     "FLAG_NO_MARKER",
     "FLAG_TOMBSTONE",
     "BodyFields",
@@ -337,6 +338,15 @@ def restamp_body(body: bytes | memoryview, ttl: int, flags: int, headers: bytes 
     payload = bytes(body[s + sl + hl : s + sl + hl + pl])
     new_headers = old_headers if headers is None else headers
     return b"".join((BODY.pack(ttl, flags, sl, len(new_headers), pl), subject, new_headers, payload))
+
+
+def resubject_body(body: bytes | memoryview, subject: bytes) -> bytes:
+    """The same message body under another subject (a topic's subject transform:
+    the message is stored under the subject it gives)."""
+    ttl, flags, sl, hl, pl = BODY.unpack_from(body, 0)
+    if not 1 <= len(subject) <= 255:
+        raise error_class(ErrorCode.INVALID_SUBJECT)("subject must be 1..255 bytes")
+    return b"".join((BODY.pack(ttl, flags, len(subject), hl, pl), subject, body[BODY_SIZE + sl :]))
 
 
 class BodyFields(NamedTuple):

@@ -299,6 +299,29 @@ class PartitionLog(PartitionReads):
         self.live_count -= removed
         return removed
 
+    def start_at(self, first: int) -> None:
+        """Make a log that never held a record hand out ``first`` as its first offset
+        (a topic's ``first_seq``): every offset below it is recorded as purged, then
+        the empty active segment is replaced by one named ``first``. A crash in
+        between reopens at ``first`` all the same (recovery starts the active segment
+        past the watermark).
+
+        Raises:
+            ValueError: the log has handed out an offset already.
+        """
+        if first <= 1:
+            return
+        if self.next_offset != 1 or len(self.segments) != 1:
+            raise ValueError("only a log that never held a record can start at another offset")
+        self.mark_purged(first - 1)
+        old = self.segments[0]
+        new = Segment.create(self.path, first, self.segment_size)
+        old.remove_files()
+        self.segments = [new]
+        self.bases = [first]
+        self._drop_owed_seals()
+        fsync_dir(self.path)
+
     # -- the cleaner ---------------------------------------------------------------
 
     def reclaimable(self) -> list[Segment]:

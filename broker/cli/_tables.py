@@ -133,7 +133,12 @@ _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "republish": ("republish", _republish),
     "kv": ("KV bucket", _bucket_options),
     "nats": ("NATS stream", _nats_options),
+    "subject_transform": ("subject transform", lambda v: f"{v.get('src') or '>'} -> {v.get('dest') or '(none)'}"),
+    "first_seq": ("first offset", str),
+    "sealed": ("sealed", flag),
 }
+#: Options shown only when set.
+_WHEN_SET = {"kv", "nats", "subject_transform", "first_seq", "sealed", "allow_msg_schedules"}
 
 
 def show_topics(out: Out, topics: list[TopicDetails]) -> None:
@@ -161,7 +166,7 @@ def show_topic(out: Out, t: TopicDetails) -> None:
     for key, (label, fmt) in _TOPIC_OPTIONS.items():
         if key in options:
             value = options.pop(key)
-            if key not in ("kv", "nats", "allow_msg_schedules") or value:  # (those only when set)
+            if key not in _WHEN_SET or value:
                 config.append((label, fmt(value)))
     config += [(k.replace("_", " "), value_text(v)) for k, v in options.items()]
     out.fields(f"Topic {x.get('stream', t.stream_id)}/{t.name} (id {t.id})", config)

@@ -14,6 +14,9 @@ runs the checks in the NATS server's order (``processJetStreamMsg``), with
 ttlbroker's choices where the server's behaviour is not followed (each is described
 in ``docs/semantics.md``, under "Per-message TTL", "Rollup" and "De-duplication"):
 
+0. a ``Nats-Batch-Id`` header (an ADR-50 atomic batch): ATOMIC_PUBLISH_DISABLED; a
+   ``Nats-Incr`` header (an ADR-49 counter): MSG_COUNTER_DISABLED (ttlbroker has
+   neither; nats-server's answer to a stream that does not allow them);
 1. a TTL (field or ``Nats-TTL`` header) on a topic without ``allow_msg_ttl``:
    MSG_TTL_DISABLED, before the value is even looked at (so an invalid TTL there is
    MSG_TTL_DISABLED too);
@@ -81,8 +84,12 @@ _EXPECTED_STREAM = b"Nats-Expected-Stream"
 _EXPECTED_SEQ = b"Nats-Expected-Last-Sequence"
 _EXPECTED_MSG_ID = b"Nats-Expected-Last-Msg-Id"
 _HOPS = HOPS_HEADER.encode()
+#: ADR-49 counters and ADR-50 atomic batches, which ttlbroker refuses (``docs/semantics.md``).
+_INCR = b"Nats-Incr"
+_BATCH_ID = b"Nats-Batch-Id"
 _WANTED = frozenset(
-    (_TTL, _ROLLUP, _KV_OP, _MARKER_REASON, _EXPECTED_LAST, MSG_ID, _HOPS, _EXPECTED_STREAM, _EXPECTED_SEQ, _EXPECTED_MSG_ID)
+    (_TTL, _ROLLUP, _KV_OP, _MARKER_REASON, _EXPECTED_LAST, MSG_ID, _HOPS, _EXPECTED_STREAM, _EXPECTED_SEQ, _EXPECTED_MSG_ID,
+     _INCR, _BATCH_ID)
 )
 #: The headers admission reads.
 WANTED = _WANTED
@@ -118,6 +125,8 @@ _BadFlags = error_class(ErrorCode.INVALID_MESSAGE_FLAGS)
 _TooLarge = error_class(ErrorCode.PAYLOAD_TOO_LARGE)
 _WrongStream = error_class(ErrorCode.WRONG_EXPECTED_STREAM)
 _WrongMsgId = error_class(ErrorCode.WRONG_LAST_MSG_ID)
+_NoCounters = error_class(ErrorCode.MSG_COUNTER_DISABLED)
+_NoAtomic = error_class(ErrorCode.ATOMIC_PUBLISH_DISABLED)
 
 #: What the record gets written into it as it is built, when admission changes only
 #: its TTL field and flags: ``(ttl, flags)``, or None when nothing changes.
@@ -149,6 +158,10 @@ def admit(
     """
     if hv is None:
         hv = header_values(block, _WANTED) if block else {}
+    if _BATCH_ID in hv:  # nats-server looks at the batch first
+        raise _NoAtomic("atomic publish is disabled")
+    if _INCR in hv:
+        raise _NoCounters("message counters is disabled")
     raw_ttl = hv.get(_TTL)
     header_ttl = parse_ttl(raw_ttl) if raw_ttl else TTL_NONE
     if not cfg.allow_msg_ttl and (field_ttl != TTL_NONE or header_ttl != TTL_NONE):

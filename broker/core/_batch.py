@@ -115,6 +115,7 @@ class Batch:
         "fields", "hvs", "failed", "groups", "unrouted", "admitted", "stamps", "any_rollup", "any_msg_id", "schedules", "quiet",
         "duplicates", "fresh", "now", "epoch", "whole", "first_offset",
         "stream_ids", "topic_ids", "partitions", "offsets", "statuses", "errors", "appended", "rollups",
+        "originals",
     )
 
     #: The bodies' bytes; bodies admission rewrote are appended at the end, their
@@ -172,6 +173,10 @@ class Batch:
     appended: list[Appended]
     #: ``(index, partition, offset, ROLLUP_SUB or ROLLUP_ALL)`` of each stored rollup.
     rollups: list[tuple[int, Partition, int, int]]
+    #: index -> the subject as published, for the messages a topic's subject
+    #: transform stores under another (``subjects`` holds the stored one; core
+    #: subscribers get the message on this one), or None.
+    originals: dict[int, bytes] | None
 
     def __init__(self, data: bytes, scan: PublishScan, trusted: bool = False) -> None:
         self.data = data
@@ -199,6 +204,7 @@ class Batch:
         self.duplicates = self.fresh = None
         self.now = self.epoch = self.first_offset = 0
         self.whole = None
+        self.originals = None
 
     def framed(self, counts: list[int], positions: list[int]) -> bool:
         """Read as the bodies of consecutive requests of ``counts`` messages whose
@@ -217,7 +223,7 @@ class Batch:
         to be done per message (nothing refused or unrouted, no rollup, no id to
         de-duplicate, no republish): the common case. Else None."""
         groups = self.groups
-        if len(groups) != 1 or self.failed or self.unrouted or self.any_rollup or self.any_msg_id:
+        if len(groups) != 1 or self.failed or self.unrouted or self.any_rollup or self.any_msg_id or self.originals:
             return None
         (part,) = groups
         return part if part.topic.republisher is None else None

@@ -206,6 +206,8 @@ class Broker:
                 )
             if recovering:
                 self._report_recovery(topic, n, plog, reports)
+            elif topic.config.first_seq > 1:
+                plog.start_at(topic.config.first_seq)
             self.sealer.attach(plog)
             part = Partition(topic, n, plog)
             if recovering:

@@ -54,6 +54,7 @@ __all__ = ["Publisher", "StoredReply"]
 
 _DUPLICATE = int(ErrorCode.DUPLICATE_MESSAGE)
 _NO_TOPIC = int(ErrorCode.NO_TOPIC_FOR_SUBJECT)
+_Sealed = P.error_class(ErrorCode.TOPIC_SEALED)
 _NO_ACK = P.PUBLISH_NO_ACK
 #: A record's bytes beyond its body (``protocol.RECORD_HEADER``: what the memory
 #: budget counts besides the bodies).
@@ -253,7 +254,51 @@ class Publisher:
     def _route(self, batch: Batch) -> None:
         """Each message not refused yet to its partition (``batch.groups``, in batch
         order), to ``batch.unrouted`` when no topic captures its subject, or to
-        ``batch.failed`` when the subject is invalid."""
+        ``batch.failed`` when the subject is invalid or its topic is sealed."""
+        if self.router.any_transform:
+            self._route_transformed(batch)
+        else:
+            self._route_plain(batch)
+        groups = batch.groups
+        for part in [p for p in groups if p.topic.config.sealed]:
+            err = _Sealed(f"topic {part.topic.full_name} is sealed: no message goes in")
+            for i in groups.pop(part):
+                batch.failed[i] = err
+
+    def _route_transformed(self, batch: Batch) -> None:
+        """:meth:`_route_plain` where some topic has a subject transform: a message
+        it changes is stored under the new subject (its body rewritten at the end of
+        the batch's bytes, the subject as published kept in ``batch.originals``)."""
+        route_stored = self.router.route_stored
+        groups, failed, unrouted, subjects = batch.groups, batch.failed, batch.unrouted, batch.subjects
+        rewritten: list[bytes] = []
+        end = len(batch.data)
+        for i in range(batch.count):
+            if failed and i in failed:
+                continue
+            subj = subjects[i]
+            route, stored = route_stored(subj)
+            if route.__class__ is Partition:
+                groups.setdefault(route, []).append(i)
+                if stored is not None:
+                    if batch.originals is None:
+                        batch.originals = {}
+                    batch.originals[i] = subj
+                    subjects[i] = stored
+                    body = P.resubject_body(memoryview(batch.data)[batch.starts[i] : batch.ends[i]], stored)
+                    batch.fields.pop(i, None)  # positions of the old body
+                    batch.starts[i], batch.ends[i] = end, end + len(body)
+                    end += len(body)
+                    rewritten.append(body)
+            elif route is NO_TOPIC:
+                unrouted.append(i)
+            else:
+                assert isinstance(route, BrokerError)  # the subject is invalid
+                failed[i] = route
+        if rewritten:
+            batch.data = b"".join((batch.data, *rewritten))
+
+    def _route_plain(self, batch: Batch) -> None:
         cache = self.router.cache
         resolve = self.router.resolve
         groups = batch.groups
@@ -481,11 +526,19 @@ class Publisher:
         if not self.subs or batch.quiet:
             return
         entries: list[Entry | None] = [None] * batch.count
+        originals = batch.originals
         for a in batch.appended:
             topic = a.partition.topic
             head = P.delivery_entry(topic.stream.id, topic.id, a.partition.number)
             for i, rec in zip(a.indexes, _record_views(a.result)):
-                entries[i] = (subjects[i], head, rec)
+                if originals and i in originals:
+                    # A core subscriber gets it on the subject it was published on (as
+                    # from nats-server, where the stream's capture is one more subscriber).
+                    subject = originals[i]
+                    body = P.resubject_body(memoryview(batch.data)[batch.starts[i] : batch.ends[i]], subject)
+                    entries[i] = (subject, head, P.encode_record(batch.offsets[i], a.result.timestamp, body))
+                else:
+                    entries[i] = (subjects[i], head, rec)
         if unrouted:
             head = P.delivery_entry(0, 0, 0)
             data, starts, ends, now = batch.data, batch.starts, batch.ends, batch.now

@@ -15,6 +15,8 @@ __all__ = ["delete_message", "matching_subjects", "purge"]
 
 
 def _check_purge_allowed(topic: Topic, what: str) -> None:
+    if topic.config.sealed:
+        raise error_class(ErrorCode.TOPIC_SEALED)(f"topic {topic.full_name} is sealed: it refuses {what}")
     if topic.config.deny_purge:
         raise error_class(ErrorCode.PURGE_DENIED)(f"topic {topic.full_name} denies {what} (deny_purge is set)")
 

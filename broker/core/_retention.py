@@ -267,7 +267,7 @@ class Retention:
 
     def _write_markers(self, part: Partition, removed: list[Removed], reason: MarkerReason) -> None:
         sdm = part.topic.config.subject_delete_marker_ttl
-        if not sdm:
+        if not sdm or part.topic.config.sealed:  # a sealed topic takes no new message, a marker neither
             return
         # The message that emptied a subject is its newest removed one; a marker (or a
         # KV purge tombstone) emptying its subject leaves nothing behind.

@@ -5,6 +5,13 @@ path); a miss validates the subject, finds the one topic whose filters capture i
 picks the partition by the subject's stable hash, and caches the answer. The cache is
 dropped whenever topics change, and cleared when it grows past ``CACHE_LIMIT``
 subjects (so a stream of unique subjects costs memory only up to that bound).
+
+A topic with a ``subject_transform`` (ADR-30) captures by its filters on the subject
+as published, and stores the message under the transformed subject:
+:meth:`Router.route_stored` gives both, and the partition is the stored subject's
+(so one stored subject stays in one partition, whatever it was published as). A
+transform that produces an invalid subject refuses the message. Transforms with
+``{{random(n)}}`` are worked out at each publish, never cached.
 """
 
 from __future__ import annotations
@@ -33,11 +40,18 @@ class Router:
         self._filters: list[tuple[tuple[str, ...], Topic]] = []
         #: subject bytes -> Partition, NO_TOPIC, or the BrokerError for an invalid subject
         self.cache: dict[bytes, Partition | _NoTopic | BrokerError] = {}
+        #: subject bytes -> the subject it is stored under, for the cached subjects a
+        #: topic's transform changes.
+        self.stored: dict[bytes, bytes] = {}
+        #: Some topic has a subject transform (publishes then use :meth:`route_stored`).
+        self.any_transform = False
         self.any_kv = False
 
     def rebuild(self, topics: list[Topic]) -> None:
         self._filters = [(tuple(f.split(".")), t) for t in topics for f in t.config.subjects]
         self.cache = {}
+        self.stored = {}
+        self.any_transform = any(t.transform is not None for t in topics)
         #: Some topic is a KV bucket (whose every message goes through admission).
         self.any_kv = any(t.config.kv is not None for t in topics)
 
@@ -50,9 +64,23 @@ class Router:
 
     def resolve(self, subject: bytes) -> Partition | _NoTopic | BrokerError:
         """Route one subject (and cache the answer). Runtime complexity: O(filters)."""
+        return self._resolve(subject)[0]
+
+    def route_stored(self, subject: bytes) -> tuple[Partition | _NoTopic | BrokerError, bytes | None]:
+        """The route of a subject and, when its topic's transform changes it, the
+        subject it is stored under (else None)."""
+        route = self.cache.get(subject)
+        if route is not None:
+            return route, self.stored.get(subject)
+        return self._resolve(subject)
+
+    def _resolve(self, subject: bytes) -> tuple[Partition | _NoTopic | BrokerError, bytes | None]:
         if len(self.cache) >= CACHE_LIMIT:
             self.cache = {}
+            self.stored = {}
         result: Partition | _NoTopic | BrokerError
+        stored = None
+        cache = True
         try:
             text = validate_published_subject(subject.decode())
         except UnicodeDecodeError:
@@ -61,9 +89,31 @@ class Router:
             result = err
         else:
             topic = self.topic_for(text)
-            result = NO_TOPIC if topic is None else topic.partition_for(subject)
-        self.cache[subject] = result
-        return result
+            if topic is None:
+                result = NO_TOPIC
+            elif topic.transform is None:
+                result = topic.partition_for(subject)
+            else:
+                cache = topic.transform.deterministic
+                out = topic.transform.apply(text)
+                if out is None or out == text:
+                    result = topic.partition_for(subject)
+                else:
+                    try:
+                        stored = validate_published_subject(out).encode()
+                    except BrokerError as err:
+                        result = error_class(ErrorCode.INVALID_SUBJECT)(
+                            f"the subject transform of topic {topic.full_name} gives {out!r} for {text!r}, "
+                            f"which is not a valid subject: {err.message}"
+                        )
+                        stored = None
+                    else:
+                        result = topic.partition_for(stored)
+                        if cache:
+                            self.stored[subject] = stored
+        if cache:
+            self.cache[subject] = result
+        return result, stored
 
     def topic_for(self, subject: str) -> Topic | None:
         tokens = subject.split(".")

@@ -20,7 +20,10 @@ from typing import Any
 from protocol.nats import NATS_SETTINGS
 from protocol import ErrorCode, SubjectTransform, TransformError, error_class, filters_overlap, validate_filter
 
-__all__ = ["DEFAULT_DUPLICATE_WINDOW", "RETENTIONS", "STORAGES", "TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]
+__all__ = [
+    "DEFAULT_DUPLICATE_WINDOW", "RETENTIONS", "STORAGES", "TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve",
+    "stored_subject_transform",
+]
 
 #: JetStream's default duplicate window (``StreamDefaultDuplicatesWindow``), seconds.
 DEFAULT_DUPLICATE_WINDOW = 120
@@ -75,6 +78,13 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
         "file (default: on disk) | memory (in memory only: gone after a restart, the configuration kept; "
         "bounded by [limits] memory_storage_bytes); cannot change by update",
     ),
+    "subject_transform": (
+        (dict, type(None)),
+        "{'src': filter (default '>'), 'dest': transform template}: a message captured on a subject src matches "
+        "is stored under the transformed subject ('dest' empty: none); nil removes it",
+    ),
+    "first_seq": ((int,), "create: the offset each partition's first message gets (default 1)"),
+    "sealed": ((bool,), "update only: no message goes in or out any more (no publishes, deletes, purges); never undone"),
     "pedantic": ((bool,), "refuse instead of fixing the configuration automatically (this request only)"),
     "message_expiry": ((int,), "update only: max age in seconds; 0 = none"),
 }
@@ -105,12 +115,21 @@ def check_option_types(options: dict[str, Any], updating: bool) -> None:
                 raise _Invalid(f"option 'republish': {key!r} must be {kind.__name__}, not {type(rp[key]).__name__}")
         if "dest" not in rp:
             raise _Invalid("option 'republish' needs 'dest'")
+    st = options.get("subject_transform")
+    if st is not None:
+        unknown = set(st) - {"src", "dest"}
+        if unknown:
+            raise _Invalid(f"option 'subject_transform' has unknown keys {sorted(map(str, unknown))}; known: dest, src")
+        for key in ("src", "dest"):
+            if key in st and not isinstance(st[key], str):
+                raise _Invalid(f"option 'subject_transform': {key!r} must be str, not {type(st[key]).__name__}")
     nats = options.get("nats")
     if nats is not None:
         for key, value in nats.items():
             if key not in NATS_SETTINGS or not isinstance(value, NATS_SETTINGS[key]):
                 raise _Invalid(f"option 'nats': {key!r} is not one of {', '.join(NATS_SETTINGS)} with its type")
-    for key in ("subject_delete_marker_ttl", "max_msgs_per_subject", "segment_size", "message_expiry", "duplicate_window"):
+    for key in ("subject_delete_marker_ttl", "max_msgs_per_subject", "segment_size", "message_expiry", "duplicate_window",
+                "first_seq"):
         v = options.get(key)
         if v is not None and not -(2**63) <= v < 2**63:
             raise _Invalid(f"option {key!r} is out of range")
@@ -145,6 +164,12 @@ class TopicConfig:
     allow_msg_schedules: bool = False
     #: ``file`` or ``memory`` (:data:`STORAGES`); a catalog written before the option existed loads as file.
     storage: str = "file"
+    #: ``{"src", "dest"}`` (ADR-30, applied at ingest: ``_routing.py``), or None
+    subject_transform: dict[str, Any] | None = None
+    #: The offset a new partition's first message gets (0 or 1: the default, 1).
+    first_seq: int = 0
+    #: Nothing goes in or out any more (``docs/semantics.md``, "Sealed topics").
+    sealed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -176,6 +201,9 @@ class TopicConfig:
             "nats": dict(self.nats) if self.nats else None,
             "allow_msg_schedules": self.allow_msg_schedules,
             "storage": self.storage,
+            "subject_transform": dict(self.subject_transform) if self.subject_transform is not None else None,
+            "first_seq": self.first_seq,
+            "sealed": self.sealed,
         }
 
     def validate(self, max_partitions: int) -> None:
@@ -202,12 +230,14 @@ class TopicConfig:
             raise _Config(f"retention must be one of {', '.join(RETENTIONS)}, not {self.retention!r}")
         if self.storage not in STORAGES:
             raise _Config(f"storage must be one of {', '.join(STORAGES)}, not {self.storage!r}")
+        if self.first_seq < 0:
+            raise _Config("first_seq must not be negative (0 or 1 = the default)")
 
 
 def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
     """The config after an update (types already checked; ``pedantic`` ignored)."""
     kw: dict[str, Any] = {k: (tuple(v) if k == "subjects" else v) for k, v in changes.items() if k != "pedantic"}
-    for key in ("republish", "kv", "nats"):
+    for key in ("republish", "kv", "nats", "subject_transform"):
         if kw.get(key) is not None:
             kw[key] = dict(kw[key])
     return replace(cfg, **kw)
@@ -264,17 +294,24 @@ def resolve(
             if pedantic:
                 raise _Config("message scheduling cannot be set if roll-ups are disabled")
             new = replace(new, allow_rollup=True, deny_purge=False)
+    # The subject transform (ADR-30), before republish, which may follow it.
+    if new.subject_transform is not None:
+        new = replace(new, subject_transform=_check_transform(new.subject_transform))
     # 6. Republish (NATS ADR-28): an empty destination (refused: ADR-28 requires
     #    one), the source default, the cycle through the topic's own subjects, then
     #    the transform.
     if new.republish is not None:
-        new = replace(new, republish=_check_republish(new.republish, new.subjects, pedantic))
+        new = replace(new, republish=_check_republish(new.republish, new, pedantic))
     if new.kv is not None:
         new = replace(new, kv=_check_kv(new))
+    if old is None and new.sealed:
+        raise _Config("stream configuration for create can not be sealed")
     # Update-only rules (configUpdateCheckLocked), on the fixed configuration.
     if old is not None:
         if old.storage != new.storage:  # (the server checks it first)
             raise _Config("stream configuration update can not change storage type")
+        if old.sealed and not new.sealed:  # checked before the permissions, as the server
+            raise _Config("stream configuration update can not unseal a sealed stream")
         if old.allow_msg_ttl and not new.allow_msg_ttl:
             raise _Config("message TTL status can not be disabled")
         if old.allow_msg_schedules and not new.allow_msg_schedules:
@@ -283,10 +320,39 @@ def resolve(
             raise _Config("stream configuration update can not cancel deny purge")
         if old.retention != new.retention and "workqueue" in (old.retention, new.retention):
             raise _Config("stream configuration update can not change retention policy to/from workqueue")
+        if new.sealed:
+            # What sealing sets, as nats-server (even in pedantic mode): no max age, no
+            # purges, deletes or roll-ups, and NATS's discard new and deny delete.
+            nats = None if new.nats is None else {**new.nats, "discard": "new", "deny_delete": True}
+            new = replace(new, message_expiry=0, deny_purge=True, allow_rollup=False, nats=nats)
     return new
 
 
-def _check_republish(rp: dict[str, Any], subjects: tuple[str, ...], pedantic: bool) -> dict[str, Any]:
+def stored_subject_transform(cfg: TopicConfig) -> SubjectTransform | None:
+    """The transform a topic applies to what it captures, or None (no
+    ``subject_transform``, or one with an empty ``dest``)."""
+    st = cfg.subject_transform
+    if not st or not st.get("dest"):
+        return None
+    return SubjectTransform(st.get("src", ""), st["dest"])
+
+
+def _check_transform(st: dict[str, Any]) -> dict[str, Any]:
+    """A topic's ``subject_transform``: ``src`` a valid filter (empty: ``>``), ``dest``
+    a valid template for it; an empty ``dest`` is no transform (as nats-server)."""
+    src, dest = st.get("src", ""), st.get("dest", "")
+    if dest:
+        try:
+            SubjectTransform(src, dest)
+        except TransformError as err:
+            raise error_class(ErrorCode.INVALID_TRANSFORM)(
+                f"stream subject transform from '{src}' to '{dest}' not valid: {err}"
+            ) from None
+    return {"src": src, "dest": dest}
+
+
+def _check_republish(rp: dict[str, Any], cfg: TopicConfig, pedantic: bool) -> dict[str, Any]:
+    subjects = cfg.subjects
     src = rp.get("src", "")
     dest = rp.get("dest", "")
     if not dest:
@@ -295,6 +361,13 @@ def _check_republish(rp: dict[str, Any], subjects: tuple[str, ...], pedantic: bo
         if pedantic:
             raise error_class(ErrorCode.PEDANTIC)("pedantic mode: republish source can not be empty")
         src = ">"
+    # The server's implicit republish: '>' to '>' on a topic whose one filter the
+    # subject transform takes as its source republishes the stored subjects as they are.
+    st = cfg.subject_transform
+    if src == dest == ">" and st and st.get("dest") and len(subjects) == 1 and st.get("src") == subjects[0]:
+        if pedantic:
+            raise error_class(ErrorCode.PEDANTIC)("pedantic mode: implicit republish based on subject transform")
+        src = dest = st["dest"]
     cycle = error_class(ErrorCode.REPUBLISH_CYCLE)("stream configuration for republish destination forms a cycle")
     # The server's check compares the template itself with the subjects ...
     if any(filters_overlap(dest, s) for s in subjects):
@@ -339,4 +412,6 @@ def _check_kv(cfg: TopicConfig) -> dict[str, Any]:
         raise _Config("a KV bucket with a key ttl needs allow_msg_ttl")
     if cfg.partitions_count != 1:
         raise _Config("a KV bucket has exactly one partition")
+    if stored_subject_transform(cfg) is not None:
+        raise _Config("a KV bucket can not transform its subjects (its keys are its subjects)")
     return {"ttl": ttl, "refresh": refresh, "visibility": visibility}

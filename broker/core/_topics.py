@@ -37,7 +37,7 @@ from storage import AppendResult, ConsumerOffsets, PartitionLog, ReadResult
 
 from ._dedup import MSG_ID, DedupTable
 from ._subject_index import MARKER, NEVER, NO_MARKER, PENDING, TOMBSTONE, SubjectIndex, SubjectState
-from ._topic_config import TopicConfig
+from ._topic_config import TopicConfig, stored_subject_transform
 
 __all__ = ["Partition", "PartitionWatcher", "Removed", "Stream", "Topic", "by_name", "flags_for"]
 
@@ -406,6 +406,8 @@ class Topic:
         rp = value.republish
         #: The compiled republish transform, or None.
         self.republisher = SubjectTransform(rp["src"], rp["dest"]) if rp else None
+        #: The compiled ``subject_transform`` (the subject a capture is stored under), or None.
+        self.transform = stored_subject_transform(value)
 
     @property
     def name(self) -> str:

@@ -37,7 +37,10 @@ from typing import Any, NamedTuple
 import trio
 
 from protocol import BrokerError, normalize_name
-from protocol.nats import ACK_PREFIX, API_PREFIX, FC_PREFIX, STREAM_NOT_FOUND, JSError, api_error, js_error
+from protocol.nats import (
+    ACK_PREFIX, API_PREFIX, FC_PREFIX, REQUIRED_API_LEVEL, STREAM_NOT_FOUND, JSError, api_error, api_level_refused, js_error,
+)
+from protocol.nats import encode_nats_headers
 from protocol.nats import pub_ack as _pub_ack
 from protocol.nats import pub_error as _pub_error
 
@@ -137,6 +140,9 @@ class JetStream:
                 return  # nats-py's kv.get, answered as api() answers it (no dispatch, no request dict)
             if subject.startswith(API_PREFIX):
                 tokens = subject[len(API_PREFIX) :].split(".")
+                if headers and api_level_refused(headers):
+                    self._refuse_level(tokens, reply)
+                    return
                 if tokens[0] == "CONSUMER":
                     op_len = 2 if tokens[1:2] in (["DURABLE"], ["MSG"]) else 1
                     op = ".".join(tokens[1 : 1 + op_len])
@@ -150,6 +156,26 @@ class JetStream:
             self.respond(reply, api_error("error", JSError(500, 10077, f"internal error: {exc}")))
         finally:
             self._origin = None
+
+    def _refuse_level(self, tokens: list[str], reply: str | None) -> None:
+        """A request whose ``Nats-Required-Api-Level`` this server does not reach
+        (ADR-44), refused before anything else is looked at, as nats-server: 412
+        10185 in the API's JSON, or, for a direct get and a pull request (answered
+        with status messages), a ``412 Required Api Level`` status."""
+        head, op = tokens[0], tokens[1] if len(tokens) > 1 else ""
+        if (head, op) in (("DIRECT", "GET"), ("CONSUMER", "MSG")):
+            if reply:
+                self.respond(reply, b"", headers=encode_nats_headers([], 412, "Required Api Level"))
+            return
+        self.api_total += 1
+        self.api_errors += 1
+        if head == "INFO":
+            kind = "account_info"
+        elif op in ("MSG", "DURABLE") and len(tokens) > 2:
+            kind = f"{head}_{op}_{tokens[2]}".lower() if op == "MSG" else "consumer_create"
+        else:
+            kind = f"{head}_{op}".lower()
+        self.respond(reply, api_error(kind, js_error(REQUIRED_API_LEVEL)))
 
     def no_responders(self, reply: str | None) -> None:
         """The request being handled is on a subject nothing serves (no such API, a

@@ -24,7 +24,7 @@ import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
 from protocol import RemovalReason as R
 from protocol.nats import (
-    API_LEVEL, BAD_REQUEST, MEMORY_RESOURCES_EXCEEDED, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_MISMATCH,
+    API_LEVEL, STREAM_SEALED, BAD_REQUEST, MEMORY_RESOURCES_EXCEEDED, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
     stream_config, last_by_subj_of, parse_request, stream_config_to_topic,
 )
@@ -208,6 +208,8 @@ def _topic_request(
 async def _create(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, Any]:
     broker = js.broker
     where, topic_name, options, max_age, pedantic = _topic_request(js, name, req)
+    if options.get("sealed"):  # before the stream is looked up, as the server
+        raise js_error(STREAM_INVALID_CONFIG, "stream configuration for create can not be sealed")
     try:
         existing = js.topic(name)
     except JSError:
@@ -264,6 +266,7 @@ async def _update(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
     if options.get("kv") is not None and topic.config.kv is not None:
         options["kv"] = {**topic.config.kv, **options["kv"]}  # keep our refresh and visibility
     options.setdefault("republish", None)  # left out or null: none (the whole config, as the server)
+    options.setdefault("subject_transform", None)
     changes = {**options, "message_expiry": max_age}
     if pedantic:
         changes["pedantic"] = True
@@ -302,6 +305,8 @@ async def _delete(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
 
 def _purge(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
     topic = js.topic(name)
+    if topic.config.sealed:
+        raise js_error(STREAM_SEALED)
     if topic.config.deny_purge:
         raise js_error(PURGE_FAILED, "stream purge not permitted")
     flt = req.get("filter") or ""
@@ -488,6 +493,8 @@ def _msg_delete(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str
     if not req or not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
         raise js_error(BAD_REQUEST)
     nats = topic.config.nats or {}
+    if topic.config.sealed:
+        raise js_error(STREAM_SEALED)
     if nats.get("deny_delete") or topic.config.deny_purge:
         raise js_error(MSG_DELETE_FAILED, "message delete not permitted")
     if seq == 0:

@@ -52,6 +52,11 @@ from ._jetstream import STREAM_INVALID_CONFIG as STREAM_INVALID_CONFIG
 from ._jetstream import STREAM_MISMATCH as STREAM_MISMATCH
 from ._jetstream import STREAM_NAME_EXIST as STREAM_NAME_EXIST
 from ._jetstream import STREAM_NOT_FOUND as STREAM_NOT_FOUND
+from ._jetstream import STREAM_SEALED as STREAM_SEALED
+from ._jetstream import REQUIRED_API_LEVEL as REQUIRED_API_LEVEL
+from ._jetstream import STREAM_FEATURE_LEVELS as STREAM_FEATURE_LEVELS
+from ._jetstream import api_level_refused as api_level_refused
+from ._jetstream import required_level as required_level
 from ._jetstream import api_error as api_error
 from ._jetstream import api_response as api_response
 from ._jetstream import check_stream_name as check_stream_name
@@ -114,5 +119,6 @@ __all__ = [
     "msg_get_response", "nats_error", "nats_message_of_record", "nats_to_record_headers", "no_responders_status",
     "parse_ack_body", "parse_ack_subject", "parse_next_request", "parse_pause_until", "parse_request", "parse_rfc3339", "with_header", "ack_metric", "sample_percent", "check_group_name", "pub_ack",
     "pub_error", "record_to_nats_headers", "rfc3339", "status_message", "stream_config", "stream_config_to_topic",
-    "valid_nats_subject",
+    "valid_nats_subject", "STREAM_SEALED", "REQUIRED_API_LEVEL", "STREAM_FEATURE_LEVELS", "api_level_refused",
+    "required_level",
 ]

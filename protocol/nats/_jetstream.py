@@ -30,6 +30,8 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from .._errors import BrokerError, ErrorCode
+from .._transform import SubjectTransform, TransformError
+from ._wire import decode_nats_headers, valid_nats_subject
 
 __all__ = [
     "API_PREFIX", "ACK_PREFIX", "FC_PREFIX", "NS", "JSError", "NATS_ERRORS", "nats_error", "api_response",
@@ -38,14 +40,29 @@ __all__ = [
     "MEMORY_RESOURCES_EXCEEDED",
     "NO_MESSAGE_FOUND", "PURGE_FAILED", "SEQUENCE_NOT_FOUND", "STREAM_INVALID_CONFIG", "STREAM_MISMATCH",
     "STREAM_NAME_EXIST", "STREAM_NOT_FOUND", "last_by_subj_of", "msg_get_response",
-    "NATS_VERSION", "API_LEVEL", "versioned_metadata", "user_metadata",
+    "NATS_VERSION", "API_LEVEL", "versioned_metadata", "user_metadata", "STREAM_SEALED", "REQUIRED_API_LEVEL",
+    "required_level", "api_level_refused", "STREAM_FEATURE_LEVELS", "REQUIRED_LEVEL_HEADER",
 ]
 
-#: The nats-server version the NATS listener reports (INFO, ``_nats.ver``).
-NATS_VERSION = "2.11.0"
-#: The JetStream API level reported (ADR-44; ADR-43's per-message TTLs and markers,
-#: ADR-42's priority groups and pausing are level 1).
-API_LEVEL = 1
+#: The nats-server version the NATS listener reports (INFO, ``_nats.ver``): the first
+#: release with API level 2, whose features (per-message TTLs and markers, priority
+#: groups and pausing; message schedules) ttlbroker has, but for those it refuses
+#: (ADR-49 counters, ADR-50 atomic batches: ``docs/semantics.md``).
+NATS_VERSION = "2.12.0"
+#: The JetStream API level reported (ADR-44): ``$JS.API.INFO``'s ``api.level``,
+#: ``_nats.level``, and the highest ``Nats-Required-Api-Level`` a request may ask for.
+API_LEVEL = 2
+#: ADR-44: the API level a stream needs for each feature it uses, by the stream
+#: config field that turns it on (any value but off), as nats-server's
+#: ``setStaticStreamMetadata``: one line per feature.
+STREAM_FEATURE_LEVELS: dict[str, int] = {
+    "allow_msg_ttl": 1,
+    "subject_delete_marker_ttl": 1,
+    "allow_msg_schedules": 2,
+}
+#: The request header that asks for a minimum API level (nats-server's
+#: ``JSRequiredApiLevel``).
+REQUIRED_LEVEL_HEADER = "Nats-Required-Api-Level"
 #: ADR-44's metadata keys, the server's own: the level an asset requires (stored
 #: with it), and the server's version and level (added to every answer).
 _REQUIRED_LEVEL, _SERVER_VERSION, _SERVER_LEVEL = "_nats.req.level", "_nats.ver", "_nats.level"
@@ -69,6 +86,31 @@ def versioned_metadata(meta: dict[str, str] | None, required_level: int) -> dict
         **user_metadata(meta), _REQUIRED_LEVEL: str(required_level), _SERVER_VERSION: NATS_VERSION,
         _SERVER_LEVEL: str(API_LEVEL),
     }
+
+def required_level(cfg: dict[str, Any]) -> int:
+    """The API level a stream config (as :func:`stream_config` renders it) requires."""
+    return max((level for key, level in STREAM_FEATURE_LEVELS.items() if cfg.get(key)), default=0)
+
+
+def api_level_refused(headers: bytes | None) -> bool:
+    """Does a request's NATS header block carry a ``Nats-Required-Api-Level`` above
+    :data:`API_LEVEL`, or one that is not an integer (nats-server's
+    ``errorOnRequiredApiLevel``: both are refused)? A block that does not parse asks
+    for nothing."""
+    if not headers or REQUIRED_LEVEL_HEADER.encode() not in headers:
+        return False
+    try:
+        _, _, pairs = decode_nats_headers(headers)
+    except BrokerError:
+        return False
+    value = next((v for k, v in pairs if k == REQUIRED_LEVEL_HEADER), "")
+    if not value:
+        return False
+    try:
+        return int(value) > API_LEVEL
+    except ValueError:
+        return True
+
 
 API_PREFIX = "$JS.API."
 ACK_PREFIX = "$JS.ACK."
@@ -118,6 +160,10 @@ WRONG_LAST_MSG_ID = (400, 10070, None)  # "wrong last msg ID: {id}"
 STORE_FAILED = (503, 10077, None)
 NOT_EMPTY_REQUEST = (400, 10038, "expected an empty request payload")
 MEMORY_RESOURCES_EXCEEDED = (500, 10028, "insufficient memory resources available")
+STREAM_SEALED = (400, 10109, "invalid operation on sealed stream")
+REQUIRED_API_LEVEL = (412, 10185, "JetStream minimum api level required")
+TRANSFORM_INVALID_SOURCE = (400, 10155, None)  # "stream transform source: {err}"
+TRANSFORM_INVALID_DESTINATION = (400, 10156, None)  # "stream transform: {err}"
 
 
 def js_error(entry: tuple[int, int, str | None], reason: str = "") -> JSError:
@@ -169,6 +215,9 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.INVALID_SCHEDULE_SOURCE: (400, 10203, "message schedules source is invalid"),
     ErrorCode.INVALID_SCHEDULER: (400, 10212, "message schedules invalid scheduler"),
     ErrorCode.INVALID_SCHEDULE_TIME_ZONE: (400, 10223, "message schedules time zone is invalid"),
+    ErrorCode.TOPIC_SEALED: STREAM_SEALED,
+    ErrorCode.MSG_COUNTER_DISABLED: (400, 10168, "message counters is disabled"),
+    ErrorCode.ATOMIC_PUBLISH_DISABLED: (400, 10174, "atomic publish is disabled"),
 }
 
 
@@ -387,15 +436,12 @@ _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
     "mirror": ((None, {}), "mirror"),
     "sources": ((None, []), "sources"),
     "placement": ((None, {}), "placement"),
-    "sealed": ((False, None), "sealed"),
-    "first_seq": ((0, 1, None), "first_seq {v}"),
-    "subject_transform": ((None, {}), "subject_transform"),
     "mirror_direct": ((False, None), "mirror_direct"),
     "compression": (("none", "", None), "compression {v!r}"),
     "discard_new_per_subject": ((False, None), "discard_new_per_subject"),
-    "allow_msg_counter": ((False, None), "allow_msg_counter"),
-    "allow_atomic": ((False, None), "allow_atomic"),
-    "allow_batched": ((False, None), "allow_batched"),
+    "allow_msg_counter": ((False, None), "allow_msg_counter (ADR-49 message counters)"),
+    "allow_atomic": ((False, None), "allow_atomic (ADR-50 atomic batch publishing)"),
+    "allow_batched": ((False, None), "allow_batched (batch publishing)"),
     "persist_mode": (("default", "", None), "persist_mode {v!r}"),
     "consumer_limits": ((None, {}), "consumer_limits"),
     "template_owner": ((None, ""), "template_owner"),
@@ -403,7 +449,7 @@ _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
 _MAPPED = {
     "name", "description", "subjects", "max_age", "max_msgs_per_subject", "discard", "num_replicas", "duplicate_window",
     "deny_delete", "deny_purge", "allow_rollup_hdrs", "republish", "allow_direct", "allow_msg_ttl",
-    "subject_delete_marker_ttl", "metadata", "retention", "storage",
+    "subject_delete_marker_ttl", "metadata", "retention", "storage", "subject_transform", "first_seq", "sealed",
     "allow_msg_schedules",
 }
 
@@ -498,7 +544,40 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
         if not isinstance(rp, dict):
             raise js_error(INVALID_JSON, "invalid JSON: republish must be an object")
         options["republish"] = {k: rp[k] for k in ("src", "dest", "headers_only") if k in rp}
+    st = cfg.get("subject_transform")
+    if st is not None:
+        options["subject_transform"] = _subject_transform(st)
+    first_seq = cfg.get("first_seq") or 0
+    if not isinstance(first_seq, int) or isinstance(first_seq, bool) or not 0 <= first_seq < 2**64:
+        raise js_error(INVALID_JSON, "invalid JSON: first_seq must be an unsigned integer")
+    options["first_seq"] = first_seq
+    options["sealed"] = _flag(cfg, "sealed")
     return options, max_age
+
+
+def _flag(cfg: dict[str, Any], key: str) -> bool:
+    v = cfg.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise js_error(INVALID_JSON, f"invalid JSON: {key} must be a boolean")
+    return bool(v)
+
+
+def _subject_transform(st: Any) -> dict[str, str]:
+    """A stream's ``subject_transform`` checked as nats-server's ``checkStreamCfg``
+    checks it: a ``src`` that is not a valid subject is 10155, a ``dest`` that is not
+    a valid transform of it 10156, in the server's words. An empty ``dest`` is no
+    transform (kept and reported as given)."""
+    if not isinstance(st, dict) or not all(isinstance(st.get(k, ""), str) for k in ("src", "dest")):
+        raise js_error(INVALID_JSON, "invalid JSON: subject_transform must be an object of strings src and dest")
+    src, dest = st.get("src", ""), st.get("dest", "")
+    if src and not valid_nats_subject(src, wildcards=True):
+        raise js_error(TRANSFORM_INVALID_SOURCE, f"stream transform source: invalid subject {src}")
+    if dest:
+        try:
+            SubjectTransform(src, dest)
+        except TransformError as err:
+            raise js_error(TRANSFORM_INVALID_DESTINATION, f"stream transform: {err}") from None
+    return {"src": src, "dest": dest}
 
 
 def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> dict[str, Any]:
@@ -520,11 +599,12 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
         discard=nats.get("discard", "old"),
         storage=options.get("storage", "file"),
         num_replicas=1,
+        **({"first_seq": options["first_seq"]} if options.get("first_seq") else {}),
         duplicate_window=options["duplicate_window"] * NS,
         compression="none",
         allow_direct=bool(nats.get("allow_direct", False)),
         mirror_direct=False,
-        sealed=False,
+        sealed=bool(options.get("sealed")),
         deny_delete=bool(nats.get("deny_delete", False)),
         deny_purge=options["deny_purge"],
         allow_rollup_hdrs=options["allow_rollup"],
@@ -535,13 +615,13 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
         out["allow_msg_schedules"] = True
     if options["subject_delete_marker_ttl"]:
         out["subject_delete_marker_ttl"] = options["subject_delete_marker_ttl"] * NS
+    st = options.get("subject_transform")
+    if st is not None:
+        out["subject_transform"] = {"src": st.get("src", ""), "dest": st.get("dest", "")}
     rp = options.get("republish")
     if rp:
         # The server's RePublish: src and headers_only are omitempty, dest is not.
         out["republish"] = {k: v for k, v in (("src", rp.get("src")), ("dest", rp.get("dest", "")),
                                               ("headers_only", rp.get("headers_only"))) if v or k == "dest"}
-    # ADR-44: TTLs and markers need API level 1 (the server's rule).
-    required = 1 if options.get("allow_msg_ttl") or options.get("subject_delete_marker_ttl") else 0
-    required = max(required, 2 if options.get("allow_msg_schedules") else 0)  # ADR-51: level 2
-    out["metadata"] = versioned_metadata(nats.get("metadata"), required)
+    out["metadata"] = versioned_metadata(nats.get("metadata"), required_level(out))
     return out

@@ -355,7 +355,7 @@ async def test_info_describes_the_listener(nats_server: ServerHandle, nats_url: 
     assert isinstance(info, PN.NatsInfo)
     i = info.info
     assert (i["proto"], i["headers"], i["max_payload"], i["port"]) == (1, True, 1024 * 1024, nats_server.nats_port)
-    assert "auth_required" not in i and "tls_required" not in i and i["server_id"] and i["version"] == "2.11.0"
+    assert "auth_required" not in i and "tls_required" not in i and i["server_id"] and i["version"] == "2.12.0"
     assert i["ttlbroker_version"] == VERSION
     assert i["client_ip"] == "127.0.0.1"  # as nats-server
 

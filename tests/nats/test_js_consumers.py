@@ -1144,7 +1144,7 @@ async def test_pull_request_limits_metadata_headers_only_and_a_durables_inactive
 
     r = await in_asyncio(scenario)
     # ADR-44: the server's versioning keys beside the client's own, as nats-server reports them.
-    versioning = {"_nats.req.level": "0", "_nats.ver": "2.11.0", "_nats.level": "1"}
+    versioning = {"_nats.req.level": "0", "_nats.ver": "2.12.0", "_nats.level": "2"}
     assert r["config"] == (5, 2 * 10**9, 1000, {"team": "shop", **versioning}, True)
     assert r["statuses"] == [
         "409", "Exceeded MaxRequestBatch of 5", "409", "Exceeded MaxRequestExpires of 2s", "409", "Exceeded MaxRequestMaxBytes of 1000",

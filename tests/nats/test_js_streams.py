@@ -84,7 +84,7 @@ async def test_create_info_names_list_delete(nats_url: str, nats_server: ServerH
     # the server's automatic fix: markers need roll-ups
     assert c.allow_rollup_hdrs is True and c.deny_purge is False
     # ADR-44: TTLs need API level 1; the server's version and level, as nats-server adds them.
-    versioning = {"_nats.req.level": "1", "_nats.ver": "2.11.0", "_nats.level": "1"}
+    versioning = {"_nats.req.level": "1", "_nats.ver": "2.12.0", "_nats.level": "2"}
     assert (c.republish.src, c.republish.dest, c.metadata) == ("orders.>", "copy.orders.>", {"team": "shop", **versioning})
     assert (c.retention, c.storage, c.num_replicas, c.max_msgs, c.max_bytes) == ("limits", "file", 1, -1, -1)
     assert si.did_create is True and out["again"].config.name == "ORDERS"
@@ -98,7 +98,7 @@ async def test_create_info_names_list_delete(nats_url: str, nats_server: ServerH
     assert out["names_filtered"] == ["EVENTS"]
     assert out["deleted"] is True
     assert out["gone"] == (404, 10059, "stream not found")
-    assert out["account"].streams == 1 and out["account"].api.level == 1
+    assert out["account"].streams == 1 and out["account"].api.level == 2
     # The same stream through our own client: the topic nats/orders.
     async with connect(nats_server.address) as client:
         t = await client.get_topic("nats", "orders")
@@ -171,7 +171,7 @@ async def test_refusals(nats_url: str) -> None:
 
     out = await _js(nats_url, fn)
     assert out[0] == (500, 10074, "replicas > 1 not supported in non-clustered mode")
-    assert out[1] == (500, 10052, "sealed is not supported by ttlbroker")
+    assert out[1] == (500, 10052, "stream configuration for create can not be sealed")  # nats-server 2.15.1
     assert out[2] == (500, 10052, "no_ack is not supported by ttlbroker")
     assert out[3] == (500, 10052, "mirror_direct is not supported by ttlbroker")
     assert out[4] == (500, 10052, "max_msgs 100 (no message count limit per stream; use max_age or max_msgs_per_subject) is not supported by ttlbroker")
@@ -877,7 +877,7 @@ async def test_adr44_versioning_metadata(nats_url: str) -> None:
         }
 
     out = await _js(nats_url, fn)
-    server = {"_nats.ver": "2.11.0", "_nats.level": "1"}
+    server = {"_nats.ver": "2.12.0", "_nats.level": "2"}
     assert out["plain"] == {"_nats.req.level": "0", **server}
     assert out["ttl"] == {"_nats.req.level": "1", **server}
     assert out["again"] is None

@@ -309,3 +309,29 @@ def test_the_cleaner_removes_segments_together_with_one_directory_sync(tmp_path:
     assert not any(os.path.exists(s.log_path) for s in gone)
     assert log.read(1, 100, 1 << 20).offsets == list(range(11, 21))
     log.close()
+
+
+@pytest.mark.parametrize("reserve", [False, True])
+def test_start_at_a_first_offset_survives_reopening(tmp_path: Path, reserve: bool) -> None:
+    """A topic's first_seq: a log that never held a record starts at it, and so does
+    the same log reopened, with nothing below it readable."""
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20, reserve=reserve)
+    log.start_at(500)
+    assert (log.next_offset, log.last_offset, log.first_offset, log.live_count) == (500, 499, 0, 0)
+    assert append(log, 3) == 500
+    log.close()
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20, reserve=reserve)
+    assert log.first_offset == 500 and payloads(log) == [b"m0", b"m1", b"m2"]
+    assert append(log, 1, 3) == 503
+    with pytest.raises(ValueError):
+        log.start_at(1000)
+    log.close()
+
+
+def test_a_crash_between_the_watermark_and_the_new_segment_reopens_at_the_first_offset(tmp_path: Path) -> None:
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    log.mark_purged(99)  # start_at's first step, then the crash
+    log.close()
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    assert log.next_offset == 100 and append(log, 1) == 100
+    log.close()
