@@ -60,6 +60,8 @@ class Router:
         others: no two topics' filters overlap, so their order does not matter)."""
         self._filters.extend((tuple(f.split(".")), topic) for f in topic.config.subjects)
         self.cache = {}
+        self.stored = {}
+        self.any_transform = self.any_transform or topic.transform is not None
         self.any_kv = self.any_kv or topic.config.kv is not None
 
     def resolve(self, subject: bytes) -> Partition | _NoTopic | BrokerError:
