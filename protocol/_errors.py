@@ -117,6 +117,12 @@ class ErrorCode(IntEnum):
     )
     WRONG_EXPECTED_STREAM = 6015, "the message's Nats-Expected-Stream does not name the topic that captures it"
     WRONG_LAST_MSG_ID = 6016, "the topic's last Nats-Msg-Id is not the one Nats-Expected-Last-Msg-Id names"
+    MAX_MSGS_EXCEEDED = 6030, "discard new: the partition holds max_msgs messages (the server's 10077)"
+    MAX_BYTES_EXCEEDED = 6031, "discard new: the message would take the partition past max_bytes (the server's 10077)"
+    MAX_MSGS_PER_SUBJECT_EXCEEDED = 6032, (
+        "discard new per subject: the subject holds max_msgs_per_subject messages (the server's 10077)"
+    )
+    MESSAGE_TOO_LARGE = 6033, "the message's headers and payload exceed the topic's max_msg_size (the server's 10054)"
 
     # -- subscriptions and consumers (7000s) -------------------------------------
     SUBSCRIPTION_EXISTS = 7001, "the connection already has a subscription with that id"
@@ -131,6 +137,7 @@ class ErrorCode(IntEnum):
     MAX_WAITING_EXCEEDED = 7010, "the consumer already holds max_waiting pull requests"
     NOT_A_MEMBER = 7011, "the connection is not a member of the partitioned consumer, or owns no partition"
     CONSUMER_UPDATE_DENIED = 7012, "the update changes a field of the consumer that cannot change"
+    MAX_CONSUMERS_REACHED = 7020, "the topic has max_consumers consumers (the server's 10026)"
 
 
 class ProtocolError(Exception):

@@ -111,8 +111,6 @@ def _nats_options(nats: Mapping[str, Any]) -> str:
     """A NATS stream's settings with no topic equivalent: the ``nats`` topic option
     that the NATS listener's JetStream API sets (``docs/protocol.md``)."""
     extras = [k.replace("_", " ") for k in ("deny_delete", "allow_direct") if nats.get(k)]
-    if nats.get("discard", "old") != "old":
-        extras.append(f"discard {nats['discard']}")
     return str(nats.get("name", "-")) + (f" ({', '.join(extras)})" if extras else "")
 
 
@@ -127,6 +125,12 @@ _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "allow_rollup": ("rollup", lambda v: "allowed" if v else "no"),
     "deny_purge": ("deny purge", flag),
     "retention": ("retention", str),
+    "max_msgs": ("max msgs", _off_or(count, "unlimited")),
+    "max_bytes": ("max bytes", _off_or(size, "unlimited")),
+    "max_msg_size": ("max msg size", _off_or(size, "unlimited")),
+    "max_consumers": ("max consumers", _off_or(count, "unlimited")),
+    "discard": ("discard", str),
+    "discard_new_per_subject": ("discard new per subject", flag),
     "republish": ("republish", _republish),
     "kv": ("KV bucket", _bucket_options),
     "nats": ("NATS stream", _nats_options),
@@ -225,6 +229,7 @@ _STATS: list[tuple[str, list[tuple[str, str, Callable[[Any], str]]]]] = [
     ("Removal and expiry", [
         ("deleted", "deleted", count), ("purged", "purged", count),
         ("removed_max_msgs_per_subject", "over max msgs per subject", count), ("removed_acked", "acked (work queue or interest)", count), ("removed_rollup", "rolled up", count),
+        ("removed_limits", "over max msgs or max bytes", count), ("refused_limits", "refused by limits", count),
         ("expired_ttl", "expired (TTL)", count), ("expired_max_age", "expired (max age)", count),
         ("markers", "markers written", count), ("pending_expiries", "pending expiries", count),
         ("expiry_passes", "expiry passes", count), ("expiry_lag_max_ms", "expiry lag (max)", _ms),

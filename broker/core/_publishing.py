@@ -40,6 +40,7 @@ from ._admission import ROLLUP_SUB, admit_batch, check, dedupe, self_contained
 from ._batch import Appended, Batch
 from ._clock import Clock
 from ._commit import Committer, Reply
+from ._limits import refuse, trim
 from ._republish import Republisher
 from ._retention import Retention
 from ._routing import NO_TOPIC, Router
@@ -192,11 +193,15 @@ class Publisher:
         batch.now = self.clock.now_ns()
         if batch.any_msg_id and not batch.trusted:
             dedupe(batch)
+        if self.router.any_refusing and groups:
+            refuse(batch, self.counters)
         part = batch.one_partition()
         if part is not None:
             res = self._append_whole(batch, part)
             if part.topic.config.max_msgs_per_subject:
                 self.enforce_max_msgs(part, batch.subjects)
+            if part.topic.trimming:
+                trim(part, self.retention.remove)
             # Subscribers, but none on these subjects (a client's reply inbox): no entries to build.
             if self.subs and any(map(self.subs.match, batch.subjects)):
                 head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
@@ -206,6 +211,8 @@ class Publisher:
         for a in batch.appended:
             if a.partition.topic.config.max_msgs_per_subject:
                 self.enforce_max_msgs(a.partition, a.subjects)
+            if a.partition.topic.trimming:
+                trim(a.partition, self.retention.remove)
         if batch.fresh:
             self._register_ids(batch)
         if batch.duplicates:

@@ -34,12 +34,15 @@ class Router:
         #: subject bytes -> Partition, NO_TOPIC, or the BrokerError for an invalid subject
         self.cache: dict[bytes, Partition | _NoTopic | BrokerError] = {}
         self.any_kv = False
+        self.any_refusing = False
 
     def rebuild(self, topics: list[Topic]) -> None:
         self._filters = [(tuple(f.split(".")), t) for t in topics for f in t.config.subjects]
         self.cache = {}
         #: Some topic is a KV bucket (whose every message goes through admission).
         self.any_kv = any(t.config.kv is not None for t in topics)
+        #: Some topic may refuse a publish by its limits (``Topic.refusing``).
+        self.any_refusing = any(t.refusing for t in topics)
 
     def resolve(self, subject: bytes) -> Partition | _NoTopic | BrokerError:
         """Route one subject (and cache the answer). Runtime complexity: O(filters)."""

@@ -20,13 +20,17 @@ from typing import Any
 from protocol.nats import NATS_SETTINGS
 from protocol import ErrorCode, SubjectTransform, TransformError, error_class, filters_overlap, validate_filter
 
-__all__ = ["DEFAULT_DUPLICATE_WINDOW", "RETENTIONS", "TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]
+__all__ = ["DEFAULT_DUPLICATE_WINDOW", "DISCARDS", "LIMITS", "RETENTIONS", "TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve"]
 
 #: JetStream's default duplicate window (``StreamDefaultDuplicatesWindow``), seconds.
 DEFAULT_DUPLICATE_WINDOW = 120
 
 _Invalid = error_class(ErrorCode.INVALID_OPTIONS)
 _Config = error_class(ErrorCode.INVALID_TOPIC_CONFIG)
+
+#: The limits options (0 = unlimited), and the discard policies.
+LIMITS = ("max_msgs", "max_bytes", "max_msg_size", "max_consumers")
+DISCARDS = ("old", "new")
 
 #: The retention policies, as JetStream's (``limits`` keeps messages until a limit removes them).
 RETENTIONS = ("limits", "workqueue", "interest")
@@ -67,6 +71,14 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     ),
     "pedantic": ((bool,), "refuse instead of fixing the configuration automatically (this request only)"),
     "message_expiry": ((int,), "update only: max age in seconds; 0 = none"),
+    "max_msgs": ((int,), "live messages kept per partition (see discard); 0 = unlimited"),
+    "max_bytes": ((int,), "bytes of live records kept per partition (see discard); 0 = unlimited"),
+    "max_msg_size": ((int,), "largest message accepted, headers and payload, in bytes; 0 = unlimited"),
+    "max_consumers": ((int,), "durable and ephemeral consumers the topic may have; 0 = unlimited"),
+    "discard": ((str,), "at max_msgs or max_bytes: old (default: remove the oldest) | new (refuse the new message)"),
+    "discard_new_per_subject": (
+        (bool,), "with discard new and max_msgs_per_subject: refuse a message on a subject at its limit",
+    ),
 }
 
 
@@ -100,7 +112,10 @@ def check_option_types(options: dict[str, Any], updating: bool) -> None:
         for key, value in nats.items():
             if key not in NATS_SETTINGS or not isinstance(value, NATS_SETTINGS[key]):
                 raise _Invalid(f"option 'nats': {key!r} is not one of {', '.join(NATS_SETTINGS)} with its type")
-    for key in ("subject_delete_marker_ttl", "max_msgs_per_subject", "segment_size", "message_expiry", "duplicate_window"):
+    for key in (
+        "subject_delete_marker_ttl", "max_msgs_per_subject", "segment_size", "message_expiry", "duplicate_window",
+        *LIMITS,
+    ):
         v = options.get(key)
         if v is not None and not -(2**63) <= v < 2**63:
             raise _Invalid(f"option {key!r} is out of range")
@@ -132,6 +147,15 @@ class TopicConfig:
     #: The NATS stream settings with no topic equivalent (``protocol.nats.NATS_SETTINGS``), or None
     nats: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The limits (``docs/semantics.md``, "Limits and discard policies"); 0 = unlimited.
+    #: ``max_msgs`` and ``max_bytes`` hold per partition (a NATS stream has one).
+    max_msgs: int = 0
+    max_bytes: int = 0
+    max_msg_size: int = 0
+    max_consumers: int = 0
+    #: ``old`` or ``new``: what a publish past ``max_msgs`` or ``max_bytes`` does.
+    discard: str = "old"
+    discard_new_per_subject: bool = False
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -143,6 +167,11 @@ class TopicConfig:
         known = {f.name for f in fields(cls)}
         d = {k: v for k, v in d.items() if k in known}
         d["subjects"] = tuple(d["subjects"])
+        nats = d.get("nats")
+        if nats and "discard" in nats:  # a catalog written when discard was a NATS setting
+            nats = dict(nats)
+            d.setdefault("discard", nats.pop("discard"))
+            d["nats"] = nats
         return cls(**d)
 
     def options(self) -> dict[str, Any]:
@@ -160,6 +189,12 @@ class TopicConfig:
             "republish": dict(self.republish) if self.republish else None,
             "kv": dict(self.kv) if self.kv else None,
             "nats": dict(self.nats) if self.nats else None,
+            "max_msgs": self.max_msgs,
+            "max_bytes": self.max_bytes,
+            "max_msg_size": self.max_msg_size,
+            "max_consumers": self.max_consumers,
+            "discard": self.discard,
+            "discard_new_per_subject": self.discard_new_per_subject,
         }
 
     def validate(self, max_partitions: int) -> None:
@@ -184,6 +219,13 @@ class TopicConfig:
             raise _Config("segment_size must be between 4096 and 1073741824 bytes")
         if self.retention not in RETENTIONS:
             raise _Config(f"retention must be one of {', '.join(RETENTIONS)}, not {self.retention!r}")
+        for key in LIMITS:
+            if getattr(self, key) < 0:
+                raise _Config(f"{key} must not be negative (0 = unlimited)")
+        if self.max_msg_size > 2**31 - 1:
+            raise _Config("max_msg_size must fit in 31 bits (at most 2147483647 bytes)")
+        if self.discard not in DISCARDS:
+            raise _Config(f"discard must be old or new, not {self.discard!r}")
 
 
 def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
@@ -223,6 +265,13 @@ def resolve(
     # 2. Roll-ups need the purge permission (checked before anything about markers).
     if new.deny_purge and new.allow_rollup:
         raise _Config("roll-ups require the purge permission")
+    # 3. (counters have no equivalent) Discard new per subject needs discard new and a
+    #    per-subject limit.
+    if new.discard_new_per_subject:
+        if new.discard != "new":
+            raise _Config("discard new per subject requires discard new policy to be set")
+        if new.max_msgs_per_subject <= 0:
+            raise _Config("discard new per subject requires max msgs per subject > 0")
     # 4. Subject delete markers.
     sdm = new.subject_delete_marker_ttl
     if sdm < 0:

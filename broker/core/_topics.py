@@ -384,6 +384,14 @@ class Topic:
         rp = value.republish
         #: The compiled republish transform, or None.
         self.republisher = SubjectTransform(rp["src"], rp["dest"]) if rp else None
+        #: A publish into it may be refused by its limits (``_limits.refuse``):
+        #: max_msg_size, or discard new with a limit to refuse at.
+        self.refusing = bool(value.max_msg_size) or (
+            value.discard == "new" and bool(value.max_msgs or value.max_bytes or value.discard_new_per_subject)
+        )
+        #: An append may take a partition past max_msgs or max_bytes, whose oldest
+        #: messages then go (discard old: ``_limits.trim``).
+        self.trimming = value.discard == "old" and bool(value.max_msgs or value.max_bytes)
 
     @property
     def name(self) -> str:

@@ -116,6 +116,7 @@ STREAM_NOT_MATCH = (400, 10060, "expected stream does not match")
 WRONG_LAST_MSG_ID = (400, 10070, None)  # "wrong last msg ID: {id}"
 STORE_FAILED = (503, 10077, None)
 NOT_EMPTY_REQUEST = (400, 10038, "expected an empty request payload")
+PEDANTIC = (400, 10157, None)  # "pedantic mode: {err}"
 
 
 def js_error(entry: tuple[int, int, str | None], reason: str = "") -> JSError:
@@ -136,7 +137,7 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.INVALID_SUBJECT_FILTER: STREAM_INVALID_CONFIG,
     ErrorCode.REPUBLISH_CYCLE: STREAM_INVALID_CONFIG,
     ErrorCode.INVALID_TRANSFORM: STREAM_INVALID_CONFIG,
-    ErrorCode.PEDANTIC: (400, 10157, None),  # "pedantic mode: {err}" (ours carries the prefix)
+    ErrorCode.PEDANTIC: PEDANTIC,  # "pedantic mode: {err}" (ours carries the prefix)
     ErrorCode.SUBJECTS_OVERLAP: (400, 10065, "subjects overlap with an existing stream"),
     ErrorCode.MESSAGE_NOT_FOUND: NO_MESSAGE_FOUND,
     ErrorCode.PARTITION_NOT_FOUND: NO_MESSAGE_FOUND,
@@ -158,6 +159,11 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.CONSUMER_FILTERS_OVERLAP: (400, 10138, "consumer subject filters cannot overlap"),
     ErrorCode.INVALID_CONSUMER_CONFIG: (500, 10012, None),  # JSConsumerCreateErrF "{err}"
     ErrorCode.CONSUMER_UPDATE_DENIED: (500, 10012, None),
+    ErrorCode.MAX_MSGS_EXCEEDED: (503, 10077, "maximum messages exceeded"),
+    ErrorCode.MAX_BYTES_EXCEEDED: (503, 10077, "maximum bytes exceeded"),
+    ErrorCode.MAX_MSGS_PER_SUBJECT_EXCEEDED: (503, 10077, "maximum messages per subject exceeded"),
+    ErrorCode.MESSAGE_TOO_LARGE: (400, 10054, "message size exceeds maximum allowed"),
+    ErrorCode.MAX_CONSUMERS_REACHED: (400, 10026, "maximum consumers limit reached"),
 }
 
 
@@ -328,7 +334,6 @@ NATS_SETTINGS: dict[str, tuple[type, ...]] = {
     "description": (str,),
     "deny_delete": (bool,),
     "allow_direct": (bool,),
-    "discard": (str,),
     "metadata": (dict,),
 }
 
@@ -369,10 +374,6 @@ def _seconds(cfg: dict[str, Any], key: str) -> int:
 # (values accepted, the refusal's wording).
 _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
     "storage": (("file", None), "storage {v!r} (only 'file': every stream is on disk)"),
-    "max_consumers": ((-1, 0, None), "max_consumers {v}"),
-    "max_msgs": ((-1, 0, None), "max_msgs {v} (no message count limit per stream; use max_age or max_msgs_per_subject)"),
-    "max_bytes": ((-1, 0, None), "max_bytes {v} (no byte limit per stream)"),
-    "max_msg_size": ((-1, 0, None), "max_msg_size {v} (the broker's [limits] max_payload_bytes applies to every stream)"),
     "no_ack": ((False, None), "no_ack"),
     "mirror": ((None, {}), "mirror"),
     "sources": ((None, []), "sources"),
@@ -382,7 +383,6 @@ _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
     "subject_transform": ((None, {}), "subject_transform"),
     "mirror_direct": ((False, None), "mirror_direct"),
     "compression": (("none", "", None), "compression {v!r}"),
-    "discard_new_per_subject": ((False, None), "discard_new_per_subject"),
     "allow_msg_counter": ((False, None), "allow_msg_counter"),
     "allow_msg_schedules": ((False, None), "allow_msg_schedules"),
     "allow_atomic": ((False, None), "allow_atomic"),
@@ -395,10 +395,34 @@ _MAPPED = {
     "name", "description", "subjects", "max_age", "max_msgs_per_subject", "discard", "num_replicas", "duplicate_window",
     "deny_delete", "deny_purge", "allow_rollup_hdrs", "republish", "allow_direct", "allow_msg_ttl",
     "subject_delete_marker_ttl", "metadata", "retention",
+    "max_msgs", "max_bytes", "max_msg_size", "max_consumers", "discard_new_per_subject",
 }
 
 
-def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
+#: The server's limit fields: -1 (and 0, and a missing one) is unlimited, which a
+#: topic's option says with 0; below -1 the server sets -1, or refuses in pedantic
+#: mode (``checkStreamCfg``). ``max_msg_size`` is a Go ``int32``.
+_LIMIT_FIELDS = ("max_msgs", "max_bytes", "max_msg_size", "max_consumers")
+
+
+def _limit(cfg: dict[str, Any], key: str, pedantic: bool) -> int:
+    v = cfg.get(key)
+    if v is None:
+        return 0
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise js_error(INVALID_JSON, f"invalid JSON: {key} must be an integer")
+    bits = 32 if key == "max_msg_size" else 64
+    if not -(2 ** (bits - 1)) <= v < 2 ** (bits - 1):
+        raise js_error(
+            INVALID_JSON,
+            f"invalid JSON: json: cannot unmarshal number {v} into Go struct field StreamConfig.{key} of type int{bits}",
+        )
+    if v < -1 and pedantic:
+        raise js_error(PEDANTIC, f"pedantic mode: {key} must be set to -1")
+    return v if v > 0 else 0
+
+
+def stream_config_to_topic(cfg: dict[str, Any], pedantic: bool = False) -> tuple[dict[str, Any], int]:
     """A JetStream stream config as a topic's options and its max age in seconds
     (0 = none). Raises :class:`JSError` for what ttlbroker does not have, with the
     server's error numbers (``num_replicas`` > 1: 10074; the rest: 10052 naming the
@@ -452,7 +476,7 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
     subjects = cfg.get("subjects") or [name]
     if not isinstance(subjects, list) or not all(isinstance(s, str) for s in subjects):
         raise js_error(INVALID_JSON, "invalid JSON: subjects must be a list of strings")
-    nats: dict[str, Any] = {"name": name, "discard": discard}
+    nats: dict[str, Any] = {"name": name}
     if cfg.get("description"):
         nats["description"] = cfg["description"]
     if cfg.get("metadata"):
@@ -475,6 +499,9 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
         "subject_delete_marker_ttl": sdm,
         "retention": retention,
         "nats": nats,
+        "discard": discard,
+        "discard_new_per_subject": bool(cfg.get("discard_new_per_subject")),
+        **{key: _limit(cfg, key, pedantic) for key in _LIMIT_FIELDS},
     }
     if window:
         options["duplicate_window"] = window
@@ -496,13 +523,13 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
     out.update(
         subjects=list(options["subjects"]),
         retention=options.get("retention", "limits"),
-        max_consumers=-1,
-        max_msgs=-1,
-        max_bytes=-1,
+        max_consumers=options.get("max_consumers") or -1,
+        max_msgs=options.get("max_msgs") or -1,
+        max_bytes=options.get("max_bytes") or -1,
         max_age=max_age * NS,
         max_msgs_per_subject=options["max_msgs_per_subject"] or -1,
-        max_msg_size=-1,
-        discard=nats.get("discard", "old"),
+        max_msg_size=options.get("max_msg_size") or -1,
+        discard=options.get("discard", "old"),
         storage="file",
         num_replicas=1,
         duplicate_window=options["duplicate_window"] * NS,
@@ -516,6 +543,8 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
         allow_msg_ttl=options["allow_msg_ttl"],
         consumer_limits={},
     )
+    if options.get("discard_new_per_subject"):
+        out["discard_new_per_subject"] = True  # omitempty
     if options["subject_delete_marker_ttl"]:
         out["subject_delete_marker_ttl"] = options["subject_delete_marker_ttl"] * NS
     rp = options.get("republish")
