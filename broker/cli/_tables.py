@@ -130,11 +130,15 @@ _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "max_msg_size": ("max msg size", _off_or(size, "unlimited")),
     "max_consumers": ("max consumers", _off_or(count, "unlimited")),
     "discard": ("discard", str),
-    "discard_new_per_subject": ("discard new per subject", flag),
+    "discard_new_per_subject": ("discard per subject", flag),
     "republish": ("republish", _republish),
     "kv": ("KV bucket", _bucket_options),
     "nats": ("NATS stream", _nats_options),
 }
+
+
+#: Options shown only when set (the limits and discard policies: most topics have none).
+_SHOWN_WHEN_SET = ("max_msgs", "max_bytes", "max_msg_size", "max_consumers", "discard", "discard_new_per_subject")
 
 
 def show_topics(out: Out, topics: list[TopicDetails]) -> None:
@@ -162,7 +166,7 @@ def show_topic(out: Out, t: TopicDetails) -> None:
     for key, (label, fmt) in _TOPIC_OPTIONS.items():
         if key in options:
             value = options.pop(key)
-            if key not in ("kv", "nats") or value:
+            if (key not in ("kv", "nats") or value) and (key not in _SHOWN_WHEN_SET or value not in (0, False, "old")):
                 config.append((label, fmt(value)))
     config += [(k.replace("_", " "), value_text(v)) for k, v in options.items()]
     out.fields(f"Topic {x.get('stream', t.stream_id)}/{t.name} (id {t.id})", config)

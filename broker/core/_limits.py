@@ -50,7 +50,7 @@ class _Subject:
     ones still there (oldest first, read from the index as needed) and the sizes of
     the batch's admitted ones."""
 
-    __slots__ = ("part", "sid", "stored", "next_off", "sizes")
+    __slots__ = ("next_off", "part", "sid", "sizes", "stored")
 
     def __init__(self, part: Partition, subject: bytes, empty: bool) -> None:
         self.part = part

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import nats.js.errors as jse
 from nats.js.api import ConsumerConfig, DiscardPolicy, RetentionPolicy, StreamConfig
 
 from broker import ServerHandle
@@ -20,9 +21,10 @@ async def _seqs(js: Any, stream: str) -> list[int]:
     for seq in range(si.state.first_seq, si.state.last_seq + 1):
         try:
             await js.get_msg(stream, seq)
-        except Exception:
-            continue
-        out.append(seq)
+        except jse.NotFoundError:
+            pass
+        else:
+            out.append(seq)
     return out
 
 
