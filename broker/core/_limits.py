@@ -23,7 +23,7 @@ topic with ``max_bytes``).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from protocol import RECORD_FIXED, ErrorCode, error_class
 from protocol import RemovalReason as R
@@ -32,7 +32,7 @@ from ._batch import Batch
 from ._stats import Counters
 from ._topics import Partition
 
-__all__ = ["refuse", "trim"]
+__all__ = ["refuse", "trim", "trim_in_order"]
 
 _MaxMsgs = error_class(ErrorCode.MAX_MSGS_EXCEEDED)
 _MaxBytes = error_class(ErrorCode.MAX_BYTES_EXCEEDED)
@@ -175,3 +175,71 @@ def trim(part: Partition, remove: Callable[[Partition, list[int], R], object]) -
         doomed = log.oldest_to_drop(over_n, over_b)
         if doomed:
             remove(part, doomed, R.LIMITS)
+
+
+def trim_in_order(
+    part: Partition, first: int, subjects: list[bytes], remove: Callable[[Partition, list[int], R], object],
+) -> None:
+    """``max_msgs_per_subject`` and discard old after a batch of messages appended at
+    ``first`` on ``subjects`` (more than one), taken one message after another as
+    the server stores them: a subject's removal can bring the partition back under
+    a limit that the message before it passed, so the batch's end state alone does
+    not say which of the oldest go. O(1) per message, plus the removals."""
+    cfg = part.topic.config
+    log, index = part.log, part.index
+    per, max_msgs, max_bytes = cfg.max_msgs_per_subject, cfg.max_msgs, cfg.max_bytes
+    offsets = range(first, first + len(subjects))
+    sizes = [log.record_size(o) for o in offsets]
+    count = log.live_count - len(subjects)
+    nbytes = log.live_bytes() - sum(sizes) if max_bytes else 0
+    by_subject: set[int] = set()
+    by_limits: set[int] = set()
+    # subject -> [its oldest candidate offset, sid, live count before the batch's next message]
+    heads: dict[bytes, list[int]] = {}
+    for s in subjects:
+        h = heads.get(s)
+        if h is None:
+            st = index.get(s)
+            assert st is not None  # the batch wrote it
+            heads[s] = [st.first, st.sid, st.count - 1]
+        else:
+            h[2] -= 1
+    oldest = _live_offsets(part)
+    head = next(oldest, 0)
+    for o, s, size in zip(offsets, subjects, sizes):
+        count += 1
+        nbytes += size
+        h = heads[s]
+        h[2] += 1
+        if h[2] > per:
+            while h[0] in by_limits or h[0] in by_subject:
+                h[0] = index.next_live(h[1], h[0] + 1)
+            by_subject.add(h[0])
+            nbytes -= log.record_size(h[0])
+            h[0] = index.next_live(h[1], h[0] + 1)
+            h[2] -= 1
+            count -= 1
+        while (max_msgs and count > max_msgs) or (max_bytes and nbytes > max_bytes):
+            while head and (head in by_subject or head in by_limits):
+                head = next(oldest, 0)
+            if not head or head > o:
+                break
+            by_limits.add(head)
+            count -= 1
+            nbytes -= log.record_size(head)
+            hs = heads.get(index.subject_at(head))
+            if hs is not None:
+                hs[2] -= 1
+            head = next(oldest, 0)
+    if by_subject:
+        remove(part, sorted(by_subject), R.MAX_MSGS_PER_SUBJECT)
+    if by_limits:
+        remove(part, sorted(by_limits), R.LIMITS)
+
+
+def _live_offsets(part: Partition) -> Iterator[int]:
+    for seg in part.log.segments:
+        rel = seg.first_live_rel()
+        while rel >= 0:
+            yield seg.base + rel
+            rel = seg.first_live_rel(rel + 1)

@@ -40,7 +40,7 @@ from ._admission import ROLLUP_SUB, admit_batch, check, dedupe, self_contained
 from ._batch import Appended, Batch
 from ._clock import Clock
 from ._commit import Committer, Reply
-from ._limits import refuse, trim
+from ._limits import refuse, trim, trim_in_order
 from ._republish import Republisher
 from ._retention import Retention
 from ._routing import NO_TOPIC, Router
@@ -198,10 +198,13 @@ class Publisher:
         part = batch.one_partition()
         if part is not None:
             res = self._append_whole(batch, part)
-            if part.topic.config.max_msgs_per_subject:
-                self.enforce_max_msgs(part, batch.subjects)
-            if part.topic.trimming:
-                trim(part, self.retention.remove)
+            if part.topic.trimming and part.topic.config.max_msgs_per_subject and batch.count > 1:
+                trim_in_order(part, batch.first_offset, batch.subjects, self.retention.remove)
+            else:
+                if part.topic.config.max_msgs_per_subject:
+                    self.enforce_max_msgs(part, batch.subjects)
+                if part.topic.trimming:
+                    trim(part, self.retention.remove)
             # Subscribers, but none on these subjects (a client's reply inbox): no entries to build.
             if self.subs and any(map(self.subs.match, batch.subjects)):
                 head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
@@ -209,9 +212,13 @@ class Publisher:
             return
         self._append(batch)
         for a in batch.appended:
-            if a.partition.topic.config.max_msgs_per_subject:
+            topic = a.partition.topic
+            if topic.trimming and topic.config.max_msgs_per_subject and len(a.subjects) > 1:
+                trim_in_order(a.partition, a.result.first_offset, a.subjects, self.retention.remove)
+                continue
+            if topic.config.max_msgs_per_subject:
                 self.enforce_max_msgs(a.partition, a.subjects)
-            if a.partition.topic.trimming:
+            if topic.trimming:
                 trim(a.partition, self.retention.remove)
         if batch.fresh:
             self._register_ids(batch)
