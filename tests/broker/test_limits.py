@@ -166,7 +166,7 @@ async def test_a_marker_under_max_bytes(mock_clock: Any, data_dir: Path, discard
 
 
 async def test_republished_copies_meet_the_destinations_limits(data_dir: Path) -> None:
-    async with broker_and_client(data_dir) as (h, c):
+    async with broker_and_client(data_dir) as (_, c):
         await c.create_stream("s")
         await c.create_topic("s", "src", subjects=["a.>"], republish={"src": "a.>", "dest": "copy.>"})
         await c.create_topic("s", "new", subjects=["copy.n.>"], max_msgs=2, discard="new")
