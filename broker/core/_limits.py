@@ -57,7 +57,7 @@ class _Subject:
         st = None if empty else part.index.get(subject)
         self.sid = st.sid if st is not None else 0
         self.stored = st.count if st is not None else 0
-        self.next_off = st.first if self.stored else 0
+        self.next_off = st.first if st is not None and self.stored else 0
         self.sizes: deque[int] = deque()
 
     @property
