@@ -175,11 +175,14 @@ class RemovalReason(IntEnum):
     #: Work-queue or interest retention: every consumer that wanted it settled it
     #: (or, with interest retention, no consumer wanted it when it was published).
     ACKED = 7
+    #: The topic's ``max_msgs`` or ``max_bytes`` with discard ``old``: the oldest
+    #: messages made room.
+    LIMITS = 8
     #: Unreadable (damaged on disk) and written off by ``ttlbroker repair``; its bytes
     #: are kept in the data directory's ``quarantine/``.
     DAMAGED = 15
 
     @property
     def label(self) -> str:
-        """``ttl``, ``max_age``, ``delete``, ``purge``, ``rollup``, ``max_msgs_per_subject``."""
+        """``ttl``, ``max_age``, ``delete``, ``purge``, ``rollup``, ``max_msgs_per_subject``, ``acked``, ``limits``."""
         return self.name.lower()

@@ -129,6 +129,12 @@ class ErrorCode(IntEnum):
     TOPIC_SEALED = 6040, "the topic is sealed: no message goes in or out (the server's 10109)"
     MSG_COUNTER_DISABLED = 6041, "a Nats-Incr message counter (ADR-49): ttlbroker has no counters (the server's 10168)"
     ATOMIC_PUBLISH_DISABLED = 6042, "a Nats-Batch-Id atomic batch (ADR-50): ttlbroker has no batches (the server's 10174)"
+    MAX_MSGS_EXCEEDED = 6050, "discard new: the partition holds max_msgs messages (the server's 10077)"
+    MAX_BYTES_EXCEEDED = 6051, "discard new: the message would take the partition past max_bytes (the server's 10077)"
+    MAX_MSGS_PER_SUBJECT_EXCEEDED = 6052, (
+        "discard new per subject: the subject holds max_msgs_per_subject messages (the server's 10077)"
+    )
+    MESSAGE_TOO_LARGE = 6053, "the message's headers and payload exceed the topic's max_msg_size (the server's 10054)"
 
     # -- subscriptions and consumers (7000s) -------------------------------------
     SUBSCRIPTION_EXISTS = 7001, "the connection already has a subscription with that id"
@@ -143,6 +149,7 @@ class ErrorCode(IntEnum):
     MAX_WAITING_EXCEEDED = 7010, "the consumer already holds max_waiting pull requests"
     NOT_A_MEMBER = 7011, "the connection is not a member of the partitioned consumer, or owns no partition"
     CONSUMER_UPDATE_DENIED = 7012, "the update changes a field of the consumer that cannot change"
+    MAX_CONSUMERS_REACHED = 7020, "the topic has max_consumers consumers (the server's 10026)"
 
 
 class ProtocolError(Exception):

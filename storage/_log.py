@@ -173,6 +173,10 @@ class SegmentLog:
             i = live.find(1, j)
         return total
 
+    def record_length(self, rel: int) -> int:
+        """The length of record ``rel`` (live or not)."""
+        return self._record_length(rel)
+
     def _record_length(self, rel: int) -> int:
         pos = self.positions
         return (pos[rel + 1] if rel + 1 < len(pos) else self.size) - pos[rel]

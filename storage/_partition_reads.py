@@ -131,6 +131,30 @@ class PartitionReads(RecoveredPartition):
                 rel = seg.first_live_rel(rel + 1)
         return None
 
+    def record_size(self, offset: int) -> int:
+        """The length of the record at ``offset`` (live or not), from the positions
+        index: no read."""
+        seg = self.segments[self.segment_index(offset)]
+        return seg.record_length(offset - seg.base)
+
+    def oldest_to_drop(self, count: int, nbytes: int) -> list[int]:
+        """The oldest live offsets whose removal takes at least ``count`` records and
+        at least ``nbytes`` bytes of records out (a limit's discard old), oldest
+        first. Runtime complexity: O(segments passed + results)."""
+        out: list[int] = []
+        for seg in self.segments:
+            if count <= 0 and nbytes <= 0:
+                break
+            if not seg.live_count:
+                continue
+            rel = seg.first_live_rel()
+            while rel >= 0 and (count > 0 or nbytes > 0):
+                out.append(seg.base + rel)
+                count -= 1
+                nbytes -= seg.record_length(rel)
+                rel = seg.first_live_rel(rel + 1)
+        return out
+
     def live_bytes(self) -> int:
         """The bytes of the live records (``size_bytes`` less what is deleted, purged
         or put aside but still on disk). Runtime complexity: O(segments) while only

@@ -41,8 +41,10 @@ _TOPIC_VALUES = (
     ("subjects", "subjects"), ("max_msgs_per_subject", "max_msgs_per_subject"), ("segment_size", "segment_size"),
     ("marker_ttl", "subject_delete_marker_ttl"), ("duplicate_window", "duplicate_window"),
     ("storage", "storage"),
+    ("max_msgs", "max_msgs"), ("max_bytes", "max_bytes"), ("max_msg_size", "max_msg_size"),
+    ("max_consumers", "max_consumers"), ("discard", "discard"),
 )
-_TOPIC_FLAGS = ("deny_purge", "allow_msg_ttl", "allow_rollup", "allow_msg_schedules", "pedantic")
+_TOPIC_FLAGS = ("deny_purge", "allow_msg_ttl", "allow_rollup", "allow_msg_schedules", "pedantic", "discard_new_per_subject")
 
 
 def _topic_options(args: argparse.Namespace, updating: bool) -> dict[str, Any]:

@@ -28,6 +28,15 @@ def _topic_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--subjects", nargs="+", metavar="FILTER", help="subject filters the topic captures")
     p.add_argument("--max-msgs-per-subject", type=int, metavar="N", help="keep at most N messages per subject (0 = unlimited)")
     p.add_argument("--deny-purge", action="store_true", help="refuse purges and deletes")
+    p.add_argument("--max-msgs", type=int, metavar="N", help="keep at most N messages per partition (0 = unlimited)")
+    p.add_argument("--max-bytes", type=int, metavar="BYTES", help="keep at most BYTES of records per partition (0 = unlimited)")
+    p.add_argument("--max-msg-size", type=int, metavar="BYTES", help="refuse messages whose headers and payload exceed BYTES (0 = unlimited)")
+    p.add_argument("--max-consumers", type=int, metavar="N", help="allow at most N consumers on the topic (0 = unlimited)")
+    p.add_argument("--discard", choices=("old", "new"), help="at max msgs or max bytes: remove the oldest (old) or refuse the new (new)")
+    p.add_argument(
+        "--discard-new-per-subject", action="store_true",
+        help="with --discard new and --max-msgs-per-subject: refuse a message on a subject at its limit",
+    )
     p.add_argument("--segment-size", type=int, metavar="BYTES", help="seal segments at this size")
     p.add_argument(
         "--storage", choices=("file", "memory"),

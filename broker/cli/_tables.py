@@ -112,8 +112,6 @@ def _nats_options(nats: Mapping[str, Any]) -> str:
     """A NATS stream's settings with no topic equivalent: the ``nats`` topic option
     that the NATS listener's JetStream API sets (``docs/protocol.md``)."""
     extras = [k.replace("_", " ") for k in ("deny_delete", "allow_direct") if nats.get(k)]
-    if nats.get("discard", "old") != "old":
-        extras.append(f"discard {nats['discard']}")
     return str(nats.get("name", "-")) + (f" ({', '.join(extras)})" if extras else "")
 
 
@@ -130,6 +128,12 @@ _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "allow_msg_schedules": ("message schedules", lambda v: "allowed" if v else "no"),
     "retention": ("retention", str),
     "storage": ("storage", str),
+    "max_msgs": ("max msgs", _off_or(count, "unlimited")),
+    "max_bytes": ("max bytes", _off_or(size, "unlimited")),
+    "max_msg_size": ("max msg size", _off_or(size, "unlimited")),
+    "max_consumers": ("max consumers", _off_or(count, "unlimited")),
+    "discard": ("discard", str),
+    "discard_new_per_subject": ("discard per subject", flag),
     "republish": ("republish", _republish),
     "kv": ("KV bucket", _bucket_options),
     "nats": ("NATS stream", _nats_options),
@@ -139,6 +143,10 @@ _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
 }
 #: Options shown only when set.
 _WHEN_SET = {"kv", "nats", "subject_transform", "first_seq", "sealed", "allow_msg_schedules"}
+
+
+#: Options shown only when set (the limits and discard policies: most topics have none).
+_SHOWN_WHEN_SET = ("max_msgs", "max_bytes", "max_msg_size", "max_consumers", "discard", "discard_new_per_subject")
 
 
 def show_topics(out: Out, topics: list[TopicDetails]) -> None:
@@ -166,7 +174,7 @@ def show_topic(out: Out, t: TopicDetails) -> None:
     for key, (label, fmt) in _TOPIC_OPTIONS.items():
         if key in options:
             value = options.pop(key)
-            if key not in _WHEN_SET or value:
+            if (key not in _WHEN_SET or value) and (key not in _SHOWN_WHEN_SET or value not in (0, False, "old")):
                 config.append((label, fmt(value)))
     config += [(k.replace("_", " "), value_text(v)) for k, v in options.items()]
     out.fields(f"Topic {x.get('stream', t.stream_id)}/{t.name} (id {t.id})", config)
@@ -235,6 +243,7 @@ _STATS: list[tuple[str, list[tuple[str, str, Callable[[Any], str]]]]] = [
     ("Removal and expiry", [
         ("deleted", "deleted", count), ("purged", "purged", count),
         ("removed_max_msgs_per_subject", "over max msgs per subject", count), ("removed_acked", "acked (work queue or interest)", count), ("removed_rollup", "rolled up", count),
+        ("removed_limits", "over max msgs or max bytes", count), ("refused_limits", "refused by limits", count),
         ("expired_ttl", "expired (TTL)", count), ("expired_max_age", "expired (max age)", count),
         ("markers", "markers written", count), ("pending_expiries", "pending expiries", count),
         ("expiry_passes", "expiry passes", count), ("expiry_lag_max_ms", "expiry lag (max)", _ms),

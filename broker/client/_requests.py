@@ -185,7 +185,9 @@ class Requests(Connection):
             subjects: the subject filters it captures (default
                 ``["<stream>.<topic>.>"]``).
             options: further topic options (``max_msgs_per_subject``, ``deny_purge``,
-                ``segment_size``, ``storage="memory"``, ...).
+                ``segment_size``, ``storage="memory"``, the limits ``max_msgs``, ``max_bytes``,
+                ``max_msg_size``, ``max_consumers`` with ``discard`` and
+                ``discard_new_per_subject``, ...: ``docs/protocol.md``).
         """
         expiry = 0 if message_expiry is None else (EXPIRY_NONE if message_expiry == 0 else message_expiry)
         if subjects is not None:

@@ -90,9 +90,12 @@ def create_consumer(engine: ConsumerEngine, session: object, cmd: P.CreateConsum
 def new_consumer(engine: ConsumerEngine, topic: Topic, name: str, cfg: ConsumerConfig) -> tuple[Consumer, int]:
     """Create a consumer that does not exist yet; returns it and the journal epoch
     that makes it durable."""
+    journal = engine.journal_of(topic)
+    most = topic.config.max_consumers  # durable and ephemeral ones alike, as the server counts
+    if most and len(journal.consumers) >= most:
+        raise error_class(ErrorCode.MAX_CONSUMERS_REACHED)(f"maximum consumers limit reached: topic {topic.full_name} has {most}")
     _check_retention(engine, topic, name, cfg)
     limit = engine.broker.config.limits.max_consumers_per_topic
-    journal = engine.journal_of(topic)
     if len(journal.consumers) >= limit:
         raise error_class(ErrorCode.INVALID_CONSUMER_CONFIG)(f"topic {topic.full_name} already has {limit} consumers, the maximum")
     cid = journal.next_id

@@ -19,6 +19,7 @@ from storage import deferred_dir_syncs
 
 from ._broker import Broker, Reply
 from ._log import get_logger
+from ._limits import trim
 from ._topic_config import TopicConfig, apply_changes, check_option_types, resolve
 from ._topics import Stream, Topic
 
@@ -237,6 +238,9 @@ async def update_topic(broker: Broker, session: object, cmd: P.UpdateTopic) -> R
         if new.max_msgs_per_subject and new.max_msgs_per_subject != old.max_msgs_per_subject:
             for p in topic.partitions:
                 broker.publisher.enforce_max_msgs(p, [s for s, st in p.index.subjects.items() if st.count])
+        if topic.trimming:  # a lowered max_msgs or max_bytes applies at once (discard old)
+            for p in topic.partitions:
+                trim(p, broker.retention.remove)
         if new.message_expiry != old.message_expiry:
             for p in topic.partitions:
                 broker.retention.rearm_age(p)

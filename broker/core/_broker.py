@@ -35,6 +35,7 @@ from ._clock import Clock
 from ._commit import Committer, Reply, SyncSource
 from ._export import Exporter
 from ._log import get_logger
+from ._limits import trim
 from ._publishing import Publisher
 from ._republish import Republisher
 from ._retention import Retention
@@ -166,6 +167,12 @@ class Broker:
                     self.datadir.make_topic_dirs(stream.id, topic.id, topic.config.partitions_count)
                 self.open_topic_storage(topic, recovering=True, expect_existing=not new)
                 stream.topics[topic.id] = topic
+        # A crash can keep an append whose removals by discard old were not yet
+        # written: the limits hold again before anything is served.
+        for topic in self.catalog.topics():
+            if topic.trimming:
+                for part in topic.partitions:
+                    trim(part, self.retention.remove)
         known = {s.id: set(s.topics) for s in self.catalog.streams.values()}
         self.datadir.report_unknown(known, self.catalog.removing)
         if self.catalog.removing != listed or creating:

@@ -42,6 +42,7 @@ from ._admission import ROLLUP_SUB, admit_batch, check, dedupe, self_contained
 from ._batch import Appended, Batch
 from ._clock import Clock
 from ._commit import Committer, Reply
+from ._limits import refuse, trim, trim_in_order
 from ._republish import Republisher
 from ._retention import Retention
 from ._routing import NO_TOPIC, Router
@@ -211,6 +212,8 @@ class Publisher:
         batch.now = self.clock.now_ns()
         if batch.any_msg_id and not batch.trusted:
             dedupe(batch)
+        if self.router.any_refusing and groups:
+            refuse(batch, self.counters)
         for p in groups:
             if p.log.volatile:
                 self._within_memory_budget(batch)
@@ -218,8 +221,13 @@ class Publisher:
         part = batch.one_partition()
         if part is not None:
             res = self._append_whole(batch, part)
-            if part.topic.config.max_msgs_per_subject:
-                self.enforce_max_msgs(part, batch.subjects)
+            if part.topic.trimming and part.topic.config.max_msgs_per_subject and batch.count > 1:
+                trim_in_order(part, batch.first_offset, batch.subjects, self.retention.remove)
+            else:
+                if part.topic.config.max_msgs_per_subject:
+                    self.enforce_max_msgs(part, batch.subjects)
+                if part.topic.trimming:
+                    trim(part, self.retention.remove)
             if part.schedule_of:
                 for s in batch.subjects:
                     if s in part.schedule_of:  # (plain messages only on this path)
@@ -231,10 +239,16 @@ class Publisher:
             return
         self._append(batch)
         for a in batch.appended:
-            if a.partition.topic.config.max_msgs_per_subject:
+            topic = a.partition.topic
+            if topic.trimming and topic.config.max_msgs_per_subject and len(a.subjects) > 1:
+                trim_in_order(a.partition, a.result.first_offset, a.subjects, self.retention.remove)
+                continue
+            if topic.config.max_msgs_per_subject:
                 self.enforce_max_msgs(a.partition, a.subjects)
             if a.partition.schedule_of:
                 self._overwrite_schedules(batch, a)
+            if topic.trimming:
+                trim(a.partition, self.retention.remove)
         if batch.fresh:
             self._register_ids(batch)
         if batch.duplicates:

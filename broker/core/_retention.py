@@ -46,6 +46,7 @@ from storage import AppendResult, PartitionLog, Segment
 from ._clock import Clock
 from ._commit import Committer
 from ._expiry import ExpiryEngine
+from ._limits import trim
 from ._log import get_logger
 from ._topics import Partition, Removed
 from ._stats import Counters
@@ -68,6 +69,7 @@ _COUNTER_OF = {
     R.ROLLUP: "removed_rollup",
     R.MAX_MSGS_PER_SUBJECT: "removed_max_msgs_per_subject",
     R.ACKED: "removed_acked",
+    R.LIMITS: "removed_limits",
 }
 
 #: Which removals leave a marker, and which reason it carries.
@@ -305,6 +307,8 @@ class Retention:
         markers = part.topic.markers
         markers[reason.header_value] = markers.get(reason.header_value, 0) + n
         self.after_append(part, res, [(res.first_offset + k, sdm) for k in range(n)])
+        if part.topic.trimming:  # a marker counts toward the limits (discard new: docs/semantics.md)
+            trim(part, self.remove)
         head = delivery_entry(part.topic.stream.id, part.topic.id, part.number)
         records = memoryview(res.records)
         bounds = res.positions + [len(records)]

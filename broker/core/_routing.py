@@ -46,6 +46,7 @@ class Router:
         #: Some topic has a subject transform (publishes then use :meth:`route_stored`).
         self.any_transform = False
         self.any_kv = False
+        self.any_refusing = False
 
     def rebuild(self, topics: list[Topic]) -> None:
         self._filters = [(tuple(f.split(".")), t) for t in topics for f in t.config.subjects]
@@ -54,6 +55,8 @@ class Router:
         self.any_transform = any(t.transform is not None for t in topics)
         #: Some topic is a KV bucket (whose every message goes through admission).
         self.any_kv = any(t.config.kv is not None for t in topics)
+        #: Some topic may refuse a publish by its limits (``Topic.refusing``).
+        self.any_refusing = any(t.refusing for t in topics)
 
     def add(self, topic: Topic) -> None:
         """A new topic (what :meth:`rebuild` would give, without going through the
@@ -62,6 +65,7 @@ class Router:
         self.cache = {}
         self.stored = {}
         self.any_transform = self.any_transform or topic.transform is not None
+        self.any_refusing = self.any_refusing or topic.refusing
         self.any_kv = self.any_kv or topic.config.kv is not None
 
     def resolve(self, subject: bytes) -> Partition | _NoTopic | BrokerError:

@@ -45,6 +45,11 @@ class Counters:
     removed_max_msgs_per_subject: int = 0
     #: Messages removed by work-queue or interest retention (settled by every consumer that wanted them).
     removed_acked: int = 0
+    #: Messages removed to keep a topic within max_msgs or max_bytes (discard old).
+    removed_limits: int = 0
+    #: Messages refused by a topic's limits (discard new at max_msgs, max_bytes or a
+    #: subject's limit, or over max_msg_size); also counted in publish_errors.
+    refused_limits: int = 0
     #: Messages removed by a later message's Nats-Rollup header.
     removed_rollup: int = 0
     #: Messages removed by their per-message TTL.

@@ -21,8 +21,8 @@ from protocol.nats import NATS_SETTINGS
 from protocol import ErrorCode, SubjectTransform, TransformError, error_class, filters_overlap, validate_filter
 
 __all__ = [
-    "DEFAULT_DUPLICATE_WINDOW", "RETENTIONS", "STORAGES", "TopicConfig", "OPTION_TYPES", "check_option_types", "apply_changes", "resolve",
-    "stored_subject_transform",
+    "DEFAULT_DUPLICATE_WINDOW", "DISCARDS", "LIMITS", "RETENTIONS", "STORAGES", "TopicConfig", "OPTION_TYPES",
+    "check_option_types", "apply_changes", "resolve", "stored_subject_transform",
 ]
 
 #: JetStream's default duplicate window (``StreamDefaultDuplicatesWindow``), seconds.
@@ -30,6 +30,10 @@ DEFAULT_DUPLICATE_WINDOW = 120
 
 _Invalid = error_class(ErrorCode.INVALID_OPTIONS)
 _Config = error_class(ErrorCode.INVALID_TOPIC_CONFIG)
+
+#: The limits options (0 = unlimited), and the discard policies.
+LIMITS = ("max_msgs", "max_bytes", "max_msg_size", "max_consumers")
+DISCARDS = ("old", "new")
 
 #: The retention policies, as JetStream's (``limits`` keeps messages until a limit removes them).
 RETENTIONS = ("limits", "workqueue", "interest")
@@ -87,6 +91,14 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "sealed": ((bool,), "update only: no message goes in or out any more (no publishes, deletes, purges); never undone"),
     "pedantic": ((bool,), "refuse instead of fixing the configuration automatically (this request only)"),
     "message_expiry": ((int,), "update only: max age in seconds; 0 = none"),
+    "max_msgs": ((int,), "live messages kept per partition (see discard); 0 = unlimited"),
+    "max_bytes": ((int,), "bytes of live records kept per partition (see discard); 0 = unlimited"),
+    "max_msg_size": ((int,), "largest message accepted, headers and payload, in bytes; 0 = unlimited"),
+    "max_consumers": ((int,), "durable and ephemeral consumers the topic may have; 0 = unlimited"),
+    "discard": ((str,), "at max_msgs or max_bytes: old (default: remove the oldest) | new (refuse the new message)"),
+    "discard_new_per_subject": (
+        (bool,), "with discard new and max_msgs_per_subject: refuse a message on a subject at its limit",
+    ),
 }
 
 
@@ -128,8 +140,10 @@ def check_option_types(options: dict[str, Any], updating: bool) -> None:
         for key, value in nats.items():
             if key not in NATS_SETTINGS or not isinstance(value, NATS_SETTINGS[key]):
                 raise _Invalid(f"option 'nats': {key!r} is not one of {', '.join(NATS_SETTINGS)} with its type")
-    for key in ("subject_delete_marker_ttl", "max_msgs_per_subject", "segment_size", "message_expiry", "duplicate_window",
-                "first_seq"):
+    for key in (
+        "subject_delete_marker_ttl", "max_msgs_per_subject", "segment_size", "message_expiry", "duplicate_window",
+        "first_seq", *LIMITS,
+    ):
         v = options.get(key)
         if v is not None and not -(2**63) <= v < 2**63:
             raise _Invalid(f"option {key!r} is out of range")
@@ -171,6 +185,15 @@ class TopicConfig:
     #: Nothing goes in or out any more (``docs/semantics.md``, "Sealed topics").
     sealed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The limits (``docs/semantics.md``, "Limits and discard policies"); 0 = unlimited.
+    #: ``max_msgs`` and ``max_bytes`` hold per partition (a NATS stream has one).
+    max_msgs: int = 0
+    max_bytes: int = 0
+    max_msg_size: int = 0
+    max_consumers: int = 0
+    #: ``old`` or ``new``: what a publish past ``max_msgs`` or ``max_bytes`` does.
+    discard: str = "old"
+    discard_new_per_subject: bool = False
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -182,6 +205,11 @@ class TopicConfig:
         known = {f.name for f in fields(cls)}
         d = {k: v for k, v in d.items() if k in known}
         d["subjects"] = tuple(d["subjects"])
+        nats = d.get("nats")
+        if nats and "discard" in nats:  # a catalog written when discard was a NATS setting
+            nats = dict(nats)
+            d.setdefault("discard", nats.pop("discard"))
+            d["nats"] = nats
         return cls(**d)
 
     def options(self) -> dict[str, Any]:
@@ -204,6 +232,12 @@ class TopicConfig:
             "subject_transform": dict(self.subject_transform) if self.subject_transform is not None else None,
             "first_seq": self.first_seq,
             "sealed": self.sealed,
+            "max_msgs": self.max_msgs,
+            "max_bytes": self.max_bytes,
+            "max_msg_size": self.max_msg_size,
+            "max_consumers": self.max_consumers,
+            "discard": self.discard,
+            "discard_new_per_subject": self.discard_new_per_subject,
         }
 
     def validate(self, max_partitions: int) -> None:
@@ -232,6 +266,13 @@ class TopicConfig:
             raise _Config(f"storage must be one of {', '.join(STORAGES)}, not {self.storage!r}")
         if self.first_seq < 0:
             raise _Config("first_seq must not be negative (0 or 1 = the default)")
+        for key in LIMITS:
+            if getattr(self, key) < 0:
+                raise _Config(f"{key} must not be negative (0 = unlimited)")
+        if self.max_msg_size > 2**31 - 1:
+            raise _Config("max_msg_size must fit in 31 bits (at most 2147483647 bytes)")
+        if self.discard not in DISCARDS:
+            raise _Config(f"discard must be old or new, not {self.discard!r}")
 
 
 def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
@@ -271,6 +312,13 @@ def resolve(
     # 2. Roll-ups need the purge permission (checked before anything about markers).
     if new.deny_purge and new.allow_rollup:
         raise _Config("roll-ups require the purge permission")
+    # 3. (counters have no equivalent) Discard new per subject needs discard new and a
+    #    per-subject limit.
+    if new.discard_new_per_subject:
+        if new.discard != "new":
+            raise _Config("discard new per subject requires discard new policy to be set")
+        if new.max_msgs_per_subject <= 0:
+            raise _Config("discard new per subject requires max msgs per subject > 0")
     # 4. Subject delete markers.
     sdm = new.subject_delete_marker_ttl
     if sdm < 0:
@@ -288,7 +336,7 @@ def resolve(
             new = replace(new, allow_rollup=True, deny_purge=False)
     # Message schedules: a schedule rolls up its subject; not with discard new.
     if new.allow_msg_schedules:
-        if (new.nats or {}).get("discard") == "new":
+        if new.discard == "new":
             raise _Config("message scheduling cannot use discard new")
         if not new.allow_rollup:
             if pedantic:
@@ -322,9 +370,9 @@ def resolve(
             raise _Config("stream configuration update can not change retention policy to/from workqueue")
         if new.sealed:
             # What sealing sets, as nats-server (even in pedantic mode): no max age, no
-            # purges, deletes or roll-ups, and NATS's discard new and deny delete.
-            nats = None if new.nats is None else {**new.nats, "discard": "new", "deny_delete": True}
-            new = replace(new, message_expiry=0, deny_purge=True, allow_rollup=False, nats=nats)
+            # purges, deletes or roll-ups, discard new, and NATS's deny delete.
+            nats = None if new.nats is None else {**new.nats, "deny_delete": True}
+            new = replace(new, message_expiry=0, deny_purge=True, allow_rollup=False, discard="new", nats=nats)
     return new
 
 

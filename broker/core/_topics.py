@@ -408,6 +408,14 @@ class Topic:
         self.republisher = SubjectTransform(rp["src"], rp["dest"]) if rp else None
         #: The compiled ``subject_transform`` (the subject a capture is stored under), or None.
         self.transform = stored_subject_transform(value)
+        #: A publish into it may be refused by its limits (``_limits.refuse``):
+        #: max_msg_size, or discard new with a limit to refuse at.
+        self.refusing = bool(value.max_msg_size) or (
+            value.discard == "new" and bool(value.max_msgs or value.max_bytes or value.discard_new_per_subject)
+        )
+        #: An append may take a partition past max_msgs or max_bytes, whose oldest
+        #: messages then go (discard old: ``_limits.trim``).
+        self.trimming = value.discard == "old" and bool(value.max_msgs or value.max_bytes)
 
     @property
     def name(self) -> str:

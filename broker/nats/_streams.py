@@ -193,7 +193,7 @@ def _topic_request(
     if req.get("name") not in (None, name):
         raise js_error(STREAM_MISMATCH)
     req["name"] = name
-    options, max_age = stream_config_to_topic(req)
+    options, max_age = stream_config_to_topic(req, pedantic)
     check_option_types(options, updating=False)  # the nested values (republish, metadata) too
     where, topic_name = js.place(name, req) if existing is None else (existing.stream.name, existing.name)
     if where == KV_STREAM and options["allow_msg_ttl"]:

@@ -164,6 +164,7 @@ STREAM_SEALED = (400, 10109, "invalid operation on sealed stream")
 REQUIRED_API_LEVEL = (412, 10185, "JetStream minimum api level required")
 TRANSFORM_INVALID_SOURCE = (400, 10155, None)  # "stream transform source: {err}"
 TRANSFORM_INVALID_DESTINATION = (400, 10156, None)  # "stream transform: {err}"
+PEDANTIC = (400, 10157, None)  # "pedantic mode: {err}"
 
 
 def js_error(entry: tuple[int, int, str | None], reason: str = "") -> JSError:
@@ -184,7 +185,7 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.INVALID_SUBJECT_FILTER: STREAM_INVALID_CONFIG,
     ErrorCode.REPUBLISH_CYCLE: STREAM_INVALID_CONFIG,
     ErrorCode.INVALID_TRANSFORM: STREAM_INVALID_CONFIG,
-    ErrorCode.PEDANTIC: (400, 10157, None),  # "pedantic mode: {err}" (ours carries the prefix)
+    ErrorCode.PEDANTIC: PEDANTIC,  # "pedantic mode: {err}" (ours carries the prefix)
     ErrorCode.SUBJECTS_OVERLAP: (400, 10065, "subjects overlap with an existing stream"),
     ErrorCode.MESSAGE_NOT_FOUND: NO_MESSAGE_FOUND,
     ErrorCode.PARTITION_NOT_FOUND: NO_MESSAGE_FOUND,
@@ -218,6 +219,11 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.TOPIC_SEALED: STREAM_SEALED,
     ErrorCode.MSG_COUNTER_DISABLED: (400, 10168, "message counters is disabled"),
     ErrorCode.ATOMIC_PUBLISH_DISABLED: (400, 10174, "atomic publish is disabled"),
+    ErrorCode.MAX_MSGS_EXCEEDED: (503, 10077, "maximum messages exceeded"),
+    ErrorCode.MAX_BYTES_EXCEEDED: (503, 10077, "maximum bytes exceeded"),
+    ErrorCode.MAX_MSGS_PER_SUBJECT_EXCEEDED: (503, 10077, "maximum messages per subject exceeded"),
+    ErrorCode.MESSAGE_TOO_LARGE: (400, 10054, "message size exceeds maximum allowed"),
+    ErrorCode.MAX_CONSUMERS_REACHED: (400, 10026, "maximum consumers limit reached"),
 }
 
 
@@ -388,7 +394,6 @@ NATS_SETTINGS: dict[str, tuple[type, ...]] = {
     "description": (str,),
     "deny_delete": (bool,),
     "allow_direct": (bool,),
-    "discard": (str,),
     "metadata": (dict,),
 }
 
@@ -428,17 +433,12 @@ def _seconds(cfg: dict[str, Any], key: str) -> int:
 # Fields the server has and ttlbroker accepts only at their "off" value: key ->
 # (values accepted, the refusal's wording).
 _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
-    "max_consumers": ((-1, 0, None), "max_consumers {v}"),
-    "max_msgs": ((-1, 0, None), "max_msgs {v} (no message count limit per stream; use max_age or max_msgs_per_subject)"),
-    "max_bytes": ((-1, 0, None), "max_bytes {v} (no byte limit per stream)"),
-    "max_msg_size": ((-1, 0, None), "max_msg_size {v} (the broker's [limits] max_payload_bytes applies to every stream)"),
     "no_ack": ((False, None), "no_ack"),
     "mirror": ((None, {}), "mirror"),
     "sources": ((None, []), "sources"),
     "placement": ((None, {}), "placement"),
     "mirror_direct": ((False, None), "mirror_direct"),
     "compression": (("none", "", None), "compression {v!r}"),
-    "discard_new_per_subject": ((False, None), "discard_new_per_subject"),
     "allow_msg_counter": ((False, None), "allow_msg_counter (ADR-49 message counters)"),
     "allow_atomic": ((False, None), "allow_atomic (ADR-50 atomic batch publishing)"),
     "allow_batched": ((False, None), "allow_batched (batch publishing)"),
@@ -451,10 +451,34 @@ _MAPPED = {
     "deny_delete", "deny_purge", "allow_rollup_hdrs", "republish", "allow_direct", "allow_msg_ttl",
     "subject_delete_marker_ttl", "metadata", "retention", "storage", "subject_transform", "first_seq", "sealed",
     "allow_msg_schedules",
+    "max_msgs", "max_bytes", "max_msg_size", "max_consumers", "discard_new_per_subject",
 }
 
 
-def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
+#: The server's limit fields: -1 (and 0, and a missing one) is unlimited, which a
+#: topic's option says with 0; below -1 the server sets -1, or refuses in pedantic
+#: mode (``checkStreamCfg``). ``max_msg_size`` is a Go ``int32``.
+_LIMIT_FIELDS = ("max_msgs", "max_bytes", "max_msg_size", "max_consumers")
+
+
+def _limit(cfg: dict[str, Any], key: str, pedantic: bool) -> int:
+    v = cfg.get(key)
+    if v is None:
+        return 0
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise js_error(INVALID_JSON, f"invalid JSON: {key} must be an integer")
+    bits = 32 if key == "max_msg_size" else 64
+    if not -(2 ** (bits - 1)) <= v < 2 ** (bits - 1):
+        raise js_error(
+            INVALID_JSON,
+            f"invalid JSON: json: cannot unmarshal number {v} into Go struct field StreamConfig.{key} of type int{bits}",
+        )
+    if v < -1 and pedantic:
+        raise js_error(PEDANTIC, f"pedantic mode: {key} must be set to -1")
+    return v if v > 0 else 0
+
+
+def stream_config_to_topic(cfg: dict[str, Any], pedantic: bool = False) -> tuple[dict[str, Any], int]:
     """A JetStream stream config as a topic's options and its max age in seconds
     (0 = none). Raises :class:`JSError` for what ttlbroker does not have, with the
     server's error numbers (``num_replicas`` > 1: 10074; the rest: 10052 naming the
@@ -511,7 +535,7 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
     subjects = cfg.get("subjects") or [name]
     if not isinstance(subjects, list) or not all(isinstance(s, str) for s in subjects):
         raise js_error(INVALID_JSON, "invalid JSON: subjects must be a list of strings")
-    nats: dict[str, Any] = {"name": name, "discard": discard}
+    nats: dict[str, Any] = {"name": name}
     if cfg.get("description"):
         nats["description"] = cfg["description"]
     if cfg.get("metadata"):
@@ -536,6 +560,9 @@ def stream_config_to_topic(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
         "nats": nats,
         "allow_msg_schedules": bool(cfg.get("allow_msg_schedules")),
         "storage": storage,
+        "discard": discard,
+        "discard_new_per_subject": bool(cfg.get("discard_new_per_subject")),
+        **{key: _limit(cfg, key, pedantic) for key in _LIMIT_FIELDS},
     }
     if window:
         options["duplicate_window"] = window
@@ -590,13 +617,13 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
     out.update(
         subjects=list(options["subjects"]),
         retention=options.get("retention", "limits"),
-        max_consumers=-1,
-        max_msgs=-1,
-        max_bytes=-1,
+        max_consumers=options.get("max_consumers") or -1,
+        max_msgs=options.get("max_msgs") or -1,
+        max_bytes=options.get("max_bytes") or -1,
         max_age=max_age * NS,
         max_msgs_per_subject=options["max_msgs_per_subject"] or -1,
-        max_msg_size=-1,
-        discard=nats.get("discard", "old"),
+        max_msg_size=options.get("max_msg_size") or -1,
+        discard=options.get("discard", "old"),
         storage=options.get("storage", "file"),
         num_replicas=1,
         **({"first_seq": options["first_seq"]} if options.get("first_seq") else {}),
@@ -613,6 +640,8 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
     )
     if options.get("allow_msg_schedules"):
         out["allow_msg_schedules"] = True
+    if options.get("discard_new_per_subject"):
+        out["discard_new_per_subject"] = True  # omitempty
     if options["subject_delete_marker_ttl"]:
         out["subject_delete_marker_ttl"] = options["subject_delete_marker_ttl"] * NS
     st = options.get("subject_transform")

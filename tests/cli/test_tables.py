@@ -181,6 +181,22 @@ def test_piped_tables_are_not_wrapped(cli: CLI) -> None:
     assert len(rows) == 2 and rows[1].endswith(", ".join(subjects)) and len(rows[1]) > 300
 
 
+def test_topic_limits_flags(cli: CLI, shop: None) -> None:
+    cli("topic", "create", "shop", "capped", "--subjects", "cap.>", "--max-msgs", "2", "--max-bytes", "4096",
+        "--max-msg-size", "100", "--max-consumers", "3", "--discard", "new", "--max-msgs-per-subject", "1",
+        "--discard-new-per-subject")
+    shown = cli("topic", "info", "shop", "capped")
+    for line in ("  max msgs              2\n", "  max bytes             4.0 KiB\n", "  max msg size          100 B\n",
+                 "  max consumers         3\n", "  discard               new\n", "  discard per subject   yes\n"):
+        assert line in shown
+    assert cli.err("topic", "update", "shop", "capped", "--discard", "old", status=1) == (
+        "error: INVALID_TOPIC_CONFIG (2007): discard new per subject requires discard new policy to be set\n"
+    )
+    cli("pub", "cap.a", "1")
+    cli("pub", "cap.b", "2")
+    assert "MAX_MSGS_EXCEEDED" in cli.err("pub", "cap.c", "3", status=1)
+
+
 def test_topic_with_message_schedules(cli: CLI) -> None:
     """``--allow-msg-schedules`` (NATS ADR-51): the option and the pending schedules
     shown (last in this module: it adds a stream)."""

@@ -62,3 +62,14 @@ async def test_nodejs_message_schedules(node_nats: Path, nats_url: str) -> None:
     assert out["pattern"] == {"code": 400, "err_code": 10189, "description": "message schedules pattern is invalid"}
     assert out["target"] == {"code": 400, "err_code": 10190, "description": "message schedules target is invalid"}
     assert out["zone"] == {"code": 400, "err_code": 10223, "description": "message schedules time zone is invalid"}
+
+
+async def test_nodejs_stream_limits(node_nats: Path, nats_url: str) -> None:
+    out = await _node(node_nats / "limits.mjs", nats_url)
+    assert out["old"] == {"messages": 3, "first": 3, "last": 5, "max_msgs": 3}
+    assert out["max_msgs"] == {"code": 503, "err_code": 10077, "description": "maximum messages exceeded"}
+    assert out["max_bytes"] == {"code": 503, "err_code": 10077, "description": "maximum bytes exceeded"}
+    assert out["max_msg_size"] == {"code": 400, "err_code": 10054, "description": "message size exceeds maximum allowed"}
+    assert out["per_subject"] == {"code": 503, "err_code": 10077, "description": "maximum messages per subject exceeded"}
+    assert out["per_config"] is True
+    assert out["max_consumers"] == {"code": 400, "err_code": 10026, "description": "maximum consumers limit reached"}

@@ -146,8 +146,8 @@ async def test_refusals(nats_url: str) -> None:
             StreamConfig(name="R", subjects=["r.>"], sealed=True),
             StreamConfig(name="R", subjects=["r.>"], no_ack=True),
             StreamConfig(name="R", subjects=["r.>"], mirror_direct=True),
-            StreamConfig(name="R", subjects=["r.>"], max_msgs=100),
-            StreamConfig(name="R", subjects=["r.>"], max_bytes=1 << 20),
+            StreamConfig(name="R", subjects=["r.>"], max_msgs_per_subject=1, discard_new_per_subject=True),
+            StreamConfig(name="R", subjects=["r.>"], discard="new", discard_new_per_subject=True),
             StreamConfig(name="R", subjects=["r.>"], max_age=0.05),
             StreamConfig(name="R", subjects=["r.>"], max_age=1.5),
             StreamConfig(name="R", subjects=["r.>"], subject_delete_marker_ttl=0.5),
@@ -174,8 +174,8 @@ async def test_refusals(nats_url: str) -> None:
     assert out[1] == (500, 10052, "stream configuration for create can not be sealed")  # nats-server 2.15.1
     assert out[2] == (500, 10052, "no_ack is not supported by ttlbroker")
     assert out[3] == (500, 10052, "mirror_direct is not supported by ttlbroker")
-    assert out[4] == (500, 10052, "max_msgs 100 (no message count limit per stream; use max_age or max_msgs_per_subject) is not supported by ttlbroker")
-    assert out[5] == (500, 10052, "max_bytes 1048576 (no byte limit per stream) is not supported by ttlbroker")
+    assert out[4] == (500, 10052, "discard new per subject requires discard new policy to be set")
+    assert out[5] == (500, 10052, "discard new per subject requires max msgs per subject > 0")
     assert out[6] == (500, 10052, "max age needs to be >= 100ms")
     assert out[7] == (500, 10052, "max_age must be a whole number of seconds in ttlbroker, not 1500000000 ns")
     assert out[8] == (500, 10052, "subject delete marker TTL must be at least 1 second")
