@@ -137,6 +137,15 @@ class StateFile:
         created = self._ensure_open()
         self.state.generation += 1
         raw = _pack(self.state)
+        if created:
+            # A new file has no earlier state for a torn write to spoil: both slots in
+            # one write and one sync. Its directory entry is synced after this (the
+            # caller), so a crash leaves either no file or this content.
+            block = raw + bytes(_SECOND - len(raw)) + raw
+            if os.pwrite(self._fd, block, 0) != len(block):
+                raise OSError("short write to partition state")
+            os.fdatasync(self._fd)
+            return created
         for pos in (0, _SECOND):
             if os.pwrite(self._fd, raw, pos) != len(raw):
                 raise OSError("short write to partition state")
