@@ -119,16 +119,16 @@ async def run_workloads(url: str, pid: int, args: argparse.Namespace) -> dict[st
                     progress.update(i)
             return args.serial, 0
 
-        async def publish_async(progress: Progress) -> tuple[int, int]:
+        async def publish_async(subject: str, progress: Progress) -> tuple[int, int]:
             for i in range(args.messages):
-                await js.publish_async("bench.async", payload)
+                await js.publish_async(subject, payload)
                 if not i & 1023:
                     progress.update(i)
             await js.publish_async_completed()
             return args.messages, 0
 
-        async def consume(progress: Progress) -> tuple[int, int]:
-            sub = await js.pull_subscribe("bench.async", durable="bench", stream="BENCH")
+        async def pull_all(subject: str, durable: str, stream: str, progress: Progress) -> tuple[int, int]:
+            sub = await js.pull_subscribe(subject, durable=durable, stream=stream)
             done = 0
             while done < args.messages:
                 for msg in await sub.fetch(args.batch, timeout=10):
@@ -179,8 +179,8 @@ async def run_workloads(url: str, pid: int, args: argparse.Namespace) -> dict[st
             return done, 0
 
         await phase("publish", args.serial, publish)
-        await phase("publish_async", args.messages, publish_async)
-        await phase("consume", args.messages, consume)
+        await phase("publish_async", args.messages, lambda progress: publish_async("bench.async", progress))
+        await phase("consume", args.messages, lambda progress: pull_all("bench.async", "bench", "BENCH", progress))
         await phase("push_consume", args.messages, push_consume)
         await js.add_stream(name="WQ", subjects=["wq.>"], retention="workqueue")
         for i in range(args.messages):  # not timed: the work to share
@@ -204,28 +204,10 @@ async def run_workloads(url: str, pid: int, args: argparse.Namespace) -> dict[st
         await phase("kv_put", args.keys, kv_put)
         await phase("kv_get", args.keys, kv_get)
 
-        async def publish_into(stream: str, subject: str, progress: Progress) -> tuple[int, int]:
-            for i in range(args.messages):
-                await js.publish_async(subject, payload)
-                if not i & 1023:
-                    progress.update(i)
-            await js.publish_async_completed()
-            return args.messages, 0
-
         async def limit_publish(progress: Progress) -> tuple[int, int]:
-            done, _ = await publish_into("LIMITED", "limited.x", progress)
+            done, _ = await publish_async("limited.x", progress)
             info = await js.stream_info("LIMITED")
             return done, int(info.state.messages != args.max_msgs)  # a wrong count is reported as wrong
-
-        async def memory_consume(progress: Progress) -> tuple[int, int]:
-            sub = await js.pull_subscribe("mem.>", durable="mem", stream="MEM")
-            done = 0
-            while done < args.messages:
-                for msg in await sub.fetch(args.batch, timeout=10):
-                    await msg.ack()
-                    done += 1
-                progress.update(done)
-            return done, 0
 
         async def stream_create(progress: Progress) -> tuple[int, int]:
             for i in range(args.streams):
@@ -239,8 +221,8 @@ async def run_workloads(url: str, pid: int, args: argparse.Namespace) -> dict[st
         await js.publish_async_completed()
         await phase("limit_publish", args.messages, limit_publish)
         await js.add_stream(name="MEM", subjects=["mem.>"], storage="memory")
-        await phase("memory_publish", args.messages, lambda progress: publish_into("MEM", "mem.x", progress))
-        await phase("memory_consume", args.messages, memory_consume)
+        await phase("memory_publish", args.messages, lambda progress: publish_async("mem.x", progress))
+        await phase("memory_consume", args.messages, lambda progress: pull_all("mem.>", "mem", "MEM", progress))
         await phase("stream_create", args.streams, stream_create)
     finally:
         await nc.close()
