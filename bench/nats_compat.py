@@ -47,6 +47,7 @@ root::
     .venv/bin/python bench/nats_compat.py                # 5 rounds of 20,000 messages: about 2 minutes
     .venv/bin/python bench/nats_compat.py --quick        # 2,000 messages
     .venv/bin/python bench/nats_compat.py --rounds 1     # one pass on each server
+    .venv/bin/python bench/nats_compat.py --only memory_publish,stream_create
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ WORKLOADS = {
     "stream_create": "stream creations",
 }
 
+#: Workloads that read what another one stored (``--only`` runs that one too).
+CONSUMES_FROM = {"consume": "publish_async", "push_consume": "publish_async", "kv_get": "kv_put",
+                 "memory_consume": "memory_publish"}
+
 
 async def run_workloads(url: str, pid: int, args: argparse.Namespace) -> dict[str, Rate]:
     import nats
@@ -104,6 +109,8 @@ async def run_workloads(url: str, pid: int, args: argparse.Namespace) -> dict[st
     rates: dict[str, Rate] = {}
 
     async def phase(key: str, total: int, work: Callable[[Progress], Awaitable[tuple[int, int]]]) -> None:
+        if key not in args.only:
+            return
         try:
             rates[key] = await measure(WORKLOADS[key], work, total, server_pid=pid)
         except Exception as exc:  # a workload the server cannot do: reported, the rest run
@@ -185,11 +192,12 @@ async def run_workloads(url: str, pid: int, args: argparse.Namespace) -> dict[st
         await phase("publish_async", args.messages, lambda progress: publish_async("bench.async", progress))
         await phase("consume", args.messages, lambda progress: pull_all("bench.async", "bench", "BENCH", progress))
         await phase("push_consume", args.messages, push_consume)
-        await js.add_stream(name="WQ", subjects=["wq.>"], retention="workqueue")
-        for i in range(args.messages):  # not timed: the work to share
-            await js.publish_async(f"wq.{i & 3}", payload)
-        await js.publish_async_completed()
-        await phase("work_queue", args.messages, work_queue)
+        if "work_queue" in args.only:
+            await js.add_stream(name="WQ", subjects=["wq.>"], retention="workqueue")
+            for i in range(args.messages):  # not timed: the work to share
+                await js.publish_async(f"wq.{i & 3}", payload)
+            await js.publish_async_completed()
+            await phase("work_queue", args.messages, work_queue)
 
         kv = await js.create_key_value(bucket="bench", history=1)
 
@@ -218,11 +226,12 @@ async def run_workloads(url: str, pid: int, args: argparse.Namespace) -> dict[st
                 progress.update(i)
             return args.streams, 0
 
-        await js.add_stream(name="LIMITED", subjects=["limited.>"], max_msgs=args.max_msgs, discard="old")
-        for _ in range(args.max_msgs):  # not timed: the stream starts full
-            await js.publish_async("limited.x", payload)
-        await js.publish_async_completed()
-        await phase("limit_publish", args.messages, limit_publish)
+        if "limit_publish" in args.only:
+            await js.add_stream(name="LIMITED", subjects=["limited.>"], max_msgs=args.max_msgs, discard="old")
+            for _ in range(args.max_msgs):  # not timed: the stream starts full
+                await js.publish_async("limited.x", payload)
+            await js.publish_async_completed()
+            await phase("limit_publish", args.messages, limit_publish)
         await js.add_stream(name="MEM", subjects=["mem.>"], storage="memory")
         await phase("memory_serial", args.serial, lambda progress: publish("mem.serial", progress))
         await phase("memory_publish", args.messages, lambda progress: publish_async("mem.x", progress))
@@ -262,12 +271,20 @@ def main() -> None:
     p.add_argument("--sync", default="always", help="durability on both: always, or a duration such as 2m")
     p.add_argument("--rounds", type=int, default=5, help="rounds, each a fresh run on both servers (order swapped each round)")
     p.add_argument("--quick", action="store_true", help="2,000 messages, 500 serial, 500 keys")
+    p.add_argument("--only", help="comma-separated workloads to run (and the ones they consume from); default all: "
+                   + ", ".join(WORKLOADS))
     p.add_argument("--json", default=str(RESULTS_DIR / "nats_compat.json"), help="write the results here as JSON")
     args = p.parse_args()
     if args.quick:
         args.messages, args.serial, args.keys = 2_000, 500, 500
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
+    args.only = set(WORKLOADS) if not args.only else {k.strip() for k in args.only.split(",")}
+    if args.only - set(WORKLOADS):
+        p.error(f"--only: unknown workload(s) {', '.join(sorted(args.only - set(WORKLOADS)))}")
+    for consumer, producer in CONSUMES_FROM.items():
+        if consumer in args.only:
+            args.only.add(producer)
     env = environment()
     log_environment(env)
     cpu = CpuWatch()
@@ -293,6 +310,8 @@ def main() -> None:
     ratios: dict[str, dict[str, Any]] = {}
     rows = []
     for key, label in WORKLOADS.items():
+        if key not in args.only:
+            continue
         for side in ("ttlbroker", "nats"):
             runs = [rnd[side][key] for rnd in rounds if key in rnd[side]]
             if runs:
@@ -327,7 +346,7 @@ def main() -> None:
                   f"{own[mem_key]:.2f}x (target: at least 2x at always)")
     print_cpu_share(others)
     data: dict[str, Any] = {
-        "environment": env, "args": vars(args), "other_cpu": others,
+        "environment": env, "args": {**vars(args), "only": sorted(args.only)}, "other_cpu": others,
         # Each server's median round per workload (what the table shows).
         "results": {k: {w: r.as_dict() for w, r in v.items()} for k, v in results.items()},
         "ratios": ratios,

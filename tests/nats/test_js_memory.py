@@ -7,6 +7,7 @@ The bundled client's ``storage`` topic option is at the end."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,13 @@ import pytest
 import trio
 import trio.testing
 from conftest import BrokerProcess, make_config, start_server
-from helpers import api_request, in_asyncio
+from helpers import RawNats, api_request, in_asyncio
 from nats.js.api import ConsumerConfig, StreamConfig
 from test_js_nodejs import _node, node_nats  # noqa: F401 (the fixture that installs nats.js)
 from test_js_streams import _error, _js
 
 from broker import ServerHandle
+import protocol.nats as PN
 from broker.client import connect
 from protocol import BrokerError, ErrorCode
 
@@ -331,3 +333,50 @@ async def test_nodejs_memory_stream_and_bucket(node_nats: Path, nats_url: str) -
     assert out["state"] == [5, 1, 5]
     assert out["kv"] == ["v", "memory"]
     assert out["update"] == {"code": 500, "err_code": 10052, "description": "stream configuration update can not change storage type"}
+
+
+async def test_acks_that_need_no_sync_go_out_while_the_rest_of_a_long_read_is_handled(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A window of publishes in one write (what nats-py's ``publish_async`` sends): on
+    a memory stream the first batch's PubAcks are sent while the read's later PUBs
+    still wait to be handled, so the client can send more meanwhile; a file stream's
+    acks wait for the sync that covers them (``fsync always``) and are never sent
+    early. Every ack comes, in order."""
+    from broker.net._transport import Reading, Transport
+
+    early: list[bool] = []
+    send_nowait = Transport.send_nowait
+
+    def spy(self: Transport) -> bool:
+        early.append(self.reading is Reading.HANDLING)
+        return send_nowait(self)
+
+    monkeypatch.setattr(Transport, "send_nowait", spy)
+    raw = await RawNats.open(nats_url)
+    try:
+        await raw.connect()
+        await raw.send(b"SUB _INBOX.a 1\r\n")
+        for name, storage in (("MEMW", "memory"), ("FILEW", "file")):
+            body = json.dumps({"name": name, "subjects": [f"{name.lower()}.>"], "storage": storage}).encode()
+            await raw.send(b"PUB $JS.API.STREAM.CREATE.%s _INBOX.a %d\r\n%s\r\n" % (name.encode(), len(body), body))
+            ev = await raw.next_event()
+            assert isinstance(ev, PN.NatsMsg) and "error" not in json.loads(ev.payload), ev
+            early.clear()
+            n, payload = 600, b"x" * 100  # about 80 KB: several batches of one read
+            window = b"".join(b"PUB %s.x _INBOX.a %d\r\n%s\r\n" % (name.lower().encode(), len(payload), payload) for _ in range(n))
+            await raw.send(window)
+            seqs = []
+            for _ in range(n):
+                ev = await raw.next_event()
+                assert isinstance(ev, PN.NatsMsg), ev
+                ack = json.loads(ev.payload)
+                assert ack["stream"] == name, ack
+                seqs.append(ack["seq"])
+            assert seqs == list(range(1, n + 1))
+            if storage == "memory":
+                assert any(early), "no PubAck of the memory stream went out before the read was handled"
+            else:
+                assert not any(early), "a file stream's PubAck went out before its sync"
+    finally:
+        await raw.aclose()
