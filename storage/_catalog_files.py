@@ -118,9 +118,15 @@ class CatalogFiles:
         self._journal: Journal | None = None
         #: The parts of the document as last loaded or saved (None: no snapshot yet).
         self._parts: dict[str, Any] | None = None
+        #: The keys of the top-level values among them.
+        self._top_keys: list[str] = []
         self._snapshot_bytes = 0
         #: Entries appended since the last compaction.
         self.changes = 0
+
+    def _set_parts(self, parts: dict[str, Any]) -> None:
+        self._parts = parts
+        self._top_keys = [k for k in parts if "/" not in k]
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -154,7 +160,7 @@ class CatalogFiles:
         self._journal = journal
         if doc is None:
             return None
-        self._parts = _parts(doc)
+        self._set_parts(_parts(doc))
         self._snapshot_bytes = os.path.getsize(self.copies.paths[0]) if os.path.exists(self.copies.paths[0]) else 0
         if self.changes:
             # Fold now: the running broker starts from one snapshot and an empty journal.
@@ -226,23 +232,67 @@ class CatalogFiles:
         gone = [k for k in old if k not in new]
         if not changed and not gone:
             return
-        payload = json.dumps({"del": gone, "set": changed}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        self._append({"del": gone, "set": changed})
+        self._set_parts(new)
+        self._after_append(lambda: doc)
+
+    def save_change(
+        self, top: dict[str, Any], streams: list[dict[str, Any]], topics: list[tuple[int, dict[str, Any]]],
+        doc: Callable[[], dict[str, Any]],
+    ) -> None:
+        """Record a change that touched only ``streams`` (each without its topics) and
+        ``topics`` (``(stream id, topic)``), given with every top-level value of the
+        document (``top``: they are small, and compared whole): what :meth:`save`
+        records for such a change, in a time that does not grow with the catalog (a
+        compaction, when due, writes the document the saved parts make). ``doc``
+        makes the whole document for a first save (no snapshot yet). Blocking.
+
+        Raises:
+            StorageFailure: a write failed.
+        """
+        old = self._parts
+        if old is None or self._journal is None:
+            self.save(doc())
+            return
+        touched: dict[str, Any] = {**top}
+        for sd in streams:
+            assert "topics" not in sd, sd
+            touched[f"s/{sd['id']}"] = sd
+        for sid, td in topics:
+            touched[f"t/{sid}/{td['id']}"] = td
+        changed = {k: v for k, v in touched.items() if (o := old.get(k, _MISSING)) is not v and o != v}
+        gone = [k for k in self._top_keys if k not in top]  # (a top-level value left out: removed)
+        if not changed and not gone:
+            return
+        self._append({"del": gone, "set": changed})
+        old.update(changed)  # (only once the entry is durable: a failed save leaves the parts as saved)
+        for k in gone:
+            del old[k]
+        self._top_keys = list(top)
+        self._after_append(lambda: _document(old))
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        """Append one change entry to the journal, durably."""
+        assert self._journal is not None
+        payload = json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         self._journal.append(payload.encode())
         try:
             sync_fds(self._journal.take_dirty_fds())
         except OSError as exc:
             raise StorageFailure(f"cannot sync {self.journal_path}: {os.strerror(exc.errno or 0)}") from exc
-        self._parts = new
+
+    def _after_append(self, doc: Callable[[], dict[str, Any]]) -> None:
+        assert self._journal is not None
         self.changes += 1
         if self._journal.size > max(COMPACT_MIN, 2 * self._snapshot_bytes):
-            self.compact(doc)
+            self.compact(doc())
 
     def compact(self, doc: dict[str, Any]) -> None:
         """Write ``doc`` as the next snapshot and start the journal after it."""
         assert self._journal is not None
         gen = self.copies.save(doc)
         self._journal.compact(json.dumps({"base": gen}).encode())
-        self._parts = _parts(doc)
+        self._set_parts(_parts(doc))
         self._snapshot_bytes = os.path.getsize(self.copies.paths[0])
         self.changes = 0
 

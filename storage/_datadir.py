@@ -184,6 +184,20 @@ class DataDir:
         """
         self._catalog.save(catalog)
 
+    def save_catalog_change(
+        self, top: dict, streams: list[dict], topics: list[tuple[int, dict]], catalog: Callable[[], dict],
+    ) -> None:
+        """Record a change of the catalog that touched only ``streams`` (each without
+        its topics) and ``topics`` (``(stream id, topic)``), with the document's
+        top-level values ``top``: in a time that does not grow with the catalog
+        (``CatalogFiles.save_change``); ``catalog`` makes the whole document when
+        one is needed. Blocking: call off the loop.
+
+        Raises:
+            StorageFailure: a write failed.
+        """
+        self._catalog.save_change(top, streams, topics, catalog)
+
     def close_catalog(self, catalog: dict | None = None) -> None:
         """Fold the catalog's journal into its snapshot and close it (a clean stop);
         ``catalog``: the catalog as it is now, if it may differ from the last save."""

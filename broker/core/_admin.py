@@ -153,7 +153,7 @@ async def create_topic(broker: Broker, session: object, cmd: P.CreateTopic) -> R
         stream = broker.catalog.stream(cmd.stream)
         name = normalize_name(cmd.name, "topic name")
         check_option_types(cmd.options, updating=False)
-        if any(t.name == name for t in stream.topics.values()):
+        if stream.topic_named(name) is not None:
             raise error_class(ErrorCode.TOPIC_NAME_EXISTS)(f"stream {stream.name!r} already has a topic named {name!r}")
         tid = await _new_id(
             cmd.topic_id, "topic", set(stream.topics), lambda t: broker.datadir.topic_on_disk(stream.id, t),
@@ -180,7 +180,7 @@ async def create_topic(broker: Broker, session: object, cmd: P.CreateTopic) -> R
                     "give the topic's subjects explicitly"
                 ) from None
         cfg = resolve(cfg, None, pedantic, broker.config.limits.max_partitions, cmd.options)
-        broker.catalog.check_overlap(cfg.subjects)
+        broker.router.check_overlap(cfg.subjects)
         topic = Topic(stream, tid, cfg, broker.clock.now_ns())
         broker.catalog.check_republish_cycles(topic, cfg)
         # One catalog write names the topic and lists it in ``creating`` (its files
@@ -189,15 +189,24 @@ async def create_topic(broker: Broker, session: object, cmd: P.CreateTopic) -> R
         # The catalog state is made here, on the loop; the files in one worker hop.
         entry = (stream.id, tid)
         stream.topic_id_mark = max(stream.topic_id_mark, tid)
-        stream.topics[tid] = topic
         broker.catalog.creating.append(entry)
-        named = broker.catalog.to_json()
-        del stream.topics[tid]
+        # Only the topic, its stream's entry and the top-level values change: a save
+        # of those (the whole document is made only for a data directory's first save).
+        top, header, entry_json = broker.catalog.top_json(), stream.header_json(), topic.to_json()
         broker.catalog.creating.remove(entry)
         done: list[str] = []
 
+        def whole() -> dict[str, Any]:
+            # (Only for a data directory never saved before; the admin lock keeps
+            # the catalog still meanwhile.)
+            doc = broker.catalog.to_json()
+            for sd in doc["streams"]:
+                if sd["id"] == stream.id:
+                    sd["topics"] = sorted([*sd["topics"], entry_json], key=lambda t: t["id"])
+            return {**doc, **top}
+
         def build() -> None:
-            broker.datadir.save_catalog(named)
+            broker.datadir.save_catalog_change(top, [header], [(stream.id, entry_json)], whole)
             done.append("named")
             with deferred_dir_syncs():  # the new tree is durable before the reply
                 broker.datadir.make_topic_dirs(stream.id, tid, cfg.partitions_count)
@@ -212,7 +221,7 @@ async def create_topic(broker: Broker, session: object, cmd: P.CreateTopic) -> R
                     _close_topic(broker, topic)
                     await _finish_removal(broker, entry)
             raise
-        stream.topics[tid] = topic  # ``creating`` is dropped by the next catalog write
+        stream.add_topic(topic)  # ``creating`` is dropped by the next catalog write
         broker.router.add(topic)
         log.info("topic_created", topic=topic.full_name, id=tid, partitions=cfg.partitions_count, subjects=",".join(cfg.subjects))
         return broker.topic_details(topic).encode()
@@ -225,7 +234,7 @@ async def update_topic(broker: Broker, session: object, cmd: P.UpdateTopic) -> R
         new = apply_changes(topic.config, cmd.changes)
         new = resolve(new, topic.config, bool(cmd.changes.get("pedantic")), broker.config.limits.max_partitions, cmd.changes)
         if new.subjects != topic.config.subjects:
-            broker.catalog.check_overlap(new.subjects, ignore=topic)
+            broker.router.check_overlap(new.subjects, ignore=topic)
         broker.catalog.check_republish_cycles(topic, new)
         old, topic.config = topic.config, new
         try:
@@ -258,9 +267,9 @@ async def update_topic(broker: Broker, session: object, cmd: P.UpdateTopic) -> R
 async def delete_topic(broker: Broker, session: object, cmd: P.DeleteTopic) -> Reply:
     async with broker.admin_lock:
         topic = broker.catalog.topic(cmd.stream, cmd.topic)
-        del topic.stream.topics[topic.id]
+        topic.stream.remove_topic(topic)
         entry: tuple[int, int | None] = (topic.stream.id, topic.id)
-        await _list_as_garbage(broker, entry, lambda: topic.stream.topics.__setitem__(topic.id, topic))
+        await _list_as_garbage(broker, entry, lambda: topic.stream.add_topic(topic))
         _close_topic(broker, topic)
         await _finish_removal(broker, entry)
         log.info("topic_deleted", topic=topic.full_name)

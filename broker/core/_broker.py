@@ -166,7 +166,7 @@ class Broker:
                 if new:
                     self.datadir.make_topic_dirs(stream.id, topic.id, topic.config.partitions_count)
                 self.open_topic_storage(topic, recovering=True, expect_existing=not new)
-                stream.topics[topic.id] = topic
+                stream.add_topic(topic)
         # A crash can keep an append whose removals by discard old were not yet
         # written: the limits hold again before anything is served.
         for topic in self.catalog.topics():

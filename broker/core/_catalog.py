@@ -1,9 +1,8 @@
-"""The catalog: every stream the broker holds, looked up by id or name, the checks a
-new or changed topic must pass, and the JSON the data directory keeps of it.
+"""The catalog: every stream the broker holds, looked up by id or name, the republish
+check a new or changed topic must pass, and the JSON the data directory keeps of it.
 
-A subject filter belongs to at most one topic in
-the whole broker: a create or update whose filters overlap another topic's is refused
-with SUBJECTS_OVERLAP naming both topics.
+(That a subject filter belongs to at most one topic in the whole broker is checked
+by the router, which indexes every filter: ``Router.check_overlap``.)
 """
 
 from __future__ import annotations
@@ -58,17 +57,6 @@ class Catalog:
         that have a directory on disk)."""
         return max(max(self.streams, default=0), self.stream_id_mark) + 1
 
-    def check_overlap(self, subjects: tuple[str, ...], ignore: Topic | None = None) -> None:
-        for other in self.topics():
-            if other is ignore:
-                continue
-            for mine in subjects:
-                for theirs in other.config.subjects:
-                    if filters_overlap(mine, theirs):
-                        raise error_class(ErrorCode.SUBJECTS_OVERLAP)(
-                            f"subject filter {mine!r} overlaps {theirs!r} of topic {other.full_name}"
-                        )
-
     def check_republish_cycles(self, topic: Topic, config: TopicConfig) -> None:
         """Refuse a configuration of ``topic`` that closes a republish loop through
         other topics (A republishes into what B captures, B into what A captures, or
@@ -79,6 +67,8 @@ class Catalog:
         Raises:
             RepublishCycleError: naming every topic of the cycle.
         """
+        if not config.republish:
+            return  # no edge leaves the topic: no cycle runs through it
         topics = [t for t in self.topics() if t is not topic] + [topic]
         configs = {id(t): (config if t is topic else t.config) for t in topics}
 
@@ -111,11 +101,14 @@ class Catalog:
             names = " -> ".join(t.full_name for t in cycle)
             raise error_class(ErrorCode.REPUBLISH_CYCLE)(f"republish destination forms a cycle through topics: {names}")
 
-    def to_json(self) -> dict[str, Any]:
+    def top_json(self) -> dict[str, Any]:
+        """The document's values besides its streams (small, whatever the catalog holds)."""
         return {
             "version": self.VERSION,
             "next_stream_id": self.next_stream_id(),
             "removing": [[s, t] for s, t in self.removing],
             **({"creating": [[s, t] for s, t in self.creating]} if self.creating else {}),
-            "streams": [s.to_json() for s in sorted(self.streams.values(), key=lambda s: s.id)],
         }
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.top_json(), "streams": [s.to_json() for s in sorted(self.streams.values(), key=lambda s: s.id)]}

@@ -523,13 +523,31 @@ class Stream:
 
     def topic(self, ident: Identifier) -> Topic:
         value = ident.value
-        if isinstance(value, int):
-            t = self.topics.get(value)
-        else:
-            t = by_name(self.topics, self._by_name, value)
+        t = self.topics.get(value) if isinstance(value, int) else self.topic_named(value)
         if t is None:
             raise error_class(ErrorCode.TOPIC_NOT_FOUND)(f"stream {self.name!r} has no topic {ident.value!r}")
         return t
+
+    def topic_named(self, name: str) -> Topic | None:
+        """The topic called ``name``, in one lookup whatever the number of topics
+        (the index is kept by :meth:`add_topic` and :meth:`remove_topic`; one that no
+        longer matches ``topics`` is made again)."""
+        found = self._by_name.get(name)
+        if found is not None and self.topics.get(found.id) is found and found.name == name:
+            return found
+        if found is None and len(self._by_name) == len(self.topics):
+            return None
+        return by_name(self.topics, self._by_name, name)
+
+    def add_topic(self, topic: Topic) -> None:
+        self.topics[topic.id] = topic
+        self._by_name[topic.name] = topic
+        self.topic_id_mark = max(self.topic_id_mark, topic.id)
+
+    def remove_topic(self, topic: Topic) -> None:
+        del self.topics[topic.id]
+        if self._by_name.get(topic.name) is topic:
+            del self._by_name[topic.name]
 
     def next_topic_id(self) -> int:
         """One more than the highest id this stream ever gave a topic (the broker
@@ -544,11 +562,9 @@ class Stream:
     def messages_count(self) -> int:
         return sum(t.messages_count for t in self.topics.values())
 
+    def header_json(self) -> dict[str, Any]:
+        """The stream's catalog entry without its topics."""
+        return {"id": self.id, "name": self.name, "created_at": self.created_at, "next_topic_id": self.next_topic_id()}
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "created_at": self.created_at,
-            "next_topic_id": self.next_topic_id(),
-            "topics": [t.to_json() for t in sorted(self.topics.values(), key=lambda t: t.id)],
-        }
+        return {**self.header_json(), "topics": [t.to_json() for t in sorted(self.topics.values(), key=lambda t: t.id)]}

@@ -303,13 +303,12 @@ class JetStream:
             stream = next((s for s in self.broker.catalog.streams.values() if s.name == where), None)
             if stream is None:
                 continue
-            lowered = topic_name.lower()
-            for t in stream.topics.values():
-                if t.name == lowered and (where != KV_STREAM or t.config.kv is not None):
-                    if len(self._topics) >= TOPIC_CACHE_LIMIT:
-                        self._topics.clear()
-                    self._topics[name] = t
-                    return t
+            found = stream.topic_named(topic_name.lower())
+            if found is not None and (where != KV_STREAM or found.config.kv is not None):
+                if len(self._topics) >= TOPIC_CACHE_LIMIT:
+                    self._topics.clear()
+                self._topics[name] = found
+                return found
         raise js_error(STREAM_NOT_FOUND)
 
     def place(self, name: str, config: dict[str, Any] | None = None) -> tuple[str, str]:

@@ -106,6 +106,50 @@ def test_a_restart_after_a_crash_replays_the_journal(tmp_path: Path) -> None:
         b.close()
 
 
+def test_creates_among_other_changes_and_compactions_replay_to_the_same_catalog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A create records only what it touched (its topic, its stream's entry, the
+    top-level values; ``CatalogFiles.save_change``), other changes the whole
+    document's difference, and compactions (made small here) fold the saved parts:
+    after a crash the catalog read back is the one the broker ran with."""
+    from storage import _catalog_files
+
+    monkeypatch.setattr(_catalog_files, "COMPACT_MIN", 4096)
+    root = tmp_path / "data"
+    names = ("catalog.json", "catalog.json.1", JOURNAL, f"{JOURNAL}.1")
+    expected: dict[str, object] = {}
+    generations: set[int] = set()
+
+    async def run() -> None:
+        async with start_server(make_config(root)) as h, connect(h.address) as c:
+            await c.create_stream("s")
+            await c.create_stream("u")
+            for i in range(40):
+                await c.create_topic("s" if i % 3 else "u", f"t{i}", subjects=[f"t{i}.>"])
+                if i % 7 == 3:
+                    await c.delete_topic("s" if (i - 1) % 3 else "u", f"t{i - 1}")
+                if i % 5 == 4:
+                    await c.update_topic("s" if i % 3 else "u", f"t{i}", message_expiry=60, subjects=[f"t{i}.>", f"x{i}.>"])
+                generations.add(json.loads((root / "catalog.json").read_bytes())["generation"])
+            expected.update(h.broker.catalog.to_json())
+            files = {n: (root / n).read_bytes() for n in names}
+        for n, raw in files.items():  # as if killed before the stop's fold
+            (root / n).write_bytes(raw)
+
+    trio.run(run)
+    assert len(generations) > 2  # compactions happened while creating
+    b = Broker(make_config(root))
+    b.open()
+    try:
+        got = b.catalog.to_json()
+        got.pop("creating", None)
+        expected.pop("creating", None)
+        assert got == expected
+    finally:
+        b.close()
+
+
 def test_a_crash_after_the_create_was_named_makes_its_files_at_start(tmp_path: Path) -> None:
     """The create's one catalog write lists the topic in ``creating``; a crash before
     its directories exist: the next start makes them, without a damage report."""
