@@ -135,6 +135,24 @@ class ErrorCode(IntEnum):
         "discard new per subject: the subject holds max_msgs_per_subject messages (the server's 10077)"
     )
     MESSAGE_TOO_LARGE = 6053, "the message's headers and payload exceed the topic's max_msg_size (the server's 10054)"
+    MIRROR_WITH_SUBJECTS = 6060, "a mirror captures no subjects: it holds only what it copies (the server's 10034)"
+    MIRROR_WITH_SOURCES = 6061, "a mirror can not also have sources (the server's 10031)"
+    MIRROR_NOT_UPDATABLE = 6062, (
+        "a mirror's configuration can not change by update (removing it promotes the mirror; the server's 10055)"
+    )
+    MIRROR_WITH_FIRST_SEQ = 6063, "a mirror keeps its origin's sequences: it can not set first_seq (the server's 10143)"
+    INVALID_MIRROR = 6064, (
+        "the mirror's configuration is not valid: its name, start, filter or transforms (the server's 10142, 10032, "
+        "10150, 10151, 10152, 10154)"
+    )
+    INVALID_SOURCE = 6065, (
+        "a source's configuration is not valid: its name, a duplicate, its filter or transforms (the server's 10141, "
+        "10140, 10144, 10145, 10146, 10147)"
+    )
+    REMOTE_ORIGIN_UNSUPPORTED = 6066, (
+        "a mirror or source with external or domain: copies from another server are not available yet (10052)"
+    )
+    ORIGIN_NOT_COPYABLE = 6067, "the origin topic has more than one partition: a copy reads one log (10052)"
 
     # -- subscriptions and consumers (7000s) -------------------------------------
     SUBSCRIPTION_EXISTS = 7001, "the connection already has a subscription with that id"

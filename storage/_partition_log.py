@@ -322,6 +322,28 @@ class PartitionLog(PartitionReads):
         self._drop_owed_seals()
         fsync_dir(self.path)
 
+    def skip_to(self, offset: int) -> None:
+        """Make ``offset`` the next offset handed out, leaving the offsets from
+        :attr:`next_offset` up to it unused for ever (a mirror keeps its origin's
+        sequences, and the origin's gaps). The active segment, if it holds records,
+        is sealed whole on this thread (its index durable, so that a rebuild never
+        expects records in the gap); an empty one is replaced. A crash after it
+        reopens at ``offset`` all the same (the new segment's file is there).
+        Nothing for an offset at or below :attr:`next_offset`."""
+        if offset <= self.next_offset:
+            return
+        old = self.segments[-1]
+        if old.count:
+            old.seal()
+        else:
+            old.remove_files()
+            self.segments.pop()
+            self.bases.pop()
+        new = self._new_segment(offset)
+        self.segments.append(new)
+        self.bases.append(offset)
+        self._sync_dir()
+
     # -- the cleaner ---------------------------------------------------------------
 
     def reclaimable(self) -> list[Segment]:

@@ -38,6 +38,7 @@ LAYERS = {
     "broker.consumers": 5,
     "broker.kv": 5,
     "broker.net": 5,
+    "broker.replication": 5,
     "broker.nats": 6,
     "broker.monitoring": 6,
     "broker.server": 7,

@@ -47,6 +47,7 @@ from ._info import stats_values as stats_values
 from ._log import StructLogger as StructLogger
 from ._log import configure_logging as configure_logging
 from ._log import get_logger as get_logger
+from ._publishing import Copy as Copy
 from ._publishing import Publisher as Publisher
 from ._reading import fetch as fetch
 from ._reading import get_last as get_last
@@ -64,6 +65,7 @@ from ._subscriptions import SubscriptionIndex as SubscriptionIndex
 from ._topic_config import DEFAULT_DUPLICATE_WINDOW as DEFAULT_DUPLICATE_WINDOW
 from ._topic_config import TopicConfig as TopicConfig
 from ._topic_config import check_option_types as check_option_types
+from ._topic_config import copy_iname as copy_iname
 from ._topic_config import resolve as resolve
 from ._topics import Partition as Partition
 from ._topics import Stream as Stream
@@ -71,9 +73,9 @@ from ._topics import Topic as Topic
 
 __all__ = [
     "DEFAULT_DUPLICATE_WINDOW", "LAG_BUCKETS_NS", "MARKER", "NO_TOPIC", "TIMER_NS", "TOMBSTONE",
-    "VERSION", "Broker", "Catalog", "Clock", "Committer", "Counters", "ExpiryEngine", "Partition", "Publisher", "PushTarget", "Reply",
+    "VERSION", "Broker", "Catalog", "Clock", "Committer", "Copy", "Counters", "ExpiryEngine", "Partition", "Publisher", "PushTarget", "Reply",
     "Stream", "StructLogger", "Subscriber", "SubscriptionIndex", "SyncSource", "Topic", "TopicConfig", "TopicHooks",
-    "check_option_types", "configure_logging", "counter_help", "create_stream", "create_topic", "delete_message",
+    "check_option_types", "configure_logging", "copy_iname", "counter_help", "create_stream", "create_topic", "delete_message",
     "delete_stream", "delete_topic", "export", "fetch", "fire_time", "get_last", "get_logger", "get_stream",
     "get_topic", "info", "list_streams", "list_topics", "matching_subjects", "ping", "purge", "resolve",
     "server_info", "stats_values", "update_stream", "update_topic",

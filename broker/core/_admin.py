@@ -162,7 +162,8 @@ async def create_topic(broker: Broker, session: object, cmd: P.CreateTopic) -> R
         )
         opts: dict[str, Any] = dict(cmd.options)  # the options map, its types checked above
         pedantic = bool(opts.pop("pedantic", False))
-        subjects = tuple(opts.pop("subjects", None) or (f"{stream.name}.{name}.>",))
+        copies = bool(opts.get("mirror") or opts.get("sources"))  # a copy captures nothing unless told
+        subjects = tuple(opts.pop("subjects", None) or (() if copies else (f"{stream.name}.{name}.>",)))
         cfg = TopicConfig(
             name=name,
             partitions_count=cmd.partitions_count,
@@ -171,7 +172,7 @@ async def create_topic(broker: Broker, session: object, cmd: P.CreateTopic) -> R
             segment_size=opts.pop("segment_size", broker.config.system.segment.size_bytes),
             **opts,
         )
-        if "subjects" not in cmd.options:
+        if "subjects" not in cmd.options and subjects:
             try:
                 validate_filter(subjects[0])
             except BrokerError:
@@ -180,6 +181,8 @@ async def create_topic(broker: Broker, session: object, cmd: P.CreateTopic) -> R
                     "give the topic's subjects explicitly"
                 ) from None
         cfg = resolve(cfg, None, pedantic, broker.config.limits.max_partitions, cmd.options)
+        if broker.copy_check is not None and (cfg.mirror or cfg.sources):
+            broker.copy_check(cfg, None)
         broker.router.check_overlap(cfg.subjects)
         topic = Topic(stream, tid, cfg, broker.clock.now_ns())
         broker.catalog.check_republish_cycles(topic, cfg)
@@ -233,6 +236,8 @@ async def update_topic(broker: Broker, session: object, cmd: P.UpdateTopic) -> R
         check_option_types(cmd.changes, updating=True)
         new = apply_changes(topic.config, cmd.changes)
         new = resolve(new, topic.config, bool(cmd.changes.get("pedantic")), broker.config.limits.max_partitions, cmd.changes)
+        if broker.copy_check is not None and (new.mirror or new.sources):
+            broker.copy_check(new, topic)
         if new.subjects != topic.config.subjects:
             broker.router.check_overlap(new.subjects, ignore=topic)
         broker.catalog.check_republish_cycles(topic, new)

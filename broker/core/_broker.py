@@ -124,6 +124,11 @@ class Broker:
         self.started_at = time.time()
         self.shutting_down = False
         self.admin_lock = trio.Lock()
+        #: Checks a mirror's or sources' configuration against the catalog (its
+        #: origins: cycles, partitions, remote origins) before a create or update is
+        #: saved: ``(config, topic being updated or None)``, raising BrokerError. Set
+        #: by ``broker.replication``; None: no check.
+        self.copy_check: Callable[[TopicConfig, Topic | None], None] | None = None
 
     def _republish(self, bodies: list[bytes]) -> None:
         self.publisher.publish_bodies(bodies)

@@ -32,10 +32,11 @@ matches its subjects.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import protocol as P
 from protocol import RemovalReason as R
-from protocol import TTL_NEVER, BrokerError, ErrorCode, scan_bodies
+from protocol import TTL_NEVER, TTL_NONE, BrokerError, ErrorCode, scan_bodies
 from storage import AppendResult, MemoryBudget
 
 from ._admission import ROLLUP_SUB, admit_batch, check, dedupe, self_contained
@@ -51,7 +52,25 @@ from ._stats import Counters
 from ._subscriptions import Entry, SubscriptionIndex
 from ._topics import Partition, flags_for
 
-__all__ = ["Publisher", "StoredReply"]
+_FLAG_NO_MARKER, _FLAG_TOMBSTONE = P.FLAG_NO_MARKER, P.FLAG_TOMBSTONE
+
+__all__ = ["Publisher", "StoredReply", "Copy"]
+
+
+class Copy(NamedTuple):
+    """One message a mirror or source stores (:meth:`Publisher.publish_copies`)."""
+
+    subject: bytes
+    #: The header block in the record's format (``protocol.encode_headers``), b"" for none.
+    headers: bytes
+    payload: bytes
+    #: The offset it must get (a mirror: the origin's sequence), or 0: the next one.
+    offset: int = 0
+    #: Its timestamp (a mirror: the origin's, ns), or 0: now.
+    timestamp: int = 0
+
+
+_COPY_HEADERS = frozenset((b"Nats-TTL", b"Nats-Rollup", b"KV-Operation", b"Nats-Marker-Reason"))
 
 _DUPLICATE = int(ErrorCode.DUPLICATE_MESSAGE)
 _NO_TOPIC = int(ErrorCode.NO_TOPIC_FOR_SUBJECT)
@@ -199,6 +218,116 @@ class Publisher:
         batch = Batch(data, scan_bodies(data, 0, len(bodies), self.max_payload), trusted=True)
         batch.quiet = not deliver
         self._store(batch)
+
+    def publish_copies(self, part: Partition, copies: list[Copy]) -> int:
+        """Messages a mirror or source copied from its origin, stored into ``part``
+        (its topic's one partition) without routing, admission or de-duplication:
+        the origin checked them. A copy with an ``offset`` above the next one skips
+        the offsets between (``PartitionLog.skip_to``); one at or below it is held
+        already and is passed over (an offset is never given twice). ``Nats-TTL``
+        is honoured only when the topic allows TTLs (otherwise the message is just
+        kept: ADR-43); ``Nats-Rollup`` is applied (the origin allowed it); the
+        limits, republish and the consumers apply as to any append. Not delivered
+        to core subscriptions (nats-server does not publish what it copies).
+        Returns the epoch the caller must wait for before it asks for more (0: none).
+
+        Raises:
+            TopicSealedError, MemoryStorageFullError: nothing was stored.
+        """
+        topic = part.topic
+        if topic.config.sealed:
+            raise _Sealed(f"topic {topic.full_name} is sealed: no message goes in")
+        if part.log.volatile:
+            need = sum(len(c.subject) + len(c.headers) + len(c.payload) + 14 + _RECORD_HEAD for c in copies)
+            budget = self.memory_budget
+            if not budget.fits(need) and self.reclaim_memory is not None:
+                self.reclaim_memory()
+            if not budget.fits(need):
+                self.counters.memory_storage_refused += len(copies)
+                raise _MemoryFull(
+                    f"insufficient resources: the memory storage budget ([limits] memory_storage_bytes = "
+                    f"{budget.limit} bytes) is used up ({budget.used} bytes held by memory-storage topics)"
+                )
+        now = self.clock.now_ns()
+        epoch = 0
+        i, n = 0, len(copies)
+        while i < n:
+            c = copies[i]
+            off = c.offset
+            log = part.log
+            if off:
+                if off < log.next_offset:
+                    i += 1
+                    continue
+                log.skip_to(off)
+            ts = c.timestamp or now
+            j = i + 1
+            while j < n and (copies[j].timestamp or now) == ts and (copies[j].offset == off + j - i if off else not copies[j].offset):
+                j += 1
+            epoch = max(epoch, self._append_copies(part, copies[i:j], ts))
+            i = j
+        return epoch
+
+    def _append_copies(self, part: Partition, run: list[Copy], ts: int) -> int:
+        cfg = part.topic.config
+        bodies: list[bytes] = []
+        subjects: list[bytes] = []
+        flags = bytearray(len(run))
+        ttls: list[tuple[int, int]] = []
+        rollups: list[tuple[int, int]] = []
+        for k, c in enumerate(run):
+            hv = P.header_values(c.headers, _COPY_HEADERS) if c.headers else {}
+            ttl = TTL_NONE
+            raw = hv.get(b"Nats-TTL")
+            if raw and cfg.allow_msg_ttl:
+                t = P.parse_ttl(raw)
+                if t > 0:
+                    ttl = t
+            rflags = 0
+            kv_op = hv.get(b"KV-Operation")
+            if kv_op == b"PURGE" or hv.get(b"Nats-Marker-Reason"):
+                rflags |= _FLAG_NO_MARKER
+            if kv_op in (b"DEL", b"PURGE"):
+                rflags |= _FLAG_TOMBSTONE
+            bodies.append(P.encode_body(c.subject, c.payload, c.headers, ttl, rflags))
+            subjects.append(c.subject)
+            flags[k] = flags_for(ttl, rflags)
+            if 0 < ttl < TTL_NEVER:
+                ttls.append((k, ttl))
+            kind = hv.get(b"Nats-Rollup")
+            if kind in (b"sub", b"all"):
+                rollups.append((k, ROLLUP_SUB if kind == b"sub" else 0))
+        starts, ends, pos = [], [], 0
+        for b in bodies:
+            starts.append(pos)
+            pos += len(b)
+            ends.append(pos)
+        lasts = part.last_offsets(subjects) if part.topic.republisher is not None else None
+        res = part.append(b"".join(bodies), starts, ends, subjects, ts, flags if any(flags) else None)
+        epoch = self.committer.note_write(part.log)
+        first = res.first_offset
+        counters = self.counters
+        counters.messages_in += len(run)
+        counters.bytes_in += len(res.records)
+        counters.messages_copied += len(run)
+        self.retention.after_append(part, res, [(first + k, t) for k, t in ttls])
+        for k, kind in rollups:
+            off = first + k
+            if not part.log.is_live(off):
+                continue
+            if kind == ROLLUP_SUB:
+                doomed = _rolled_up(part, subjects[k], off)
+            else:
+                doomed = [o for o in part.live_offsets(except_offset=off) if o < off]
+            if doomed:
+                self.retention.remove(part, doomed, R.ROLLUP)
+        if cfg.max_msgs_per_subject:
+            self.enforce_max_msgs(part, subjects)
+        if part.topic.trimming:
+            trim(part, self.retention.remove)
+        if lasts is not None:
+            self.republisher.after_append(part, res, lasts, epoch)
+        return epoch
 
     # -- the steps -------------------------------------------------------------------
 

@@ -118,6 +118,11 @@ class Counters:
     consumer_given_up: int = 0
     #: Outstanding deliveries dropped because their message was removed.
     consumer_dropped: int = 0
+    #: Times a mirror or source found its origin stream missing (deleted or never
+    #: made): it keeps its messages and retries slowly.
+    copy_origin_missing: int = 0
+    #: Messages a mirror or source stored from its origins.
+    messages_copied: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -17,12 +17,12 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from collections.abc import Iterable
 from typing import Any
 
-from protocol.nats import NATS_SETTINGS
+from protocol.nats import NATS_SETTINGS, nats_hash
 from protocol import ErrorCode, SubjectTransform, TransformError, error_class, filters_overlap, validate_filter
 
 __all__ = [
     "DEFAULT_DUPLICATE_WINDOW", "DISCARDS", "LIMITS", "RETENTIONS", "STORAGES", "TopicConfig", "OPTION_TYPES",
-    "check_option_types", "apply_changes", "resolve", "stored_subject_transform",
+    "check_option_types", "apply_changes", "resolve", "stored_subject_transform", "copy_iname", "COPY_KEYS",
 ]
 
 #: JetStream's default duplicate window (``StreamDefaultDuplicatesWindow``), seconds.
@@ -99,6 +99,24 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "discard_new_per_subject": (
         (bool,), "with discard new and max_msgs_per_subject: refuse a message on a subject at its limit",
     ),
+    "mirror": (
+        (dict, type(None)),
+        "copy one origin stream, keeping its sequences and timestamps: {'name', 'opt_start_seq', 'opt_start_time' "
+        "(RFC 3339), 'filter_subject', 'subject_transforms': [{'src', 'dest'}], 'external': {'api', 'deliver'}, "
+        "'domain'}; no subjects; create only (nil by update promotes the mirror into a plain topic)",
+    ),
+    "sources": (
+        (list, type(None)),
+        "copy several origin streams, each message under a new offset with a Nats-Stream-Source header: a list of "
+        "objects as mirror's",
+    ),
+}
+
+#: A mirror's or source's keys (nats-server's ``StreamSource``, and ``domain``, which
+#: its clients turn into ``external``) and their types.
+COPY_KEYS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "opt_start_seq": (int,), "opt_start_time": (str,), "filter_subject": (str,),
+    "subject_transforms": (list,), "external": (dict,), "domain": (str,),
 }
 
 
@@ -135,6 +153,12 @@ def check_option_types(options: dict[str, Any], updating: bool) -> None:
         for key in ("src", "dest"):
             if key in st and not isinstance(st[key], str):
                 raise _Invalid(f"option 'subject_transform': {key!r} must be str, not {type(st[key]).__name__}")
+    if options.get("mirror") is not None:
+        _check_copy_types("mirror", options["mirror"])
+    for src in options.get("sources") or ():
+        if not isinstance(src, dict):
+            raise _Invalid("option 'sources' must be a list of objects")
+        _check_copy_types("sources", src)
     nats = options.get("nats")
     if nats is not None:
         for key, value in nats.items():
@@ -147,6 +171,24 @@ def check_option_types(options: dict[str, Any], updating: bool) -> None:
         v = options.get(key)
         if v is not None and not -(2**63) <= v < 2**63:
             raise _Invalid(f"option {key!r} is out of range")
+
+
+def _check_copy_types(option: str, copy: dict[str, Any]) -> None:
+    for key, value in copy.items():
+        types = COPY_KEYS.get(key)
+        if types is None:
+            raise _Invalid(f"option {option!r} has unknown key {key!r}; known: {', '.join(sorted(COPY_KEYS))}")
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise _Invalid(f"option {option!r}: {key!r} must be {types[0].__name__}, not {type(value).__name__}")
+    for tr in copy.get("subject_transforms") or ():
+        if not isinstance(tr, dict) or set(tr) - {"src", "dest"} or not all(isinstance(v, str) for v in tr.values()):
+            raise _Invalid(f"option {option!r}: each subject transform is {{'src': str, 'dest': str}}")
+    ext = copy.get("external")
+    if ext is not None and (set(ext) - {"api", "deliver"} or not all(isinstance(v, str) for v in ext.values())):
+        raise _Invalid(f"option {option!r}: 'external' is {{'api': str, 'deliver': str}}")
+    seq = copy.get("opt_start_seq")
+    if seq is not None and not 0 <= seq < 2**64:
+        raise _Invalid(f"option {option!r}: 'opt_start_seq' is out of range")
 
 
 @dataclass(frozen=True)
@@ -194,6 +236,10 @@ class TopicConfig:
     #: ``old`` or ``new``: what a publish past ``max_msgs`` or ``max_bytes`` does.
     discard: str = "old"
     discard_new_per_subject: bool = False
+    #: What the topic copies (``docs/semantics.md``, "Mirrors and sources"): one
+    #: origin kept as is, or several merged; None / empty: nothing.
+    mirror: dict[str, Any] | None = None
+    sources: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -238,6 +284,8 @@ class TopicConfig:
             "max_consumers": self.max_consumers,
             "discard": self.discard,
             "discard_new_per_subject": self.discard_new_per_subject,
+            "mirror": dict(self.mirror) if self.mirror else None,
+            "sources": [dict(s) for s in self.sources] if self.sources else None,
         }
 
     def validate(self, max_partitions: int) -> None:
@@ -248,7 +296,7 @@ class TopicConfig:
             )
         if not 0 <= self.message_expiry <= 0xFFFFFFFE:
             raise _Config("message expiry must be 0..4294967294 seconds")
-        if not self.subjects:
+        if not self.subjects and not self.mirror and not self.sources:
             raise error_class(ErrorCode.INVALID_SUBJECT_FILTER)("a topic needs at least one subject filter")
         for s in self.subjects:
             validate_filter(s)
@@ -278,9 +326,11 @@ class TopicConfig:
 def apply_changes(cfg: TopicConfig, changes: dict[str, Any]) -> TopicConfig:
     """The config after an update (types already checked; ``pedantic`` ignored)."""
     kw: dict[str, Any] = {k: (tuple(v) if k == "subjects" else v) for k, v in changes.items() if k != "pedantic"}
-    for key in ("republish", "kv", "nats", "subject_transform"):
+    for key in ("republish", "kv", "nats", "subject_transform", "mirror"):
         if kw.get(key) is not None:
             kw[key] = dict(kw[key])
+    if kw.get("sources") is not None:
+        kw["sources"] = [dict(s) for s in kw["sources"]]
     return replace(cfg, **kw)
 
 
@@ -342,6 +392,10 @@ def resolve(
             if pedantic:
                 raise _Config("message scheduling cannot be set if roll-ups are disabled")
             new = replace(new, allow_rollup=True, deny_purge=False)
+    # 5. Mirrors and sources (the server's checks of the configuration alone; those
+    #    that need the origin are the broker's ``copy_check``).
+    if new.mirror is not None or new.sources is not None:
+        new = _check_copies(new, old)
     # The subject transform (ADR-30), before republish, which may follow it.
     if new.subject_transform is not None:
         new = replace(new, subject_transform=_check_transform(new.subject_transform))
@@ -356,6 +410,9 @@ def resolve(
         raise _Config("stream configuration for create can not be sealed")
     # Update-only rules (configUpdateCheckLocked), on the fixed configuration.
     if old is not None:
+        if new.mirror and new.mirror != old.mirror:
+            # Removing it (promotion) is allowed; adding or changing it is not.
+            raise error_class(ErrorCode.MIRROR_NOT_UPDATABLE)("stream mirror configuration can not be updated")
         if old.storage != new.storage:  # (the server checks it first)
             raise _Config("stream configuration update can not change storage type")
         if old.sealed and not new.sealed:  # checked before the permissions, as the server
@@ -374,6 +431,110 @@ def resolve(
             nats = None if new.nats is None else {**new.nats, "deny_delete": True}
             new = replace(new, message_expiry=0, deny_purge=True, allow_rollup=False, discard="new", nats=nats)
     return new
+
+
+_BadMirror = error_class(ErrorCode.INVALID_MIRROR)
+_BadSource = error_class(ErrorCode.INVALID_SOURCE)
+
+
+def copy_iname(src: dict[str, Any]) -> str:
+    """nats-server's ``composeIName``: the stream name (``:<hash of the api prefix>``
+    when external), the filter and the transforms' destinations, space-separated (a
+    source's identity in the ``Nats-Stream-Source`` header)."""
+    iname = src.get("name", "")
+    ext = src.get("external")
+    if ext is not None:
+        iname += ":" + nats_hash(ext.get("api", ""))
+    trs = src.get("subject_transforms") or []
+    if not trs:
+        source, dest = src.get("filter_subject") or ">", ">"
+    else:
+        source = "\f".join(t.get("src") or ">" for t in trs)
+        dest = "\f".join(t.get("dest") or ">" for t in trs)
+    return " ".join((iname, source, dest))
+
+
+def _asset_name(name: str) -> bool:
+    """nats-server's ``isValidAssetName`` (no whitespace, '.', '*', '>', path separators),
+    or a topic's full name ``stream/topic`` (ttlbroker's own origins)."""
+    if name.count("/") == 1:
+        return all(_asset_name(part) for part in name.split("/"))
+    return bool(name) and not any(c in " \t\r\n\f.*>/\\" for c in name)
+
+
+def _check_copy_transforms(copy: dict[str, Any], err: type[Exception], what: str, overlap_text: str) -> None:
+    trs = copy.get("subject_transforms") or []
+    if copy.get("filter_subject") and trs:
+        raise err(f"{what} with multiple subject transforms cannot also have a single subject filter")
+    for tr in trs:
+        src, dest = tr.get("src", ""), tr.get("dest", "")
+        if src:
+            try:
+                validate_filter(src)
+            except Exception:
+                raise err(f"{what} transform source: invalid subject {src}") from None
+        if dest:
+            try:
+                SubjectTransform(src, dest)
+            except TransformError as e:
+                raise err(f"{what} transform: {e}") from None
+    for i, a in enumerate(trs):
+        for j, b in enumerate(trs):
+            if i != j and filters_overlap(a.get("src") or ">", b.get("src") or ">"):
+                raise err(overlap_text)
+    flt = copy.get("filter_subject")
+    if flt:
+        try:
+            validate_filter(flt)
+        except Exception:
+            raise err(f"{what} transform source: invalid subject {flt}") from None
+
+
+def _check_copies(new: TopicConfig, old: TopicConfig | None) -> TopicConfig:
+    """nats-server's ``checkStreamCfg`` for ``Mirror`` and ``Sources``, in its order."""
+    m = new.mirror
+    if m is not None:
+        if new.first_seq > 0:
+            raise error_class(ErrorCode.MIRROR_WITH_FIRST_SEQ)("stream mirrors can not have first sequence configured")
+        if new.subjects:
+            raise error_class(ErrorCode.MIRROR_WITH_SUBJECTS)("stream mirrors can not contain subjects")
+        if new.sources:
+            raise error_class(ErrorCode.MIRROR_WITH_SOURCES)("stream mirrors can not also contain other sources")
+        if new.allow_msg_schedules:
+            raise _BadMirror("stream mirrors can not also schedule messages")
+        _check_copy_transforms(m, _BadMirror, "mirror", "mirror subject filters can not overlap")
+        if new.subject_delete_marker_ttl > 0:
+            raise _Config("subject delete markers forbidden on mirrors")
+        if m.get("external") is None and not _asset_name(m.get("name", "")):
+            raise _BadMirror("mirrored stream name is invalid")
+        if m.get("opt_start_seq") and m.get("opt_start_time"):
+            raise _BadMirror("stream mirrors can not have both start seq and start time configured")
+        _check_start_time(m, _BadMirror, "mirror")
+    if new.sources:
+        if new.allow_msg_schedules:
+            raise _BadSource("stream source can not also schedule messages")
+        seen: set[str] = set()
+        for src in new.sources:
+            if not _asset_name(src.get("name", "")):
+                raise _BadSource("sourced stream name is invalid")
+            iname = copy_iname(src)
+            if iname in seen:
+                raise _BadSource("duplicate source configuration detected")
+            seen.add(iname)
+            _check_copy_transforms(src, _BadSource, "source", "source filters can not overlap")
+            _check_start_time(src, _BadSource, "source")
+    return replace(new, mirror=m if m else None, sources=list(new.sources) if new.sources else None)
+
+
+def _check_start_time(copy: dict[str, Any], err: type[Exception], what: str) -> None:
+    t = copy.get("opt_start_time")
+    if t is not None:
+        from protocol.nats import parse_rfc3339
+
+        try:
+            parse_rfc3339(t)
+        except ValueError:
+            raise err(f"{what} opt_start_time {t!r} is not an RFC 3339 time") from None
 
 
 def stored_subject_transform(cfg: TopicConfig) -> SubjectTransform | None:

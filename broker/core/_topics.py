@@ -118,6 +118,9 @@ class Partition:
         #: ``on_append`` hears every append, watchers or not (a topic with interest
         #: retention removes at once what no consumer wants).
         self.hear_all_appends = False
+        #: Called after every append, with nothing (a local copy's origin waiting for
+        #: news: ``broker/replication/_local.py``).
+        self.append_listeners: list[Callable[[], None]] = []
         #: Offsets below this are durable (or acks do not wait for the disk): what
         #: consumers may deliver.
         self.visible_next = log.next_offset
@@ -216,6 +219,9 @@ class Partition:
             on_append = self.on_append
             if on_append is not None:
                 on_append(self, res.first_offset, subjects)
+        if self.append_listeners:
+            for listener in self.append_listeners:
+                listener()
         return res
 
     def remove(self, offsets: Iterable[int], tag: int = 0) -> tuple[list[Removed], int]:

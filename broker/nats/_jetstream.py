@@ -98,6 +98,9 @@ class JetStream:
         self.handlers = handlers
         self.consumers = consumers
         self.kv = kv
+        #: The copiers of mirrors and sources (``broker.replication.Replication``),
+        #: set by the server: what stream info reports of them.
+        self.replication: Any = None
         self.nursery: trio.Nursery | None = None
         #: API requests served and refused since start (``$JS.API.INFO``'s ``api``).
         self.api_total = 0

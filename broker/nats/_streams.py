@@ -26,7 +26,7 @@ from protocol import RemovalReason as R
 from protocol.nats import (
     API_LEVEL, STREAM_SEALED, BAD_REQUEST, MEMORY_RESOURCES_EXCEEDED, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
-    stream_config, last_by_subj_of, parse_request, stream_config_to_topic,
+    stream_config, last_by_subj_of, parse_request, stream_config_to_topic, source_info,
 )
 from protocol.nats import decode_nats_headers, encode_nats_headers, nats_message_of_record
 
@@ -174,12 +174,29 @@ def stream_info(js: JetStream, topic: Topic, subjects_filter: str | None = None)
         matching = {s: n for s, n in counts.items() if subject_matches(ftokens, s.split("."))}
         if matching:
             state["subjects"] = matching
-    return {
+    out: dict[str, Any] = {
         "config": cfg,
         "created": rfc3339(topic.created_at),
         "state": state,
-        "ts": rfc3339(js.broker.clock.now_ns()),
     }
+    repl = js.replication
+    if repl is not None and (topic.config.mirror or topic.config.sources):
+        mirror, sources = repl.info(topic)
+        if topic.config.mirror:
+            out["mirror"] = _copy_info(repl, topic.config.mirror, mirror)
+        else:
+            out["sources"] = [
+                _copy_info(repl, s, sources[i] if i < len(sources) else None) for i, s in enumerate(topic.config.sources or [])
+            ]
+    out["ts"] = rfc3339(js.broker.clock.now_ns())
+    return out
+
+
+def _copy_info(repl: Any, copy: dict[str, Any], copier: Any) -> dict[str, Any]:
+    """One mirror's or source's StreamSourceInfo (its copier not started yet: never heard from)."""
+    if copier is None:
+        return source_info(copy, 0, -1, None)
+    return source_info(copy, copier.lag, repl.active_ns(copier), copier.error)
 
 
 def _topic_request(
@@ -231,11 +248,22 @@ async def _create(js: JetStream, name: str, req: dict[str, Any]) -> dict[str, An
         except BrokerError as err:
             if err.code != ErrorCode.STREAM_NAME_EXISTS:
                 raise
+    if options.get("mirror") and not options["mirror"].get("external"):
+        origin = _local_topic(js, options["mirror"].get("name", ""))
+        if origin is not None:  # nats-server: a mirror inherits its origin's direct gets
+            options["nats"]["mirror_direct"] = bool((origin.config.nats or {}).get("allow_direct"))
     if pedantic:
         options["pedantic"] = True
     cmd = P.CreateTopic(Identifier.of(where), 0, 1, max_age or P.EXPIRY_NONE, topic_name, options)
     await core.create_topic(broker, None, cmd)
     return {**stream_info(js, js.topic(name)), "did_create": True}
+
+
+def _local_topic(js: JetStream, name: str) -> Topic | None:
+    try:
+        return js.topic(name)
+    except JSError:
+        return None
 
 
 def _same(broker: Any, topic: Topic, options: dict[str, Any], max_age: int, pedantic: bool) -> bool:

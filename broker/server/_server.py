@@ -58,6 +58,7 @@ from broker.core import Broker, Clock, get_logger
 from broker.kv import KvReads
 from broker.monitoring import Monitor, State, serve_http
 from broker.nats import TOO_MANY_CONNECTIONS, NatsSession, open_jetstream
+from broker.replication import Replication
 from broker.net import DRAIN_SECONDS, GOODBYE_SECONDS, ConnectionGuard, TlsAcceptor, watch_connections
 
 from ._dispatch import Dispatch
@@ -84,6 +85,9 @@ class Services:
         self.kv = KvReads(broker)
         self.consumers = ConsumerEngine(broker)
         self.jetstream = open_jetstream(broker, self.consumers, self.kv)
+        #: The mirrors' and sources' copiers (``broker.replication``).
+        self.replication = Replication(broker)
+        self.jetstream.replication = self.replication
         self.guard = ConnectionGuard(broker.config.limits)
         self.dispatch = Dispatch(broker, self.consumers, self.kv, self.guard)
 
@@ -209,6 +213,7 @@ async def _run(
                 nursery.start_soon(task)
             nursery.start_soon(services.consumers.run)
             nursery.start_soon(services.jetstream.run)  # the JetStream API's waiting work
+            nursery.start_soon(services.replication.run)  # the mirrors' and sources' copiers
             nursery.start_soon(
                 watch_connections, guard.sessions, guard.budget, limits.max_pending_bytes_per_connection,
                 limits.slow_consumer_seconds,

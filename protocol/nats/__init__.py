@@ -33,6 +33,8 @@ from ._consumers import sample_percent as sample_percent
 from ._consumers import status_message as status_message
 from . import _schedule as schedule
 from ._jetstream import ACK_PREFIX as ACK_PREFIX
+from ._jetstream import nats_hash as nats_hash
+from ._jetstream import source_info as source_info
 from ._jetstream import API_PREFIX as API_PREFIX
 from ._jetstream import API_LEVEL as API_LEVEL
 from ._jetstream import NATS_VERSION as NATS_VERSION
@@ -109,7 +111,7 @@ __all__ = [
     "schedule",
     "ACK_NEXT", "ACK_PREFIX", "ACK_RUN_LIMIT", "API_LEVEL", "API_PREFIX", "NATS_VERSION", "AckReply", "AckRun", "BAD_REQUEST", "FC_PREFIX",
     "INVALID_JSON", "JSError", "MAX_CONTROL_LINE", "MSG_DELETE_FAILED", "NATS_ERRORS", "NATS_NEED_DATA",
-    "NATS_SETTINGS", "NO_MESSAGE_FOUND", "NS", "NatsConnect", "NatsErr", "NatsEvent", "NatsInfo", "NatsMsg", "NatsOk",
+    "NATS_SETTINGS", "nats_hash", "source_info", "NO_MESSAGE_FOUND", "NS", "NatsConnect", "NatsErr", "NatsEvent", "NatsInfo", "NatsMsg", "NatsOk",
     "NatsParser", "NatsPing", "NatsPong", "NatsProtocolError", "NatsPub", "NatsSub", "NatsUnsub", "NextRequest",
     "OK", "PING", "PONG", "PURGE_FAILED", "PushSettings", "SEQUENCE_NOT_FOUND", "STREAM_INVALID_CONFIG",
     "STREAM_MISMATCH", "STREAM_NAME_EXIST", "STREAM_NOT_FOUND", "ack_subject", "api_error", "api_response",

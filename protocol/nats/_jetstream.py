@@ -41,7 +41,8 @@ __all__ = [
     "NO_MESSAGE_FOUND", "PURGE_FAILED", "SEQUENCE_NOT_FOUND", "STREAM_INVALID_CONFIG", "STREAM_MISMATCH",
     "STREAM_NAME_EXIST", "STREAM_NOT_FOUND", "last_by_subj_of", "msg_get_response",
     "NATS_VERSION", "API_LEVEL", "versioned_metadata", "user_metadata", "STREAM_SEALED", "REQUIRED_API_LEVEL",
-    "required_level", "api_level_refused", "STREAM_FEATURE_LEVELS", "REQUIRED_LEVEL_HEADER",
+    "required_level", "api_level_refused", "STREAM_FEATURE_LEVELS", "REQUIRED_LEVEL_HEADER", "nats_hash",
+    "source_info",
 ]
 
 #: The nats-server version the NATS listener reports (INFO, ``_nats.ver``): the first
@@ -224,7 +225,47 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.MAX_MSGS_PER_SUBJECT_EXCEEDED: (503, 10077, "maximum messages per subject exceeded"),
     ErrorCode.MESSAGE_TOO_LARGE: (400, 10054, "message size exceeds maximum allowed"),
     ErrorCode.MAX_CONSUMERS_REACHED: (400, 10026, "maximum consumers limit reached"),
+    ErrorCode.MIRROR_WITH_SUBJECTS: (400, 10034, "stream mirrors can not contain subjects"),
+    ErrorCode.MIRROR_WITH_SOURCES: (400, 10031, "stream mirrors can not also contain other sources"),
+    ErrorCode.MIRROR_NOT_UPDATABLE: (400, 10055, "stream mirror configuration can not be updated"),
+    ErrorCode.MIRROR_WITH_FIRST_SEQ: (400, 10143, "stream mirrors can not have first sequence configured"),
+    ErrorCode.INVALID_MIRROR: (400, 10142, None),  # the number by the description: _COPY_ERRORS
+    ErrorCode.INVALID_SOURCE: (400, 10141, None),
+    ErrorCode.REMOTE_ORIGIN_UNSUPPORTED: STREAM_INVALID_CONFIG,
+    ErrorCode.ORIGIN_NOT_COPYABLE: STREAM_INVALID_CONFIG,
 }
+
+#: INVALID_MIRROR and INVALID_SOURCE stand for several of the server's errors: the
+#: description (the server's own text, or its prefix before the reason) picks the number.
+_COPY_ERRORS: dict[str, int] = {
+    "mirrored stream name is invalid": 10142,
+    "stream mirrors can not have both start seq and start time configured": 10032,
+    "mirror with multiple subject transforms cannot also have a single subject filter": 10150,
+    "mirror transform source: ": 10151,
+    "mirror subject filters can not overlap": 10152,
+    "mirror transform: ": 10154,
+    "stream mirror must have max message size >= source": 10030,
+    "stream mirrors can not also schedule messages": 10186,
+    "sourced stream name is invalid": 10141,
+    "duplicate source configuration detected": 10140,
+    "source with multiple subject transforms cannot also have a single subject filter": 10144,
+    "source transform source: ": 10145,
+    "source transform: ": 10146,
+    "source filters can not overlap": 10147,
+    "stream source must have max message size >= target": 10046,
+    "stream source can not also schedule messages": 10187,
+}
+
+
+_HASH_DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def nats_hash(name: str, size: int = 8) -> str:
+    """nats-server's ``getHash``: the first ``size`` bytes of SHA-256, each as one of 62 digits."""
+    import hashlib
+
+    digest = hashlib.sha256(name.encode()).digest()
+    return "".join(_HASH_DIGITS[b % 62] for b in digest[:size])
 
 
 def nats_error(err: BrokerError | JSError) -> JSError:
@@ -233,6 +274,8 @@ def nats_error(err: BrokerError | JSError) -> JSError:
     if isinstance(err, JSError):
         return err
     code, err_code, fixed = NATS_ERRORS.get(err.code, (400, 10003, None))
+    if err.code in (ErrorCode.INVALID_MIRROR, ErrorCode.INVALID_SOURCE):
+        err_code = next((n for text, n in _COPY_ERRORS.items() if err.message.startswith(text)), err_code)
     return JSError(code, err_code, fixed if fixed is not None else err.message)
 
 
@@ -394,6 +437,7 @@ NATS_SETTINGS: dict[str, tuple[type, ...]] = {
     "description": (str,),
     "deny_delete": (bool,),
     "allow_direct": (bool,),
+    "mirror_direct": (bool,),
     "metadata": (dict,),
 }
 
@@ -434,10 +478,7 @@ def _seconds(cfg: dict[str, Any], key: str) -> int:
 # (values accepted, the refusal's wording).
 _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
     "no_ack": ((False, None), "no_ack"),
-    "mirror": ((None, {}), "mirror"),
-    "sources": ((None, []), "sources"),
     "placement": ((None, {}), "placement"),
-    "mirror_direct": ((False, None), "mirror_direct"),
     "compression": (("none", "", None), "compression {v!r}"),
     "allow_msg_counter": ((False, None), "allow_msg_counter (ADR-49 message counters)"),
     "allow_atomic": ((False, None), "allow_atomic (ADR-50 atomic batch publishing)"),
@@ -451,7 +492,8 @@ _MAPPED = {
     "deny_delete", "deny_purge", "allow_rollup_hdrs", "republish", "allow_direct", "allow_msg_ttl",
     "subject_delete_marker_ttl", "metadata", "retention", "storage", "subject_transform", "first_seq", "sealed",
     "allow_msg_schedules",
-    "max_msgs", "max_bytes", "max_msg_size", "max_consumers", "discard_new_per_subject",
+    "max_msgs", "max_bytes", "max_msg_size", "max_consumers", "discard_new_per_subject", "mirror", "sources",
+    "mirror_direct",
 }
 
 
@@ -532,7 +574,8 @@ def stream_config_to_topic(cfg: dict[str, Any], pedantic: bool = False) -> tuple
     discard = cfg.get("discard") or "old"
     if discard not in ("old", "new"):
         raise js_error(INVALID_JSON, f"invalid JSON: can not unmarshal {discard!r} into DiscardPolicy")
-    subjects = cfg.get("subjects") or [name]
+    mirror, sources = cfg.get("mirror") or None, cfg.get("sources") or None
+    subjects = cfg.get("subjects") or ([] if mirror or sources else [name])
     if not isinstance(subjects, list) or not all(isinstance(s, str) for s in subjects):
         raise js_error(INVALID_JSON, "invalid JSON: subjects must be a list of strings")
     nats: dict[str, Any] = {"name": name}
@@ -546,6 +589,8 @@ def stream_config_to_topic(cfg: dict[str, Any], pedantic: bool = False) -> tuple
             nats["metadata"] = meta
     for key in ("deny_delete", "allow_direct"):
         nats[key] = bool(cfg.get(key))
+    if cfg.get("mirror"):
+        nats["mirror_direct"] = bool(cfg.get("mirror_direct"))
     for key, types in NATS_SETTINGS.items():
         if key in nats and not isinstance(nats[key], types):
             raise js_error(INVALID_JSON, f"invalid JSON: {key} must be {types[0].__name__}")
@@ -579,7 +624,68 @@ def stream_config_to_topic(cfg: dict[str, Any], pedantic: bool = False) -> tuple
         raise js_error(INVALID_JSON, "invalid JSON: first_seq must be an unsigned integer")
     options["first_seq"] = first_seq
     options["sealed"] = _flag(cfg, "sealed")
+    options["mirror"] = _copy_of(mirror, "mirror") if mirror else None
+    if sources is not None and not isinstance(sources, list):
+        raise js_error(INVALID_JSON, "invalid JSON: sources must be a list of objects")
+    options["sources"] = [_copy_of(s, "sources") for s in sources] if sources else None
     return options, max_age
+
+
+def _copy_of(src: Any, what: str) -> dict[str, Any]:
+    """A ``StreamSource`` as a topic's copy option: the server's keys, only those set
+    (its ``omitempty``); ``subject_transforms`` as ``{src, dest}``. A ``consumer``
+    (a durable sourcing consumer) is refused: ttlbroker's copies keep no consumer."""
+    if not isinstance(src, dict):
+        raise js_error(INVALID_JSON, f"invalid JSON: {what} must be an object")
+    if src.get("consumer"):
+        raise _refuse(f"{what} consumer")
+    out: dict[str, Any] = {"name": src.get("name") if isinstance(src.get("name"), str) else ""}
+    for key in ("opt_start_seq", "opt_start_time", "filter_subject", "external", "domain"):
+        if src.get(key) not in (None, "", 0, {}):
+            out[key] = src[key]
+    trs = src.get("subject_transforms")
+    if trs:
+        if not isinstance(trs, list) or not all(isinstance(t, dict) for t in trs):
+            raise js_error(INVALID_JSON, f"invalid JSON: {what} subject_transforms must be a list of objects")
+        out["subject_transforms"] = [{"src": t.get("src", ""), "dest": t.get("dest", "")} for t in trs]
+    return out
+
+
+def _copy_config(copy: dict[str, Any]) -> dict[str, Any]:
+    """A copy option as the server's ``StreamSource`` JSON."""
+    out: dict[str, Any] = {"name": copy.get("name", "")}
+    for key in ("opt_start_seq", "opt_start_time", "filter_subject"):
+        if copy.get(key):
+            out[key] = copy[key]
+    if copy.get("subject_transforms"):
+        out["subject_transforms"] = [{"src": t.get("src", ""), "dest": t.get("dest", "")} for t in copy["subject_transforms"]]
+    if copy.get("external") is not None:
+        ext = copy["external"]
+        out["external"] = {"api": ext.get("api", ""), "deliver": ext.get("deliver", "")}
+    if copy.get("domain"):
+        out["domain"] = copy["domain"]
+    return out
+
+
+def source_info(
+    copy: dict[str, Any], lag: int, active_ns: int, error: tuple[int, int, str] | None,
+) -> dict[str, Any]:
+    """nats-server's ``StreamSourceInfo`` of one copy (``sourceInfo``): ``active`` is
+    ns since the origin was last heard from, -1 for never; ``subject_transforms``
+    lists the transforms (or, with none, none)."""
+    out: dict[str, Any] = {"name": copy.get("name", "")}
+    if copy.get("external") is not None:
+        ext = copy["external"]
+        out["external"] = {"api": ext.get("api", ""), "deliver": ext.get("deliver", "")}
+    out["lag"] = lag
+    out["active"] = active_ns
+    if error is not None:
+        out["error"] = {"code": error[0], "err_code": error[1], "description": error[2]}
+    if copy.get("filter_subject"):
+        out["filter_subject"] = copy["filter_subject"]
+    if copy.get("subject_transforms"):
+        out["subject_transforms"] = [{"src": t.get("src", ""), "dest": t.get("dest", "")} for t in copy["subject_transforms"]]
+    return out
 
 
 def _flag(cfg: dict[str, Any], key: str) -> bool:
@@ -630,7 +736,7 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
         duplicate_window=options["duplicate_window"] * NS,
         compression="none",
         allow_direct=bool(nats.get("allow_direct", False)),
-        mirror_direct=False,
+        mirror_direct=bool(options.get("mirror")) and bool(nats.get("mirror_direct", False)),
         sealed=bool(options.get("sealed")),
         deny_delete=bool(nats.get("deny_delete", False)),
         deny_purge=options["deny_purge"],
@@ -638,6 +744,10 @@ def stream_config(options: dict[str, Any], max_age: int, fallback_name: str) -> 
         allow_msg_ttl=options["allow_msg_ttl"],
         consumer_limits={},
     )
+    if options.get("mirror"):
+        out["mirror"] = _copy_config(options["mirror"])
+    if options.get("sources"):
+        out["sources"] = [_copy_config(s) for s in options["sources"]]
     if options.get("allow_msg_schedules"):
         out["allow_msg_schedules"] = True
     if options.get("discard_new_per_subject"):
