@@ -145,7 +145,7 @@ async def test_refusals(nats_url: str) -> None:
             StreamConfig(name="R", subjects=["r.>"], num_replicas=3),
             StreamConfig(name="R", subjects=["r.>"], sealed=True),
             StreamConfig(name="R", subjects=["r.>"], no_ack=True),
-            StreamConfig(name="R", subjects=["r.>"], mirror_direct=True),
+            StreamConfig(name="R", subjects=["r.>"], compression="s2"),
             StreamConfig(name="R", subjects=["r.>"], max_msgs_per_subject=1, discard_new_per_subject=True),
             StreamConfig(name="R", subjects=["r.>"], discard="new", discard_new_per_subject=True),
             StreamConfig(name="R", subjects=["r.>"], max_age=0.05),
@@ -173,17 +173,14 @@ async def test_refusals(nats_url: str) -> None:
     assert out[0] == (500, 10074, "replicas > 1 not supported in non-clustered mode")
     assert out[1] == (500, 10052, "stream configuration for create can not be sealed")  # nats-server 2.15.1
     assert out[2] == (500, 10052, "no_ack is not supported by ttlbroker")
-    assert out[3] == (500, 10052, "mirror_direct is not supported by ttlbroker")
+    assert out[3] == (500, 10052, "compression 's2' is not supported by ttlbroker")
     assert out[4] == (500, 10052, "discard new per subject requires discard new policy to be set")
     assert out[5] == (500, 10052, "discard new per subject requires max msgs per subject > 0")
     assert out[6] == (500, 10052, "max age needs to be >= 100ms")
     assert out[7] == (500, 10052, "max_age must be a whole number of seconds in ttlbroker, not 1500000000 ns")
     assert out[8] == (500, 10052, "subject delete marker TTL must be at least 1 second")
     assert out[9] == (500, 10052, "roll-ups require the purge permission")
-    assert out[10] == {
-        "type": "io.nats.jetstream.api.v1.stream_create_response",
-        "error": {"code": 500, "err_code": 10052, "description": "mirror is not supported by ttlbroker"},
-    }
+    assert "error" not in out[10] and out[10]["config"]["mirror"] == {"name": "ORDERS"}  # (tests/nats/test_js_mirrors_sources.py)
     assert out[11] == {"code": 400, "err_code": 10056, "description": "stream name in subject does not match request"}
     assert out[12] == 10025
     assert out[13] == (400, 10065, "subjects overlap with an existing stream")
