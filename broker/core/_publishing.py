@@ -311,11 +311,11 @@ class Publisher:
         counters.bytes_in += len(res.records)
         counters.messages_copied += len(run)
         self.retention.after_append(part, res, [(first + k, t) for k, t in ttls])
-        for k, kind in rollups:
+        for k, rollup in rollups:
             off = first + k
             if not part.log.is_live(off):
                 continue
-            if kind == ROLLUP_SUB:
+            if rollup == ROLLUP_SUB:
                 doomed = _rolled_up(part, subjects[k], off)
             else:
                 doomed = [o for o in part.live_offsets(except_offset=off) if o < off]

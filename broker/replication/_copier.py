@@ -235,7 +235,7 @@ class Replication(TopicHooks):
         self.copiers: dict[Topic, list[Copier]] = {}
         self._nursery: trio.Nursery | None = None
         self._waiting: list[Copier] = []
-        self._token: trio.lowlevel.TrioToken | None = None
+        self._token: trio.lowlevel.TrioToken | None = None  # (the loop, for starts from worker threads)
         broker.topic_hooks.append(self)
         broker.copy_check = self.check
 
