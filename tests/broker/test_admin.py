@@ -88,6 +88,7 @@ async def test_topic_lifecycle_and_details(client: Client, server: ServerHandle)
         "duplicate_window": 120, "republish": None, "kv": None, "nats": None, "allow_msg_schedules": False,
         "storage": "file", "subject_transform": None, "first_seq": 0, "sealed": False, "max_msgs": 0, "max_bytes": 0,
         "max_msg_size": 0, "max_consumers": 0, "discard": "old", "discard_new_per_subject": False,
+        "mirror": None, "sources": None,
     }
     assert t.stream_id == 1 and len(t.extra["partitions"]) == 4
     await client.publish_batch([(f"shop.orders.eu.{i}", b"x" * 10) for i in range(40)])
