@@ -140,9 +140,23 @@ _TOPIC_OPTIONS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "subject_transform": ("subject transform", lambda v: f"{v.get('src') or '>'} -> {v.get('dest') or '(none)'}"),
     "first_seq": ("first offset", str),
     "sealed": ("sealed", flag),
+    "mirror": ("mirror of", lambda v: _copy_text(v)),
+    "sources": ("sources", lambda v: ", ".join(_copy_text(c) for c in v)),
 }
 #: Options shown only when set.
-_WHEN_SET = {"kv", "nats", "subject_transform", "first_seq", "sealed", "allow_msg_schedules"}
+_WHEN_SET = {"kv", "nats", "subject_transform", "first_seq", "sealed", "allow_msg_schedules", "mirror", "sources"}
+
+
+def _copy_text(copy: Mapping[str, Any]) -> str:
+    """A mirror's or source's origin: its name, its filter, and the remote it is on."""
+    text = str(copy.get("name", "?"))
+    if copy.get("filter_subject"):
+        text += f" ({copy['filter_subject']})"
+    if copy.get("domain"):
+        text += f" in domain {copy['domain']}"
+    elif copy.get("external"):
+        text += f" via {(copy['external'] or {}).get('api', '?')}"
+    return text
 
 
 #: Options shown only when set (the limits and discard policies: most topics have none).

@@ -123,6 +123,9 @@ class Counters:
     copy_origin_missing: int = 0
     #: Messages a mirror or source stored from its origins.
     messages_copied: int = 0
+    #: Times a copier failed for a reason not its origin's (logged with the
+    #: traceback; retried after 30 s).
+    copy_failures: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

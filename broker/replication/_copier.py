@@ -333,12 +333,19 @@ class Replication(TopicHooks):
                 self._waiting.remove(c)
 
     async def _guarded(self, copier: Copier) -> None:
+        """Run a copier until its topic stops it. A failure that is not the origin's
+        (a bug) is logged, counted and retried after the longest backoff: it never
+        reaches the server's nursery, and the copy never stops for good."""
         with copier.scope:
-            try:
-                await copier.run()
-            except Exception as exc:  # logged; never reaches the server's nursery
-                copier.error = (500, 10052, f"copy failed: {exc!r}")
-                log.error("copier_failed", topic=copier.topic.full_name, error=repr(exc))
+            while True:
+                try:
+                    await copier.run()
+                except Exception as exc:
+                    copier.error = (500, 10052, f"copy failed: {exc!r}")
+                    self.broker.counters.copy_failures += 1
+                    log.error("copier_failed", topic=copier.topic.full_name, error=repr(exc),
+                              action=f"retried in {RETRY_SECONDS[1]:g} s", exc_info=True)
+                await trio.sleep(RETRY_SECONDS[1])
 
     async def run(self) -> None:
         """Run the copiers for the broker's lifetime (started in the server's nursery)."""
