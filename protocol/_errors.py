@@ -135,6 +135,8 @@ class ErrorCode(IntEnum):
         "discard new per subject: the subject holds max_msgs_per_subject messages (the server's 10077)"
     )
     MESSAGE_TOO_LARGE = 6053, "the message's headers and payload exceed the topic's max_msg_size (the server's 10054)"
+    UNKNOWN_DOMAIN = 6070, "a mirror or source names a JetStream domain that is not this server's and no [[nats.remotes]] entry has"
+    INVALID_EXTERNAL_API = 6071, "a mirror's or source's external.api is not $JS.<domain>.API, or it and its domain disagree"
 
     # -- subscriptions and consumers (7000s) -------------------------------------
     SUBSCRIPTION_EXISTS = 7001, "the connection already has a subscription with that id"

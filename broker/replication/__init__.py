@@ -5,5 +5,7 @@ from ._origin import Origin as Origin
 from ._origin import OriginGone as OriginGone
 from ._origin import OriginMessage as OriginMessage
 from ._origin import OriginUnavailable as OriginUnavailable
+from ._remote import NatsLink as NatsLink
+from ._remote import RemoteOrigin as RemoteOrigin
 
-__all__ = ["Origin", "OriginGone", "OriginMessage", "OriginUnavailable"]
+__all__ = ["NatsLink", "Origin", "OriginGone", "OriginMessage", "OriginUnavailable", "RemoteOrigin"]

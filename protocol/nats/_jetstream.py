@@ -224,6 +224,8 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.MAX_MSGS_PER_SUBJECT_EXCEEDED: (503, 10077, "maximum messages per subject exceeded"),
     ErrorCode.MESSAGE_TOO_LARGE: (400, 10054, "message size exceeds maximum allowed"),
     ErrorCode.MAX_CONSUMERS_REACHED: (400, 10026, "maximum consumers limit reached"),
+    ErrorCode.UNKNOWN_DOMAIN: STREAM_INVALID_CONFIG,
+    ErrorCode.INVALID_EXTERNAL_API: STREAM_INVALID_CONFIG,
 }
 
 
