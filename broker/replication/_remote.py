@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
+import secrets
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -88,7 +88,7 @@ _CONTROL = b"NATS/1.0 100"
 
 
 def _token() -> str:
-    return os.urandom(11).hex()
+    return secrets.token_hex(11)
 
 
 class NatsLink:
@@ -324,6 +324,8 @@ class RemoteOrigin:
         #: object was made (for stream info and tests).
         self.consumers_created = 0
         self.gaps = 0
+        #: Flow-control requests answered.
+        self.flow_replies = 0
 
     @classmethod
     def for_source(cls, remote: RemoteSettings, source: Mapping[str, Any], **kwargs: Any) -> RemoteOrigin:
@@ -466,6 +468,7 @@ class RemoteOrigin:
                 # The caller asked for more: it stored everything delivered before
                 # these requests (or there was nothing to store).
                 await link.send(b"".join(encode_pub(r, None, None, b"") for r in owed))
+                self.flow_replies += len(owed)
                 owed.clear()
 
 

@@ -196,6 +196,27 @@ async def test_a_missing_stream_is_gone(remote: RemoteSettings) -> None:
         await take(origin, 1)
 
 
+async def test_a_stream_deleted_while_read_is_gone(remote: RemoteSettings) -> None:
+    """The remote's consumer goes with its stream: nothing comes any more (no
+    heartbeat), the server still answers a PING, the consumer is created again, and
+    that is refused with 10059."""
+    link = await _setup(remote, 2)
+    try:
+        origin = RemoteOrigin(remote, "S", heartbeat=HB)
+        seen: list[int] = []
+        with pytest.raises(OriginGone, match=r"S@hub: the stream does not exist"):
+            with trio.fail_after(10):
+                async with contextlib.aclosing(origin.batches(0, None, ())) as it:
+                    async for batch in it:
+                        seen += [m.seq for m in batch]
+                        if len(seen) == 2 and not batch:
+                            ans = await link.request("$JS.API.STREAM.DELETE.S", b"", 5)
+                            assert b'"success":true' in ans.payload
+        assert seen == [1, 2] and origin.consumers_created == 1
+    finally:
+        await link.aclose()
+
+
 async def test_flow_control_with_more_than_the_remote_delivers_unanswered(remote: RemoteSettings) -> None:
     """5,000 messages of 1 KiB: more than either server's first flow-control window
     (nats-server's and ttlbroker's start at 2 MiB), so the copy gets them all only
@@ -206,7 +227,7 @@ async def test_flow_control_with_more_than_the_remote_delivers_unanswered(remote
         origin = RemoteOrigin(remote, "S", heartbeat=HB)
         got = await take(origin, 5000)
         assert [m.seq for m in got] == list(range(1, 5001))
-        assert origin.gaps == 0
+        assert origin.gaps == 0 and origin.flow_replies >= 1
     finally:
         await link.aclose()
 
@@ -272,6 +293,43 @@ async def test_authentication_against_nats_server(tmp_path: Path, auth: str, goo
         for creds in (bad, {}):
             with pytest.raises(OriginUnavailable, match=r"the server refused: -ERR 'Authorization Violation'"):
                 await take(RemoteOrigin(RemoteSettings(domain="hub", url=url, **creds), "S"), 1)
+
+
+async def test_tls_to_a_nats_server_that_requires_it(tmp_path: Path) -> None:
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    tls = f'tls {{ cert_file: "{tmp_path / "server.pem"}", key_file: "{tmp_path / "server.pem"}" }}'
+    with run_nats_server(tmp_path, tls) as (_proc, port):
+        # nats:// with a CA: TLS after INFO (the server requires it); tls:// the same.
+        for url in (f"nats://127.0.0.1:{port}", f"tls://127.0.0.1:{port}"):
+            remote = RemoteSettings(domain="hub", url=url, tls_ca=str(tmp_path / "ca.pem"))
+            assert remote.tls
+            if url.startswith("nats"):
+                link = await _setup(remote, 2)
+                await link.aclose()
+            assert [m.seq for m in await take(RemoteOrigin(remote, "S", heartbeat=HB), 2)] == [1, 2]
+        # Without the CA: the system's CAs do not know this one.
+        with pytest.raises(OriginUnavailable, match=r"the TLS handshake failed: .*CERTIFICATE_VERIFY_FAILED"):
+            await take(RemoteOrigin(RemoteSettings(domain="hub", url=f"tls://127.0.0.1:{port}"), "S"), 1)
+
+
+async def test_a_ttlbroker_with_a_domain_answers_its_api_prefix(nats_server: Any) -> None:
+    """``[nats] domain``: the API answers ``$JS.<domain>.API.>`` too, says its domain
+    in INFO and in the account info; another domain's prefix is nobody's."""
+    link = await NatsLink.open(RemoteSettings(domain="hub", url=nats_server.nats_url), 5)
+    try:
+        assert link.info["domain"] == "hub"
+        for prefix in ("$JS.API", "$JS.hub.API"):
+            info = json.loads((await link.request(f"{prefix}.INFO", b"", 5)).payload)
+            assert info["type"] == "io.nats.jetstream.api.v1.account_info_response" and info["domain"] == "hub"
+        other = await link.request("$JS.other.API.INFO", b"", 5)
+        assert other.headers is not None and other.headers.startswith(b"NATS/1.0 503") and other.payload == b""
+    finally:
+        await link.aclose()
 
 
 async def test_a_ttlbroker_without_the_domain_has_no_responders(data_dir: Path) -> None:
