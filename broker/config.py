@@ -21,6 +21,7 @@ from importlib import resources
 from typing import Any, TypeVar
 
 from protocol import ErrorCode, error_class
+from protocol.nats import valid_nats_subject
 from storage import FsyncPolicy, parse_duration_ms
 
 __all__ = [
@@ -254,6 +255,15 @@ class RemoteSettings:
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
+    #: The JetStream API prefix to ask there; empty: ``$JS.<domain>.API`` (a server
+    #: without a domain: ``$JS.API``; the domain is then only this broker's name
+    #: for it).
+    api: str = ""
+
+    @property
+    def api_prefix(self) -> str:
+        """The JetStream API prefix the remote answers (no trailing dot)."""
+        return self.api.rstrip(".") or f"$JS.{self.domain}.API"
 
     @property
     def host(self) -> str:
@@ -310,6 +320,8 @@ class RemoteSettings:
             raise ConfigError(f"{key}.{missing}: required with {key}.{'user' if self.user else 'password'}")
         if self.tls_key and not self.tls_cert:
             raise ConfigError(f"{key}.tls_key: requires {key}.tls_cert (a client certificate and its key)")
+        if self.api and not valid_nats_subject(self.api.rstrip(".")):
+            raise ConfigError(f"{key}.api: {self.api!r} is not a subject prefix such as \"$JS.API\" (no wildcards)")
         if self.tls:
             remote_context(self, key)
 

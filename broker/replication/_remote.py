@@ -294,8 +294,8 @@ class RemoteOrigin:
     Args:
         remote: the ``[[nats.remotes]]`` entry of the server.
         stream: the stream's name there.
-        api_prefix: the JetStream API to ask (a source's ``external.api``); default
-            ``$JS.<domain>.API``.
+        api_prefix: the JetStream API to ask; default the remote's
+            (``RemoteSettings.api_prefix``: its ``api``, else ``$JS.<domain>.API``).
         deliver_prefix: the prefix of the deliver subject (a source's
             ``external.deliver``); default ``_INBOX``.
         heartbeat: the consumer's ``idle_heartbeat`` in seconds (at least 0.1).
@@ -313,7 +313,7 @@ class RemoteOrigin:
     ) -> None:
         self.remote = remote
         self.stream = stream
-        self.api = (api_prefix or f"$JS.{remote.domain}.API").rstrip(".")
+        self.api = api_prefix.rstrip(".") or remote.api_prefix
         self.deliver_prefix = (deliver_prefix or "_INBOX").rstrip(".")
         self.heartbeat = heartbeat
         self.request_timeout = request_timeout
@@ -331,12 +331,11 @@ class RemoteOrigin:
     def for_source(cls, remote: RemoteSettings, source: Mapping[str, Any], **kwargs: Any) -> RemoteOrigin:
         """The origin a mirror's or source's configuration (``{"name", "external":
         {"api", "deliver"}, "domain"}``) names on ``remote`` (what
-        ``broker.config.remote_for`` chose for it)."""
+        ``broker.config.remote_for`` chose for it): its stream, asked on the
+        remote's API prefix (``external.api`` only chose the remote), delivered
+        under ``external.deliver`` when given."""
         external = source.get("external") or {}
-        return cls(
-            remote, str(source["name"]), api_prefix=str(external.get("api") or ""),
-            deliver_prefix=str(external.get("deliver") or ""), **kwargs,
-        )
+        return cls(remote, str(source["name"]), deliver_prefix=str(external.get("deliver") or ""), **kwargs)
 
     def _create_request(self, deliver: str, start_seq: int, start_time_ns: int | None, filters: tuple[str, ...]) -> bytes:
         config: dict[str, Any] = {

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import DEFAULT_CONFIG_TOML, Config, ConfigError, load_config, parse_size, to_dict
+from broker.config import DEFAULT_CONFIG_TOML, Config, ConfigError, RemoteSettings, load_config, parse_size, to_dict
 from storage import FsyncPolicy
 
 
@@ -131,6 +131,7 @@ def test_remotes_load_and_are_found_by_domain(tmp_path: Path) -> None:
     assert (edge.host, edge.port, edge.user, edge.password, edge.tls) == ("10.0.0.2", 4222, "copier", "pw", True)
     assert "t0ken" not in repr(c) and "'pw'" not in repr(c)  # secrets stay out of logs
     assert c.nats.domain == "leaf" and c.nats.remote("HUB") is hub
+    assert hub.api_prefix == "$JS.hub.API" and RemoteSettings(domain="x", api="$JS.API.").api_prefix == "$JS.API"
     assert Config().replace(**{"nats.remotes": to_dict(c)["nats"]["remotes"]}).nats.remotes == c.nats.remotes
 
 
@@ -193,6 +194,8 @@ def test_remote_for_names_a_remote_by_domain(tmp_path: Path) -> None:
         ('[[nats.remotes]]\ndomain = "hub"\nurl = "nats://h:1"\ntls_key = "k.pem"\n', "nats.remotes[0].tls_key: requires nats.remotes[0].tls_cert"),
         ('[[nats.remotes]]\ndomain = "hub"\nurl = "nats://h:1"\ntls_ca = "/nonexistent/ca.pem"\n',
          "nats.remotes[0].tls_ca: cannot read '/nonexistent/ca.pem': No such file or directory"),
+        ('[[nats.remotes]]\ndomain = "hub"\nurl = "nats://h:1"\napi = "$JS.*.API"\n',
+         "nats.remotes[0].api: '$JS.*.API' is not a subject prefix such as \"$JS.API\" (no wildcards)"),
         (_HUB + '[[nats.remotes]]\ndomain = "HUB"\nurl = "nats://h:1"\n',
          "nats.remotes[1].domain: 'HUB' is also the domain of nats.remotes[0] (each remote has its own domain)"),
     ],

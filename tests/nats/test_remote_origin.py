@@ -339,8 +339,10 @@ async def test_a_ttlbroker_without_the_domain_has_no_responders(data_dir: Path) 
         await link.aclose()
         with pytest.raises(OriginUnavailable, match=r"S@hub: nothing answers \$JS\.hub\.API\.CONSUMER\.CREATE\.S \(no JetStream there"):
             await take(RemoteOrigin(remote, "S", heartbeat=HB), 1)
-        # external.api $JS.API reaches it without a domain.
-        origin = RemoteOrigin.for_source(remote, {"name": "S", "external": {"api": "$JS.API"}}, heartbeat=HB)
+        # The remote's api "$JS.API" reaches it without a domain ("hub" is only our name for it).
+        plain = RemoteSettings(domain="hub", url=handle.nats_url, api="$JS.API")
+        origin = RemoteOrigin.for_source(plain, {"name": "S", "external": {"api": "$JS.hub.API"}}, heartbeat=HB)
+        assert origin.api == "$JS.API"
         assert [m.seq for m in await take(origin, 1)] == [1]
 
 
