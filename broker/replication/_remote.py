@@ -65,7 +65,7 @@ from protocol.nats import (
     encode_connect, encode_pub, encode_sub, encode_unsub, parse_ack_subject, rfc3339,
 )
 
-from broker.config import RemoteSettings
+from broker.config import ConfigError, RemoteSettings
 from broker.core import VERSION
 
 from ._origin import OriginGone, OriginMessage, OriginUnavailable
@@ -133,7 +133,10 @@ class NatsLink:
                     parser.max_payload = max(mp + 64 * 1024, parser.max_payload)
                 tls = remote.tls or bool(info.get("tls_required"))
                 if tls:
-                    ctx = remote.ssl_context()
+                    try:
+                        ctx = remote.ssl_context()
+                    except ConfigError as exc:  # a TLS file gone or changed since the start
+                        raise OriginUnavailable(f"{label}: {exc}") from None
                     ssl_stream = trio.SSLStream(stream, ctx, server_hostname=remote.host)
                     await ssl_stream.do_handshake()
                     link.stream = stream = ssl_stream

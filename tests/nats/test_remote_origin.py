@@ -557,3 +557,30 @@ async def test_another_refusal_is_unavailable() -> None:
             with pytest.raises(OriginUnavailable, match=r"^S@hub: creating the consumer was refused: invalid JSON: nope \(400 10025\)$"):
                 await take(origin, 1)
             nursery.cancel_scope.cancel()
+
+
+async def test_no_info_and_no_answer_are_unavailable() -> None:
+    async with scripted() as (script, remote):
+        origin = RemoteOrigin(remote, "S", heartbeat=HB, request_timeout=0.3)
+        async with trio.open_nursery() as nursery:
+
+            async def server() -> None:
+                await script.handshake()
+                await script.event()  # SUB
+                await script.event()  # the create, never answered
+
+            nursery.start_soon(server)
+            with pytest.raises(OriginUnavailable, match=r"^hub \(nats://127\.0\.0\.1:\d+\): no answer to \$JS\.hub\.API\.CONSUMER\.CREATE\.S within 0\.3 s$"):
+                await take(origin, 1)
+            nursery.cancel_scope.cancel()
+
+    async def mute(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, mute, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        remote = RemoteSettings(domain="hub", url=f"nats://127.0.0.1:{port}")
+        with pytest.raises(OriginUnavailable, match=r"^hub \(nats://127\.0\.0\.1:\d+\): no answer to the connection within 0\.3 s$"):
+            await take(RemoteOrigin(remote, "S", request_timeout=0.3), 1)
+        nursery.cancel_scope.cancel()
