@@ -14,15 +14,19 @@ import os
 import re
 import ssl
 import tomllib
+import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, TypeVar
 
+from protocol import ErrorCode, error_class
+from protocol.nats import valid_nats_subject
 from storage import FsyncPolicy, parse_duration_ms
 
 __all__ = [
     "Config", "ConfigError", "load_config", "parse_size", "parse_mode", "server_context", "DEFAULT_CONFIG_TOML",
-    "TLS_MIN_VERSION", "ANY_PORT",
+    "TLS_MIN_VERSION", "ANY_PORT", "RemoteSettings", "remote_for", "valid_domain",
 ]
 
 
@@ -218,6 +222,180 @@ class HttpConfig:
         return self.port != 0
 
 
+_DOMAIN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def valid_domain(name: str) -> bool:
+    """A JetStream domain name: one subject token (it is the ``X`` of
+    ``$JS.X.API``), letters, digits, ``_`` and ``-``, at most 64 characters."""
+    return bool(_DOMAIN_RE.match(name))
+
+
+_REMOTE_SCHEMES = ("nats", "tls")
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """One ``[[nats.remotes]]`` entry: another server (a ttlbroker or a nats-server)
+    whose streams a mirror or source of this broker copies, reached as a NATS client.
+    A mirror or source picks it by naming its JetStream ``domain``
+    (:func:`remote_for`)."""
+
+    #: The remote's JetStream domain (its ``$JS.<domain>.API``); unique.
+    domain: str = ""
+    #: ``nats://host:port`` or ``tls://host:port`` (4222 when no port is given).
+    url: str = ""
+    #: CONNECT ``auth_token``; or ``user`` and ``password`` (not both kinds).
+    token: str = field(default="", repr=False)
+    user: str = ""
+    password: str = field(default="", repr=False)
+    #: TLS: the CA to trust instead of the system's, and a client certificate (and its
+    #: key, when not in the same file) for a server that requires one. Any of them,
+    #: or a ``tls://`` URL, turns TLS on.
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    #: The JetStream API prefix to ask there; empty: ``$JS.<domain>.API`` (a server
+    #: without a domain: ``$JS.API``; the domain is then only this broker's name
+    #: for it).
+    api: str = ""
+
+    @property
+    def api_prefix(self) -> str:
+        """The JetStream API prefix the remote answers (no trailing dot)."""
+        return self.api.rstrip(".") or f"$JS.{self.domain}.API"
+
+    @property
+    def host(self) -> str:
+        return urllib.parse.urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        return urllib.parse.urlsplit(self.url).port or 4222
+
+    @property
+    def tls(self) -> bool:
+        """Whether the connection starts TLS (after the server's INFO, as nats clients
+        do; also when the server's INFO requires it)."""
+        return self.url.lower().startswith("tls://") or bool(self.tls_ca or self.tls_cert or self.tls_key)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client context that checks the remote's certificate and host name (against
+        ``tls_ca``, or the system's CAs), with the client certificate if given.
+
+        Raises:
+            ConfigError: a file is missing or unusable (one line naming the key).
+        """
+        return remote_context(self, _remote_key(self))
+
+    def check(self, key: str) -> None:
+        """The entry's values are usable (``key``: how messages name it).
+
+        Raises:
+            ConfigError: naming the key and what is wrong.
+        """
+        if not self.domain:
+            raise ConfigError(f"{key}.domain: required (the remote's JetStream domain, the X of $JS.X.API)")
+        if not valid_domain(self.domain):
+            raise ConfigError(f"{key}.domain: {self.domain!r} is not a JetStream domain name (letters, digits, _ and -, at most 64)")
+        if not self.url:
+            raise ConfigError(f"{key}.url: required (nats://host:port or tls://host:port)")
+        try:
+            parts = urllib.parse.urlsplit(self.url)
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigError(f"{key}.url: {self.url!r} is not a URL such as nats://host:4222 ({exc})") from None
+        if parts.scheme.lower() not in _REMOTE_SCHEMES or not parts.hostname:
+            raise ConfigError(f"{key}.url: {self.url!r} is not nats://host:port or tls://host:port")
+        if parts.username is not None or parts.password is not None:
+            raise ConfigError(f"{key}.url: put the credentials in {key}.token or {key}.user and {key}.password, not in the URL")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ConfigError(f"{key}.url: {self.url!r} has more than a host and a port")
+        if port == 0:
+            raise ConfigError(f"{key}.url: port 0 is not a port to connect to")
+        if self.token and (self.user or self.password):
+            raise ConfigError(f"{key}.token: give a token or a user and password, not both")
+        if bool(self.user) != bool(self.password):
+            missing = "password" if self.user else "user"
+            raise ConfigError(f"{key}.{missing}: required with {key}.{'user' if self.user else 'password'}")
+        if self.tls_key and not self.tls_cert:
+            raise ConfigError(f"{key}.tls_key: requires {key}.tls_cert (a client certificate and its key)")
+        if self.api and not valid_nats_subject(self.api.rstrip(".")):
+            raise ConfigError(f"{key}.api: {self.api!r} is not a subject prefix such as \"$JS.API\" (no wildcards)")
+        if self.tls:
+            remote_context(self, key)
+
+
+def _remote_key(remote: RemoteSettings) -> str:
+    return f"nats.remotes[{remote.domain}]"
+
+
+def remote_context(remote: RemoteSettings, key: str) -> ssl.SSLContext:
+    """The TLS context of a remote (:meth:`RemoteSettings.ssl_context`)."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    ctx.minimum_version = TLS_MIN_VERSION
+    if remote.tls_ca:
+        if not _CERT_RE.search(_read(f"{key}.tls_ca", remote.tls_ca)):
+            raise ConfigError(f"{key}.tls_ca: {remote.tls_ca!r} holds no PEM CA certificate (-----BEGIN CERTIFICATE-----)")
+        try:
+            ctx.load_verify_locations(cafile=remote.tls_ca)
+        except ssl.SSLError as exc:
+            raise ConfigError(f"{key}.tls_ca: cannot load {remote.tls_ca!r}: a certificate in it is damaged (OpenSSL: {_openssl_text(exc)})") from None
+        except OSError as exc:
+            raise ConfigError(f"{key}.tls_ca: cannot read {remote.tls_ca!r}: {exc.strerror or exc}") from None
+    if remote.tls_cert:
+        cert, keyfile = remote.tls_cert, remote.tls_key or remote.tls_cert
+        if not _CERT_RE.search(_read(f"{key}.tls_cert", cert)):
+            raise ConfigError(f"{key}.tls_cert: {cert!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+        key_pem = _read(f"{key}.tls_key", keyfile)
+        if not _KEY_RE.search(key_pem):
+            raise ConfigError(f"{key}.tls_key: {keyfile!r} holds no PEM private key (-----BEGIN PRIVATE KEY-----)")
+        encrypted = ConfigError(f"{key}.tls_key: {keyfile!r} is encrypted; the broker needs an unencrypted key")
+        if _ENCRYPTED_RE.search(key_pem):
+            raise encrypted
+
+        def no_password() -> str:
+            raise encrypted
+
+        try:
+            ctx.load_cert_chain(cert, keyfile, password=no_password)
+        except ssl.SSLError as exc:
+            if exc.reason == "KEY_VALUES_MISMATCH":
+                raise ConfigError(f"{key}.tls_key: the private key in {keyfile!r} does not match the certificate in {cert!r}") from None
+            raise ConfigError(f"{key}.tls_cert: cannot load {cert!r} with the key in {keyfile!r} (OpenSSL: {_openssl_text(exc)})") from None
+        except OSError as exc:
+            raise ConfigError(f"{key}.tls_cert: cannot read {cert!r} or {keyfile!r}: {exc.strerror or exc}") from None
+    return ctx
+
+
+_REMOTE_KEYS = {f.name for f in dataclasses.fields(RemoteSettings)}
+
+
+def _remotes(value: object, key: str = "nats.remotes") -> tuple[RemoteSettings, ...]:
+    """The ``[[nats.remotes]]`` entries, each checked; their domains unique."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected an array of tables ([[nats.remotes]]), got {value!r}")
+    out: list[RemoteSettings] = []
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(value):
+        where = f"{key}[{i}]"
+        if isinstance(entry, RemoteSettings):
+            entry = {f: getattr(entry, f) for f in _REMOTE_KEYS}
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a table with domain and url, got {entry!r}")
+        for name in entry:
+            if name not in _REMOTE_KEYS:
+                raise ConfigError(f"unknown configuration key '{where}.{name}'")
+        remote = RemoteSettings(**{name: _typed(v, str, f"{where}.{name}") for name, v in entry.items()})
+        remote.check(where)
+        folded = remote.domain.lower()
+        if folded in seen:
+            raise ConfigError(f"{where}.domain: {remote.domain!r} is also the domain of {key}[{seen[folded]}] (each remote has its own domain)")
+        seen[folded] = i
+        out.append(remote)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class NatsConfig:
     """The NATS listener (``broker.nats``)."""
@@ -238,6 +416,19 @@ class NatsConfig:
     #: ``tls_handshake_first``), INFO goes after it; seconds = wait that long for a
     #: TLS handshake before sending INFO, so both kinds of client connect.
     tls_handshake_first: bool | float = False
+    #: This broker's JetStream domain (nats-server's ``jetstream { domain }``): its
+    #: API answers ``$JS.<domain>.API.>`` as well as ``$JS.API.>``. Empty: none.
+    domain: str = ""
+    #: Other servers mirrors and sources copy from (``[[nats.remotes]]``).
+    remotes: tuple[RemoteSettings, ...] = ()
+
+    def remote(self, domain: str) -> RemoteSettings | None:
+        """The remote of that JetStream domain (names compare without case), or None."""
+        folded = domain.lower()
+        for r in self.remotes:
+            if r.domain.lower() == folded:
+                return r
+        return None
 
 
 @dataclass(frozen=True)
@@ -347,6 +538,55 @@ class Config:
         return self.system.path
 
 
+_API_RE = re.compile(r"^\$JS\.([^.\s]+)\.API\.?$")
+_LOCAL_API = ("$JS.API", "$JS.API.")
+
+
+def remote_for(config: Config, source: Mapping[str, Any]) -> RemoteSettings | None:
+    """The remote a mirror's or source's configuration (the JetStream API's
+    ``StreamSource`` JSON: ``{"name", "external": {"api", "deliver"}, "domain"}``)
+    names, or None when it copies a stream of this broker: no ``external.api`` and
+    no ``domain``, ``external.api`` ``$JS.API``, or this broker's own ``[nats]
+    domain``. ``external.api`` ``$JS.<domain>.API`` (what nats.go makes of a
+    source's ``Domain``) and ``domain`` (what nats-py sends as given) both name the
+    domain; with both, they must agree. Domains compare without case.
+
+    Raises:
+        UnknownDomainError: no ``[[nats.remotes]]`` entry has the domain named.
+        InvalidExternalApiError: ``external.api`` is not ``$JS.<domain>.API``, or it
+            and ``domain`` disagree.
+    """
+    external = source.get("external") or {}
+    api = external.get("api") if isinstance(external, Mapping) else None
+    domain = source.get("domain") or ""
+    name = source.get("name") or ""
+    if not isinstance(domain, str) or (api is not None and not isinstance(api, str)):
+        raise error_class(ErrorCode.INVALID_EXTERNAL_API)(f"source {name!r}: domain and external.api are strings")
+    named = ""
+    if api and api not in _LOCAL_API:
+        m = _API_RE.match(api)
+        if m is None:
+            raise error_class(ErrorCode.INVALID_EXTERNAL_API)(
+                f"source {name!r}: external.api {api!r} is not $JS.<domain>.API (a remote is named by its JetStream domain)")
+        named = m.group(1)
+        if domain and domain.lower() != named.lower():
+            raise error_class(ErrorCode.INVALID_EXTERNAL_API)(
+                f"source {name!r}: external.api {api!r} and domain {domain!r} name different domains")
+    elif api in _LOCAL_API and domain and domain.lower() != config.nats.domain.lower():
+        raise error_class(ErrorCode.INVALID_EXTERNAL_API)(
+            f"source {name!r}: external.api {api!r} (this server) and domain {domain!r} name different domains")
+    else:
+        named = domain
+    if not named or named.lower() == config.nats.domain.lower():
+        return None
+    remote = config.nats.remote(named)
+    if remote is None:
+        known = ", ".join(r.domain for r in config.nats.remotes) or "none"
+        raise error_class(ErrorCode.UNKNOWN_DOMAIN)(
+            f"source {name!r}: JetStream domain {named!r} is not this server's and no [[nats.remotes]] entry has it (configured: {known})")
+    return remote
+
+
 def DEFAULT_CONFIG_TOML() -> str:  # noqa: N802 - a constant that is read lazily
     return resources.files("broker").joinpath("default_config.toml").read_text()
 
@@ -357,6 +597,8 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     def conv(obj: object) -> object:
         if isinstance(obj, FsyncPolicy):
             return obj.mode if obj.mode != "interval" else f"{obj.interval_ms:g}ms"
+        if isinstance(obj, tuple):
+            return [conv(v) for v in obj]
         if dataclasses.is_dataclass(obj):
             return {f.name: conv(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
         return obj
@@ -420,6 +662,8 @@ def _build(d: dict[str, Any]) -> Config:
             ping_interval=_seconds(na["ping_interval"], "nats.ping_interval"),
             max_pings_out=_typed(na["max_pings_out"], int, "nats.max_pings_out"),
             tls_handshake_first=_handshake_first(na["tls_handshake_first"]),
+            domain=_typed(na["domain"], str, "nats.domain"),
+            remotes=_remotes(na["remotes"]),
         ),
         system=SystemConfig(
             path=_typed(sysd["path"], str, "system.path"),
@@ -484,6 +728,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("nats.max_pings_out: must be at least 1")
     if not na.stream:
         raise ConfigError("nats.stream: must not be empty")
+    if na.domain and not valid_domain(na.domain):
+        raise ConfigError(f"nats.domain: {na.domain!r} is not a JetStream domain name (letters, digits, _ and -, at most 64)")
     if na.tls_handshake_first is not False and not cfg.server.tls_cert:
         raise ConfigError("nats.tls_handshake_first: needs TLS ([server] tls_cert and tls_key, or --tls-cert and --tls-key)")
     seg = cfg.system.segment

@@ -149,10 +149,9 @@ class ErrorCode(IntEnum):
         "a source's configuration is not valid: its name, a duplicate, its filter or transforms (the server's 10141, "
         "10140, 10144, 10145, 10146, 10147)"
     )
-    REMOTE_ORIGIN_UNSUPPORTED = 6066, (
-        "a mirror or source with external or domain: copies from another server are not available yet (10052)"
-    )
     ORIGIN_NOT_COPYABLE = 6067, "the origin topic has more than one partition: a copy reads one log (10052)"
+    UNKNOWN_DOMAIN = 6070, "a mirror or source names a JetStream domain that is not this server's and no [[nats.remotes]] entry has"
+    INVALID_EXTERNAL_API = 6071, "a mirror's or source's external.api is not $JS.<domain>.API, or it and its domain disagree"
 
     # -- subscriptions and consumers (7000s) -------------------------------------
     SUBSCRIPTION_EXISTS = 7001, "the connection already has a subscription with that id"

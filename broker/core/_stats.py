@@ -121,6 +121,9 @@ class Counters:
     #: Times a mirror or source found its origin stream missing (deleted or never
     #: made): it keeps its messages and retries slowly.
     copy_origin_missing: int = 0
+    #: Times a mirror or source could not reach its origin (a remote down or
+    #: refusing): it keeps its messages, readable, and retries with a backoff.
+    copy_origin_unreachable: int = 0
     #: Messages a mirror or source stored from its origins.
     messages_copied: int = 0
     #: Times a copier failed for a reason not its origin's (logged with the

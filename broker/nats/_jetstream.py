@@ -119,12 +119,16 @@ class JetStream:
         self._origin: Any = None
         self._subject = ""
         broker.committer.on_synced.append(self._synced)  # after the consumer engine's hook
+        #: ``[nats] domain``: the API answers ``$JS.<domain>.API.>`` too (as
+        #: nats-server with ``jetstream { domain }``); "" = none.
+        self.domain = broker.config.nats.domain
+        self._domain_prefix = f"$JS.{self.domain}.API." if self.domain else ""
+        self._prefixes = _PREFIXES + ((self._domain_prefix,) if self.domain else ())
 
     # -- the session's entry points ----------------------------------------------------
 
-    @staticmethod
-    def handles(subject: str) -> bool:
-        return subject.startswith(_PREFIXES)
+    def handles(self, subject: str) -> bool:
+        return subject.startswith(self._prefixes)
 
     def request(
         self, subject: str, reply: str | None, headers: bytes | None, payload: bytes, origin: Any = None,
@@ -137,6 +141,10 @@ class JetStream:
         queued, before it yields (a pull may then go ahead of the acks before it,
         ``_consumer_state.State.may_pass``)."""
         self._origin, self._subject = origin, subject
+        if self._domain_prefix and subject.startswith(self._domain_prefix):
+            # $JS.<domain>.API.X is $JS.API.X (what a client that names this server's
+            # domain sends: nats.go's and nats-py's ``domain=``, a remote mirror).
+            subject = API_PREFIX + subject[len(self._domain_prefix) :]
         handlers = self.handlers
         try:
             if subject.startswith(_KV_GET_PREFIX) and handlers.kv_get(self, subject[len(_KV_GET_PREFIX) :], reply, payload):

@@ -229,6 +229,8 @@ class NatsSession:
             "go": "python", "host": host, "port": port, "headers": True, "max_payload": self.broker.max_payload,
             "client_id": self.id, "jetstream": True,
         }
+        if config.nats.domain:
+            info["domain"] = config.nats.domain  # as nats-server's INFO with a JetStream domain
         client_ip = self._client_ip()
         if client_ip:
             info["client_ip"] = client_ip  # as nats-server: nats-py's ``nc.client_ip``

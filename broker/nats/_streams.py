@@ -121,7 +121,7 @@ def account_info(js: JetStream) -> dict[str, Any]:
             "memory_max_stream_bytes": -1, "storage_max_stream_bytes": -1, "max_bytes_required": False,
         },
         "api": {"level": API_LEVEL, "total": js.api_total, "errors": js.api_errors},
-    }
+    } | ({"domain": js.domain} if js.domain else {})
 
 
 def _max_age(topic: Topic) -> int:

@@ -10,5 +10,10 @@ from ._origin import Origin as Origin
 from ._origin import OriginGone as OriginGone
 from ._origin import OriginMessage as OriginMessage
 from ._origin import OriginUnavailable as OriginUnavailable
+from ._remote import NatsLink as NatsLink
+from ._remote import RemoteOrigin as RemoteOrigin
 
-__all__ = ["Copier", "LocalOrigin", "Replication", "choose_origin", "find_local_topic", "Origin", "OriginGone", "OriginMessage", "OriginUnavailable"]
+__all__ = [
+    "Copier", "LocalOrigin", "NatsLink", "Origin", "OriginGone", "OriginMessage", "OriginUnavailable", "RemoteOrigin",
+    "Replication", "choose_origin", "find_local_topic",
+]

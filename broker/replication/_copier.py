@@ -16,6 +16,7 @@ configuration against the catalog (``Broker.copy_check``).
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from typing import Any
 
 import trio
@@ -23,10 +24,12 @@ import trio
 from protocol import RECORD_FIXED, BrokerError, ErrorCode, SubjectTransform, encode_headers, error_class, find_header
 from protocol.nats import decode_nats_headers, nats_error, parse_rfc3339
 
+from broker.config import remote_for
 from broker.core import Broker, Copy, Partition, Topic, TopicConfig, TopicHooks, copy_iname, get_logger
 
 from ._local import LocalOrigin, find_local_topic
 from ._origin import Origin, OriginGone, OriginMessage, OriginUnavailable
+from ._remote import RemoteOrigin
 
 __all__ = ["Copier", "Replication", "choose_origin"]
 
@@ -40,19 +43,23 @@ _NS = 1_000_000_000
 
 
 def choose_origin(broker: Broker, copy: dict[str, Any]) -> Origin:
-    """The origin of one mirror or source configuration: THE place where a remote
-    origin (``external`` or ``domain`` set: ``broker/replication/_remote.py``'s
-    ``RemoteOrigin``) is to be chosen instead of a :class:`LocalOrigin`.
+    """The origin of one mirror or source configuration, the one place that picks
+    it: a stream on another server when ``external.api`` or ``domain`` names a
+    ``[[nats.remotes]]`` entry (``broker.config.remote_for``: a
+    :class:`RemoteOrigin`, read through a flow-controlled consumer there), else a
+    topic of this broker (a :class:`LocalOrigin`). Makes no connection.
 
     Raises:
-        RemoteOriginUnsupportedError: ``external`` or ``domain`` is set.
+        UnknownDomainError, InvalidExternalApiError: the domain or API names no remote.
     """
-    if copy.get("external") is not None or copy.get("domain"):
-        raise error_class(ErrorCode.REMOTE_ORIGIN_UNSUPPORTED)(
-            f"origin {copy.get('name', '')!r} with external or domain: copies from another server are not "
-            "supported by ttlbroker yet"
-        )
+    remote = remote_for(broker.config, copy)
+    if remote is not None:
+        return RemoteOrigin.for_source(remote, copy)
     return LocalOrigin(broker, copy.get("name", ""))
+
+
+def is_remote(broker: Broker, copy: dict[str, Any]) -> bool:
+    return remote_for(broker.config, copy) is not None
 
 
 def _filters(copy: dict[str, Any]) -> tuple[str, ...]:
@@ -144,15 +151,18 @@ class Copier:
             try:
                 origin = choose_origin(self.broker, self.copy)
                 start, start_time = self.resume_point()
-                async for batch in origin.batches(start, start_time, self.filters):
-                    self.last_contact = clock.now_ns() or 1
-                    self.error = None
-                    delay = RETRY_SECONDS[0]
-                    if batch:
-                        await self._store(origin, batch)
-                        self.lag = batch[-1].pending
-                    else:
-                        self.lag = 0
+                async with aclosing(origin.batches(start, start_time, self.filters)) as batches:
+                    async for batch in batches:
+                        self.last_contact = clock.now_ns() or 1
+                        if self.error is not None:
+                            log.info("copy_resumed", topic=self.topic.full_name, origin=origin.label)
+                        self.error = None
+                        delay = RETRY_SECONDS[0]
+                        if batch:
+                            await self._store(origin, batch)
+                            self.lag = batch[-1].pending
+                        else:
+                            self.lag = 0
             except OriginGone:
                 self.broker.counters.copy_origin_missing += 1
                 if self.error is None or self.error[1] != 10059:
@@ -164,6 +174,10 @@ class Copier:
                 await trio.sleep(GONE_RETRY_SECONDS)
                 continue
             except OriginUnavailable as exc:
+                if self.error is None:
+                    log.warning("copy_origin_unreachable", topic=self.topic.full_name, origin=self.copy.get("name", ""),
+                                error=str(exc), action="messages kept and readable; retried with a backoff")
+                self.broker.counters.copy_origin_unreachable += 1
                 self.error = (503, 10008 if self.mirror else 10045, str(exc) or "origin unavailable")
             except BrokerError as err:
                 e = nats_error(err)
@@ -247,7 +261,8 @@ class Replication(TopicHooks):
         is the topic itself or a cycle of copies."""
         copies = [cfg.mirror] if cfg.mirror else list(cfg.sources or [])
         for copy in copies:
-            choose_origin(self.broker, copy)  # refuses a remote one
+            if is_remote(self.broker, copy):  # (refuses a domain no remote has)
+                continue  # what the remote holds is checked when the copy reads it
             origin = find_local_topic(self.broker, copy.get("name", ""))
             if origin is not None and len(origin.partitions) != 1:
                 raise error_class(ErrorCode.ORIGIN_NOT_COPYABLE)(
@@ -275,6 +290,8 @@ class Replication(TopicHooks):
             c = todo.pop(0)
             visited.add(name_of(c))
             for src in c.sources or []:
+                if is_remote(self.broker, src):
+                    continue  # (a stream of another server: no cycle through this broker's catalog)
                 name = src.get("name", "")
                 if name in visited:
                     flt = src.get("filter_subject", "")
@@ -282,7 +299,7 @@ class Replication(TopicHooks):
                         raise error_class(ErrorCode.INVALID_TOPIC_CONFIG)("detected cycle")
                 elif (t := find_local_topic(self.broker, name)) is not None and t is not topic:
                     todo.append(t.config)
-            if c.mirror:
+            if c.mirror and not is_remote(self.broker, c.mirror):
                 name = c.mirror.get("name", "")
                 if name in visited:
                     raise error_class(ErrorCode.INVALID_TOPIC_CONFIG)("detected cycle")

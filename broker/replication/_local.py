@@ -11,7 +11,7 @@ nothing new, an empty batch is a heartbeat every :data:`HEARTBEAT_SECONDS`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import trio
 
@@ -93,7 +93,7 @@ class LocalOrigin:
 
     async def batches(
         self, start_seq: int, start_time_ns: int | None, filters: tuple[str, ...],
-    ) -> AsyncIterator[list[OriginMessage]]:
+    ) -> AsyncGenerator[list[OriginMessage], None]:
         committer = self.broker.committer
         ftokens = [tuple(f.split(".")) for f in filters if f and f != ">"]
         if len(ftokens) != len([f for f in filters if f]):

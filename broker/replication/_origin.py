@@ -16,7 +16,7 @@ resumes from what it durably holds, with no gap and no duplicate.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,7 +53,7 @@ class Origin(Protocol):
 
     def batches(
         self, start_seq: int, start_time_ns: int | None, filters: tuple[str, ...],
-    ) -> AsyncIterator[list[OriginMessage]]:
+    ) -> AsyncGenerator[list[OriginMessage], None]:
         """The origin's messages from ``start_seq`` on (or, with ``start_time_ns`` and
         ``start_seq`` 0, from the first stored at or after that time), in sequence
         order, only those whose subject matches one of ``filters`` (none: all), in

@@ -563,6 +563,10 @@ class AckReply(NamedTuple):
     delivered: int
     stream_seq: int
     consumer_seq: int
+    #: When the message was stored (ns since the epoch), and how many messages the
+    #: consumer had pending after it when it was delivered (0 when not numbers).
+    timestamp_ns: int = 0
+    pending: int = 0
 
 
 def parse_ack_subject(subject: str) -> AckReply | None:
@@ -577,10 +581,10 @@ def parse_ack_subject(subject: str) -> AckReply | None:
         return None
     if t[0] != "$JS" or t[1] != "ACK":
         return None
-    d, s, c = t[i + 2], t[i + 3], t[i + 4]
+    d, s, c, ts, p = t[i + 2], t[i + 3], t[i + 4], t[i + 5], t[i + 6]
     if not (_ack_number(d) and _ack_number(s) and _ack_number(c)):
         return None
-    return AckReply(t[i], t[i + 1], int(d), int(s), int(c))
+    return AckReply(t[i], t[i + 1], int(d), int(s), int(c), int(ts) if _ack_number(ts) else 0, int(p) if _ack_number(p) else 0)
 
 
 def _ack_number(token: str) -> bool:

@@ -231,8 +231,9 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.MIRROR_WITH_FIRST_SEQ: (400, 10143, "stream mirrors can not have first sequence configured"),
     ErrorCode.INVALID_MIRROR: (400, 10142, None),  # the number by the description: _COPY_ERRORS
     ErrorCode.INVALID_SOURCE: (400, 10141, None),
-    ErrorCode.REMOTE_ORIGIN_UNSUPPORTED: STREAM_INVALID_CONFIG,
     ErrorCode.ORIGIN_NOT_COPYABLE: STREAM_INVALID_CONFIG,
+    ErrorCode.UNKNOWN_DOMAIN: STREAM_INVALID_CONFIG,
+    ErrorCode.INVALID_EXTERNAL_API: STREAM_INVALID_CONFIG,
 }
 
 #: INVALID_MIRROR and INVALID_SOURCE stand for several of the server's errors: the

@@ -106,7 +106,7 @@ async def test_mirror_configuration_errors_as_the_server(nats_url: str) -> None:
         assert await err({"name": "S", "subjects": ["s.>"], "sources": [{"name": "S"}]}) == (500, 10052, "detected cycle")
         assert await err({"name": "M", "mirror": {"name": "O", "external": {"api": "$JS.hub.API", "deliver": ""}}}) == (
             500, 10052,
-            "origin 'O' with external or domain: copies from another server are not supported by ttlbroker yet")
+            "source 'O': JetStream domain 'hub' is not this server's and no [[nats.remotes]] entry has it (configured: none)")
         # A mirror's configuration can not change, nor be added by update.
         r = await api_request(nc, f"{API}STREAM.CREATE.M", {"name": "M", "mirror": {"name": "O"}})
         assert "error" not in r, r

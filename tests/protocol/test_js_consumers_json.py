@@ -32,12 +32,12 @@ N = st.integers(0, 2**63 - 1)
 @given(NAME, NAME, N, N, N, N, N)
 def test_ack_subject_round_trip(stream: str, consumer: str, d: int, s: int, c: int, ts: int, p: int) -> None:
     a = parse_ack_subject(ack_subject(stream, consumer, d, s, c, ts, p))
-    assert a is not None and tuple(a) == (stream, consumer, d, s, c)
+    assert a is not None and tuple(a) == (stream, consumer, d, s, c, ts, p)
 
 
 def test_ack_subject_v2_and_others() -> None:
     v2 = "$JS.ACK.dom.acchash.S.c.2.10.11.1700000000000000000.3.token"
-    assert tuple(parse_ack_subject(v2) or ()) == ("S", "c", 2, 10, 11)
+    assert tuple(parse_ack_subject(v2) or ()) == ("S", "c", 2, 10, 11, 1700000000000000000, 3)
     for bad in ("$JS.ACK.S.c.1.2", "$JS.ACK.S.c.x.2.3.4.5", "$JS.NAK.S.c.1.2.3.4.5", "orders.1"):
         assert parse_ack_subject(bad) is None
 
