@@ -244,10 +244,7 @@ class Publisher:
                 self.reclaim_memory()
             if not budget.fits(need):
                 self.counters.memory_storage_refused += len(copies)
-                raise _MemoryFull(
-                    f"insufficient resources: the memory storage budget ([limits] memory_storage_bytes = "
-                    f"{budget.limit} bytes) is used up ({budget.used} bytes held by memory-storage topics)"
-                )
+                raise self._memory_full()
         now = self.clock.now_ns()
         epoch = 0
         i, n = 0, len(copies)
@@ -466,6 +463,14 @@ class Publisher:
                 assert isinstance(route, BrokerError)  # the subject is invalid
                 failed[i] = route
 
+    def _memory_full(self) -> BrokerError:
+        """The refusal of a publish the memory storage budget cannot hold."""
+        budget = self.memory_budget
+        return _MemoryFull(
+            f"insufficient resources: the memory storage budget ([limits] memory_storage_bytes = "
+            f"{budget.limit} bytes) is used up ({budget.used} bytes held by memory-storage topics)"
+        )
+
     def _within_memory_budget(self, batch: Batch) -> None:
         """The messages for memory-storage partitions that the budget (``[limits]
         memory_storage_bytes``) cannot hold are refused (MEMORY_STORAGE_FULL; each
@@ -494,10 +499,7 @@ class Publisher:
                     break
                 room -= n
                 kept += 1
-            err = _MemoryFull(
-                f"insufficient resources: the memory storage budget ([limits] memory_storage_bytes = "
-                f"{budget.limit} bytes) is used up ({budget.used} bytes held by memory-storage topics)"
-            )
+            err = self._memory_full()
             for i in idx[kept:]:
                 batch.failed[i] = err
             self.counters.memory_storage_refused += len(idx) - kept

@@ -18,6 +18,7 @@ import trio.testing
 from broker.client import connect
 from tests.conftest import make_config, start_server
 from tests.helpers import api_request, in_asyncio
+from test_js_streams import _js
 
 API = "$JS.API."
 
@@ -42,9 +43,7 @@ def _hdrs(msg: dict[str, Any]) -> str:
 
 
 async def test_a_mirror_keeps_the_origin_sequences_gaps_and_timestamps(nats_url: str) -> None:
-    async def scenario() -> None:
-        nc = await nats.connect(nats_url)
-        js = nc.jetstream()
+    async def scenario(nc: Any, js: Any) -> None:
         await js.add_stream(name="O", subjects=["o.>"])
         for i in range(1, 7):
             await js.publish(f"o.{i}", f"m{i}".encode(), headers={"X-Num": str(i)})
@@ -71,15 +70,12 @@ async def test_a_mirror_keeps_the_origin_sequences_gaps_and_timestamps(nats_url:
         # A direct publish reaches no stream: the mirror captures nothing.
         with pytest.raises(nats.js.errors.NoStreamResponseError):
             await js.publish("M", b"x")
-        await nc.close()
 
-    await in_asyncio(scenario)
+    await _js(nats_url, scenario)
 
 
 async def test_mirror_configuration_errors_as_the_server(nats_url: str) -> None:
-    async def scenario() -> None:
-        nc = await nats.connect(nats_url)
-        js = nc.jetstream()
+    async def scenario(nc: Any, js: Any) -> None:
         await js.add_stream(name="O", subjects=["o.>"])
 
         async def err(cfg: dict[str, Any], op: str = "CREATE") -> tuple[int, int, str]:
@@ -117,15 +113,12 @@ async def test_mirror_configuration_errors_as_the_server(nats_url: str) -> None:
         await js.add_stream(name="P", subjects=["p.>"])
         assert await err({"name": "P", "mirror": {"name": "O"}}, "UPDATE") == (
             400, 10055, "stream mirror configuration can not be updated")
-        await nc.close()
 
-    await in_asyncio(scenario)
+    await _js(nats_url, scenario)
 
 
 async def test_sources_merge_with_filter_transform_and_the_source_header(nats_url: str) -> None:
-    async def scenario() -> None:
-        nc = await nats.connect(nats_url)
-        js = nc.jetstream()
+    async def scenario(nc: Any, js: Any) -> None:
         await js.add_stream(name="A", subjects=["a.>"])
         await js.add_stream(name="B", subjects=["b.>"])
         await js.publish("a.1", b"a1", headers={"Nats-Expected-Stream": "A"})
@@ -156,15 +149,12 @@ async def test_sources_merge_with_filter_transform_and_the_source_header(nats_ur
         sources = {s["name"]: s for s in info["sources"]}
         assert sources["A"]["filter_subject"] == "a.1"
         assert sources["B"]["subject_transforms"] == [{"src": "b.*", "dest": "from_b.{{wildcard(1)}}"}]
-        await nc.close()
 
-    await in_asyncio(scenario)
+    await _js(nats_url, scenario)
 
 
 async def test_opt_start_seq_and_time(nats_url: str) -> None:
-    async def scenario() -> None:
-        nc = await nats.connect(nats_url)
-        js = nc.jetstream()
+    async def scenario(nc: Any, js: Any) -> None:
         await js.add_stream(name="O", subjects=["o.>"])
         for i in range(1, 6):
             await js.publish(f"o.{i}", b"x")
@@ -177,15 +167,12 @@ async def test_opt_start_seq_and_time(nats_url: str) -> None:
         assert s["state"]["messages"] == 3
         first = (await _get(nc, "S", 1))["message"]
         assert first["subject"] == "o.3"
-        await nc.close()
 
-    await in_asyncio(scenario)
+    await _js(nats_url, scenario)
 
 
 async def test_promotion_by_removing_the_mirror(nats_url: str) -> None:
-    async def scenario() -> None:
-        nc = await nats.connect(nats_url)
-        js = nc.jetstream()
+    async def scenario(nc: Any, js: Any) -> None:
         await js.add_stream(name="O", subjects=["o.>"])
         await js.publish("o.1", b"x")
         await api_request(nc, f"{API}STREAM.CREATE.M", {"name": "M", "mirror": {"name": "O"}})
@@ -199,15 +186,12 @@ async def test_promotion_by_removing_the_mirror(nats_url: str) -> None:
         await asyncio.sleep(0.1)
         info = await api_request(nc, f"{API}STREAM.INFO.M", {})
         assert info["state"]["messages"] == 2  # o.2 was not copied
-        await nc.close()
 
-    await in_asyncio(scenario)
+    await _js(nats_url, scenario)
 
 
 async def test_the_origin_deleted_is_reported_and_the_copy_kept(nats_server: Any, nats_url: str) -> None:
-    async def scenario() -> None:
-        nc = await nats.connect(nats_url)
-        js = nc.jetstream()
+    async def scenario(nc: Any, js: Any) -> None:
         await js.add_stream(name="O", subjects=["o.>"])
         await js.publish("o.1", b"x")
         await api_request(nc, f"{API}STREAM.CREATE.M", {"name": "M", "mirror": {"name": "O"}})
@@ -216,9 +200,8 @@ async def test_the_origin_deleted_is_reported_and_the_copy_kept(nats_server: Any
         info = await _wait_for(nc, "M", lambda i: "error" in i["mirror"])
         assert info["mirror"]["error"] == {"code": 404, "err_code": 10059, "description": "stream not found"}
         assert info["state"]["messages"] == 1
-        await nc.close()
 
-    await in_asyncio(scenario)
+    await _js(nats_url, scenario)
     assert nats_server.broker.counters.copy_origin_missing >= 1
 
 
@@ -258,9 +241,7 @@ def _jump(seconds: float) -> None:
 
 
 async def test_ttl_messages_are_kept_without_allow_msg_ttl_and_expire_with_it(mock_clock: Any, nats_url: str) -> None:
-    async def scenario() -> None:
-        nc = await nats.connect(nats_url)
-        js = nc.jetstream()
+    async def scenario(nc: Any, js: Any) -> None:
         await api_request(nc, f"{API}STREAM.CREATE.O", {"name": "O", "subjects": ["o.>"], "allow_msg_ttl": True})
         await js.publish("o.1", b"x", headers={"Nats-TTL": "5s"})
         await api_request(nc, f"{API}STREAM.CREATE.K", {"name": "K", "mirror": {"name": "O"}})
@@ -272,9 +253,8 @@ async def test_ttl_messages_are_kept_without_allow_msg_ttl_and_expire_with_it(mo
         _jump(10)
         counts = {n: (await api_request(nc, f"{API}STREAM.INFO.{n}", {}))["state"]["messages"] for n in "OKES"}
         assert counts == {"O": 0, "K": 1, "E": 0, "S": 1}
-        await nc.close()
 
-    await in_asyncio(scenario)
+    await _js(nats_url, scenario)
 
 
 async def test_binary_protocol_mirror_option(server: Any) -> None:

@@ -11,8 +11,9 @@ import functools
 import json
 import re
 import subprocess
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,29 +41,39 @@ def _nats_server_bin() -> str:
 
 @contextlib.contextmanager
 def run_nats_server(tmp: Path, extra: str = "") -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """A nats-server with JetStream (domain ``hub``) on a free loopback port."""
+    """A nats-server with JetStream (domain ``hub``) on a free loopback port. Its
+    output goes to ``nats.log`` through a thread that also tells when the server is
+    ready (no polling)."""
     conf = tmp / "nats.conf"
     conf.write_text(f'listen: "127.0.0.1:-1"\njetstream {{\n  store_dir: "{tmp / "js"}"\n  domain: hub\n}}\n{extra}\n')
-    log = tmp / "nats.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([_nats_server_bin(), "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([_nats_server_bin(), "-c", str(conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    ready = threading.Event()
+    found: list[int] = []
+
+    def copy_output() -> None:
+        assert proc.stdout is not None
+        with open(tmp / "nats.log", "ab") as log:
+            for line in proc.stdout:
+                log.write(line)
+                m = re.search(rb"Listening for client connections on \S+:(\d+)", line)
+                if m:
+                    found.append(int(m.group(1)))
+                if b"Server is ready" in line:
+                    ready.set()
+        ready.set()  # (the server ended)
+
+    reader = threading.Thread(target=copy_output, daemon=True)
+    reader.start()
     try:
-        deadline = time.monotonic() + 20
-        port = 0
-        while True:
-            text = log.read_text(errors="replace")
-            m = re.search(r"Listening for client connections on \S+:(\d+)", text)
-            if m and "Server is ready" in text:
-                port = int(m.group(1))
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"nats-server did not start:\n{text}")
-            time.sleep(0.02)
-        yield proc, port
+        if not ready.wait(20) or proc.poll() is not None or not found:
+            raise RuntimeError(f"nats-server did not start:\n{(tmp / 'nats.log').read_text(errors='replace')}")
+        yield proc, found[0]
     finally:
         if proc.poll() is None:
             proc.terminate()
         proc.wait(10)
+        reader.join(10)
 
 
 @pytest.fixture
@@ -232,10 +243,23 @@ async def test_flow_control_with_more_than_the_remote_delivers_unanswered(remote
         await link.aclose()
 
 
+async def _read_three_then(remote: RemoteSettings, stop: Callable[[], object]) -> None:
+    """Read the three messages of ``S``, then ``stop`` the server: the iteration ends
+    with OriginUnavailable saying the connection went."""
+    seen: list[int] = []
+    with pytest.raises(OriginUnavailable, match=r"hub \(nats://127\.0\.0\.1:\d+\): (the server closed the connection|the connection was lost)"):
+        with trio.fail_after(10):
+            async with contextlib.aclosing(RemoteOrigin(remote, "S", heartbeat=HB).batches(0, None, ())) as it:
+                async for batch in it:
+                    seen += [m.seq for m in batch]
+                    if len(seen) == 3:
+                        stop()
+    assert seen == [1, 2, 3]
+
+
 async def test_unavailable_when_the_ttlbroker_stops(nats_config: Any) -> None:
     from broker.server import serve
 
-    seen: list[int] = []
     scope = trio.CancelScope()
 
     async def run(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -247,30 +271,15 @@ async def test_unavailable_when_the_ttlbroker_stops(nats_config: Any) -> None:
         remote = RemoteSettings(domain="hub", url=handle.nats_url)
         link = await _setup(remote, 3)
         await link.aclose()
-        with pytest.raises(OriginUnavailable, match=r"hub \(nats://127\.0\.0\.1:\d+\): (the server closed the connection|the connection was lost)"):
-            with trio.fail_after(10):
-                async with contextlib.aclosing(RemoteOrigin(remote, "S", heartbeat=HB).batches(0, None, ())) as it:
-                    async for batch in it:
-                        seen += [m.seq for m in batch]
-                        if len(seen) == 3:
-                            scope.cancel()
-    assert seen == [1, 2, 3]
+        await _read_three_then(remote, scope.cancel)
 
 
 async def test_unavailable_when_the_nats_server_stops(tmp_path: Path) -> None:
-    seen: list[int] = []
     with run_nats_server(tmp_path) as (proc, port):
         remote = RemoteSettings(domain="hub", url=f"nats://127.0.0.1:{port}")
         link = await _setup(remote, 3)
         await link.aclose()
-        with pytest.raises(OriginUnavailable, match=r"hub \(nats://127\.0\.0\.1:\d+\): (the server closed the connection|the connection was lost)"):
-            with trio.fail_after(10):
-                async with contextlib.aclosing(RemoteOrigin(remote, "S", heartbeat=HB).batches(0, None, ())) as it:
-                    async for batch in it:
-                        seen += [m.seq for m in batch]
-                        if len(seen) == 3:
-                            proc.kill()
-        assert seen == [1, 2, 3]
+        await _read_three_then(remote, proc.kill)
     with pytest.raises(OriginUnavailable, match=r"hub \(nats://127\.0\.0\.1:\d+\): cannot connect: "):
         await take(RemoteOrigin(remote, "S", heartbeat=HB), 1)
 
