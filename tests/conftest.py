@@ -223,7 +223,7 @@ def java() -> None:
 
 @pytest.fixture(scope="session")
 def spark(java: None):  # type: ignore[no-untyped-def]
-    """One local SparkSession for the whole run (Spark takes seconds to start)."""
+    """One local SparkSession for each test process (Spark takes seconds to start)."""
     from spark_export._session import spark_session
 
     session = spark_session("local[2]", "ttlbroker-tests")

@@ -81,21 +81,22 @@ def test_add_info_list_rm(broker: BrokerProcess) -> None:
 
 def test_next_and_sub(broker: BrokerProcess) -> None:
     a = broker.address
-    run(a, "consumer", "add", "shop", "orders", "n", "--filter", "orders.n.>")
+    run(a, "topic", "create", "shop", "jobs", "--subjects", "jobs.>")  # its own: offsets from 1
+    run(a, "consumer", "add", "shop", "jobs", "n", "--filter", "jobs.n.>")
     for i in range(5):
-        run(a, "pub", f"orders.n.{i}", f"m{i}")
-    p = run(a, "consumer", "next", "shop", "orders", "n", "--count", "2")
-    assert p.stdout.splitlines() == ["shop/orders[0]@3 orders.n.0 m0", "shop/orders[0]@4 orders.n.1 m1"]
-    got = lines(run(a, "consumer", "next", "shop", "orders", "n", "--no-ack", json_out=True))
-    assert [(m["offset"], m["subject"], m["payload"]) for m in got] == [(5, "orders.n.2", "m2")]
-    info = lines(run(a, "consumer", "info", "shop", "orders", "n", json_out=True))[0]
+        run(a, "pub", f"jobs.n.{i}", f"m{i}")
+    p = run(a, "consumer", "next", "shop", "jobs", "n", "--count", "2")
+    assert p.stdout.splitlines() == ["shop/jobs[0]@1 jobs.n.0 m0", "shop/jobs[0]@2 jobs.n.1 m1"]
+    got = lines(run(a, "consumer", "next", "shop", "jobs", "n", "--no-ack", json_out=True))
+    assert [(m["offset"], m["subject"], m["payload"]) for m in got] == [(3, "jobs.n.2", "m2")]
+    info = lines(run(a, "consumer", "info", "shop", "jobs", "n", json_out=True))[0]
     assert info["num_ack_pending"] == 1 and info["num_pending"] == 2
-    p = run(a, "consumer", "sub", "shop", "orders", "n", "--count", "2")
-    assert p.stdout.splitlines() == ["shop/orders[0]@6 orders.n.3 m3", "shop/orders[0]@7 orders.n.4 m4"]
-    assert p.stderr == "consuming shop/orders/n\n"
-    info = lines(run(a, "consumer", "info", "shop", "orders", "n", json_out=True))[0]
+    p = run(a, "consumer", "sub", "shop", "jobs", "n", "--count", "2")
+    assert p.stdout.splitlines() == ["shop/jobs[0]@4 jobs.n.3 m3", "shop/jobs[0]@5 jobs.n.4 m4"]
+    assert p.stderr == "consuming shop/jobs/n\n"
+    info = lines(run(a, "consumer", "info", "shop", "jobs", "n", json_out=True))[0]
     assert info["num_ack_pending"] == 1 and info["num_pending"] == 0  # only the --no-ack one is outstanding
-    p = run(a, "consumer", "next", "shop", "orders", "n", "--wait", "200ms", check=False)
+    p = run(a, "consumer", "next", "shop", "jobs", "n", "--wait", "200ms", check=False)
     assert p.returncode == 1 and p.stdout == "" and p.stderr == "error: no message within 200ms\n"
 
 

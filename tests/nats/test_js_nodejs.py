@@ -6,6 +6,7 @@ fail instead."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import subprocess
@@ -27,13 +28,16 @@ def _node_missing() -> str | None:
 
 @pytest.fixture(scope="session")
 def node_nats() -> Path:
-    """tests/nats/js with its node_modules installed (``npm ci`` from the lock file)."""
+    """tests/nats/js with its node_modules installed (``npm ci`` from the lock file),
+    once: the test processes (pytest-xdist workers) take a file lock around it."""
     require(_node_missing(), "the nats.js tests")
-    if not (JS_DIR / "node_modules" / "nats" / "package.json").exists():
-        p = subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund"], cwd=JS_DIR, capture_output=True, text=True, timeout=300
-        )
-        assert p.returncode == 0, f"npm ci failed:\n{p.stdout}\n{p.stderr}"
+    with open(JS_DIR / "node_modules.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (JS_DIR / "node_modules" / "nats" / "package.json").exists():
+            p = subprocess.run(
+                ["npm", "ci", "--no-audit", "--no-fund"], cwd=JS_DIR, capture_output=True, text=True, timeout=300
+            )
+            assert p.returncode == 0, f"npm ci failed:\n{p.stdout}\n{p.stderr}"
     return JS_DIR
 
 
