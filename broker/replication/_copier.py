@@ -2,8 +2,9 @@
 
 A :class:`Copier` asks its origin (:func:`choose_origin`: the one place that picks a
 local or a remote origin) for batches from where the copy is, stores each through
-the broker's one publish path (``Publisher.publish_copies``, then the group commit
-like every publish), and asks for the next once the batch is durable. Where the copy
+the broker's one publish path (``Publisher.publish_copies``), and asks for the
+next once the batch is stored (under ``fsync always``: once the group commit made
+it durable, as a PubAck waits). Where the copy
 is comes from its own contents when the copier starts (``docs/semantics.md``,
 "Mirrors and sources"): a mirror's next offset; a source's last ``Nats-Stream-Source``
 header naming it, found scanning back (nats-server's ``startingSequenceForSources``).
@@ -191,7 +192,9 @@ class Copier:
         broker = self.broker
         part = self._part()
         epoch = broker.publisher.publish_copies(part, copies)
-        if epoch and not broker.committer.is_durable(epoch):
+        # As a PubAck: under ``fsync always`` the batch is durable before the next
+        # is asked for; under an interval or ``never`` nobody waits for a sync.
+        if epoch and broker.committer.acks_wait and not broker.committer.is_durable(epoch):
             done = trio.Event()
             broker.committer.after(epoch, done.set)
             await done.wait()

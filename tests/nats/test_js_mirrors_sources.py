@@ -230,6 +230,25 @@ async def test_a_restart_resumes_with_no_duplicate_and_no_gap(data_dir: Path) ->
             await in_asyncio(scenario)
 
 
+@pytest.mark.parametrize("fsync", ["never", "1m", "always"])
+async def test_copies_keep_up_batch_after_batch_under_every_fsync_setting(data_dir: Path, fsync: str) -> None:
+    """A copier waits for the group commit only when a PubAck would (``always``):
+    under an interval (here a minute) or ``never``, batch after batch is copied as it
+    comes, not one per sync (or only the first)."""
+    async with start_server(make_config(data_dir, **{"nats.enabled": True, "system.partition.fsync": fsync})) as handle:
+        async def scenario(nc: Any, js: Any) -> None:
+            await js.add_stream(name="O", subjects=["o.>"])
+            await api_request(nc, f"{API}STREAM.CREATE.M", {"name": "M", "mirror": {"name": "O"}})
+            await api_request(nc, f"{API}STREAM.CREATE.S", {"name": "S", "sources": [{"name": "O"}]})
+            for n in range(1, 5):  # one message at a time: one batch each
+                await js.publish(f"o.{n}", b"x")
+                for name in ("M", "S"):
+                    info = await _wait_for(nc, name, lambda i, n=n: i["state"]["messages"] == n)
+                    assert info["state"]["messages"] == n, (name, info["state"])
+
+        await _js(handle.nats_url, scenario)
+
+
 def _jump(seconds: float) -> None:
     """Move the broker's virtual time on (from nats-py's thread) and let what fell due run."""
 
