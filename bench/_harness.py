@@ -381,15 +381,18 @@ class Harness:
 
     @contextlib.contextmanager
     def nats(self, sync_interval: str | None = None, extra_config: str = "",
-             ready_timeout: float = 30.0) -> Iterator[Server]:
+             ready_timeout: float = 30.0, domain: str | None = None) -> Iterator[Server]:
         """A ``nats-server`` with JetStream on a free loopback port, its store in a
         fresh temporary directory.
 
         ``sync_interval``: None for the server's default (a background sync every
         2 minutes), ``"always"`` to fsync every write before the ack, or a duration.
+        ``domain``: its JetStream domain (``$JS.<domain>.API``).
         """
         workdir = self.tempdir(f"nats-{sync_interval or 'default'}")
         lines = [f'listen: "{LOOPBACK}:-1"', "jetstream {", f'  store_dir: "{workdir / "js"}"']
+        if domain:
+            lines.append(f"  domain: {domain}")
         if sync_interval:
             # A duration must be quoted: unquoted, 2m parses as a size and is ignored
             # with "sync_interval should be converted to a duration".

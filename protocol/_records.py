@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from ._codes import MarkerReason
@@ -442,8 +442,10 @@ def build_records(
     first_offset: int,
     timestamp: int,
     stamps: Mapping[int, tuple[int, int]] | None = None,
+    timestamps: Sequence[int] | None = None,
 ) -> tuple[bytearray, list[int]]:
-    """Stamp bodies ``data[starts[i]:ends[i]]`` with consecutive offsets and a timestamp.
+    """Stamp bodies ``data[starts[i]:ends[i]]`` with consecutive offsets and a timestamp
+    (``timestamps``: one for each body instead, as a mirror keeps its origin's).
 
     ``stamps`` (index -> ``(ttl, flags)``) sets the body's TTL field and flags on the
     way, for bodies whose admission changed only those (no second copy of the body).
@@ -455,8 +457,9 @@ def build_records(
     """
     n = len(starts)
     if n == 1:
-        return _build_one(data, starts[0], ends[0], first_offset, timestamp, None if stamps is None else stamps.get(0)), [0]
-    return _build_many(data, starts, ends, first_offset, timestamp, stamps)
+        ts = timestamp if timestamps is None else timestamps[0]
+        return _build_one(data, starts[0], ends[0], first_offset, ts, None if stamps is None else stamps.get(0)), [0]
+    return _build_many(data, starts, ends, first_offset, timestamp, stamps, timestamps)
 
 
 def _build_one(
@@ -478,7 +481,7 @@ def _build_one(
 
 def _build_many(
     data: bytes | bytearray | memoryview, starts: list[int], ends: list[int], first_offset: int, timestamp: int,
-    stamps: Mapping[int, tuple[int, int]] | None,
+    stamps: Mapping[int, tuple[int, int]] | None, timestamps: Sequence[int] | None = None,
 ) -> tuple[bytearray, list[int]]:
     n = len(starts)
     out = bytearray(sum(ends) - sum(starts) + HEADER_SIZE * n)
@@ -500,7 +503,7 @@ def _build_many(
         omv[body_at:end] = src[s : s + blen]
         if stamps is not None and (st := stamps.get(i)) is not None:
             pack_tf(out, body_at, st[0], st[1])
-        pack_ot(out, q + 8, off, timestamp)
+        pack_ot(out, q + 8, off, timestamp if timestamps is None else timestamps[i])
         pack_lc(out, q, blen + 20, crc32(omv[q + 8 : end]))
         append(q)
         q = end

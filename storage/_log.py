@@ -31,7 +31,7 @@ import struct
 import zlib
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final, NewType
 
 from ._errors import CorruptedRecord, StorageFailure
@@ -220,8 +220,11 @@ class SegmentLog:
 
     # -- writing -------------------------------------------------------------------
 
-    def append(self, records: bytearray | bytes, positions: list[int], timestamp: int) -> None:
-        """Append already built records; ``positions`` are absolute file positions."""
+    def append(self, records: bytearray | bytes, positions: list[int], timestamp: int,
+               timestamps: Sequence[int] | None = None) -> None:
+        """Append already built records; ``positions`` are absolute file positions;
+        ``timestamps``: each record's, when they are not all ``timestamp``
+        (non-decreasing)."""
         if self.sealed:
             raise StorageFailure("cannot append to a sealed segment")
         out = self._out
@@ -231,9 +234,18 @@ class SegmentLog:
         if self.crc is not None:
             self.crc = zlib.crc32(records, self.crc)
         n = len(positions)
-        if timestamp != (self.time_ts[-1] if self.time_ts else -1):
-            self.time_rel.append(len(self.positions))
-            self.time_ts.append(timestamp)
+        if timestamps is None:
+            if timestamp != (self.time_ts[-1] if self.time_ts else -1):
+                self.time_rel.append(len(self.positions))
+                self.time_ts.append(timestamp)
+        else:
+            last = self.time_ts[-1] if self.time_ts else -1
+            rel = len(self.positions)
+            for k, ts in enumerate(timestamps):
+                if ts != last:
+                    self.time_rel.append(rel + k)
+                    self.time_ts.append(ts)
+                    last = ts
         known = self._live_key == (self.live_count, len(self.state), self.size)
         self.positions.extend(positions)
         self.state += _ONES[:n] if n <= 4096 else LIVE_BYTE * n

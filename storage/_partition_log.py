@@ -30,7 +30,7 @@ Layers of one class rather than parts it holds, as ``_segment.Segment`` extends
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from protocol import build_records
@@ -49,6 +49,8 @@ class AppendResult(NamedTuple):
     timestamp: int
     records: bytearray  # the records just written, back to back
     positions: list[int]  # each record's position inside ``records``
+    #: each record's timestamp, when they differ (None: all ``timestamp``)
+    timestamps: list[int] | None = None
 
 
 class PartitionLog(PartitionReads):
@@ -101,14 +103,15 @@ class PartitionLog(PartitionReads):
 
     def append(
         self, data: bytes | bytearray | memoryview, starts: list[int], ends: list[int], timestamp: int,
-        stamps: Mapping[int, tuple[int, int]] | None = None,
+        stamps: Mapping[int, tuple[int, int]] | None = None, timestamps: Sequence[int] | None = None,
     ) -> AppendResult:
         """Append message bodies ``data[starts[i]:ends[i]]`` as consecutive records
         (``stamps``: index -> ``(ttl, flags)`` to write into those bodies, see
-        :func:`protocol.build_records`).
+        :func:`protocol.build_records`), all with ``timestamp``, or each with its own
+        (``timestamps``: a mirror's copies keep their origin's).
 
-        The timestamp is raised to the partition's last one if the clock went back,
-        so timestamps never decrease within a partition.
+        A timestamp is raised to the one before it if the clock went back, so
+        timestamps never decrease within a partition.
 
         Raises:
             StorageFailure: the write failed; nothing was appended.
@@ -117,19 +120,26 @@ class PartitionLog(PartitionReads):
         if seg.size >= self.segment_size and seg.count:
             seg = self._roll()
         last_ts = seg.time_ts[-1] if seg.time_ts else 0
-        if timestamp < last_ts:
+        each: list[int] | None = None
+        if timestamps is not None:
+            each, t = [], last_ts
+            for x in timestamps:
+                t = x if x > t else t
+                each.append(t)
+            timestamp = each[0]
+        elif timestamp < last_ts:
             timestamp = last_ts
         first = seg.next_offset
         if self.reserve_ahead and first + len(starts) > self.state_file.state.reserved_next:
             self.extend_reservation(first + len(starts))
-        records, rel = build_records(data, starts, ends, first, timestamp, stamps)
+        records, rel = build_records(data, starts, ends, first, timestamp, stamps, each)
         base_pos = seg.size
-        seg.append(records, [base_pos + p for p in rel] if base_pos else rel, timestamp)
+        seg.append(records, [base_pos + p for p in rel] if base_pos else rel, timestamp, each)
         self.live_count += len(starts)
         self.size_bytes += len(records)
         if seg.size >= self._flush_at:
             self._want_flush(seg.size)
-        return AppendResult(first, timestamp, records, rel)
+        return AppendResult(first, timestamp, records, rel, each)
 
     def _want_flush(self, size: int) -> None:
         step = max(self.segment_size >> 3, 1)

@@ -40,6 +40,22 @@ from broker import Clock, Config, ServerHandle, serve  # noqa: E402
 from broker.client import Client, connect  # noqa: E402
 
 
+#: The modules that take longest (half a minute or more: Spark, the CLI's
+#: subprocesses, the README's tour), measured with ``--durations``. They run first:
+#: the two workers (``--dist loadscope``, whole modules) take modules in collection
+#: order, and a long one taken last leaves the other worker idle to the end.
+SLOW_MODULES = (
+    "tests/export/test_spark_cli.py", "tests/cli/test_cli.py", "tests/export/test_spark_jobs.py",
+    "tests/test_readme.py", "tests/export/test_export.py", "tests/cli/test_consumer_cli.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow modules first, each module's tests in their order (a stable sort)."""
+    rank = {path: i for i, path in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 def make_config(data_dir: Path | str, **changes: object) -> Config:
     base = {"server.port": 0, "http.port": -1, "nats.enabled": False, "nats.port": 0, "system.path": str(data_dir)}
     base.update(changes)

@@ -257,15 +257,16 @@ class Publisher:
                     i += 1
                     continue
                 log.skip_to(off)
-            ts = c.timestamp or now
             j = i + 1
-            while j < n and (copies[j].timestamp or now) == ts and (copies[j].offset == off + j - i if off else not copies[j].offset):
+            while j < n and (copies[j].offset == off + j - i if off else not copies[j].offset):
                 j += 1
-            epoch = max(epoch, self._append_copies(part, copies[i:j], ts))
+            epoch = max(epoch, self._append_copies(part, copies[i:j], now))
             i = j
         return epoch
 
-    def _append_copies(self, part: Partition, run: list[Copy], ts: int) -> int:
+    def _append_copies(self, part: Partition, run: list[Copy], now: int) -> int:
+        """One append of consecutive copies, each with its own timestamp (a mirror
+        keeps its origin's; 0: ``now``)."""
         cfg = part.topic.config
         bodies: list[bytes] = []
         subjects: list[bytes] = []
@@ -300,7 +301,10 @@ class Publisher:
             pos += len(b)
             ends.append(pos)
         lasts = part.last_offsets(subjects) if part.topic.republisher is not None else None
-        res = part.append(b"".join(bodies), starts, ends, subjects, ts, flags if any(flags) else None)
+        stamps = [c.timestamp or now for c in run]
+        ts = stamps[0]
+        res = part.append(b"".join(bodies), starts, ends, subjects, ts, flags if any(flags) else None,
+                          timestamps=None if stamps.count(ts) == len(stamps) else stamps)
         epoch = self.committer.note_write(part.log)
         first = res.first_offset
         counters = self.counters

@@ -212,8 +212,9 @@ class Partition:
     def append(
         self, data: bytes, starts: list[int], ends: list[int], subjects: list[bytes], timestamp: int,
         flags: bytes | bytearray | None = None, stamps: Mapping[int, tuple[int, int]] | None = None,
+        timestamps: list[int] | None = None,
     ) -> AppendResult:
-        res = self.log.append(data, starts, ends, timestamp, stamps)
+        res = self.log.append(data, starts, ends, timestamp, stamps, timestamps)
         self.index.extend(res.first_offset, subjects, flags)
         if self.watchers or self.hear_all_appends:
             on_append = self.on_append

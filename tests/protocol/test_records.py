@@ -46,6 +46,18 @@ def test_build_records_matches_encode_record(items: list[tuple[str, bytes]], fir
     assert [(m.subject, m.payload, m.offset) for m in msgs] == [(s, p, first + i) for i, (s, p) in enumerate(items)]
 
 
+@given(st.lists(st.tuples(st.binary(max_size=30), st.integers(0, 2**64 - 1)), min_size=1, max_size=12), st.integers(1, 2**40))
+def test_build_records_with_a_timestamp_for_each_body(items: list[tuple[bytes, int]], first: int) -> None:
+    """``timestamps`` (a mirror's copies keep their origin's): each record gets its
+    own, the rest of the bytes as ``encode_record`` makes them."""
+    bodies = [P.encode_body("s.x", p) for p, _ in items]
+    data = b"".join(bodies)
+    starts = [sum(len(b) for b in bodies[:i]) for i in range(len(bodies))]
+    ends = [s + len(b) for s, b in zip(starts, bodies)]
+    out, _ = P.build_records(data, starts, ends, first, 7, None, [ts for _, ts in items])
+    assert bytes(out) == b"".join(P.encode_record(first + i, ts, b) for i, (b, (_, ts)) in enumerate(zip(bodies, items)))
+
+
 @given(
     st.binary(min_size=14, max_size=80), st.binary(max_size=8), st.binary(max_size=8), st.integers(0, 2**64 - 1),
     st.integers(0, 2**64 - 1), st.none() | st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 255)),

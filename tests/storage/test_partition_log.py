@@ -86,6 +86,32 @@ def test_reopen_restores_everything(tmp_path: Path) -> None:
     assert append(log2, 1, 70) == 71
 
 
+def _none(offset: int) -> bool:
+    return False
+
+
+def test_an_append_with_a_timestamp_for_each_record(tmp_path: Path) -> None:
+    """A mirror's copies keep their origin's timestamps, one append for a batch:
+    each record has its own (raised to the one before when it goes back), the time
+    index finds them, and a reopen (which rebuilds the time index from the records)
+    agrees."""
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    append(log, 2, ts=1000)
+    data, s, e = bodies(5, 2)
+    res = log.append(data, s, e, 0, timestamps=[1000, 1005, 1003, 1010, 1010])
+    assert res.first_offset == 3 and res.timestamp == 1000 and res.timestamps == [1000, 1005, 1005, 1010, 1010]
+    want = {1: 1000, 2: 1000, 3: 1000, 4: 1005, 5: 1005, 6: 1010, 7: 1010}
+    recs = log.read(1, 10, 1 << 20)
+    raw = b"".join(bytes(r) for r in recs.records)
+    assert {m.offset: m.timestamp for m in P.decode_records(raw, 0, len(raw), recs.count)} == want
+    assert {o: log.timestamp_of(o) for o in want} == want
+    assert log.live_offsets_until(1004, _none) == [1, 2, 3] and log.live_offsets_until(1009, _none) == [1, 2, 3, 4, 5]
+    log.close()
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    assert {o: log.timestamp_of(o) for o in want} == want and log.live_offsets_until(1004, _none) == [1, 2, 3]
+    assert append(log, 1, 7, ts=1001) == 8 and log.timestamp_of(8) == 1010  # never back
+
+
 def test_purge_is_durable_and_offsets_never_repeat(tmp_path: Path) -> None:
     log, _ = PartitionLog.open(str(tmp_path), 4096)
     for k in range(5):
