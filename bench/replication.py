@@ -8,14 +8,8 @@ nats-server (``jetstream { domain: hub }``). Durability is ``--sync`` on all thr
 servers (default ``always``: ttlbroker ``--fsync always``, nats-server
 ``sync_interval: always``). Payloads are ``--size`` bytes (default 128).
 
-Rows, for each origin:
+Rows, for each origin, in the order they run:
 
-* **backlog → mirror**: the origin holds ``--messages``; from the mirror's
-  ``STREAM.CREATE`` on the copier until it holds them all.
-* **backlog → source**: the same with a stream sourcing it.
-* **live, flat out**: a mirror in place, then ``--messages`` ``publish_async`` at the
-  origin as fast as it acknowledges them: the origin's accept rate, the copy's rate
-  (first publish to the copy complete) and the catch-up after the last PubAck.
 * **steady rate**: ``--seconds`` at ``--rate`` msgs/s at the origin (a tick every
   10 ms), each message with an ``X-Sent`` header (the wall clock, ns). The mirror
   republishes headers only to ``lag.>``; a core subscriber at the copier takes
@@ -24,6 +18,15 @@ Rows, for each origin:
   with the republish and its delivery on top (the replication lag); and now -
   ``X-Sent``: the same from the publish, with the origin's own ack time (and its
   queue when it accepts less than the rate). p50, p99, max.
+* **reference**: the same rate into another stream of the origin, read there by a
+  push consumer as a copy reads (flow control, ack none) from nats-py: stored at the
+  origin to delivered, the origin's own delivery lag, which no copy can beat.
+* **backlog → mirror**: the origin holds ``--messages``; from the mirror's
+  ``STREAM.CREATE`` on the copier until it holds them all.
+* **backlog → source**: the same with a stream sourcing it.
+* **live, flat out**: a mirror in place, then ``--messages`` ``publish_async`` at the
+  origin as fast as it acknowledges them: the origin's accept rate, the copy's rate
+  (first publish to the copy complete) and the catch-up after the last PubAck.
 
 And once, beside them: **the copier's own publish rate**, the same ``publish_async``
 into a stream of its own (the rate a copy cannot beat: it stores through the same
@@ -68,6 +71,8 @@ from _harness import (
     run_uvloop,
     write_json,
 )
+
+from protocol.nats import parse_rfc3339  # noqa: E402
 
 API = "$JS.API"
 
@@ -126,6 +131,59 @@ def _cpu(pid: int) -> float:
     return proc_usage(pid).cpu
 
 
+async def _steady(js: Any, subject: str, nc: Any, listen: str, lag_of: Any, payload: bytes,
+                  args: argparse.Namespace) -> dict[str, Any]:
+    """``--rate`` msgs/s for ``--seconds`` to ``subject`` at the origin (a tick every
+    10 ms), each with ``X-Sent``; each message heard on ``listen`` (at ``nc``) gives
+    ``lag_of(msg, now_ns)`` (None: not a message) and now - ``X-Sent``, in ms."""
+    lags: list[float] = []  # the lag ``lag_of`` measures
+    sent_lags: list[float] = []  # published -> heard
+    total = int(args.rate * args.seconds)
+    per_tick = max(1, args.rate // 100)
+    got_all = asyncio.Event()
+
+    async def heard(msg: Any) -> None:
+        now = time.time_ns()
+        lag = lag_of(msg, now)
+        if lag is None:
+            return
+        lags.append(lag)
+        sent_lags.append((now - int(msg.headers["X-Sent"])) / 1e6)
+        if len(lags) >= total:
+            got_all.set()
+
+    sub = await nc.subscribe(listen, cb=heard)
+    await nc.flush()
+    t0 = time.perf_counter()
+    sent = tick = 0
+    while sent < total:
+        delay = t0 + tick * 0.01 - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        for _ in range(min(per_tick, total - sent)):
+            await js.publish_async(subject, payload, headers={"X-Sent": str(time.time_ns())})
+            sent += 1
+        tick += 1
+    await js.publish_async_completed()
+    sending = time.perf_counter() - t0
+    try:
+        await asyncio.wait_for(got_all.wait(), 60)
+    except TimeoutError:
+        raise RuntimeError(f"the steady phase on {subject}: {len(lags):,} of {total:,} heard") from None
+    seconds = time.perf_counter() - t0
+    await sub.unsubscribe()
+    q = statistics.quantiles(lags, n=100, method="inclusive")
+    qs = statistics.quantiles(sent_lags, n=100, method="inclusive")
+    out = {
+        "rate_asked": args.rate, "rate_sent": round(total / sending, 1), "messages": total, "seconds": round(seconds, 3),
+        "lag_p50_ms": round(q[49], 2), "lag_p99_ms": round(q[98], 2), "lag_max_ms": round(max(lags), 2),
+        "sent_lag_p50_ms": round(qs[49], 2), "sent_lag_p99_ms": round(qs[98], 2), "sent_lag_max_ms": round(max(sent_lags), 2),
+    }
+    log(f"  steady {args.rate:,} msgs/s to {subject} (sent at {total / sending:,.0f}): lag p50 {q[49]:.1f} ms, "
+        f"p99 {q[98]:.1f} ms, max {max(lags):.1f} ms; from the publish p50 {qs[49]:.1f}, p99 {qs[98]:.1f} ms")
+    return out
+
+
 async def run_origin(origin_url: str, copier_url: str, copier_pid: int, args: argparse.Namespace) -> dict[str, Any]:
     import nats
 
@@ -136,6 +194,39 @@ async def run_origin(origin_url: str, copier_url: str, copier_pid: int, args: ar
     n = args.messages
     out: dict[str, Any] = {}
     try:
+        # -- a steady rate (first, on servers that have nothing else to do): the lag of
+        # each message, in the copy and at a plain consumer of the origin -----------
+        await _api(there, "STREAM.CREATE.P", {"name": "P", "subjects": ["p.>"]})
+        await _api(here, "STREAM.CREATE.MP", {
+            "name": "MP", "mirror": {"name": "P", "domain": "hub"},
+            "republish": {"src": ">", "dest": "lag.>", "headers_only": True},
+        })
+
+        def copy_lag(msg: Any, now: int) -> float | None:  # the mirror keeps the origin's timestamp
+            return (now - parse_rfc3339(msg.headers["Nats-Time-Stamp"])) / 1e6
+
+        c0 = _cpu(copier_pid)
+        out["steady"] = await _steady(js, "p.x", here, "lag.>", copy_lag, payload, args)
+        out["steady"]["copier_cpu_share"] = round((_cpu(copier_pid) - c0) / out["steady"]["seconds"], 3)
+
+        # The same rate into another stream of the origin, read by a push consumer there
+        # as the copy reads (flow control, ack none), from nats-py: the origin's own
+        # delivery lag, which a copy cannot beat.
+        await _api(there, "STREAM.CREATE.R", {"name": "R", "subjects": ["r.>"]})
+        inbox = there.new_inbox()
+        await _api(there, "CONSUMER.CREATE.R", {"stream_name": "R", "config": {
+            "deliver_subject": inbox, "ack_policy": "none", "flow_control": True,
+            "idle_heartbeat": 1_000_000_000, "deliver_policy": "all", "max_deliver": 1,
+        }})
+
+        def consumer_lag(msg: Any, now: int) -> float | None:
+            if not msg.data:  # a heartbeat or a flow-control request
+                if msg.reply:
+                    asyncio.ensure_future(there.publish(msg.reply, b""))
+                return None
+            return (now - int(msg.reply.split(".")[-2])) / 1e6  # $JS.ACK.<...>.<timestamp>.<pending>
+
+        out["reference"] = await _steady(js, "r.x", there, inbox, consumer_lag, payload, args)
         # -- a backlog, copied by a mirror, then by a source --------------------------------
         await _api(there, "STREAM.CREATE.S", {"name": "S", "subjects": ["s.>"]})
         await _publish_all(js, "s.x", n, payload)
@@ -162,70 +253,18 @@ async def run_origin(origin_url: str, copier_url: str, copier_pid: int, args: ar
         log(f"  live: origin accepted {out['live_origin'].per_second:,.0f} msgs/s, the copy "
             f"{out['live_copy'].per_second:,.0f} msgs/s, caught up {out['live_catch_up_ms']:.0f} ms after the last PubAck")
 
-        # -- a steady rate: the lag of each message -----------------------------------------
-        await _api(there, "STREAM.CREATE.P", {"name": "P", "subjects": ["p.>"]})
-        await _api(here, "STREAM.CREATE.MP", {
-            "name": "MP", "mirror": {"name": "P", "domain": "hub"},
-            "republish": {"src": ">", "dest": "lag.>", "headers_only": True},
-        })
-        from protocol.nats import parse_rfc3339
-
-        lags: list[float] = []  # published at the origin -> seen stored in the copy (ms)
-        copy_lags: list[float] = []  # stored at the origin (its timestamp, kept by the mirror) -> the same
-        total = int(args.rate * args.seconds)
-        per_tick = max(1, args.rate // 100)
-        got_all = asyncio.Event()
-
-        async def on_copy(msg: Any) -> None:
-            now = time.time_ns()
-            lags.append((now - int(msg.headers["X-Sent"])) / 1e6)
-            copy_lags.append((now - parse_rfc3339(msg.headers["Nats-Time-Stamp"])) / 1e6)
-            if len(lags) >= total:
-                got_all.set()
-
-        sub = await here.subscribe("lag.>", cb=on_copy)
-        await here.flush()
-        c0, t0 = _cpu(copier_pid), time.perf_counter()
-        sent = 0
-        late_ticks = 0
-        tick = 0
-        while sent < total:
-            due = t0 + tick * 0.01
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            elif delay < -0.01:
-                late_ticks += 1
-            for _ in range(min(per_tick, total - sent)):
-                await js.publish_async("p.x", payload, headers={"X-Sent": str(time.time_ns())})
-                sent += 1
-            tick += 1
-        await js.publish_async_completed()
-        sending = time.perf_counter() - t0
-        try:
-            await asyncio.wait_for(got_all.wait(), 60)
-        except TimeoutError:
-            raise RuntimeError(f"the steady phase: {len(lags):,} of {total:,} copies seen") from None
-        steady_cpu = _cpu(copier_pid) - c0
-        await sub.unsubscribe()
-        qs = statistics.quantiles(lags, n=100, method="inclusive")
-        cq = statistics.quantiles(copy_lags, n=100, method="inclusive")
-        out["steady"] = {
-            "rate_asked": args.rate, "rate_sent": round(total / sending, 1), "late_ticks": late_ticks,
-            "messages": total, "lag_p50_ms": round(qs[49], 2), "lag_p99_ms": round(qs[98], 2),
-            "lag_max_ms": round(max(lags), 2), "copy_lag_p50_ms": round(cq[49], 2),
-            "copy_lag_p99_ms": round(cq[98], 2), "copy_lag_max_ms": round(max(copy_lags), 2),
-            "copier_cpu_share": round(steady_cpu / (time.perf_counter() - t0), 3),
-        }
-        log(f"  steady {args.rate:,} msgs/s (sent at {total / sending:,.0f}): published -> copied p50 {qs[49]:.1f} ms, "
-            f"p99 {qs[98]:.1f} ms, max {max(lags):.1f} ms; stored at the origin -> copied p50 {cq[49]:.1f} ms, "
-            f"p99 {cq[98]:.1f} ms, max {max(copy_lags):.1f} ms")
         info = await _api(here, "STREAM.INFO.ML")
         out["mirror_info"] = info.get("mirror")
     finally:
         await here.close()
         await there.close()
     return out
+
+
+def _steady_row(origin: str, label: str, st: dict[str, Any], note: str) -> list[str]:
+    return [origin, label.format(rate=st["rate_asked"]),
+            f"{st['lag_p50_ms']:.1f} / {st['lag_p99_ms']:.1f} / {st['lag_max_ms']:.1f} ms",
+            f"sent at {st['rate_sent']:,.0f} msgs/s; from the publish p99 {st['sent_lag_p99_ms']:.1f} ms{note}"]
 
 
 def _us(rate: Rate) -> str:
@@ -277,11 +316,9 @@ def main() -> None:
             [origin, "live: the origin accepts", fmt_rate(r["live_origin"].per_second), ""],
             [origin, "live: the copy", fmt_rate(r["live_copy"].per_second),
              f"caught up {r['live_catch_up_ms']:.0f} ms after the last PubAck; {_us(r['live_copy'])}"],
-            [origin, f"steady {r['steady']['rate_asked']:,} msgs/s: stored at the origin → copied, p50 / p99 / max",
-             f"{r['steady']['copy_lag_p50_ms']:.1f} / {r['steady']['copy_lag_p99_ms']:.1f} / {r['steady']['copy_lag_max_ms']:.1f} ms",
-             f"sent at {r['steady']['rate_sent']:,.0f} msgs/s; the copier used {r['steady']['copier_cpu_share']:.0%} of a core"],
-            [origin, "  the same, published → copied", f"{r['steady']['lag_p50_ms']:.1f} / {r['steady']['lag_p99_ms']:.1f} / "
-             f"{r['steady']['lag_max_ms']:.1f} ms", "with the origin's ack (and its queue when it is slower)"],
+            _steady_row(origin, "steady {rate:,} msgs/s: stored at the origin → copied, p50 / p99 / max", r["steady"],
+                        f"; the copier used {r['steady']['copier_cpu_share']:.0%} of a core"),
+            _steady_row(origin, "  reference: the origin → its own push consumer (nats-py)", r["reference"], ""),
         ]
     rows.append(["(copier)", "its own publish_async", fmt_rate(own.per_second), "the bound on a copy's rate"])
     osync = f", the origins' {args.origin_sync}" if args.origin_sync else ""

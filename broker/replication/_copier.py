@@ -97,8 +97,6 @@ class Copier:
         self.last_contact = 0
         self.error: tuple[int, int, str] | None = None
         self.scope = trio.CancelScope()
-        #: The origin sequence the next batch starts at (0: by start time).
-        self.next_seq = 0
 
     # -- where the copy is ---------------------------------------------------------
 
@@ -115,9 +113,12 @@ class Copier:
             if log_.next_offset > 1 and log_.last_offset > 0:
                 return log_.next_offset, None
             return (max(start, log_.next_offset) if start else 0), start_time
-        found = self._last_sourced()
-        if found:
-            return found + 1, None
+        # What this process copied from the source (kept across retries and restarts
+        # of the copier) counts too: the copy may have lost those messages since
+        # (a purge, a delete, an expiry), and they are not copied again.
+        done = max(self._last_sourced(), self.replication.sourced.get((self.topic.id, self.iname), 0))
+        if done:
+            return done + 1, None
         return start, start_time
 
     def _last_sourced(self) -> int:
@@ -162,6 +163,8 @@ class Copier:
                         if batch:
                             await self._store(origin, batch)
                             self.lag = batch[-1].pending
+                            if not self.mirror:
+                                self.replication.sourced[self.topic.id, self.iname] = batch[-1].seq
                         else:
                             self.lag = 0
             except OriginGone:
@@ -250,6 +253,9 @@ class Replication(TopicHooks):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.copiers: dict[Topic, list[Copier]] = {}
+        #: (topic id, source iname) -> the last origin sequence its copier stored
+        #: since the broker started (``Copier.resume_point``).
+        self.sourced: dict[tuple[int, str], int] = {}
         self._nursery: trio.Nursery | None = None
         self._waiting: list[Copier] = []
         self._token: trio.lowlevel.TrioToken | None = None  # (the loop, for starts from worker threads)
@@ -322,6 +328,8 @@ class Replication(TopicHooks):
 
     def topic_deleted(self, topic: Topic) -> None:
         self._stop(topic)
+        for key in [k for k in self.sourced if k[0] == topic.id]:
+            del self.sourced[key]
 
     def topic_closed(self, topic: Topic) -> None:
         self._stop(topic)

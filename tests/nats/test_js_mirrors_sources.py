@@ -153,6 +153,33 @@ async def test_sources_merge_with_filter_transform_and_the_source_header(nats_ur
     await _js(nats_url, scenario)
 
 
+async def test_a_purged_source_copy_does_not_take_again_what_it_took(nats_url: str) -> None:
+    """The copy purged, then its copiers started again (a source added): what the
+    source already took is not taken again, though no message of the copy names it
+    any more; what comes next is."""
+    async def scenario(nc: Any, js: Any) -> None:
+        await js.add_stream(name="A", subjects=["a.>"])
+        await js.add_stream(name="B", subjects=["b.>"])
+        for i in range(3):
+            await js.publish(f"a.{i}", b"x")
+        await api_request(nc, f"{API}STREAM.CREATE.S", {"name": "S", "sources": [{"name": "A"}]})
+        await _wait_for(nc, "S", lambda i: i["state"]["messages"] == 3)
+        await js.purge_stream("S")
+        await js.publish("b.1", b"y")
+        r = await api_request(nc, f"{API}STREAM.UPDATE.S", {"name": "S", "sources": [{"name": "A"}, {"name": "B"}]})
+        assert "error" not in r, r
+        info = await _wait_for(nc, "S", lambda i: i["state"]["messages"] == 1)
+        await js.publish("a.3", b"z")
+        info = await _wait_for(nc, "S", lambda i: i["state"]["messages"] == 2)
+        await asyncio.sleep(0.2)  # (time for a wrong copy of a.0 to a.2 to show)
+        info = await api_request(nc, f"{API}STREAM.INFO.S", {})
+        assert (info["state"]["messages"], info["state"]["first_seq"], info["state"]["last_seq"]) == (2, 4, 5)
+        subjects = {(await _get(nc, "S", seq))["message"]["subject"] for seq in (4, 5)}
+        assert subjects == {"b.1", "a.3"}
+
+    await _js(nats_url, scenario)
+
+
 async def test_opt_start_seq_and_time(nats_url: str) -> None:
     async def scenario(nc: Any, js: Any) -> None:
         await js.add_stream(name="O", subjects=["o.>"])
