@@ -66,6 +66,8 @@ BENCHES = (
     # listener; phases of a second or more each (a 3,000-key KV get phase lasted under half
     # a second: noise).
     Bench("nats_compat", ("--messages", "20000", "--serial", "5000", "--keys", "10000"), 600),
+    # A ttlbroker copying from a ttlbroker and from a nats-server, every server at always.
+    Bench("replication", ("--messages", "30000", "--seconds", "10"), 300),
 )
 
 
@@ -207,6 +209,33 @@ def _consume_rows(r: Results) -> list[Row]:
                       dig(c, "ttlbroker", "consume", "msgs_per_s"), dig(c, "nats", "consume", "msgs_per_s"), 5)]
 
 
+def _replication_rows(r: Results) -> list[Row]:
+    """The copy keeps up with each origin (the live copy's rate over the origin's,
+    every server at ``always``), and the lag p99 at a steady 5,000 msgs/s from a
+    ttlbroker origin (a nats-server at ``sync_interval: always`` does not take that
+    rate from one client: its row shows the rate it took)."""
+    rep = dig(r, "replication", "results") or {}
+    sync = dig(r, "replication", "args", "sync") or "?"
+    rows = []
+    for origin in ("ttlbroker", "nats-server"):
+        ours, theirs = dig(rep, origin, "live_copy", "msgs_per_s"), dig(rep, origin, "live_origin", "msgs_per_s")
+        ratio = _div(ours, theirs)
+        value = "n/a" if ratio is None else f"{ratio:.2f} ({ours:,.0f} of {theirs:,.0f} msgs/s)"
+        rows.append(Row(f"replication from a {origin}, sync {sync}: the live copy / what the origin accepts",
+                        "≥ 0.95", value, None if ratio is None else ratio >= 0.95))
+    st = dig(rep, "ttlbroker", "steady") or {}
+    p99, ref = st.get("lag_p99_ms"), dig(rep, "ttlbroker", "reference", "lag_p99_ms")
+    detail = "" if ref is None else f"the origin's own push consumer: p99 {ref:.1f} ms"
+    nats_st = dig(rep, "nats-server", "steady") or {}
+    if nats_st:
+        detail += (f"; from a nats-server taking {nats_st.get('rate_sent', 0):,.0f} msgs/s: p99 "
+                   f"{nats_st.get('lag_p99_ms', 0):.1f} ms (its own consumer "
+                   f"{dig(rep, 'nats-server', 'reference', 'lag_p99_ms') or 0:.1f})")
+    rows.append(Row(f"replication lag p99 at {st.get('rate_asked', 5000):,} msgs/s from a ttlbroker, sync {sync}",
+                    "≤ 100 ms", "n/a" if p99 is None else f"{p99:.1f} ms", None if p99 is None else p99 <= 100, detail))
+    return rows
+
+
 #: nats_compat's workloads, each a row of the NATS listener's target (at least as fast
 #: as nats-server, both driven by nats-py at equal durability).
 NATS_WORKLOADS = (
@@ -251,6 +280,7 @@ ROWS: tuple[tuple[str, Callable[[Results], list[Row]]], ...] = (
     ("export", _export_rows),
     ("startup", _startup_rows),
     ("consume", _consume_rows),
+    ("replication", _replication_rows),
     ("nats_compat", _nats_compat_rows),
 )
 

@@ -216,7 +216,10 @@ async def test_acks_reach_the_core_subscriptions_that_match_them(mock_clock: Any
         before = await _take(sub, 2)
         for m in before:
             await m.ack()
-        await nc.flush()
+        # The server has those acks before the watcher subscribes (one flush does not
+        # prove it: its PING overtakes what is still in nats-py's buffer; see
+        # helpers.subscribed, which does the same for SUBs).
+        await subscribed(nc)
         acks = await watcher.subscribe("$JS.ACK.ORDERS.>")
         await subscribed(watcher)
         after = await _take(sub, 2)

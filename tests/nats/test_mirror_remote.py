@@ -10,8 +10,9 @@ restart with no gap and no duplicate."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -189,10 +190,32 @@ class _restarted:
         self.cm.__exit__(*exc)
 
 
-async def test_kill_9_of_the_copying_broker_in_the_middle_of_a_transfer(tmp_path: Path) -> None:
-    """A mirror of 3,000 messages of a nats-server stream, the copying broker killed
-    with SIGKILL part-way (``fsync always``): after its restart the copy equals the
-    origin, sequence for sequence, with no gap and no duplicate."""
+@contextlib.contextmanager
+def _origin_process(kind: str, store: Path) -> Iterator[str]:
+    """The URL of an origin server of domain ``hub`` in a process of its own: a
+    nats-server, or a ttlbroker (``[nats] domain = "hub"``)."""
+    from conftest import BrokerProcess
+
+    if kind == "nats-server":
+        with run_nats_server(store) as (_proc, port):
+            yield f"nats://127.0.0.1:{port}"
+        return
+    cfg = store / "origin.toml"
+    cfg.write_text('[nats]\ndomain = "hub"\n')
+    (store / "data").mkdir(exist_ok=True)
+    proc = BrokerProcess(store / "data", "--fsync", "always", config_file=cfg)
+    try:
+        yield proc.nats_url
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("kind", ["nats-server", "ttlbroker"])
+async def test_kill_9_of_the_copying_broker_in_the_middle_of_a_transfer(tmp_path: Path, kind: str) -> None:
+    """A mirror of 3,000 messages of a stream on a nats-server or on another ttlbroker
+    process, the copying broker killed with SIGKILL part-way (``fsync always``):
+    after its restart the copy equals the origin, sequence for sequence, with no gap
+    and no duplicate."""
     import signal
 
     from conftest import BrokerProcess
@@ -201,8 +224,7 @@ async def test_kill_9_of_the_copying_broker_in_the_middle_of_a_transfer(tmp_path
     store.mkdir()
     data = tmp_path / "copy"
     data.mkdir()
-    with run_nats_server(store) as (_proc, port):
-        url = f"nats://127.0.0.1:{port}"
+    with _origin_process(kind, store) as url:
         remote = RemoteSettings(domain="hub", url=url)
         there = await NatsLink.open(remote, 5)
         try:
