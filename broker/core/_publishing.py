@@ -301,10 +301,10 @@ class Publisher:
             pos += len(b)
             ends.append(pos)
         lasts = part.last_offsets(subjects) if part.topic.republisher is not None else None
-        stamps = [c.timestamp or now for c in run]
-        ts = stamps[0]
+        times = [c.timestamp or now for c in run]
+        ts = times[0]
         res = part.append(b"".join(bodies), starts, ends, subjects, ts, flags if any(flags) else None,
-                          timestamps=None if stamps.count(ts) == len(stamps) else stamps)
+                          timestamps=None if times.count(ts) == len(times) else times)
         epoch = self.committer.note_write(part.log)
         first = res.first_offset
         counters = self.counters

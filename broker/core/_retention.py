@@ -131,21 +131,23 @@ class Retention:
                     by_ttl[seconds] = [offset]
                 else:
                     g.append(offset)
+        if not by_ttl:
+            return
         each = res.timestamps
-        if by_ttl and each is None:
+        if each is None:
             ts = res.timestamp
             for seconds, offsets in by_ttl.items():
                 part.mark_pending(offsets)
                 engine.schedule_ttl_many(part, offsets, ts + seconds * NS)
-        elif by_ttl and each is not None:  # each record its own timestamp (a mirror's copies)
-            first = res.first_offset
-            deadlines: dict[int, list[int]] = {}
-            for seconds, offsets in by_ttl.items():
-                part.mark_pending(offsets)
-                for o in offsets:
-                    deadlines.setdefault(each[o - first] + seconds * NS, []).append(o)
-            for deadline, offsets in deadlines.items():
-                engine.schedule_ttl_many(part, offsets, deadline)
+            return
+        first = res.first_offset  # each record its own timestamp (a mirror's copies)
+        deadlines: dict[int, list[int]] = {}
+        for seconds, offsets in by_ttl.items():
+            part.mark_pending(offsets)
+            for o in offsets:
+                deadlines.setdefault(each[o - first] + seconds * NS, []).append(o)
+        for deadline, offsets in deadlines.items():
+            engine.schedule_ttl_many(part, offsets, deadline)
 
     def rebuild(self, part: Partition) -> None:
         """Rebuild a partition's expiry state from its log (startup). Whatever fell

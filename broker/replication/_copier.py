@@ -114,9 +114,10 @@ class Copier:
                 return log_.next_offset, None
             return (max(start, log_.next_offset) if start else 0), start_time
         # What this process copied from the source (kept across retries and restarts
-        # of the copier) counts too: the copy may have lost those messages since
-        # (a purge, a delete, an expiry), and they are not copied again.
-        done = max(self._last_sourced(), self.replication.sourced.get((self.topic.id, self.iname), 0))
+        # of the copier) goes first: the copy may have lost those messages since (a
+        # purge, a delete, an expiry), and they are not copied again. Only a copier
+        # with nothing stored since the broker started scans the copy back.
+        done = self.replication.sourced.get((self.topic.id, self.iname)) or self._last_sourced()
         if done:
             return done + 1, None
         return start, start_time

@@ -24,7 +24,6 @@ deadline (the expiry engine fires on its 10 ms tick)."""
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ import trio.testing
 from conftest import make_config, start_server
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from test_mirror_remote import api, contents
 
 from broker import Clock
 from broker.config import RemoteSettings
@@ -217,28 +217,17 @@ class B:
 
 
 async def _ok(link: NatsLink, subject: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = await _api(link, subject, body)
+    r = await api(link, subject, body)
     assert "error" not in r, (subject, r)
     return r
 
 
-async def _api(link: NatsLink, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    ans = await link.request(f"$JS.API.{subject}", json.dumps(body).encode() if body is not None else b"", 5)
-    return json.loads(ans.payload)  # type: ignore[no-any-return]
-
-
 async def _stored(link: NatsLink, stream: str) -> list[tuple[int, str, bytes]]:
-    state = (await _api(link, f"STREAM.INFO.{stream}"))["state"]
-    out = []
-    for seq in range(state["first_seq"], state["last_seq"] + 1) if state["messages"] else ():
-        r = await _api(link, f"STREAM.MSG.GET.{stream}", {"seq": seq})
-        if "error" not in r:
-            out.append((r["message"]["seq"], r["message"]["subject"], base64.b64decode(r["message"].get("data") or "")))
-    return out
+    return [(seq, subject, data) for seq, subject, data, _ in await contents(link, stream)]
 
 
 async def _counts(link: NatsLink, stream: str) -> int:
-    return (await _api(link, f"STREAM.INFO.{stream}"))["state"]["messages"]  # type: ignore[no-any-return]
+    return (await api(link, f"STREAM.INFO.{stream}"))["state"]["messages"]  # type: ignore[no-any-return]
 
 
 async def _check(model: Model, there: NatsLink, here: NatsLink | None, op: tuple[Any, ...], full: bool = True) -> None:
