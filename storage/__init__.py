@@ -49,6 +49,7 @@ from ._log import LIVE as LIVE
 from ._log import RecordState as RecordState
 from ._recovery import RecoveryReport as RecoveryReport
 from ._segment import Segment as Segment
+from ._sources import SourceMark as SourceMark
 from ._segment import segment_name as segment_name
 
 __all__ = [name for name in dir() if not name.startswith("_")]

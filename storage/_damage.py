@@ -20,7 +20,7 @@ class Damage:
     Attributes:
         kind: the file kind: ``catalog``, ``partition_state``, ``deletions``,
             ``offset_index``, ``time_index``, ``segment``, ``consumer_offsets``,
-            ``export_manifest``, ``unknown_path``.
+            ``sources_state``, ``export_manifest``, ``unknown_path``.
         path: the file (or directory) concerned.
         position: the byte position of the damage in the file, when known.
         detail: what is wrong, in words.

@@ -14,7 +14,10 @@ for offsets only. Offsets are reserved ahead durably in blocks, exactly as a fil
 log does when acks do not wait for the disk (``RecoveredPartition.extend_reservation``),
 and a clean close records the exact next offset. So after a restart, clean or not,
 the log starts empty at an offset beyond every one handed out before: none is ever
-handed out twice.
+handed out twice. Except for a log whose offsets are not its own (``reserve``
+False: a mirror's are its origin's): it starts empty at offset 1 each time and
+reserves nothing, so that it can hold its origin's messages again under their
+sequences.
 
 The bytes all memory logs hold are counted in one :class:`MemoryBudget` (the
 broker's ``[limits] memory_storage_bytes``): appends add, removed segments and
@@ -34,7 +37,7 @@ from ._partition_log import PartitionLog
 from ._partition_recovery import RESERVE_MAX, _check_state_file
 from ._recovery import RecoveryReport
 from ._segment import Segment
-from ._state import STATE_NAME, StateFile
+from ._state import STATE_NAME, PartitionState, StateFile
 
 __all__ = ["MemoryBudget", "MemoryPartitionLog", "MemorySegment"]
 
@@ -154,8 +157,11 @@ class MemoryPartitionLog(PartitionLog):
 
     volatile = True
 
-    def __init__(self, path: str, segment_size: int, on_corrupt: Callable[[int, str], None] | None, budget: MemoryBudget) -> None:
-        super().__init__(path, segment_size, on_corrupt, reserve=True)
+    def __init__(
+        self, path: str, segment_size: int, on_corrupt: Callable[[int, str], None] | None, budget: MemoryBudget,
+        reserve: bool = True,
+    ) -> None:
+        super().__init__(path, segment_size, on_corrupt, reserve=reserve)
         self.budget = budget
 
     @classmethod
@@ -168,22 +174,26 @@ class MemoryPartitionLog(PartitionLog):
         budget: MemoryBudget,
         report: Report = ignore_damage,
         expect_existing: bool = False,
+        reserve: bool = True,
     ) -> tuple[Self, list[RecoveryReport]]:
         """Open (or create) the memory partition at ``path``: empty, at the next
         offset its ``partition.state`` allows (beyond every offset handed out before).
         After an unclean stop :attr:`skipped` is ``(first, last)``: the offsets from
         the last recorded next offset up to the reservation, some of which may have
-        been handed out before the stop; none is handed out again."""
+        been handed out before the stop; none is handed out again. ``reserve`` False (a
+        mirror's log): at offset 1, whatever was handed out before."""
         existed = os.path.isdir(path)
         makedirs(path)
-        log = cls(path, segment_size, on_corrupt, budget)
+        log = cls(path, segment_size, on_corrupt, budget, reserve)
         log._report = report
         sf = log.state_file = StateFile.open(os.path.join(path, STATE_NAME))
         _check_state_file(sf, path, [], report, existed, expect_existing, False)
+        if not reserve:
+            sf.state = PartitionState(generation=sf.state.generation)
         st = sf.state
         found = max(st.acked_next, st.purged_through + 1, 1)
         next_offset = max(found, st.reserved_next)
-        if sf.found == "both_bad":
+        if sf.found == "both_bad" and reserve:
             next_offset = RESERVE_MAX  # the high-water mark is lost: leap (see docs/semantics.md)
         if next_offset > found and not st.clean:
             log.skipped = (found, next_offset - 1)

@@ -19,8 +19,9 @@ three layers, one module each, every one extending the one before:
     Every read: fetches, single records, liveness, timestamps, live counts.
 this module
     The writes: appends, deletions, purges, rolls of the active segment and the
-    hand-off of their seals to the owner's worker thread, and the cleaner's removal
-    of segments.
+    hand-off of their seals to the owner's worker thread, the cleaner's removal
+    of segments, and a sourcing topic's marks (``_sources``: written before a
+    removal they must survive).
 
 Layers of one class rather than parts it holds, as ``_segment.Segment`` extends
 ``_log.SegmentLog``: appends, fetches and gets read the segment list, the bases and
@@ -30,7 +31,7 @@ Layers of one class rather than parts it holds, as ``_segment.Segment`` extends
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from protocol import build_records
@@ -40,6 +41,7 @@ from ._files import keep_aside
 from ._log import CORRUPT
 from ._partition_reads import PartitionReads
 from ._segment import Segment
+from ._sources import SourceMark, SourceMarks, SourceOf
 
 __all__ = ["PartitionLog", "AppendResult"]
 
@@ -253,6 +255,8 @@ class PartitionLog(PartitionReads):
     def delete_many(self, offsets: list[int], tag: int = 0) -> int:
         """Delete records (one ``.del`` write per segment); returns how many were live.
         ``tag`` (0..15) is recorded with each deletion (why; the caller's vocabulary)."""
+        if self.sources is not None and offsets:
+            self.sources.protect(max(offsets), self.next_offset)
         by_segment: dict[int, list[int]] = {}
         for off in offsets:
             i = self.segment_index(off)
@@ -288,6 +292,8 @@ class PartitionLog(PartitionReads):
         through = last if through is None else min(through, last)
         if through <= self.purged_through:
             return 0
+        if self.sources is not None:
+            self.sources.protect(through, self.next_offset, durable=True)
         self.mark_purged(through)
         if through >= last and self.segments[-1].count:
             self._roll()
@@ -353,6 +359,41 @@ class PartitionLog(PartitionReads):
         self.segments.append(new)
         self.bases.append(offset)
         self._sync_dir()
+
+    # -- where a sourcing topic is in its sources -----------------------------------
+
+    def configure_sources(self, inames: Collection[str], source_of: SourceOf) -> None:
+        """The topic sources ``inames`` (none: it sources nothing any more, and its
+        marks go): keep their marks (``_sources``), finding with ``source_of`` the
+        copies the marks do not account for."""
+        if not inames:
+            if self.sources is not None:
+                self.sources.remove()
+                self.sources = None
+            return
+        if self.sources is None:
+            self.sources = SourceMarks(None if self.volatile else self.path)
+        self.sources.configure(inames, self._newest_first(), source_of)
+
+    def _newest_first(self) -> Iterator[tuple[int, memoryview]]:
+        off = self.next_offset - 1
+        first = max(self.first_offset, 1)
+        while off >= first:
+            rec = self.read_live(off)
+            if rec is not None:
+                yield off, rec
+            off -= 1
+
+    def source_mark(self, iname: str) -> SourceMark | None:
+        """The last message copied from source ``iname`` (None: nothing yet)."""
+        return self.sources.mark(iname) if self.sources is not None else None
+
+    def note_source(self, iname: str, seq: int, ident: str, offset: int) -> None:
+        """The last copy of a batch from ``iname`` was appended at ``offset`` (in the
+        same step as the append: before any removal can take it)."""
+        if self.sources is None:
+            self.sources = SourceMarks(None if self.volatile else self.path)
+        self.sources.note(iname, seq, ident, offset)
 
     # -- the cleaner ---------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from ._files import makedirs
 from ._log import CORRUPT, LIVE, LIVE_BYTE
 from ._recovery import Opening, RecoveryReport
 from ._segment import Segment
+from ._sources import SourceMarks
 from ._state import STATE_NAME, StateFile
 
 __all__ = ["RecoveredPartition", "LiveRecords"]
@@ -125,6 +126,11 @@ class RecoveredPartition:
         self._state_unsynced = False
         #: Where damage found after opening (the startup scan) goes.
         self._report: Report = ignore_damage
+        #: The offset after the last record recovery found (before any reservation).
+        self.recovered_next = 1
+        #: Where a sourcing topic is in its sources (``_sources``), once the broker
+        #: configured them or a file of them was found.
+        self.sources: SourceMarks | None = None
 
     @property
     def purged_through(self) -> int:
@@ -199,6 +205,9 @@ class RecoveredPartition:
                 doomed.remove_files()
         reports = log._open_segments(bases, opening)
         found_next = log.segments[-1].next_offset if log.segments else max(1, st.purged_through + 1)
+        log.recovered_next = found_next
+        if any(os.path.exists(p) for p in SourceMarks(path).paths):
+            log.sources = SourceMarks.load(path, report, found_next, st.purged_through)
         next_offset = max(found_next, st.reserved_next, st.acked_next, st.purged_through + 1, 1)
         if sf.found == "both_bad":
             next_offset = found_next + RESERVE_MAX
@@ -320,6 +329,8 @@ class RecoveredPartition:
         for seg in self.segments:
             if seg.dirty or seg.deletions.dirty:
                 fds.extend(seg.take_dirty_fds())
+        if self.sources is not None:
+            fds.extend(self.sources.take_dirty_fds())
         if fds:
             self._syncing_next = self.next_offset
             if self._state_unsynced:
@@ -352,6 +363,8 @@ class RecoveredPartition:
                     self.segments[-1].write_snapshot()
             except OSError:
                 pass  # the next start reads the records
+            if self.sources is not None:
+                self.sources.close(self.next_offset)
             st = self.state_file.state
             st.clean = True
             st.acked_next = st.reserved_next = self.next_offset
@@ -359,6 +372,8 @@ class RecoveredPartition:
                 self.state_file.write()
             except OSError:
                 pass  # the next start treats the stop as unclean
+        if self.sources is not None:
+            self.sources.close(None)
         self.state_file.close()
         for seg in self.segments:
             seg.close()

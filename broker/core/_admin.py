@@ -249,6 +249,8 @@ async def update_topic(broker: Broker, session: object, cmd: P.UpdateTopic) -> R
             raise
         for p in topic.partitions:
             p.log.segment_size = new.segment_size
+            # A mirror promoted to a topic of its own hands out offsets from now on.
+            p.log.reserve_ahead = broker.reserves_offsets(new)
         if new.max_msgs_per_subject and new.max_msgs_per_subject != old.max_msgs_per_subject:
             for p in topic.partitions:
                 broker.publisher.enforce_max_msgs(p, [s for s, st in p.index.subjects.items() if st.count])

@@ -190,13 +190,21 @@ class Broker:
             messages=sum(t.messages_count for t in self.catalog.topics()),
         )
 
+    def reserves_offsets(self, cfg: TopicConfig) -> bool:
+        """Whether a topic's logs reserve offsets ahead (``PartitionLog.open``): when
+        acks do not wait for the disk, so that a machine crash never gives an
+        acknowledged offset out again. Not a mirror's: its offsets are its origin's,
+        and after an unclean stop it takes up from the last record it holds (a skip
+        ahead would leave a gap of the origin's messages)."""
+        return not self.committer.acks_wait and not cfg.mirror
+
     def open_topic_storage(self, topic: Topic, recovering: bool, expect_existing: bool | None = None) -> None:
         """Open (``recovering``) or create the partitions of ``topic``. ``expect_existing``
         (default: ``recovering``): a missing partition directory is damage."""
         if expect_existing is None:
             expect_existing = recovering
         topic.partitions = []
-        reserve = not self.committer.acks_wait
+        reserve = self.reserves_offsets(topic.config)
         for n in range(topic.config.partitions_count):
             path = self.datadir.partition_dir(topic.stream.id, topic.id, n)
 
@@ -208,7 +216,7 @@ class Broker:
             if topic.config.storage == "memory":
                 plog, reports = MemoryPartitionLog.open(
                     path, topic.config.segment_size, on_corrupt, budget=self.memory_budget, report=self._damage,
-                    expect_existing=expect_existing,
+                    expect_existing=expect_existing, reserve=not topic.config.mirror,
                 )
             else:
                 plog, reports = PartitionLog.open(

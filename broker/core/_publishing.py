@@ -219,7 +219,7 @@ class Publisher:
         batch.quiet = not deliver
         self._store(batch)
 
-    def publish_copies(self, part: Partition, copies: list[Copy]) -> int:
+    def publish_copies(self, part: Partition, copies: list[Copy], mark: tuple[str, int, str] | None = None) -> int:
         """Messages a mirror or source copied from its origin, stored into ``part``
         (its topic's one partition) without routing, admission or de-duplication:
         the origin checked them. A copy with an ``offset`` above the next one skips
@@ -229,6 +229,9 @@ class Publisher:
         kept: ADR-43); ``Nats-Rollup`` is applied (the origin allowed it); the
         limits, republish and the consumers apply as to any append. Not delivered
         to core subscriptions (nats-server does not publish what it copies).
+        ``mark``: a source's ``(iname, origin sequence, origin identity)`` of the last
+        copy, noted in the partition's marks with the append (before the limits or a
+        rollup may remove it: ``PartitionLog.note_source``).
         Returns the epoch the caller must wait for before it asks for more (0: none).
 
         Raises:
@@ -260,11 +263,11 @@ class Publisher:
             j = i + 1
             while j < n and (copies[j].offset == off + j - i if off else not copies[j].offset):
                 j += 1
-            epoch = max(epoch, self._append_copies(part, copies[i:j], now))
+            epoch = max(epoch, self._append_copies(part, copies[i:j], now, mark if j == n else None))
             i = j
         return epoch
 
-    def _append_copies(self, part: Partition, run: list[Copy], now: int) -> int:
+    def _append_copies(self, part: Partition, run: list[Copy], now: int, mark: tuple[str, int, str] | None) -> int:
         """One append of consecutive copies, each with its own timestamp (a mirror
         keeps its origin's; 0: ``now``)."""
         cfg = part.topic.config
@@ -307,6 +310,8 @@ class Publisher:
                           timestamps=None if times.count(ts) == len(times) else times)
         epoch = self.committer.note_write(part.log)
         first = res.first_offset
+        if mark is not None:
+            part.log.note_source(*mark, first + len(run) - 1)
         counters = self.counters
         counters.messages_in += len(run)
         counters.bytes_in += len(res.records)

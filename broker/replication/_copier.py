@@ -4,10 +4,11 @@ A :class:`Copier` asks its origin (:func:`choose_origin`: the one place that pic
 local or a remote origin) for batches from where the copy is, stores each through
 the broker's one publish path (``Publisher.publish_copies``), and asks for the
 next once the batch is stored (under ``fsync always``: once the group commit made
-it durable, as a PubAck waits). Where the copy
-is comes from its own contents when the copier starts (``docs/semantics.md``,
-"Mirrors and sources"): a mirror's next offset; a source's last ``Nats-Stream-Source``
-header naming it, found scanning back (nats-server's ``startingSequenceForSources``).
+it durable, as a PubAck waits). Where the copy is (``docs/semantics.md``,
+"Mirrors and sources"): a mirror's next offset; for a source, the partition's mark
+of it, which storage keeps across removals and restarts (``storage._sources``:
+noted with each batch, found again from the ``Nats-Stream-Source`` headers of the
+copies it does not account for, :func:`record_source`).
 
 :class:`Replication` owns the copiers: a ``TopicHooks`` that starts, restarts and
 stops them as topics open, change and go, and the task they run under
@@ -113,37 +114,12 @@ class Copier:
             if log_.next_offset > 1 and log_.last_offset > 0:
                 return log_.next_offset, None
             return (max(start, log_.next_offset) if start else 0), start_time
-        # What this process copied from the source (kept across retries and restarts
-        # of the copier) goes first: the copy may have lost those messages since (a
-        # purge, a delete, an expiry), and they are not copied again. Only a copier
-        # with nothing stored since the broker started scans the copy back.
-        done = self.replication.sourced.get((self.topic.id, self.iname)) or self._last_sourced()
-        if done:
-            return done + 1, None
+        # The partition's mark of this source (storage keeps it across purges,
+        # removals, copier restarts and broker restarts): what the copy holds or held.
+        mark = log_.source_mark(self.iname)
+        if mark is not None:
+            return mark.seq + 1, None
         return start, start_time
-
-    def _last_sourced(self) -> int:
-        """The origin sequence of the newest message of the copy that names this
-        source in its ``Nats-Stream-Source`` (0: none), scanning back."""
-        log_ = self._part().log
-        want = (self._iname_parts[0], self._iname_parts[1], self._iname_parts[2])
-        off = log_.next_offset - 1
-        first = max(log_.first_offset, 1)
-        while off >= first:
-            rec = log_.read_live(off)
-            off -= 1
-            if rec is None:
-                continue
-            value = _record_header(rec, _SOURCE_HEADER)
-            if value is None:
-                continue
-            fields = value.split(" ")
-            if len(fields) >= 4 and (fields[0], fields[2], fields[3]) == want:
-                try:
-                    return int(fields[1])
-                except ValueError:
-                    continue
-        return 0
 
     # -- the task ------------------------------------------------------------------
 
@@ -164,8 +140,6 @@ class Copier:
                         if batch:
                             await self._store(origin, batch)
                             self.lag = batch[-1].pending
-                            if not self.mirror:
-                                self.replication.sourced[self.topic.id, self.iname] = batch[-1].seq
                         else:
                             self.lag = 0
             except OriginGone:
@@ -195,7 +169,8 @@ class Copier:
         copies = [self._copy_of(origin, m) for m in batch]
         broker = self.broker
         part = self._part()
-        epoch = broker.publisher.publish_copies(part, copies)
+        mark = None if self.mirror else (self.iname, batch[-1].seq, getattr(origin, "identity", ""))
+        epoch = broker.publisher.publish_copies(part, copies, mark)
         # As a PubAck: under ``fsync always`` the batch is durable before the next
         # is asked for; under an interval or ``never`` nobody waits for a sync.
         if epoch and broker.committer.acks_wait and not broker.committer.is_durable(epoch):
@@ -238,6 +213,19 @@ def _header_pairs(block: bytes) -> list[tuple[str, str]]:
     return list(pairs)
 
 
+def record_source(record: memoryview) -> tuple[str, int, str] | None:
+    """The source a stored copy names in its ``Nats-Stream-Source``: ``(iname,
+    origin sequence, origin identity)``, or None (how storage finds the copies its
+    marks do not account for: ``PartitionLog.configure_sources``)."""
+    value = _record_header(record, _SOURCE_HEADER)
+    if value is None:
+        return None
+    fields = value.split(" ")
+    if len(fields) < 4 or not fields[1].isdigit():
+        return None
+    return f"{fields[0]} {fields[2]} {fields[3]}", int(fields[1]), fields[5] if len(fields) > 5 else ""
+
+
 def _record_header(record: memoryview, name: str) -> str | None:
     sl, hl = RECORD_FIXED.unpack_from(record, 0)[6:8]
     head = RECORD_FIXED.size
@@ -254,9 +242,6 @@ class Replication(TopicHooks):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.copiers: dict[Topic, list[Copier]] = {}
-        #: (topic id, source iname) -> the last origin sequence its copier stored
-        #: since the broker started (``Copier.resume_point``).
-        self.sourced: dict[tuple[int, str], int] = {}
         self._nursery: trio.Nursery | None = None
         self._waiting: list[Copier] = []
         self._token: trio.lowlevel.TrioToken | None = None  # (the loop, for starts from worker threads)
@@ -329,8 +314,6 @@ class Replication(TopicHooks):
 
     def topic_deleted(self, topic: Topic) -> None:
         self._stop(topic)
-        for key in [k for k in self.sourced if k[0] == topic.id]:
-            del self.sourced[key]
 
     def topic_closed(self, topic: Topic) -> None:
         self._stop(topic)
@@ -342,6 +325,10 @@ class Replication(TopicHooks):
         elif cfg.sources:
             copiers = [Copier(self, topic, s, i) for i, s in enumerate(cfg.sources)]
         else:
+            copiers = []
+        if len(topic.partitions) == 1:
+            topic.partitions[0].log.configure_sources([c.iname for c in copiers if not c.mirror], record_source)
+        if not copiers:
             return
         self.copiers[topic] = copiers
         for c in copiers:

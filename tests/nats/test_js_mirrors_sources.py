@@ -232,29 +232,36 @@ async def test_the_origin_deleted_is_reported_and_the_copy_kept(nats_server: Any
     assert nats_server.broker.counters.copy_origin_missing >= 1
 
 
-async def test_a_restart_resumes_with_no_duplicate_and_no_gap(data_dir: Path) -> None:
-    config = make_config(data_dir, **{"nats.enabled": True})
-    for round_ in range(3):
+async def _in_rounds(config: Any, rounds: int, scenario: Any) -> None:
+    """``scenario(nc, js, round)`` with nats-py against a broker started afresh on
+    the same data directory for each round."""
+    for r in range(rounds):
         async with start_server(config) as handle:
-            url = handle.nats_url
-
-            async def scenario(r: int = round_) -> None:
+            async def run(url: str = handle.nats_url, r: int = r) -> None:
                 nc = await nats.connect(url)
-                js = nc.jetstream()
-                if r == 0:
-                    await js.add_stream(name="O", subjects=["o.>"])
-                    await api_request(nc, f"{API}STREAM.CREATE.M", {"name": "M", "mirror": {"name": "O"}})
-                    await api_request(nc, f"{API}STREAM.CREATE.S", {"name": "S", "sources": [{"name": "O"}]})
-                for i in range(5):
-                    await js.publish(f"o.{r}.{i}", b"x")
-                n = 5 * (r + 1)
-                m = await _wait_for(nc, "M", lambda i: i["state"]["messages"] == n)
-                s = await _wait_for(nc, "S", lambda i: i["state"]["messages"] == n)
-                assert m["state"]["messages"] == n and m["state"]["last_seq"] == n
-                assert s["state"]["messages"] == n and s["state"]["last_seq"] == n
-                await nc.close()
+                try:
+                    await scenario(nc, nc.jetstream(), r)
+                finally:
+                    await nc.close()
 
-            await in_asyncio(scenario)
+            await in_asyncio(run)
+
+
+async def test_a_restart_resumes_with_no_duplicate_and_no_gap(data_dir: Path) -> None:
+    async def scenario(nc: Any, js: Any, r: int) -> None:
+        if r == 0:
+            await js.add_stream(name="O", subjects=["o.>"])
+            await api_request(nc, f"{API}STREAM.CREATE.M", {"name": "M", "mirror": {"name": "O"}})
+            await api_request(nc, f"{API}STREAM.CREATE.S", {"name": "S", "sources": [{"name": "O"}]})
+        for i in range(5):
+            await js.publish(f"o.{r}.{i}", b"x")
+        n = 5 * (r + 1)
+        m = await _wait_for(nc, "M", lambda i: i["state"]["messages"] == n)
+        s = await _wait_for(nc, "S", lambda i: i["state"]["messages"] == n)
+        assert m["state"]["messages"] == n and m["state"]["last_seq"] == n
+        assert s["state"]["messages"] == n and s["state"]["last_seq"] == n
+
+    await _in_rounds(make_config(data_dir, **{"nats.enabled": True}), 3, scenario)
 
 
 @pytest.mark.parametrize("fsync", ["never", "1m", "always"])
@@ -321,3 +328,37 @@ async def test_binary_protocol_mirror_option(server: Any) -> None:
         with pytest.raises(Exception) as exc:
             await c.create_topic("s", "bad", 1, mirror={"name": "s/orig"}, subjects=["y.>"])
         assert getattr(exc.value, "code", None) == 6060
+
+
+@pytest.mark.parametrize("storage", ["file", "memory"])
+async def test_a_restart_after_the_copies_lost_their_messages(data_dir: Path, storage: str) -> None:
+    """The source's copy purged, then the broker restarted: a file source takes
+    nothing again (its marks are kept on disk), a file mirror resumes after the
+    origin sequence it reached; memory copies start over as nats-server's do
+    (nothing of them survives a restart), a memory mirror holding its origin's
+    messages under their sequences from 1 again."""
+    async def scenario(nc: Any, js: Any, r: int) -> None:
+        if r == 0:
+            await js.add_stream(name="O", subjects=["o.>"])
+            await api_request(nc, f"{API}STREAM.CREATE.M", {"name": "M", "mirror": {"name": "O"}, "storage": storage})
+            await api_request(nc, f"{API}STREAM.CREATE.S", {"name": "S", "sources": [{"name": "O"}], "storage": storage})
+        for i in range(5):
+            await js.publish(f"o.{r}.{i}", b"x")
+        if r == 0:
+            await _wait_for(nc, "M", lambda i: i["state"]["last_seq"] == 5)
+            await _wait_for(nc, "S", lambda i: i["state"]["messages"] == 5)
+            await js.purge_stream("S")
+            return
+        want_s = 5 if storage == "file" else 10
+        await _wait_for(nc, "M", lambda i: i["state"]["last_seq"] == 10)
+        await _wait_for(nc, "S", lambda i: i["state"]["messages"] == want_s)
+        await asyncio.sleep(0.2)  # (time for a wrong copy to show)
+        m = await api_request(nc, f"{API}STREAM.INFO.M", {})
+        s = await api_request(nc, f"{API}STREAM.INFO.S", {})
+        assert (m["state"]["messages"], m["state"]["first_seq"], m["state"]["last_seq"]) == (10, 1, 10)
+        assert s["state"]["messages"] == want_s, s["state"]
+        subjects = [(await _get(nc, "S", seq))["message"]["subject"]
+                    for seq in range(s["state"]["first_seq"], s["state"]["last_seq"] + 1)]
+        assert subjects == [f"o.{k}.{i}" for k in (range(1, 2) if storage == "file" else range(2)) for i in range(5)]
+
+    await _in_rounds(make_config(data_dir, **{"nats.enabled": True}), 2, scenario)

@@ -34,18 +34,21 @@ async def api(link: NatsLink, subject: str, body: dict[str, Any] | None = None) 
 
 
 async def contents(link: NatsLink, stream: str) -> list[tuple[int, str, bytes, str | None]]:
-    """(sequence, subject, payload, Nats-Stream-Source) of every message of ``stream``."""
+    """(sequence, subject, payload, Nats-Stream-Source) of every message of ``stream``
+    (each found with ``next_by_subj``: a copy's sequences may have gaps)."""
     info = await api(link, f"STREAM.INFO.{stream}")
     state = info["state"]
     out = []
-    for seq in range(state["first_seq"], state["last_seq"] + 1) if state["messages"] else ():
-        r = await api(link, f"STREAM.MSG.GET.{stream}", {"seq": seq})
+    seq = state["first_seq"]
+    while state["messages"] and seq <= state["last_seq"]:
+        r = await api(link, f"STREAM.MSG.GET.{stream}", {"seq": seq, "next_by_subj": ">"})
         if "error" in r:
-            continue
+            break
         m = r["message"]
         hdrs = base64.b64decode(m["hdrs"]).decode() if m.get("hdrs") else ""
         source = next((line.split(":", 1)[1].strip() for line in hdrs.split("\r\n") if line.startswith("Nats-Stream-Source:")), None)
         out.append((m["seq"], m["subject"], base64.b64decode(m.get("data") or ""), source))
+        seq = m["seq"] + 1
     return out
 
 
