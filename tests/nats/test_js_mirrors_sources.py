@@ -362,3 +362,28 @@ async def test_a_restart_after_the_copies_lost_their_messages(data_dir: Path, st
         assert subjects == [f"o.{k}.{i}" for k in (range(1, 2) if storage == "file" else range(2)) for i in range(5)]
 
     await _in_rounds(make_config(data_dir, **{"nats.enabled": True}), 2, scenario)
+
+
+async def test_a_work_queue_source_emptied_by_its_acks_takes_nothing_again_after_a_restart(data_dir: Path) -> None:
+    """A work queue fed by a source: its consumer acks everything (the queue empties),
+    the broker restarts, and only what the origin got since comes in."""
+    async def scenario(nc: Any, js: Any, r: int) -> None:
+        if r == 0:
+            await js.add_stream(name="O", subjects=["o.>"])
+            await api_request(nc, f"{API}STREAM.CREATE.Q", {
+                "name": "Q", "sources": [{"name": "O"}], "retention": "workqueue"})
+        for i in range(5):
+            await js.publish(f"o.{r}.{i}", b"x")
+        await _wait_for(nc, "Q", lambda i: i["state"]["messages"] == 5)
+        sub = await js.pull_subscribe("", "w", stream="Q")
+        got = await sub.fetch(5, timeout=5)
+        assert [m.subject for m in got] == [f"o.{r}.{i}" for i in range(5)]
+        for m in got:
+            await m.ack_sync()
+        info = await _wait_for(nc, "Q", lambda i: i["state"]["messages"] == 0)
+        assert info["state"]["messages"] == 0
+        await asyncio.sleep(0.2)  # (time for a wrong copy to show)
+        info = await api_request(nc, f"{API}STREAM.INFO.Q", {})
+        assert info["state"]["messages"] == 0 and info["state"]["last_seq"] == 5 * (r + 1), info["state"]
+
+    await _in_rounds(make_config(data_dir, **{"nats.enabled": True}), 2, scenario)
