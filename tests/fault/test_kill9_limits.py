@@ -73,7 +73,9 @@ async def test_kill_9_with_limits_hit(data_dir: Path, fsync: str) -> None:
             acks = await c.publish_batch([("new.x", b"1"), ("old.x", b"1")])
             assert acks is not None and not acks[0].ok and acks[1].ok
             stats = await c.stats()
-            assert stats["corrupt_records"] == 0 and stats["damage_detected"] == 0
+            damage = (stats["corrupt_records"], stats["damage_detected"])
             assert stats["refused_limits"] == 1
     finally:
         await trio.to_thread.run_sync(proc2.stop)
+    damaged = [line for line in proc2.stderr.splitlines() if "damage" in line or "corrupt" in line]
+    assert damage == (0, 0), damaged
