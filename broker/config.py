@@ -24,6 +24,8 @@ from protocol import ErrorCode, error_class
 from protocol.nats import valid_nats_subject
 from storage import FsyncPolicy, parse_duration_ms
 
+from broker.auth import AuthConfig, AuthConfigError, parse_auth
+
 __all__ = [
     "Config", "ConfigError", "load_config", "parse_size", "parse_mode", "server_context", "DEFAULT_CONFIG_TOML",
     "TLS_MIN_VERSION", "ANY_PORT", "RemoteSettings", "remote_for", "valid_domain",
@@ -519,6 +521,7 @@ class Config:
     export: ExportConfig = field(default_factory=ExportConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
 
     def replace(self, **changes: object) -> Config:
         """A copy with dotted keys changed: ``cfg.replace(**{"server.port": 0})``."""
@@ -615,7 +618,8 @@ def _merge(base: dict[str, Any], over: dict[str, Any], where: str) -> dict[str, 
         if isinstance(base[key], dict):
             if not isinstance(value, dict):
                 raise ConfigError(f"{name} must be a section")
-            out[key] = _merge(base[key], value, name)
+            # An empty section of the defaults takes any keys (checked when built).
+            out[key] = _merge(base[key], value, name) if base[key] else value
         else:
             out[key] = value
     return out
@@ -686,9 +690,17 @@ def _build(d: dict[str, Any]) -> Config:
         ),
         limits=LimitsConfig(**_limits(li)),
         logging=LoggingConfig(level=_typed(lo["level"], str, "logging.level"), format=_typed(lo["format"], str, "logging.format")),
+        auth=_auth(d["auth"]),
     )
     _validate(cfg)
     return cfg
+
+
+def _auth(section: Any) -> AuthConfig:
+    try:
+        return parse_auth(section)
+    except AuthConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 _SIZE_LIMITS = {"max_frame_bytes", "max_payload_bytes", "max_pending_bytes_per_connection", "max_fetch_bytes", "max_pending_bytes_total",
@@ -770,6 +782,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("logging.level: one of debug, info, warning, error")
     if cfg.logging.format not in ("logfmt", "json"):
         raise ConfigError("logging.format: one of logfmt, json")
+    if cfg.auth.users and cfg.server.auth_token:
+        raise ConfigError("auth.users: give [server] auth_token or [[auth.users]], not both (as nats-server: a token, or users)")
     cfg.server.ssl_context()  # the TLS files exist and load
 
 

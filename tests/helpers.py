@@ -224,3 +224,9 @@ def held_commit(monkeypatch: Any) -> Iterator[trio.Event]:
     monkeypatch.setattr(Committer, "sync_if_idle", lambda self: False)  # no sync but the held one
     yield gate
 
+
+
+def log_events(caplog: Any, event: str) -> list[dict[str, object]]:
+    """The structured fields (and level) of every log line ``event`` that ``caplog``
+    captured, in order."""
+    return [dict(getattr(r, "fields", {}), level=r.levelname) for r in caplog.records if r.getMessage() == event]

@@ -235,6 +235,8 @@ _STATS: list[tuple[str, list[tuple[str, str, Callable[[Any], str]]]]] = [
         ("connections", "open", count), ("connections_total", "accepted", count),
         ("connections_refused", "refused (limit)", count), ("connections_failed", "failed", count),
         ("handshake_timeouts", "handshake timeouts", count), ("auth_failures", "auth failures", count),
+        ("publish_permission_violations", "publish permission violations", count),
+        ("subscribe_permission_violations", "subscribe permission violations", count),
         ("tls_handshake_failures", "TLS handshake failures", count),
         ("request_errors", "request errors", count), ("subscriptions", "subscriptions", count),
         ("slow_consumers", "slow consumers", count), ("queued_bytes", "queued", size),

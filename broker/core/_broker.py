@@ -28,6 +28,7 @@ import trio
 from protocol import BrokerError, TopicDetails
 from storage import Damage, DataDir, MemoryBudget, MemoryPartitionLog, PartitionLog, RecoveryReport, StorageFailure
 
+from broker.auth import Authenticator
 from broker.config import Config
 
 from ._catalog import Catalog
@@ -90,6 +91,8 @@ class Broker:
         self.config = config
         self.clock = clock or Clock()
         self.counters = Counters()
+        #: Who a connection is, on both listeners (``[server] auth_token``, ``[[auth.users]]``).
+        self.auth = Authenticator(config.auth, config.server.auth_token)
         self.datadir = DataDir(config.system.path, report=self._damage)
         self.catalog = Catalog()
         self.router = Router()

@@ -94,8 +94,13 @@ class Counters:
     connections_failed: int = 0
     #: Connections closed because they did not complete the handshake in time.
     handshake_timeouts: int = 0
-    #: Handshakes refused for a missing or wrong auth token.
+    #: Handshakes refused for missing or wrong credentials (a token, a user's
+    #: password or NKey signature, an unknown user).
     auth_failures: int = 0
+    #: Publishes refused by the publisher's permissions (nothing stored or delivered).
+    publish_permission_violations: int = 0
+    #: Subscriptions refused by the subscriber's permissions.
+    subscribe_permission_violations: int = 0
     #: Failed TLS handshakes: on a TLS port, a client certificate missing or not signed
     #: by tls_ca, a client that does not trust the broker's certificate, a TLS version
     #: below 1.2, a client speaking the plain protocol; on a plain port, a TLS client.

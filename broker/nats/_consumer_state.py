@@ -440,7 +440,9 @@ class State:
         raw = subject.encode()
         subs = self.broker.subs.match(raw)
         nats_subs = [sub for sub in subs if isinstance(sub, NatsSubscription)]
-        if pin or len(nats_subs) != len(subs):  # one by one (a ttlbroker subscriber too, or a header to add)
+        if pin or len(nats_subs) != len(subs) or any(sub.checked for sub in nats_subs):
+            # One by one: a ttlbroker subscriber too, a header to add, or a subscriber
+            # whose permissions look at each message.
             parts = expand_runs(parts)
             messages = [js_delivery(parts[i], parts[i + 1], stream, name, headers_only) for i in range(0, len(parts), 2)]
             if pin:

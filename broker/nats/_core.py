@@ -33,7 +33,7 @@ from protocol.nats import encode_msg, nats_message_of_record
 
 from broker.core import Broker, Counters
 
-__all__ = ["NatsClient", "NatsSubscription", "send_core"]
+__all__ = ["CheckedSubscription", "NatsClient", "NatsSubscription", "send_core"]
 
 class NatsClient(Protocol):
     """A NATS connection, as its subscriptions see it (``_session.NatsSession``)."""
@@ -41,6 +41,8 @@ class NatsClient(Protocol):
     broker: Broker
     #: Whether its CONNECT said it reads headers (HMSG).
     headers: bool
+    #: What its user may do (None: everything): ``broker.auth.Permissions``.
+    perms: Any
 
     def accepts_pushes(self) -> bool: ...
 
@@ -51,6 +53,10 @@ class NatsClient(Protocol):
 
 class NatsSubscription:
     """One NATS ``SUB`` of a :class:`NatsClient`."""
+
+    #: Each message is looked at before it goes (:class:`CheckedSubscription`): a
+    #: batch to it is sent one message at a time.
+    checked = False
 
     __slots__ = ("session", "sid", "sid_bytes", "subject_filter", "tokens", "queue", "remaining", "delivered", "dropped")
 
@@ -127,6 +133,26 @@ class NatsSubscription:
         """A core message, with its reply subject (nothing for the subscriptions of
         ``skip``, a publisher whose CONNECT said ``echo: false``)."""
         return self.session is not skip and self.send(subject, reply, headers, payload, epoch)
+
+
+class CheckedSubscription(NatsSubscription):
+    """A subscription of a user with permissions that look at each message it is
+    given: a subject the user is denied (a wildcard or queue subscription wider
+    than a deny entry) is not delivered, as nats-server drops it
+    (``checkDenySub``); a reply subject is remembered for ``allow_responses``."""
+
+    checked = True
+    __slots__ = ()
+
+    def send(
+        self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int = 0,
+    ) -> bool:
+        perms = self.session.perms
+        if perms.delivery_denied(subject.decode(errors="replace"), self.queue):
+            return False
+        if reply and perms.responses is not None:
+            perms.received_reply(reply.decode(errors="replace"))
+        return super().send(subject, reply, headers, payload, epoch)
 
 
 def send_core(

@@ -44,7 +44,7 @@ an invalid subject gets ``-ERR 'Invalid Subject'`` (SUB) or, with ``pedantic``,
 
 from __future__ import annotations
 
-import hmac
+import json
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,7 @@ import trio
 
 import protocol as P
 import protocol.nats as PN
+from broker.auth import Permissions, new_nonce
 from broker.consumers import session_closed
 from broker.core import NO_TOPIC, VERSION, Broker, get_logger
 from broker.net import SHORT_READ, ConnectionGuard, Reading, TlsAcceptor, Transport
@@ -78,7 +79,7 @@ from protocol.nats import (
     valid_nats_subject,
 )
 
-from ._core import NatsSubscription, send_core
+from ._core import CheckedSubscription, NatsSubscription, send_core
 
 if TYPE_CHECKING:
     from ._jetstream import JetStream
@@ -151,6 +152,13 @@ class NatsSession:
         self.members: dict[Any, Any] = {}
         self.tls = tls
         self.client_name = ""
+        #: Who the client is once its CONNECT was checked, and what it may do (None:
+        #: everything): ``broker.auth``.
+        self.user = ""
+        self.perms: Permissions | None = None
+        #: Whether the read loop's fast ack paths may skip the publish check.
+        self._acks_unchecked = True
+        self.nonce = new_nonce() if broker.auth.needs_nonce else ""
         # nats-server's defaults (``defaultOpts``), for what CONNECT leaves out.
         self.verbose = True
         self.pedantic = True
@@ -234,8 +242,11 @@ class NatsSession:
         client_ip = self._client_ip()
         if client_ip:
             info["client_ip"] = client_ip  # as nats-server: nats-py's ``nc.client_ip``
-        if config.server.auth_token:
+        auth = self.broker.auth
+        if auth.required:
             info["auth_required"] = True
+            if auth.needs_nonce:
+                info["nonce"] = self.nonce
         if self.tls is not None:
             info["tls_required"] = True
             info["tls_available"] = True
@@ -353,8 +364,8 @@ class NatsSession:
         handled = False
         try:
             while True:
-                if (not t.awaiting_handshake and not self.verbose and not self.pedantic and parser.at_ack()
-                        and not self.broker.subs.may_match("$JS", "ACK")):
+                if (not t.awaiting_handshake and not self.verbose and not self.pedantic and self._acks_unchecked
+                        and parser.at_ack() and not self.broker.subs.may_match("$JS", "ACK")):
                     run = parser.ack_run()  # nats-py: one PUB per msg.ack(), many per read
                     if run is not None and self._ack_run(*run):
                         acked = True
@@ -431,25 +442,51 @@ class NatsSession:
         return True
 
     async def _before_connect(self, event: NatsEvent) -> bool:
-        """The first operation: CONNECT (checked against the token), or, without a
-        token, anything. False: the connection is refused."""
-        token = self.broker.config.server.auth_token
+        """The first operation: CONNECT, its credentials checked (``broker.auth``), or,
+        without auth, anything. False: the connection is refused."""
+        auth = self.broker.auth
         if isinstance(event, NatsConnect):
-            given = event.options.get("auth_token")
-            if token and not (isinstance(given, str) and hmac.compare_digest(given.encode(), token.encode())):
-                await self._refuse_auth()
-                return False
-        elif token:
-            await self._refuse_auth()
+            if auth.required:
+                o = event.options
+                identity = await auth.check(
+                    user=_text(o.get("user")), password=_text(o.get("pass")), token=_text(o.get("auth_token")),
+                    nkey=_text(o.get("nkey")), sig=_text(o.get("sig")), nonce=self.nonce,
+                )
+                if identity is None:
+                    await self._refuse_auth(_text(o.get("user")) or _text(o.get("nkey")))
+                    return False
+                self.user = identity.user
+                self.perms = identity.permissions
+                if self.perms is not None:
+                    self._acks_unchecked = self.perms.publishes_all_under("$JS.ACK.>")
+        elif auth.required:
+            await self._refuse_auth("")
             return False
         self.transport.opened()
         return True
 
-    async def _refuse_auth(self) -> None:
+    async def _refuse_auth(self, user: str) -> None:
         """``-ERR 'Authorization Violation'`` and the close, counted, delayed and
         logged as a refused handshake of the main port is (``Transport.refuse``)."""
-        err = P.error_class(ErrorCode.UNAUTHORIZED)("the auth token is missing or wrong")
+        what = f"user {user!r}: unknown, or the password or signature is wrong" if user else "the credentials are missing or wrong"
+        err = P.error_class(ErrorCode.UNAUTHORIZED)(what)
         await self.transport.refuse(err, encode_err(AUTH_VIOLATION))
+
+    def _violation(self, text: str, kind: str, subject: str) -> None:
+        """A permission violation: nats-server's ``-ERR`` line (the connection goes
+        on), counted, and logged with the user and the peer at most once per peer
+        host every 10 s (the line says how many were left out)."""
+        counters = self.broker.counters
+        if kind == "publish":
+            counters.publish_permission_violations += 1
+        else:
+            counters.subscribe_permission_violations += 1
+        self.send_now(encode_err(text))
+        t = self.transport
+        suppressed = t.guard.log_limit.allow("perm:" + t.peer_host, trio.current_time())
+        if suppressed is not None:
+            log.warning("permission_violation", session=self.id, peer=self.peer, user=self.user, kind=kind,
+                        subject=subject, suppressed=suppressed)
 
     # -- operations ----------------------------------------------------------------------
 
@@ -550,6 +587,13 @@ class NatsSession:
             self.broker.counters.request_errors += 1
             self.send_now(encode_err("Invalid Subject"))
             return False
+        perms = self.perms
+        if perms is not None and not perms.can_subscribe(ev.subject, ev.queue):
+            text = f"Permissions Violation for Subscription to {_quote(ev.subject)}"
+            if ev.queue is not None:
+                text += f" using queue {_quote(ev.queue)}"
+            self._violation(text, "subscribe", ev.subject)
+            return False
         if ev.sid in self.subs:
             return True  # nats-server keeps the first subscription of a sid
         limit = self.broker.config.limits.max_subscriptions_per_connection
@@ -557,7 +601,10 @@ class NatsSession:
             self.broker.counters.request_errors += 1
             self.send_now(encode_err("maximum subscriptions exceeded"))
             return False
-        sub = NatsSubscription(self, ev.sid, ev.subject, ev.queue)
+        if perms is not None and (perms.responses is not None or perms.needs_delivery_check(ev.subject, ev.queue)):
+            sub: NatsSubscription = CheckedSubscription(self, ev.sid, ev.subject, ev.queue)
+        else:
+            sub = NatsSubscription(self, ev.sid, ev.subject, ev.queue)
         self.subs[ev.sid] = sub
         self.broker.subs.add(sub)
         return True
@@ -595,6 +642,10 @@ class NatsSession:
         # published like any other (its subscriptions and streams match the tokens
         # as they are: nats-py's ``kv.purge("a.*")`` stores a marker on ``$KV.b.a.*``).
         valid = (handled and not self.pedantic) or valid_nats_subject(subject, literal=not self.pedantic)
+        if self.perms is not None and not self.perms.can_publish(subject):
+            self._flush()  # (what came before is handled first)
+            self._violation(f"Permissions Violation for Publish to {_quote(subject)}", "publish", subject)
+            return
         if not valid and self.pedantic:
             broker.counters.request_errors += 1
             self.send_now(encode_err("Invalid Publish Subject"))
@@ -699,3 +750,13 @@ class NatsSession:
             else:
                 answer = js.pub_ack(topic, ack.offset, ack.status == ErrorCode.DUPLICATE_MESSAGE)
             js.respond(reply, answer, epoch=epoch)
+
+
+def _text(value: Any) -> str:
+    """A CONNECT option that should be a string ("" when it is not one)."""
+    return value if isinstance(value, str) else ""
+
+
+def _quote(text: str) -> str:
+    """``text`` as Go's ``%q`` writes it (nats-server's error lines)."""
+    return json.dumps(text, ensure_ascii=False)
