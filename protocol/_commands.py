@@ -84,15 +84,22 @@ class _Empty(_Request):
 
 @dataclass(frozen=True, slots=True)
 class Handshake(_Request):
-    """``"TTLB" | u16 version | str8 auth_token | str8 client_name``"""
+    """``"TTLB" | u16 version | str8 auth_token | str8 client_name [| str8 user |
+    str8 password]`` (the user and password, for ``[[auth.users]]``, may be left
+    out: a handshake without them is a handshake with both empty)"""
 
     CODE: ClassVar[Command] = Command.HANDSHAKE
     version: int
     token: str = ""
     client_name: str = ""
+    user: str = ""
+    password: str = field(default="", repr=False)
 
     def encode(self) -> bytes:
-        return HANDSHAKE_MAGIC + u16(self.version) + short_str(self.token, "token") + short_str(self.client_name, "client name")
+        out = HANDSHAKE_MAGIC + u16(self.version) + short_str(self.token, "token") + short_str(self.client_name, "client name")
+        if self.user or self.password:
+            out += short_str(self.user, "user") + short_str(self.password, "password")
+        return out
 
     @classmethod
     def decode(cls, payload: bytes) -> Handshake:
@@ -102,8 +109,12 @@ class Handshake(_Request):
         version = r.u16()
         token = r.short_str("token")
         name = r.short_str("client name")
+        user = password = ""
+        if r.remaining():
+            user = r.short_str("user")
+            password = r.short_str("password")
         r.end()
-        return cls(version, token, name)
+        return cls(version, token, name, user, password)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,7 @@ class ErrorCode(IntEnum):
     MALFORMED_PAYLOAD = 5, "the payload does not follow the command's layout"
     HANDSHAKE_REQUIRED = 6, "a command other than the handshake arrived before the handshake"
     UNSUPPORTED_VERSION = 7, "the client speaks a protocol version the broker does not"
-    UNAUTHORIZED = 8, "the handshake's auth token is missing or wrong"
+    UNAUTHORIZED = 8, "the handshake's credentials (the auth token, or a user and password) are missing or wrong"
     TOO_MANY_CONNECTIONS = 9, "the broker is at its connection limit"
     SHUTTING_DOWN = 10, "the broker is shutting down and accepts no new work"
     INVALID_NAME = 11, "a stream, topic or consumer name breaks the naming rule"
@@ -67,6 +67,7 @@ class ErrorCode(IntEnum):
     INVALID_OPTIONS = 13, "the options map is malformed, has an unknown key or a value of the wrong type"
     HANDSHAKE_TIMEOUT = 14, "the connection did not complete its handshake in time; it is closed"
     SLOW_CONSUMER = 15, "the connection did not read what the broker sent it fast enough; it is closed"
+    PERMISSION_DENIED = 20, "the user's permissions do not allow the subject the command acts on; the message names it"
 
     # -- streams (1000s) ---------------------------------------------------------
     STREAM_NOT_FOUND = 1001, "no stream has that id or name"

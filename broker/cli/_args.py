@@ -33,6 +33,8 @@ DEFAULT_SERVER = "127.0.0.1:8090"
 ENV = {
     "server": "TTLBROKER_SERVER",
     "token": "TTLBROKER_TOKEN",
+    "user": "TTLBROKER_USER",
+    "password": "TTLBROKER_PASSWORD",
     "tls_ca": "TTLBROKER_TLS_CA",
     "tls_cert": "TTLBROKER_TLS_CERT",
     "tls_key": "TTLBROKER_TLS_KEY",
@@ -58,6 +60,14 @@ def global_options(*, defaults: bool) -> argparse.ArgumentParser:
     g.add_argument(
         "--token", metavar="TOKEN", default=default(env.get(ENV["token"], "")),
         help=f"the broker's auth token (default: ${ENV['token']}, else none)",
+    )
+    g.add_argument(
+        "--user", metavar="USER", default=default(env.get(ENV["user"], "")),
+        help=f"one of the broker's [[auth.users]] (default: ${ENV['user']}, else none)",
+    )
+    g.add_argument(
+        "--password", metavar="PASSWORD", default=default(env.get(ENV["password"], "")),
+        help=f"that user's password (default: ${ENV['password']}: better than the command line, which others may see)",
     )
     g.add_argument(
         "--json", action="store_true", default=default(False),

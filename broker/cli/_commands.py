@@ -317,7 +317,7 @@ async def _export_progress(args: argparse.Namespace, progress: Progress) -> None
     """Read the pass's progress four times a second; a watcher that cannot connect
     or loses its connection just stops (the export goes on)."""
     try:
-        async with connect(args.server, token=args.token, name="ttlbroker-cli-progress", reconnect=False,
+        async with connect(args.server, token=args.token, user=args.user, password=args.password, name="ttlbroker-cli-progress", reconnect=False,
                            tls=tls_option(args)) as watcher:
             while True:
                 stats = await watcher.stats()

@@ -73,7 +73,7 @@ async def run_client(args: argparse.Namespace) -> int:
         return 2
     try:
         async with connect(
-            args.server, token=args.token, name="ttlbroker-cli", reconnect=reconnect,
+            args.server, token=args.token, user=args.user, password=args.password, name="ttlbroker-cli", reconnect=reconnect,
             max_reconnect_attempts=args.max_reconnects if reconnect else RECONNECT_ATTEMPTS,
             on_disconnect=_on_disconnect if reconnect else None,
             on_reconnect=_on_reconnect_to(args.server, again) if reconnect else None,

@@ -100,6 +100,8 @@ async def connect(
     address: str = "127.0.0.1:8090",
     *,
     token: str = "",
+    user: str = "",
+    password: str = "",
     name: str = "ttlbroker-python",
     timeout: float | None = 30.0,
     reconnect: bool = True,
@@ -112,6 +114,10 @@ async def connect(
     tls: ssl.SSLContext | bool | None = None,
 ) -> AsyncIterator[Client]:
     """Connect (trio) and handshake; the connection closes when the block ends.
+
+    ``token``: the broker's ``[server] auth_token``; or ``user`` and ``password``:
+    one of its ``[[auth.users]]``, whose permissions then apply to every command
+    (``PermissionDeniedError`` names the subject refused).
 
     The first connection is not retried: its errors are raised. Later losses are
     handled as :class:`Client` says (``reconnect`` and the options after it).
@@ -137,7 +143,7 @@ async def connect(
         reconnect_wait=reconnect_wait, reconnect_wait_max=reconnect_wait_max,
         on_disconnect=on_disconnect, on_reconnect=on_reconnect, on_closed=on_closed,
     )
-    await client._open(host, port, token, name)
+    await client._open(host, port, token, name, user, password)
     try:
         yield client
     finally:

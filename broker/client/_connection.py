@@ -304,6 +304,7 @@ class Connection:
         #: Set when a connection is up, or the client closed (a new one for each loss).
         self._ready: Event = backend.event()
         self._address: tuple[str, int, str, str] = ("", 0, "", "")
+        self._credentials: tuple[str, str] = ("", "")  # (user, password)
         self._callbacks: deque[tuple[Callback, tuple[object, ...]]] = deque()
         self._dispatching = False
         self._user_closed = False
@@ -321,9 +322,12 @@ class Connection:
 
     # -- connecting ------------------------------------------------------------------
 
-    async def _open(self, host: str, port: int, token: str = "", name: str = "ttlbroker-python") -> None:
+    async def _open(
+        self, host: str, port: int, token: str = "", name: str = "ttlbroker-python", user: str = "", password: str = "",
+    ) -> None:
         """Connect for the first time (no retry: errors are raised)."""
         self._address = (host, port, token, name)
+        self._credentials = (user, password)
         await self._backend.start()
         self._ready = self._backend.event()
         try:
@@ -347,7 +351,8 @@ class Connection:
                 )
                 lost: ConnectionLostError | None = None
                 try:
-                    ok: P.HandshakeOk = await self._roundtrip(conn, P.Handshake(PROTOCOL_VERSION, token, name))
+                    user, password = self._credentials
+                    ok: P.HandshakeOk = await self._roundtrip(conn, P.Handshake(PROTOCOL_VERSION, token, name, user, password))
                     conn.ready = True
                     if resubscribe:
                         await self._resubscribe(conn)

@@ -47,6 +47,8 @@ async def connect(
     address: str = "127.0.0.1:8090",
     *,
     token: str = "",
+    user: str = "",
+    password: str = "",
     name: str = "ttlbroker-python",
     timeout: float | None = 30.0,
     reconnect: bool = True,
@@ -67,7 +69,7 @@ async def connect(
         reconnect_wait=reconnect_wait, reconnect_wait_max=reconnect_wait_max,
         on_disconnect=on_disconnect, on_reconnect=on_reconnect, on_closed=on_closed,
     )
-    await client._open(host, port, token, name)
+    await client._open(host, port, token, name, user, password)
     try:
         yield client
     finally:

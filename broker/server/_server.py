@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import ipaddress
 import itertools
 import signal
 import ssl
@@ -242,6 +243,10 @@ async def _run(
                 log.info("listening_nats", host=handle.nats_host, port=handle.nats_port)
             log.info("listening", host=handle.host, port=handle.port, data=broker.datadir.root, fsync=str(config.system.partition.fsync),
                      tls=tls is not None, client_certificates=bool(tls is not None and config.server.tls_ca))
+            open_addresses = [(handle.host, handle.port)]
+            if handle.nats_host is not None and handle.nats_port is not None:
+                open_addresses.append((handle.nats_host, handle.nats_port))
+            _warn_if_open(broker, open_addresses)
             monitor.state = State.READY
             task_status.started(handle)
             try:
@@ -457,3 +462,17 @@ async def run_server(config: Config) -> None:
     if failure is not None:
         raise failure
 
+
+def _warn_if_open(broker: Broker, addresses: list[tuple[str, int]]) -> None:
+    """Without auth, a listener other machines can reach lets anyone read, write
+    and delete everything: say so at start (one warning line per such listener)."""
+    if broker.auth.required:
+        return
+    for host, port in addresses:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if not loopback:
+            log.warning("no_auth_on_open_listener", host=host, port=port,
+                        action="anyone who can reach it may read, write and delete everything: set [[auth.users]] or [server] auth_token")

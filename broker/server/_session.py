@@ -41,7 +41,6 @@ INTERNAL_ERROR, and the connection carries on.
 
 from __future__ import annotations
 
-import hmac
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -70,6 +69,8 @@ from protocol import (
     error_class,
 )
 
+from ._permissions import check_command
+
 if TYPE_CHECKING:
     from ._dispatch import Dispatch, Handler
     from ._subscriptions import Subscription
@@ -78,9 +79,9 @@ __all__ = ["Session"]
 
 log = get_logger(__name__)
 
-#: Largest frame accepted before the handshake. A handshake is at most 534 bytes
-#: (16 header, 4 magic, 2 version, two str8 of at most 256).
-MAX_HANDSHAKE_FRAME = 1024
+#: Largest frame accepted before the handshake. A handshake is at most 1,046 bytes
+#: (16 header, 4 magic, 2 version, four str8 of at most 256).
+MAX_HANDSHAKE_FRAME = 1100
 #: Bytes of consecutive PUBLISH requests handled as one batch before their acks are
 #: let out (:meth:`Session._release_acks`), when one read delivered more.
 PUBLISH_RUN_BYTES = 32 * 1024
@@ -143,6 +144,9 @@ class Session:
         #: The correlation id of the request being handled (a pull answered later).
         self.corr = 0
         self.client_name = ""
+        #: Who the client is, and what it may do (None: everything): ``broker.auth``.
+        self.user = ""
+        self.perms: Any = None
 
     # -- what the transport and the broker call ------------------------------------------
 
@@ -319,10 +323,17 @@ class Session:
                 f"this broker speaks protocol version {PROTOCOL_VERSION}, the client asked for {cmd.version}"
             ))
             return
-        token = broker.config.server.auth_token
-        if token and not hmac.compare_digest(cmd.token.encode(), token.encode()):
-            await self._refuse_handshake(corr, error_class(ErrorCode.UNAUTHORIZED)("the auth token is missing or wrong"))
+        auth = broker.auth
+        identity = await auth.check(user=cmd.user, password=cmd.password, token=cmd.token)
+        if identity is None:
+            if auth.users:
+                what = f"user {cmd.user!r}: unknown, or the password is wrong" if cmd.user else "a user and password are required"
+            else:
+                what = "the auth token is missing or wrong"
+            await self._refuse_handshake(corr, error_class(ErrorCode.UNAUTHORIZED)(what))
             return
+        self.user = identity.user
+        self.perms = identity.permissions
         t.opened()
         self.client_name = cmd.client_name
         info = server_info(broker)
@@ -366,6 +377,8 @@ class Session:
         cmd = event.command
         corr = self.corr = event.correlation_id
         try:
+            if self.perms is not None:
+                check_command(self.broker, self.perms, cmd)
             result = handler(self, cmd)
         except Exception as exc:
             self._failed([corr], cmd.CODE, exc)
@@ -386,6 +399,8 @@ class Session:
         try:
             if broker.shutting_down:
                 raise error_class(ErrorCode.SHUTTING_DOWN)("the broker is shutting down")
+            if self.perms is not None:
+                check_command(broker, self.perms, cmd)
             self.corr = corr
             t = self.transport
             reading, t.reading = t.reading, Reading.IN_HANDLER
@@ -444,7 +459,7 @@ class Session:
         n = len(requests)
         i = 0
         while i < n:
-            if broker.shutting_down:
+            if broker.shutting_down or self.perms is not None:
                 self._kv_get_alone(requests[i], handler, None)
                 i += 1
             else:
@@ -516,8 +531,8 @@ class Session:
         broker is shutting down, or says they cannot be joined: a malformed one
         among them, or a compare-and-set, rollup or de-duplication header)."""
         broker = self.broker
-        if broker.shutting_down:
-            return False
+        if broker.shutting_down or self.perms is not None:
+            return False  # (with permissions: each request checked on its own)
         if len(requests) == 1:
             handler = self.dispatch.sync.get(Publish)
             if handler is None:

@@ -5,7 +5,7 @@ files it beside the NATS ones and picks the subscribers of each message)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import protocol as P
 from protocol import ErrorCode, ProtocolConnection, PushKind, error_class, validate_filter
@@ -21,6 +21,8 @@ class Subscriber(Protocol):
     #: Its subscriptions, by subscription id.
     subs: dict[int, Subscription]
     broker: Broker
+    #: What its user may do (None: everything): ``broker.auth.Permissions``.
+    perms: Any
 
     @property
     def conn(self) -> ProtocolConnection: ...
@@ -94,6 +96,40 @@ class Subscription:
         return pushed
 
 
+class FilteredSubscription(Subscription):
+    """A SUBSCRIBE wider than one of its user's deny entries (``orders.>`` with
+    ``orders.secret`` denied): messages on a denied subject are not delivered, as
+    on the NATS listener."""
+
+    __slots__ = ("perms",)
+
+    def __init__(self, session: Subscriber, sid: int, subject_filter: str, perms: Any) -> None:
+        super().__init__(session, sid, subject_filter)
+        self.perms = perms
+
+    def _denied(self, subject: bytes) -> bool:
+        return bool(self.perms.delivery_denied(subject.decode(errors="replace"), None))
+
+    def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
+        kept: list[bytes | memoryview] = []
+        head = P.RECORD_FIXED.size
+        for i in range(0, len(parts), 2):
+            rec = parts[i + 1]
+            sl = P.RECORD_FIXED.unpack_from(rec, 0)[6]
+            if not self._denied(bytes(rec[head : head + sl])):
+                kept += (parts[i], rec)
+        if kept:
+            super().deliver_records(kept, counters)
+
+    def send_core(
+        self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int,
+        record: Callable[[], bytes], skip: object,
+    ) -> bool:
+        if self._denied(subject):
+            return False
+        return super().send_core(subject, reply, headers, payload, epoch, record, skip)
+
+
 def subscribe(broker: Broker, session: Subscriber, cmd: P.Subscribe) -> Reply:
     validate_filter(cmd.subject_filter)
     if cmd.subscription_id in session.subs:
@@ -101,7 +137,11 @@ def subscribe(broker: Broker, session: Subscriber, cmd: P.Subscribe) -> Reply:
     limit = broker.config.limits.max_subscriptions_per_connection
     if len(session.subs) >= limit:
         raise error_class(ErrorCode.TOO_MANY_SUBSCRIPTIONS)(f"a connection may hold at most {limit} subscriptions")
-    sub = Subscription(session, cmd.subscription_id, cmd.subject_filter)
+    perms = session.perms
+    if perms is not None and perms.needs_delivery_check(cmd.subject_filter, None):
+        sub: Subscription = FilteredSubscription(session, cmd.subscription_id, cmd.subject_filter, perms)
+    else:
+        sub = Subscription(session, cmd.subscription_id, cmd.subject_filter)
     session.subs[cmd.subscription_id] = sub
     broker.subs.add(sub)
     return b""

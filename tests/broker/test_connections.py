@@ -251,7 +251,7 @@ async def test_a_large_frame_before_the_handshake_is_refused(server: ServerHandl
     (bye,) = events
     assert isinstance(bye, P.Push) and bye.kind == P.PushKind.GOODBYE
     assert bye.status == P.ErrorCode.FRAME_TOO_LARGE
-    assert bye.value.reason == "a frame before the handshake may be at most 1024 bytes"  # type: ignore[attr-defined]
+    assert bye.value.reason == "a frame before the handshake may be at most 1100 bytes"  # type: ignore[attr-defined]
     assert (await client.stats())["connections_failed"] == 1
 
 

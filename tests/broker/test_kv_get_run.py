@@ -221,6 +221,7 @@ async def test_runs_answer_byte_for_byte_what_each_request_gets_alone(mock_clock
             s.conn.state = P.State.READY
             s.id = 0
             s.corr = 0
+            s.perms = None  # no [auth]: every subject allowed
             # A transport that takes every frame and is never over a limit.
             s.transport = types.SimpleNamespace(now_bytes=0, stopped_or_full=lambda: False)  # type: ignore[assignment]
             out: list[bytes] = []
