@@ -205,6 +205,15 @@ class ServerConfig:
         return server_context(self.tls_cert, self.tls_key, self.tls_ca)
 
 
+#: The bounds of ``[nats] max_control_line``: a control line must hold a client's
+#: CONNECT (nats-py's and nats.go's are a few hundred bytes without credentials); past
+#: 1 MiB it is no longer a bound worth the name.
+_CONTROL_LINE_MIN = 512
+_CONTROL_LINE_MAX = 1024 * 1024
+#: The smallest ``[limits] max_subscription_bytes_total``: a smaller one is taken
+#: for a mistake of unit (64 meant as MiB) rather than meant.
+_SUBSCRIPTION_BUDGET_MIN = 64 * 1024
+
 #: ``[http] port`` for "any free port" (nats-server's RANDOM_PORT); 0 is "off".
 ANY_PORT = -1
 #: ``[export] worker_priority`` (spark_export/worker.py applies it).
@@ -423,6 +432,10 @@ class NatsConfig:
     domain: str = ""
     #: Other servers mirrors and sources copy from (``[[nats.remotes]]``).
     remotes: tuple[RemoteSettings, ...] = ()
+    #: The longest control line (an operation and its arguments, before any payload)
+    #: a NATS client may send, as nats-server's ``max_control_line``; past it,
+    #: ``-ERR 'maximum control line exceeded'`` and the connection is closed.
+    max_control_line: int = 4096
 
     def remote(self, domain: str) -> RemoteSettings | None:
         """The remote of that JetStream domain (names compare without case), or None."""
@@ -483,6 +496,12 @@ class LimitsConfig:
     max_connections: int = 1024
     max_pending_bytes_per_connection: int = 64 * 1024 * 1024
     max_subscriptions_per_connection: int = 1024
+    #: The longest subject filter (and NATS queue group), in UTF-8 bytes, a
+    #: subscription may have.
+    max_subscription_subject_bytes: int = 1024
+    #: The subscription budget: the estimated bytes all core subscriptions of both
+    #: protocols may hold together (``broker.core.subscription_footprint``).
+    max_subscription_bytes_total: int = 64 * 1024 * 1024
     max_partitions: int = 1024
     max_fetch_bytes: int = 8 * 1024 * 1024
     max_republish_hops: int = 8
@@ -668,6 +687,7 @@ def _build(d: dict[str, Any]) -> Config:
             tls_handshake_first=_handshake_first(na["tls_handshake_first"]),
             domain=_typed(na["domain"], str, "nats.domain"),
             remotes=_remotes(na["remotes"]),
+            max_control_line=parse_size(na["max_control_line"], "nats.max_control_line"),
         ),
         system=SystemConfig(
             path=_typed(sysd["path"], str, "system.path"),
@@ -704,7 +724,7 @@ def _auth(section: Any) -> AuthConfig:
 
 
 _SIZE_LIMITS = {"max_frame_bytes", "max_payload_bytes", "max_pending_bytes_per_connection", "max_fetch_bytes", "max_pending_bytes_total",
-                "memory_storage_bytes"}
+                "memory_storage_bytes", "max_subscription_subject_bytes", "max_subscription_bytes_total"}
 _DURATION_LIMITS = {"slow_consumer_seconds", "handshake_timeout", "auth_failure_delay", "auth_failure_delay_max"}
 
 
@@ -740,6 +760,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("nats.max_pings_out: must be at least 1")
     if not na.stream:
         raise ConfigError("nats.stream: must not be empty")
+    if not _CONTROL_LINE_MIN <= na.max_control_line <= _CONTROL_LINE_MAX:
+        raise ConfigError(f"nats.max_control_line: must be between {_CONTROL_LINE_MIN} bytes and 1 MiB (nats-server's default: 4096)")
     if na.domain and not valid_domain(na.domain):
         raise ConfigError(f"nats.domain: {na.domain!r} is not a JetStream domain name (letters, digits, _ and -, at most 64)")
     if na.tls_handshake_first is not False and not cfg.server.tls_cert:
@@ -774,6 +796,10 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"limits.{key}: must be positive")
     if li.memory_storage_bytes < 0:
         raise ConfigError("limits.memory_storage_bytes: must not be negative (0: no memory storage)")
+    if li.max_subscription_subject_bytes < 1:
+        raise ConfigError("limits.max_subscription_subject_bytes: must be at least 1")
+    if li.max_subscription_bytes_total < _SUBSCRIPTION_BUDGET_MIN:
+        raise ConfigError("limits.max_subscription_bytes_total: must be at least 64 KiB (about 50 subscriptions)")
     if li.auth_failure_delay > li.auth_failure_delay_max:
         raise ConfigError("limits.auth_failure_delay: must not exceed limits.auth_failure_delay_max")
     parse_mode(cfg.system.file_mode, "system.file_mode", 0o600)

@@ -167,6 +167,9 @@ class ErrorCode(IntEnum):
     MAX_WAITING_EXCEEDED = 7010, "the consumer already holds max_waiting pull requests"
     NOT_A_MEMBER = 7011, "the connection is not a member of the partitioned consumer, or owns no partition"
     CONSUMER_UPDATE_DENIED = 7012, "the update changes a field of the consumer that cannot change"
+    SUBSCRIPTION_BUDGET_EXCEEDED = 7013, (
+        "the broker's subscriptions hold limits.max_subscription_bytes_total; nothing changed"
+    )
     MAX_CONSUMERS_REACHED = 7020, "the topic has max_consumers consumers (the server's 10026)"
 
 

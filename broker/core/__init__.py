@@ -62,6 +62,8 @@ from ._subject_index import TOMBSTONE as TOMBSTONE
 from ._subscriptions import PushTarget as PushTarget
 from ._subscriptions import Subscriber as Subscriber
 from ._subscriptions import SubscriptionIndex as SubscriptionIndex
+from ._subscriptions import subject_too_long as subject_too_long
+from ._subscriptions import subscription_footprint as subscription_footprint
 from ._topic_config import DEFAULT_DUPLICATE_WINDOW as DEFAULT_DUPLICATE_WINDOW
 from ._topic_config import TopicConfig as TopicConfig
 from ._topic_config import check_option_types as check_option_types
@@ -78,5 +80,5 @@ __all__ = [
     "check_option_types", "configure_logging", "copy_iname", "counter_help", "create_stream", "create_topic", "delete_message",
     "delete_stream", "delete_topic", "export", "fetch", "fire_time", "get_last", "get_logger", "get_stream",
     "get_topic", "info", "list_streams", "list_topics", "matching_subjects", "ping", "purge", "resolve",
-    "server_info", "stats_values", "update_stream", "update_topic",
+    "server_info", "stats_values", "subject_too_long", "subscription_footprint", "update_stream", "update_topic",
 ]

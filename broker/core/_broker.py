@@ -96,7 +96,9 @@ class Broker:
         self.datadir = DataDir(config.system.path, report=self._damage)
         self.catalog = Catalog()
         self.router = Router()
-        self.subs = SubscriptionIndex(self.counters)
+        #: Core subscriptions of both protocols, their estimated bytes against
+        #: ``[limits] max_subscription_bytes_total``.
+        self.subs = SubscriptionIndex(self.counters, config.limits.max_subscription_bytes_total)
         self.committer = Committer(config.system.partition.fsync, self.counters)
         #: What the memory-storage topics hold, against ``[limits] memory_storage_bytes``.
         self.memory_budget = MemoryBudget(config.limits.memory_storage_bytes)

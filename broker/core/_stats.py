@@ -105,6 +105,13 @@ class Counters:
     #: by tls_ca, a client that does not trust the broker's certificate, a TLS version
     #: below 1.2, a client speaking the plain protocol; on a plain port, a TLS client.
     tls_handshake_failures: int = 0
+    #: Subscriptions (NATS SUB, SUBSCRIBE) refused at a connection's limits: past
+    #: limits.max_subscriptions_per_connection, or a subject (or queue group) longer
+    #: than limits.max_subscription_subject_bytes.
+    subscriptions_refused: int = 0
+    #: Subscriptions refused because the subscription budget
+    #: (limits.max_subscription_bytes_total) was used up.
+    subscription_budget_refused: int = 0
     #: Connections closed as slow consumers (queued output over the limit too long).
     slow_consumers: int = 0
     #: Damage found in the data directory's files (each piece once; see ``ttlbroker check``).

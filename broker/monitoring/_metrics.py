@@ -52,6 +52,8 @@ GAUGES: dict[str, tuple[str, str, float]] = {
     "connections": ("connections", "Client connections open now (both protocols).", 1),
     "nats_connections": ("nats_connections", "NATS client connections open now (counted in connections too).", 1),
     "subscriptions": ("subscriptions", "Core subscriptions open now.", 1),
+    "subscription_bytes": ("subscription_bytes", "Bytes core subscriptions of both protocols hold now, estimated (the subscription budget's use).", 1),
+    "subscription_bytes_budget": ("subscription_bytes_budget", "The subscription budget: limits.max_subscription_bytes_total.", 1),
     "streams": ("streams", "Streams.", 1),
     "topics": ("topics", "Topics.", 1),
     "partitions": ("partitions", "Partitions of all topics.", 1),

@@ -31,7 +31,7 @@ import protocol as P
 import protocol.nats as PN
 from protocol.nats import encode_msg, nats_message_of_record
 
-from broker.core import Broker, Counters
+from broker.core import Broker, Counters, subscription_footprint
 
 __all__ = ["CheckedSubscription", "NatsClient", "NatsSubscription", "send_core"]
 
@@ -58,7 +58,9 @@ class NatsSubscription:
     #: batch to it is sent one message at a time.
     checked = False
 
-    __slots__ = ("session", "sid", "sid_bytes", "subject_filter", "tokens", "queue", "remaining", "delivered", "dropped")
+    __slots__ = (
+        "session", "sid", "sid_bytes", "subject_filter", "tokens", "queue", "remaining", "delivered", "dropped", "footprint",
+    )
 
     def __init__(self, session: NatsClient, sid: str, subject_filter: str, queue: str | None) -> None:
         self.session = session
@@ -67,6 +69,8 @@ class NatsSubscription:
         self.subject_filter = subject_filter
         self.tokens = tuple(subject_filter.split("."))
         self.queue = queue
+        #: What it counts against the subscription budget (``broker.core``).
+        self.footprint = subscription_footprint(subject_filter, len(self.tokens), queue, sid)
         #: Messages left before an ``UNSUB sid max`` removes it (None: no limit).
         self.remaining: int | None = None
         self.delivered = 0

@@ -30,15 +30,18 @@ The conversation, as nats-server holds it:
   client asked for ``no_responders``;
 * ``SUB``/``UNSUB`` (with queue groups and a maximum) manage this connection's
   subscriptions (``NatsSubscription``), at most
-  ``limits.max_subscriptions_per_connection`` (``-ERR 'maximum subscriptions
-  exceeded'``);
+  ``limits.max_subscriptions_per_connection`` and while the broker's subscription
+  budget (``limits.max_subscription_bytes_total``) has room (``-ERR 'maximum
+  subscriptions exceeded'``, nats-server's past its ``max_subs``: nats.go takes it
+  as an error that leaves the connection up), each on a subject and queue group of
+  at most ``limits.max_subscription_subject_bytes`` (``-ERR 'Invalid Subject'``);
 * ``PING`` gets ``PONG``; the server sends ``PING`` every ``[nats] ping_interval``
   and closes with ``-ERR 'Stale Connection'`` when ``[nats] max_pings_out`` of them
   are unanswered.
 
-Bad bytes (an unknown operation, a control line over 4096 bytes, a payload over
-``limits.max_payload_bytes``) get nats-server's ``-ERR`` and close the connection;
-an invalid subject gets ``-ERR 'Invalid Subject'`` (SUB) or, with ``pedantic``,
+Bad bytes (an unknown operation, a control line over ``[nats] max_control_line``
+bytes, a payload over ``limits.max_payload_bytes``) get nats-server's ``-ERR`` and
+close the connection; an invalid subject gets ``-ERR 'Invalid Subject'`` (SUB) or, with ``pedantic``,
 ``-ERR 'Invalid Publish Subject'`` and the connection goes on.
 """
 
@@ -54,7 +57,7 @@ import protocol as P
 import protocol.nats as PN
 from broker.auth import Permissions, new_nonce
 from broker.consumers import session_closed
-from broker.core import NO_TOPIC, VERSION, Broker, get_logger
+from broker.core import NO_TOPIC, VERSION, Broker, get_logger, subject_too_long
 from broker.net import SHORT_READ, ConnectionGuard, Reading, TlsAcceptor, Transport
 from protocol import ErrorCode
 from protocol.nats import (
@@ -145,7 +148,7 @@ class NatsSession:
         # What is called most, bound once (no forwarding call per frame).
         self.send_now = t.send_now
         self.accepts_pushes = t.accepts_pushes
-        self.parser = NatsParser(server=True, max_payload=broker.max_payload)
+        self.parser = NatsParser(server=True, max_control_line=broker.config.nats.max_control_line, max_payload=broker.max_payload)
         self.subs: dict[str, NatsSubscription] = {}
         #: Waiting pulls and consumer-group memberships (``broker.consumers``).
         self.pulls: set[Any] = set()
@@ -596,17 +599,29 @@ class NatsSession:
             return False
         if ev.sid in self.subs:
             return True  # nats-server keeps the first subscription of a sid
-        limit = self.broker.config.limits.max_subscriptions_per_connection
-        if len(self.subs) >= limit:
+        limits = self.broker.config.limits
+        if len(self.subs) >= limits.max_subscriptions_per_connection:
             self.broker.counters.request_errors += 1
+            self.broker.counters.subscriptions_refused += 1
             self.send_now(encode_err("maximum subscriptions exceeded"))
+            return False
+        if subject_too_long(ev.subject, ev.queue, limits.max_subscription_subject_bytes):
+            self.broker.counters.request_errors += 1
+            self.broker.counters.subscriptions_refused += 1
+            self.send_now(encode_err("Invalid Subject"))
             return False
         if perms is not None and (perms.responses is not None or perms.needs_delivery_check(ev.subject, ev.queue)):
             sub: NatsSubscription = CheckedSubscription(self, ev.sid, ev.subject, ev.queue)
         else:
             sub = NatsSubscription(self, ev.sid, ev.subject, ev.queue)
         self.subs[ev.sid] = sub
-        self.broker.subs.add(sub)
+        try:
+            self.broker.subs.add(sub)
+        except P.error_class(ErrorCode.SUBSCRIPTION_BUDGET_EXCEEDED):  # the broker's budget is spent (counted there)
+            del self.subs[ev.sid]
+            self.broker.counters.request_errors += 1
+            self.send_now(encode_err("maximum subscriptions exceeded"))
+            return False
         return True
 
     def _unsubscribe(self, ev: NatsUnsub) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import protocol as P
 from protocol import ErrorCode, ProtocolConnection, PushKind, error_class, validate_filter
 
-from broker.core import Broker, Counters, Reply
+from broker.core import Broker, Counters, Reply, subject_too_long, subscription_footprint
 
 __all__ = ["Subscriber", "Subscription", "subscribe", "unsubscribe"]
 
@@ -43,7 +43,7 @@ _NO_PLACE = P.delivery_entry(0, 0, 0)
 class Subscription:
     """One SUBSCRIBE of a binary-protocol session (``core.Subscriber``)."""
 
-    __slots__ = ("session", "sid", "subject_filter", "tokens", "delivered", "dropped")
+    __slots__ = ("session", "sid", "subject_filter", "tokens", "delivered", "dropped", "footprint")
 
     #: Binary-protocol subscriptions have no queue groups.
     queue = None
@@ -55,6 +55,8 @@ class Subscription:
         self.tokens = tuple(subject_filter.split("."))
         self.delivered = 0
         self.dropped = 0
+        #: What it counts against the subscription budget (``broker.core``).
+        self.footprint = subscription_footprint(subject_filter, len(self.tokens))
 
     def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
         """One DELIVERY push of every record in ``parts`` (entry heads and records)."""
@@ -131,19 +133,39 @@ class FilteredSubscription(Subscription):
 
 
 def subscribe(broker: Broker, session: Subscriber, cmd: P.Subscribe) -> Reply:
+    """SUBSCRIBE, within the connection's limits and the broker's subscription budget.
+
+    Raises:
+        InvalidSubjectFilterError: not a filter, or longer than
+            ``limits.max_subscription_subject_bytes``.
+        SubscriptionExistsError, TooManySubscriptionsError: the connection's id or limit.
+        SubscriptionBudgetExceededError: the broker's subscriptions hold
+            ``limits.max_subscription_bytes_total``.
+    """
     validate_filter(cmd.subject_filter)
     if cmd.subscription_id in session.subs:
         raise error_class(ErrorCode.SUBSCRIPTION_EXISTS)(f"subscription id {cmd.subscription_id} is already in use")
-    limit = broker.config.limits.max_subscriptions_per_connection
+    limits = broker.config.limits
+    limit = limits.max_subscriptions_per_connection
     if len(session.subs) >= limit:
+        broker.counters.subscriptions_refused += 1
         raise error_class(ErrorCode.TOO_MANY_SUBSCRIPTIONS)(f"a connection may hold at most {limit} subscriptions")
+    longest = limits.max_subscription_subject_bytes
+    if subject_too_long(cmd.subject_filter, None, longest):
+        broker.counters.subscriptions_refused += 1
+        raise error_class(ErrorCode.INVALID_SUBJECT_FILTER)(
+            f"subject filter {cmd.subject_filter[:40]!r}... is longer than limits.max_subscription_subject_bytes ({longest} bytes)")
     perms = session.perms
     if perms is not None and perms.needs_delivery_check(cmd.subject_filter, None):
         sub: Subscription = FilteredSubscription(session, cmd.subscription_id, cmd.subject_filter, perms)
     else:
         sub = Subscription(session, cmd.subscription_id, cmd.subject_filter)
     session.subs[cmd.subscription_id] = sub
-    broker.subs.add(sub)
+    try:
+        broker.subs.add(sub)
+    except error_class(ErrorCode.SUBSCRIPTION_BUDGET_EXCEEDED):  # counted by the index
+        del session.subs[cmd.subscription_id]
+        raise
     return b""
 
 

@@ -72,6 +72,12 @@ def test_a_file_overrides_key_by_key(tmp_path: Path) -> None:
         ("[limits]\nslow_consumer_seconds = 0\n", "limits.slow_consumer_seconds: must be positive"),
         ("[limits]\nmax_pending_bytes_total = \"1 MiB\"\n", "at least limits.max_pending_bytes_per_connection"),
         ("[limits]\nauth_failure_delay = \"20s\"\n", "must not exceed limits.auth_failure_delay_max"),
+        ("[limits]\nmax_subscription_subject_bytes = 0\n", "limits.max_subscription_subject_bytes: must be at least 1"),
+        ("[limits]\nmax_subscription_subject_bytes = \"long\"\n", "limits.max_subscription_subject_bytes: 'long' is not a size"),
+        ("[limits]\nmax_subscription_bytes_total = 64\n",
+         "limits.max_subscription_bytes_total: must be at least 64 KiB (about 50 subscriptions)"),
+        ("[nats]\nmax_control_line = 511\n", "nats.max_control_line: must be between 512 bytes and 1 MiB (nats-server's default: 4096)"),
+        ("[nats]\nmax_control_line = \"2 MiB\"\n", "nats.max_control_line: must be between 512 bytes and 1 MiB"),
     ],
 )
 def test_config_mistakes_name_the_key(tmp_path: Path, text: str, fragment: str) -> None:
@@ -100,6 +106,17 @@ def test_fsync_policy_parsing() -> None:
     assert str(FsyncPolicy.parse("200ms")) == "interval 200ms"
     with pytest.raises(ValueError):
         FsyncPolicy.parse("soon")
+
+
+def test_subscription_limits() -> None:
+    """Issue 27: what subscriptions may hold, per connection and in all."""
+    c = Config()
+    assert (c.limits.max_subscriptions_per_connection, c.limits.max_subscription_subject_bytes) == (1024, 1024)
+    assert (c.limits.max_subscription_bytes_total, c.nats.max_control_line) == (64 * 1024 * 1024, 4096)
+    c = Config().replace(**{"limits.max_subscription_bytes_total": "1 GiB", "limits.max_subscription_subject_bytes": "4 KiB",
+                            "nats.max_control_line": "8 KiB"})
+    assert (c.limits.max_subscription_bytes_total, c.limits.max_subscription_subject_bytes, c.nats.max_control_line) == (
+        1 << 30, 4096, 8192)
 
 
 def test_connection_limits_and_file_modes() -> None:

@@ -24,6 +24,7 @@ class Sub:
     def __init__(self, subject_filter: str, queue: str | None = None) -> None:
         self.tokens = tuple(subject_filter.split("."))
         self.queue = queue
+        self.footprint = len(subject_filter)
 
 
 @given(st.lists(st.tuples(FILTER, st.booleans()), max_size=30), st.lists(SUBJECT, min_size=1, max_size=10))
