@@ -72,6 +72,10 @@ def test_a_file_overrides_key_by_key(tmp_path: Path) -> None:
         ("[limits]\nslow_consumer_seconds = 0\n", "limits.slow_consumer_seconds: must be positive"),
         ("[limits]\nmax_pending_bytes_total = \"1 MiB\"\n", "at least limits.max_pending_bytes_per_connection"),
         ("[limits]\nauth_failure_delay = \"20s\"\n", "must not exceed limits.auth_failure_delay_max"),
+        ("[http]\nhead_timeout = \"0s\"\n", "http.head_timeout: must be positive"),
+        ("[http]\nhead_timeout = {}\n", "http.head_timeout: expected a duration such as \"2s\" or a number of seconds"),
+        ("[http]\nmax_connections = 0\n", "http.max_connections: must be at least 1, got 0"),
+        ("[http]\nmax_connections_per_peer = 100\n", "http.max_connections_per_peer: must be between 1 and http.max_connections (64), got 100"),
     ],
 )
 def test_config_mistakes_name_the_key(tmp_path: Path, text: str, fragment: str) -> None:
