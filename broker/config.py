@@ -60,7 +60,9 @@ def parse_size(value: int | str, key: str) -> int:
     return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()])
 
 
-def _seconds(value: int | float | str, key: str) -> float:
+def _seconds(value: object, key: str) -> float:
+    if not isinstance(value, (int, float, str)):  # a TOML table, list or date
+        raise ConfigError(f"{key}: expected a duration such as \"2s\" or a number of seconds, got {value!r}")
     try:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if value < 0:
@@ -227,6 +229,14 @@ class HttpConfig:
     host: str = "127.0.0.1"
     #: 0 = no monitoring port; :data:`ANY_PORT` = any free one (nats-server's -1).
     port: int = 8091
+    #: Connections served at once; past it a new one takes the place of one that is
+    #: idle or slow (``broker/monitoring/_http.py``, rule 2), or is refused.
+    max_connections: int = 64
+    #: The same per peer host, so that one client's connections replace its own.
+    max_connections_per_peer: int = 16
+    #: Seconds a request head has to arrive whole (from the accept, or from its first
+    #: byte on a kept-alive connection).
+    head_timeout: float = 2.0
 
     @property
     def enabled(self) -> bool:
@@ -676,6 +686,9 @@ def _build(d: dict[str, Any]) -> Config:
         http=HttpConfig(
             host=_typed(ht["host"], str, "http.host"),
             port=_typed(ht["port"], int, "http.port"),
+            max_connections=_typed(ht["max_connections"], int, "http.max_connections"),
+            max_connections_per_peer=_typed(ht["max_connections_per_peer"], int, "http.max_connections_per_peer"),
+            head_timeout=_seconds(ht["head_timeout"], "http.head_timeout"),
         ),
         nats=NatsConfig(
             enabled=_typed(na["enabled"], bool, "nats.enabled"),
@@ -749,6 +762,16 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"http.port: {cfg.http.port} is not a TCP port (1..65535), 0 (off) or -1 (any free port)")
     if cfg.http.port > 0 and cfg.http.port == cfg.server.port and cfg.http.host == cfg.server.host:
         raise ConfigError(f"http.port: {cfg.http.port} is also server.port; monitoring needs a port of its own")
+    ht = cfg.http
+    if ht.max_connections < 1:
+        raise ConfigError(f"http.max_connections: must be at least 1, got {ht.max_connections}")
+    if not 1 <= ht.max_connections_per_peer <= ht.max_connections:
+        raise ConfigError(
+            f"http.max_connections_per_peer: must be between 1 and http.max_connections ({ht.max_connections}), "
+            f"got {ht.max_connections_per_peer}"
+        )
+    if ht.head_timeout <= 0:
+        raise ConfigError("http.head_timeout: must be positive (a request head needs some time to arrive)")
     na = cfg.nats
     if not 0 <= na.port <= 65535:
         raise ConfigError(f"nats.port: {na.port} is not a TCP port (1..65535) or 0 (any free port)")

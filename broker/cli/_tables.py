@@ -278,6 +278,11 @@ _STATS: list[tuple[str, list[tuple[str, str, Callable[[Any], str]]]]] = [
         ("segments_exported", "segments", count), ("rows_exported", "rows", count),
         ("export_failures", "failures", count),
     ]),
+    ("Monitoring port", [
+        ("http_connections_total", "accepted", count), ("http_connections_refused", "refused (limits)", count),
+        ("http_connections_evicted", "replaced (limits)", count), ("http_request_timeouts", "request timeouts", count),
+        ("http_response_timeouts", "response timeouts", count),
+    ]),
 ]
 
 

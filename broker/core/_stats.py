@@ -114,6 +114,19 @@ class Counters:
     subscription_budget_refused: int = 0
     #: Connections closed as slow consumers (queued output over the limit too long).
     slow_consumers: int = 0
+    #: Monitoring connections accepted.
+    http_connections_total: int = 0
+    #: Monitoring connections closed at once: at a connection limit of the monitoring
+    #: port, with no connection to replace (every one was being served).
+    http_connections_refused: int = 0
+    #: Monitoring connections closed to make room for a new one at a connection limit
+    #: (lingering after an error, idle, waiting for a request, or slow to take a response).
+    http_connections_evicted: int = 0
+    #: Monitoring requests that did not arrive whole within [http] head_timeout
+    #: (answered 408, or closed if nothing came).
+    http_request_timeouts: int = 0
+    #: Monitoring responses the client did not take within 10 s (the connection was closed).
+    http_response_timeouts: int = 0
     #: Damage found in the data directory's files (each piece once; see ``ttlbroker check``).
     damage_detected: int = 0
     #: Durable consumers' first deliveries of a message.

@@ -83,7 +83,7 @@ GAUGES: dict[str, tuple[str, str, float]] = {
 }
 #: Counters whose metric is not ``ttlbroker_<field>_total``: a name ending in
 #: ``_total`` would end in it twice (and ``connections`` is the gauge of open ones).
-RENAMED = {"connections_total": "connections_accepted"}
+RENAMED = {"connections_total": "connections_accepted", "http_connections_total": "http_connections"}
 #: Numbers of ``stats`` that only grow but are not in ``Counters``.
 COUNTERS: dict[str, tuple[str, str, float]] = {
     "expiry_passes": ("expiry_passes", "Expiry passes that removed or re-armed something.", 1),
@@ -107,8 +107,8 @@ class Snapshot:
     counters: dict[str, int]
     ready: bool
     started_at: float
-    http_connections: int
-    http_refused: int
+    #: Monitoring connections open now.
+    http_open: int
     http_responses: dict[int, int]
     #: ``stats_values`` (None while the broker recovers: the catalog is not complete).
     stats: dict[str, Any] | None = None
@@ -147,9 +147,7 @@ def families(snap: Snapshot, helps: dict[str, str]) -> list[Metric]:
     out.append(GaugeMetricFamily(PREFIX + "ready", "1 when /healthz answers 200: recovered, accepting connections, not shutting down.",
                                  value=1 if snap.ready else 0))
     out.append(GaugeMetricFamily(PREFIX + "start_time_seconds", "When the broker started (Unix time).", value=snap.started_at))
-    out.append(CounterMetricFamily(PREFIX + "http_connections", "Monitoring connections accepted.", value=snap.http_connections))
-    out.append(CounterMetricFamily(PREFIX + "http_connections_refused",
-                                   "Monitoring connections closed at once: too many were open.", value=snap.http_refused))
+    out.append(GaugeMetricFamily(PREFIX + "http_connections_open", "Monitoring connections open now.", value=snap.http_open))
     responses = CounterMetricFamily(PREFIX + "http_responses", "Monitoring responses sent, by status code.", labels=["code"])
     for code, n in sorted(snap.http_responses.items()):
         responses.add_metric([str(code)], n)

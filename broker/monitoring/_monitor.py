@@ -13,16 +13,25 @@
 ``HEAD`` works wherever ``GET`` does; other methods get 405, other paths 404.
 :class:`Monitor` also carries the broker's lifecycle as the server reports it
 (:attr:`Monitor.state`).
+
+``/healthz`` (and ``/``) answer at once, from what is in memory. ``/metrics`` and
+``/varz`` walk the data directory and build their text in worker threads: they take
+turns (:data:`SCRAPES_AT_ONCE`), so that however many scrapes arrive they hold at
+most that many of trio's worker threads (which the broker's own blocking work
+shares) and compete with the event loop for the GIL no more than that. A scrape
+waiting for its turn waits inside ``_http.waiting``: its connection may be replaced
+by a new one (a probe) at the port's connection limits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import enum
 import json
 import resource
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import trio
@@ -31,13 +40,15 @@ from broker.consumers import ConsumerEngine
 from broker.core import Broker, info
 from broker.net import ConnectionGuard
 
-from ._http import HttpStats, Request, Response
+from ._http import HttpStats, Request, Response, waiting
 from ._metrics import Metrics, Snapshot
 from ._stats import stats_values
 
 __all__ = ["Monitor", "State"]
 
 _JSON = "application/json"
+#: Scrapes (``/metrics``, ``/varz``) worked on at once; the others wait their turn.
+SCRAPES_AT_ONCE = 1
 
 
 class State(enum.Enum):
@@ -67,8 +78,9 @@ class Monitor:
         #: ``(host, port)`` of the broker's and the monitoring listeners, once bound.
         self.address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
-        self.http = HttpStats()
+        self.http = HttpStats(broker.counters)
         self.metrics = Metrics(self)
+        self._scrapes = trio.Semaphore(SCRAPES_AT_ONCE)
         self._routes: dict[str, Callable[[Request], Awaitable[Response]]] = {
             "/": self._index, "/healthz": self._healthz, "/metrics": self._metrics, "/varz": self._varz,
         }
@@ -86,10 +98,7 @@ class Monitor:
         thread's walk)."""
         broker = self.broker
         http = self.http
-        snap = Snapshot(
-            broker.counters.as_dict(), self.healthy, broker.started_at,
-            http.connections_total, http.connections_refused, dict(http.responses),
-        )
+        snap = Snapshot(broker.counters.as_dict(), self.healthy, broker.started_at, http.connections, dict(http.responses))
         if not self.recovered:
             return snap  # the catalog is being built in a worker thread
         snap.stats = stats_values(broker, self.consumers, self.guard, bytes_on_disk)
@@ -129,11 +138,24 @@ class Monitor:
 
     async def _metrics(self, request: Request) -> Response:
         accept = (request.header(b"accept") or b"").decode("latin-1")
-        body, content_type = await self.metrics.scrape(accept)
+        async with self._turn():
+            body, content_type = await self.metrics.scrape(accept)
         return Response(200, body, content_type)
 
     async def _varz(self, request: Request) -> Response:
-        return Response(200, json.dumps(await self.varz(), indent=2).encode() + b"\n", _JSON)
+        async with self._turn():
+            document = await self.varz()
+        return Response(200, json.dumps(document, indent=2).encode() + b"\n", _JSON)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self) -> AsyncIterator[None]:
+        """A scrape's turn (see the module docstring)."""
+        with waiting():
+            await self._scrapes.acquire()
+        try:
+            yield
+        finally:
+            self._scrapes.release()
 
     async def varz(self) -> dict[str, Any]:
         """The ``/varz`` document (see the module docstring)."""
@@ -185,6 +207,9 @@ class Monitor:
             "max_consumers_per_topic": li.max_consumers_per_topic,
             "handshake_timeout": li.handshake_timeout,
             "slow_consumer_seconds": li.slow_consumer_seconds,
+            "http_max_connections": cfg.http.max_connections,
+            "http_max_connections_per_peer": cfg.http.max_connections_per_peer,
+            "http_head_timeout": cfg.http.head_timeout,
         }
         return out
 

@@ -162,7 +162,7 @@ async def serve(
 
         async def run_http(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             with http_scope:
-                await serve_http(http_listeners, monitor.handle, monitor.http, task_status=task_status)
+                await serve_http(http_listeners, monitor.handle, monitor.http, config.http, task_status=task_status)
 
         async with trio.open_nursery() as monitoring:
             if http_listeners:

@@ -78,6 +78,10 @@ def test_a_file_overrides_key_by_key(tmp_path: Path) -> None:
          "limits.max_subscription_bytes_total: must be at least 64 KiB (about 50 subscriptions)"),
         ("[nats]\nmax_control_line = 511\n", "nats.max_control_line: must be between 512 bytes and 1 MiB (nats-server's default: 4096)"),
         ("[nats]\nmax_control_line = \"2 MiB\"\n", "nats.max_control_line: must be between 512 bytes and 1 MiB"),
+        ("[http]\nhead_timeout = \"0s\"\n", "http.head_timeout: must be positive"),
+        ("[http]\nhead_timeout = {}\n", "http.head_timeout: expected a duration such as \"2s\" or a number of seconds"),
+        ("[http]\nmax_connections = 0\n", "http.max_connections: must be at least 1, got 0"),
+        ("[http]\nmax_connections_per_peer = 100\n", "http.max_connections_per_peer: must be between 1 and http.max_connections (64), got 100"),
     ],
 )
 def test_config_mistakes_name_the_key(tmp_path: Path, text: str, fragment: str) -> None:

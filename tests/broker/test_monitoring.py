@@ -24,7 +24,6 @@ from ttl_helpers import NS, advance, broker_and_client
 
 import broker.server._server as server_module
 from broker import Clock, ServerHandle, serve
-from broker.monitoring import _http as http_module
 from broker.core._broker import Broker
 from broker.core._info import VERSION
 from broker.monitoring._metrics import COUNTERS, GAUGES, INFO_KEYS, RENAMED
@@ -347,6 +346,7 @@ async def test_varz(server: ServerHandle, client: Client, data_dir: Path) -> Non
     assert v["start"].endswith("Z") and v["uptime"].endswith("s") and v["started_at"] == server.broker.started_at
     assert v["config"]["data_dir"] == str(data_dir) and v["config"]["fsync"] == "always"
     assert v["config"]["max_connections"] == 1024 and v["config"]["export_dir"] is None
+    assert (v["config"]["http_max_connections"], v["config"]["http_max_connections_per_peer"], v["config"]["http_head_timeout"]) == (64, 16, 2.0)
     assert v["cpu_seconds"] > 0 and v["max_rss_bytes"] > 0
 
 
@@ -367,8 +367,12 @@ async def test_unknown_paths_wrong_methods_head_and_keep_alive(server: ServerHan
     assert got.count(b"HTTP/1.1 200 OK\r\n") == 2 and b'"status": "ok"' in got and b'"state": "ready"' in got
 
 
-async def test_bad_requests_cost_only_their_connection(server: ServerHandle, client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http_module, "REQUEST_SECONDS", 0.2)
+async def test_bad_requests_cost_only_their_connection(data_dir: Path) -> None:
+    async with start_server(make_config(data_dir, **{"http.head_timeout": "200ms"})) as server, connect(server.address) as client:
+        await _bad_requests_cost_only_their_connection(server, client)
+
+
+async def _bad_requests_cost_only_their_connection(server: ServerHandle, client: Client) -> None:
     url = url_of(server)
     got = await raw(server, b"\x00\x01\x02 garbage \xff\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 400 Bad Request\r\n")
@@ -378,7 +382,7 @@ async def test_bad_requests_cost_only_their_connection(server: ServerHandle, cli
     assert got.startswith(b"HTTP/1.1 413 ")
     got = await raw(server, b"GET /healthz HTTP/9.9\r\nHost: x\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 505 ")
-    # Connects and sends nothing: closed without a word after the request timeout.
+    # Connects and sends nothing: closed without a word after the head timeout.
     assert await raw(server, b"", read_timeout=5) == b""
     # Half a request: 408.
     got = await raw(server, b"GET /healthz HTTP/1.1\r\nHost:", read_timeout=5)
@@ -398,21 +402,22 @@ async def test_bad_requests_cost_only_their_connection(server: ServerHandle, cli
     assert one(m, "ttlbroker_streams") == 1
 
 
-async def test_connections_over_the_limit_are_closed_at_once(server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http_module, "MAX_CONNECTIONS", 3)
-    assert server.http_port is not None
-    idle = [await trio.open_tcp_stream("127.0.0.1", server.http_port) for _ in range(3)]
-    try:
-        await trio.testing.wait_all_tasks_blocked()
-        assert await raw(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n") == b""
-    finally:
-        for s in idle:
-            await s.aclose()
-    with trio.fail_after(5):
-        while (await get(url_of(server), "/healthz")).status_code != 200:
-            await trio.sleep(0.01)
-    m = await scrape(url_of(server))
-    assert one(m, "ttlbroker_http_connections_refused_total") == 1
+async def test_a_new_connection_over_the_limit_takes_the_place_of_an_idle_one(data_dir: Path) -> None:
+    """At ``http.max_connections`` the connection idle longest is closed for the new
+    one (tests/broker/test_monitoring_probes.py has the rest of the rules)."""
+    async with start_server(make_config(data_dir, **{"http.max_connections": 3, "http.max_connections_per_peer": 3})) as server:
+        assert server.http_port is not None
+        idle = [await trio.open_tcp_stream("127.0.0.1", server.http_port) for _ in range(3)]
+        try:
+            await trio.testing.wait_all_tasks_blocked()
+            assert (await raw(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")).startswith(b"HTTP/1.1 200 OK")
+            assert await idle[0].receive_some(10) == b""  # the oldest
+        finally:
+            for s in idle:
+                await s.aclose()
+        m = await scrape(url_of(server))
+        assert one(m, "ttlbroker_http_connections_evicted_total") == 1
+        assert one(m, "ttlbroker_http_connections_refused_total") == 0
 
 
 # -- configuration and start-up ----------------------------------------------------------
@@ -454,6 +459,8 @@ def test_http_config_is_checked() -> None:
         Config().replace(**{"http.port": 8090})
     with pytest.raises(ConfigError, match="unknown key http.enabled"):
         Config().replace(**{"http.enabled": False})
+    with pytest.raises(ConfigError, match=r"http.max_connections_per_peer: must be between 1 and http.max_connections \(8\), got 9"):
+        Config().replace(**{"http.max_connections": 8, "http.max_connections_per_peer": 9})
 
 
 def test_serve_prints_the_monitoring_line(data_dir: Path) -> None:
