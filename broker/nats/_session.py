@@ -161,6 +161,9 @@ class NatsSession:
         self.perms: Permissions | None = None
         #: Whether the read loop's fast ack paths may skip the publish check.
         self._acks_unchecked = True
+        #: Whether every message to this connection is looked at before it goes
+        #: (nats-server's ``mperms``, see ``_subscribe``).
+        self._deliveries_checked = False
         self.nonce = new_nonce() if broker.auth.needs_nonce else ""
         # nats-server's defaults (``defaultOpts``), for what CONNECT leaves out.
         self.verbose = True
@@ -610,10 +613,18 @@ class NatsSession:
             self.broker.counters.subscriptions_refused += 1
             self.send_now(encode_err("Invalid Subject"))
             return False
-        if perms is not None and (perms.responses is not None or perms.needs_delivery_check(ev.subject, ev.queue)):
-            sub: NatsSubscription = CheckedSubscription(self, ev.sid, ev.subject, ev.queue)
-        else:
-            sub = NatsSubscription(self, ev.sid, ev.subject, ev.queue)
+        if perms is not None and not self._deliveries_checked and (
+            perms.responses is not None or perms.needs_delivery_check(ev.subject, ev.queue)
+        ):
+            # As nats-server (loadMsgDenyFilterIfNeeded): once a subscription of the
+            # connection could receive a denied subject, every delivery to the
+            # connection is checked against the deny list, its other subscriptions'
+            # too (a JetStream delivery to an inbox carries the stored subject).
+            self._deliveries_checked = True
+            for other in self.subs.values():
+                other.__class__ = CheckedSubscription  # (same layout: no slots of its own)
+        kind = CheckedSubscription if self._deliveries_checked else NatsSubscription
+        sub = kind(self, ev.sid, ev.subject, ev.queue)
         self.subs[ev.sid] = sub
         try:
             self.broker.subs.add(sub)

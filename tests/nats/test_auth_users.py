@@ -5,6 +5,7 @@ publish, subscribe and response permissions, with nats-py and raw NATS."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import bcrypt
 import nacl.signing
 import nats
+import nats.js.api
 import nkeys
 import pytest
 import trio
@@ -39,7 +41,7 @@ USERS: list[dict[str, Any]] = [
     {"user": "hashed", "password": HASHED, "permissions": {}},
     {"nkey": PUBLIC, "permissions": {}},
     {"user": "orders", "password": "o", "permissions": {
-        "publish": {"allow": ["orders.>", "$JS.API.>"], "deny": ["orders.secret", "$JS.API.STREAM.DELETE.>"]},
+        "publish": {"allow": ["orders.>", "$JS.API.>", "$JS.ACK.ORDERS.>"], "deny": ["orders.secret", "$JS.API.STREAM.DELETE.>"]},
         "subscribe": {"allow": ["_INBOX.>", "orders.>", "jobs.* workers"], "deny": ["orders.secret"]},
     }},
     {"user": "svc", "password": "s", "permissions": {"subscribe": ["svc.>"], "allow_responses": True}},
@@ -278,3 +280,72 @@ def test_allow_responses_turns_off_the_blanket_publish_allow(data_dir: Path) -> 
     perms = cfg.auth.users[0].permissions
     assert perms is not None and perms.publish is not None and perms.publish.allow == ()
     assert perms.allow_responses is not None and (perms.allow_responses.max_msgs, perms.allow_responses.expires) == (2, 60.0)
+
+
+
+def _nats_server_users() -> str:
+    """USERS' admin and orders as a nats-server ``authorization`` block."""
+    def entry(u: dict[str, Any]) -> str:
+        return json.dumps({k: v for k, v in u.items() if k in ("user", "password", "permissions") and v})
+    return "authorization {\n  users = [\n" + ",\n".join(entry(u) for u in USERS if u.get("user") in ("admin", "orders")) + "\n  ]\n}\n"
+
+
+async def _consumer_deliveries(url: str) -> tuple[list[str], list[str], list[str]]:
+    """What user orders (subscribe deny orders.secret) gets from consumers of a
+    stream holding orders.a, orders.secret, orders.b: a pull on a connection with
+    only its inbox, then a pull and a push on a connection that also subscribes to
+    orders.> (a wildcard wider than the deny entry)."""
+    admin = await nats.connect(_url(url, "admin", "plain-pw"))
+    ajs = admin.jetstream()
+    await ajs.add_stream(name="ORDERS", subjects=["orders.>"])
+    for subject in ("orders.a", "orders.secret", "orders.b"):
+        await ajs.publish(subject, b"x")
+
+    async def pulled(nc: Any, durable: str) -> list[str]:
+        pull = await nc.jetstream(timeout=2).pull_subscribe("orders.>", durable=durable)
+        got: list[str] = []
+        with contextlib.suppress(nats.errors.TimeoutError):
+            while len(got) < 3:
+                for m in await pull.fetch(3, timeout=0.5):
+                    got.append(m.subject)
+                    await m.ack()
+        return got
+
+    inbox_only = await nats.connect(_url(url, "orders", "o"))
+    first = await pulled(inbox_only, "first")
+    wide = await nats.connect(_url(url, "orders", "o"))
+    await wide.subscribe("orders.>")
+    second = await pulled(wide, "second")
+    push = await wide.jetstream(timeout=2).subscribe(
+        "orders.>", durable="pushed", manual_ack=True, config=nats.js.api.ConsumerConfig(deliver_subject="_INBOX.pushed"))
+    pushed: list[str] = []
+    with contextlib.suppress(nats.errors.TimeoutError):
+        while len(pushed) < 3:
+            m = await push.next_msg(timeout=0.5)
+            pushed.append(m.subject)
+            await m.ack()
+    for nc in (inbox_only, wide, admin):
+        await nc.close()
+    return first, second, pushed
+
+
+@pytest.mark.parametrize("server", ["ttlbroker", "nats-server"])
+async def test_consumer_deliveries_follow_the_users_subscribe_permissions(data_dir: Path, server: str) -> None:
+    """Consumer deliveries are checked as the subjects they carry, as nats-server
+    checks them (deliverMsg's checkDenySub): once a connection holds a subscription
+    that could receive a denied subject, a message on a denied subject is not
+    delivered to any of its subscriptions, its inboxes included; a connection
+    without one is not filtered (a subscription to exactly a denied subject is
+    refused in the first place). Against both servers, the same answers."""
+    if server == "nats-server":
+        from test_remote_origin import run_nats_server
+
+        with run_nats_server(data_dir, _nats_server_users()) as (_proc, port):
+            got = await in_asyncio(lambda: _consumer_deliveries(f"nats://127.0.0.1:{port}"))
+    else:
+        async with start_server(users_config(data_dir)) as handle:
+            got = await in_asyncio(lambda: _consumer_deliveries(handle.nats_url or ""))
+    first, second, pushed = got
+    assert first == ["orders.a", "orders.secret", "orders.b"]
+    assert second == ["orders.a", "orders.b"]
+    assert pushed == ["orders.a", "orders.b"]

@@ -263,3 +263,51 @@ async def test_kill_9_of_the_copying_broker_in_the_middle_of_a_transfer(tmp_path
             assert [(s, subj, data) for s, subj, data, _ in got] == [(s, subj, data) for s, subj, data, _ in want]
         finally:
             await there.aclose()
+
+
+async def test_a_remote_copy_is_bound_by_its_users_permissions_on_the_origin(tmp_path: Path) -> None:
+    """The origin, a ttlbroker with users, applies its permissions to a copying
+    broker as to any client: a remote user allowed the API of domain hub, flow
+    control and its inboxes copies; one allowed less gets the origin's
+    ``Permissions Violation``, which the copy reports in its stream info (and
+    copies nothing)."""
+    users = [
+        {"user": "admin", "password": "a"},
+        {"user": "copier", "password": "c", "permissions": {
+            "publish": ["$JS.hub.API.>", "$JS.FC.>"], "subscribe": ["_INBOX.>"]}},
+        {"user": "nosy", "password": "n", "permissions": {"publish": ["s.>"], "subscribe": ["_INBOX.>"]}},
+    ]
+    d = tmp_path / "origin"
+    d.mkdir()
+    origin_cfg = make_config(d, **{"nats.enabled": True, "nats.domain": "hub", "auth.users": users, "limits.auth_failure_delay": 0})
+    async with start_server(origin_cfg) as origin:
+        url = origin.nats_url or ""
+        admin = RemoteSettings(domain="hub", url=url, user="admin", password="a")
+        link = await NatsLink.open(admin, 5)
+        try:
+            assert "error" not in await api(link, "STREAM.CREATE.S", {"name": "S", "subjects": ["s.>"], "allow_msg_ttl": True})
+            await publish(link, 0, 30)
+        finally:
+            await link.aclose()
+        for user, password in (("copier", "c"), ("nosy", "n")):
+            d = tmp_path / user
+            d.mkdir()
+            cfg = make_config(d, **{"nats.enabled": True,
+                                    "nats.remotes": [{"domain": "hub", "url": url, "user": user, "password": password}]})
+            async with start_server(cfg) as handle:
+                here = await NatsLink.open(RemoteSettings(domain="local", url=handle.nats_url), 5)
+                try:
+                    r = await api(here, "STREAM.CREATE.M", {"name": "M", "mirror": {"name": "S", "domain": "hub"}})
+                    assert "error" not in r, r
+                    if user == "copier":
+                        info = await wait_for(here, "M", 30)
+                        assert "error" not in info["mirror"]
+                        continue
+                    with trio.fail_after(15):
+                        while "error" not in (info := await api(here, "STREAM.INFO.M"))["mirror"]:
+                            await trio.sleep(0.05)
+                    assert info["state"]["messages"] == 0
+                    assert 'Permissions Violation for Publish to "$JS.hub.API.' in info["mirror"]["error"]["description"]
+                finally:
+                    await here.aclose()
+        assert origin.broker.counters.publish_permission_violations >= 1
