@@ -77,6 +77,7 @@ class _Sub:
         self.delivered = 0
         self.dropped = 0
         self.session = _Session()
+        self.footprint = 0  # (the subscription budget: nothing counted)
 
     def deliver_records(self, parts: list[Any], counters: Any) -> None:
         self.delivered += len(parts) // 2
