@@ -24,7 +24,7 @@ import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
 from protocol import RemovalReason as R
 from protocol.nats import (
-    API_LEVEL, STREAM_SEALED, BAD_REQUEST, MEMORY_RESOURCES_EXCEEDED, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
+    API_LEVEL, STREAM_SEALED, BAD_REQUEST, INVALID_JSON, MEMORY_RESOURCES_EXCEEDED, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
     STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
     stream_config, last_by_subj_of, parse_request, stream_config_to_topic, source_info,
 )
@@ -550,7 +550,8 @@ def _direct_get(js: JetStream, name: str, subject: str, reply: str | None, paylo
     """``$JS.API.DIRECT.GET.<stream>[.<subject>]``: the message itself, with
     Nats-Stream, Nats-Subject, Nats-Sequence and Nats-Time-Stamp appended to its
     headers; a 404 status when there is none (408 for a malformed request, as the
-    server). A stream without ``allow_direct`` does not answer (no responders)."""
+    server: ``Malformed Request`` when it is not JSON, nested too deep included). A
+    stream without ``allow_direct`` does not answer (no responders)."""
     try:
         topic = js.topic(name)
     except JSError:
@@ -565,6 +566,8 @@ def _direct_get(js: JetStream, name: str, subject: str, reply: str | None, paylo
     except JSError as err:
         if err.err_code == NO_MESSAGE_FOUND[1]:
             js.respond(reply, b"", headers=encode_nats_headers([], 404, "Message Not Found"))
+        elif err.err_code == INVALID_JSON[1]:
+            js.respond(reply, b"", headers=encode_nats_headers([], 408, "Malformed Request"))  # as nats-server
         else:
             js.respond(reply, b"", headers=encode_nats_headers([], 408, "Bad Request"))
         return

@@ -31,6 +31,7 @@ from typing import Any
 
 from .._errors import BrokerError, ErrorCode
 from .._transform import SubjectTransform, TransformError
+from ._json import loads as json_loads
 from ._wire import decode_nats_headers, valid_nats_subject
 
 __all__ = [
@@ -295,8 +296,8 @@ def parse_request(payload: bytes) -> dict[str, Any]:
     if not payload.strip():
         return {}
     try:
-        req = json.loads(payload)
-    except ValueError as exc:
+        req = json_loads(payload)
+    except ValueError as exc:  # a nesting too deep too: "invalid JSON: exceeded max depth", as nats-server
         raise js_error(INVALID_JSON, f"invalid JSON: {exc}") from None
     if not isinstance(req, dict):
         raise js_error(INVALID_JSON, "invalid JSON: the request must be an object")
