@@ -50,6 +50,7 @@ from ._jetstream import NO_MESSAGE_FOUND as NO_MESSAGE_FOUND
 from ._jetstream import NS as NS
 from ._jetstream import PURGE_FAILED as PURGE_FAILED
 from ._jetstream import SEQUENCE_NOT_FOUND as SEQUENCE_NOT_FOUND
+from ._jetstream import STORE_FAILED as STORE_FAILED
 from ._jetstream import STREAM_INVALID_CONFIG as STREAM_INVALID_CONFIG
 from ._jetstream import STREAM_MISMATCH as STREAM_MISMATCH
 from ._jetstream import STREAM_NAME_EXIST as STREAM_NAME_EXIST
@@ -114,7 +115,7 @@ __all__ = [
     "INVALID_JSON", "JSError", "MAX_CONTROL_LINE", "MSG_DELETE_FAILED", "NATS_ERRORS", "NATS_NEED_DATA",
     "NATS_SETTINGS", "nats_hash", "source_info", "NO_MESSAGE_FOUND", "NS", "NatsConnect", "NatsErr", "NatsEvent", "NatsInfo", "NatsMsg", "NatsOk",
     "NatsParser", "NatsPing", "NatsPong", "NatsProtocolError", "NatsPub", "NatsSub", "NatsUnsub", "NextRequest",
-    "OK", "PING", "PONG", "PURGE_FAILED", "PushSettings", "SEQUENCE_NOT_FOUND", "STREAM_INVALID_CONFIG",
+    "OK", "PING", "PONG", "PURGE_FAILED", "PushSettings", "SEQUENCE_NOT_FOUND", "STORE_FAILED", "STREAM_INVALID_CONFIG",
     "STREAM_MISMATCH", "STREAM_NAME_EXIST", "STREAM_NOT_FOUND", "ack_subject", "api_error", "api_response",
     "check_stream_name", "consumer_config_from_nats", "consumer_config_to_nats", "decode_nats_headers",
     "encode_connect", "encode_err", "encode_info", "encode_msg", "encode_nats_headers", "encode_pub", "encode_sub",

@@ -202,6 +202,7 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.PURGE_DENIED: PURGE_FAILED,
     ErrorCode.MALFORMED_PAYLOAD: BAD_REQUEST,
     ErrorCode.STORAGE_FAILURE: STORE_FAILED,
+    ErrorCode.CORRUPTED_RECORD: STORE_FAILED,  # our message, naming the damaged record (docs/semantics.md §18.31)
     ErrorCode.MEMORY_STORAGE_FULL: (503, 10023, "insufficient resources"),  # JSInsufficientResourcesErr
     ErrorCode.SHUTTING_DOWN: STORE_FAILED,
     ErrorCode.NO_TOPIC_FOR_SUBJECT: STORE_FAILED,
