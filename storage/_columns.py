@@ -36,7 +36,7 @@ from protocol import RECORD_FIXED
 
 from ._files import atomic_write
 
-__all__ = ["Columns", "extract_columns", "encode_columns", "decode_columns", "write_columns", "le_bytes", "from_le", "FIELDS", "FIELDS_AT"]
+__all__ = ["Columns", "extract_columns", "encode_columns", "decode_columns", "recorded_subjects", "write_columns", "le_bytes", "from_le", "FIELDS", "FIELDS_AT"]
 
 _HEAD = struct.Struct("<4sHHIIIIIQI")
 _MAGIC = b"TBSC"
@@ -136,12 +136,34 @@ def decode_columns(
     """The columns and per-subject stats of a ``.columns`` file, or what is wrong with
     it: a bad checksum or shape, or a record count, log size or log CRC-32 other than
     the ones given (the segment's, as its summary and the log itself say)."""
+    return _decode(raw, (records, log_size, log_crc))
+
+
+def recorded_subjects(raw: bytes) -> tuple[list[bytes], array] | None:
+    """Every record slot's subject (``names[sids[k]]`` for slot ``k``) as a ``.columns``
+    file recorded it, or None when it fails its checksum or shape.
+
+    Unlike :func:`decode_columns`, whatever the log holds now: the file was made
+    from a log whose every record had just been verified, and a record is never
+    rewritten in place, so the subject it gives a slot is that record's even after
+    the log was damaged since (the one use: naming the subject of a damaged record,
+    which the record itself can no longer be trusted to say)."""
+    got = _decode(raw, None)
+    return None if isinstance(got, str) else (got[0].names, got[0].sids)
+
+
+def _decode(
+    raw: bytes, expect: tuple[int, int, int] | None
+) -> tuple[Columns, list[tuple[int, int, int]]] | str:
+    """:func:`decode_columns`; ``expect``: the record count, log size and log CRC-32
+    the file must describe (None: any)."""
     if len(raw) < _HEAD.size + 4 or zlib.crc32(memoryview(raw)[:-4]) != _U32.unpack_from(raw, len(raw) - 4)[0]:
         return "checksum mismatch or cut short"
     magic, version, _, count, n_names, blob_len, n_runs, n_hdr, size, crc = _HEAD.unpack_from(raw)
     if magic != _MAGIC or version != _VERSION:
         return "not a segment columns file of this version"
-    if (count, size, crc) != (records, log_size, log_crc):
+    if expect is not None and (count, size, crc) != expect:
+        records, log_size, log_crc = expect
         return (f"it describes {count} records, a {size}-byte log with CRC-32 {crc:#010x}; the segment has "
                 f"{records} records, {log_size} bytes, CRC-32 {log_crc:#010x}")
     expected = _HEAD.size + n_names + blob_len + 4 * count + count + 12 * n_runs + 4 * n_hdr + 12 * n_names + 4

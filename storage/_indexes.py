@@ -65,7 +65,9 @@ import zlib
 from array import array
 from typing import NamedTuple
 
-from ._columns import Columns, decode_columns, encode_columns, extract_columns, from_le, le_bytes, write_columns
+from ._columns import (
+    Columns, decode_columns, encode_columns, extract_columns, from_le, le_bytes, recorded_subjects, write_columns,
+)
 from ._damage import Damage
 from ._files import atomic_write, read_if_exists
 from ._log import NONZERO, SegmentLog
@@ -293,6 +295,35 @@ class IndexFiles:
             write_columns(self.columns_path, cols, log.size, self.sealed_crc)
             self.columns_owed = False
         return cols
+
+    def recorded_subjects(self) -> tuple[list[bytes], array] | None:
+        """Every record slot's subject (``names[sids[k]]`` for slot ``k``, as far as
+        the file goes) as the ``.columns`` file, or else the ``.snapshot``, recorded
+        it, whatever the log holds now; None when neither is there with its own
+        checksum and shape intact.
+
+        Both were made from a log whose every record had just been verified, and a
+        record is never rewritten in place: the subject a slot had then is its
+        record's for good, so this names the subject of a record damaged since,
+        which the record itself can no longer be trusted to say
+        (``_columns.recorded_subjects``). Read only for segments with damaged
+        records."""
+        raw = read_if_exists(self.columns_path)
+        got = recorded_subjects(raw) if raw is not None else None
+        if got is not None:
+            return got
+        raw = read_if_exists(self.snapshot_path)
+        if raw is None or len(raw) < _SNAPSHOT.size + 4:
+            return None
+        if zlib.crc32(memoryview(raw)[:-4]) != _U32.unpack_from(raw, len(raw) - 4)[0]:
+            return None
+        magic, version, _, count, times, _, _, cols_len = _SNAPSHOT.unpack_from(raw)
+        if magic != _SNAPSHOT_MAGIC or version != _SNAPSHOT_VERSION:
+            return None
+        at = _SNAPSHOT.size + 4 * count + 12 * times
+        if len(raw) != at + cols_len + 4:
+            return None
+        return recorded_subjects(raw[at : at + cols_len])
 
     def write_owed_columns(self, log: SegmentLog) -> None:
         """Write the ``.columns`` file of a segment sealed since it was opened, from its

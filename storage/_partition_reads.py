@@ -95,6 +95,17 @@ class PartitionReads(RecoveredPartition):
         state = seg.state
         return 0 <= rel < len(state) and state[rel] == LIVE
 
+    def is_corrupt(self, offset: int) -> bool:
+        """Whether the record at ``offset`` is one found damaged (or put aside) and
+        still there: neither purged nor written off by a repair. O(log segments)."""
+        if offset <= self.state_file.state.purged_through:
+            return False
+        i = bisect_right(self.bases, offset) - 1
+        seg = self.segments[i if i > 0 else 0]
+        rel = offset - seg.base
+        state = seg.state
+        return 0 <= rel < len(state) and state[rel] == CORRUPT
+
     def timestamp_of(self, offset: int) -> int:
         seg = self.segments[self.segment_index(offset)]
         return seg.timestamp_of(offset - seg.base)

@@ -65,7 +65,11 @@ class LiveRecords(NamedTuple):
     ``(records, first offset, last offset)``; ``ttls`` groups the offsets of live
     records with a TTL field (``never`` included) by ``(timestamp, ttl)``;
     ``headers`` holds ``(offset, timestamp, header block)`` of the live records with
-    headers, when asked."""
+    headers, when asked; ``damaged`` the segment's damaged records (state
+    ``CORRUPT``) as ``(offset, subject)``, the subject None when nothing intact
+    says it (``Segment.damaged_subjects``): what the broker needs to know that a
+    subject's newest message is one it cannot read, although the scan gives only
+    the live ones."""
 
     base: int
     runs: list[tuple[int, int]]
@@ -75,6 +79,7 @@ class LiveRecords(NamedTuple):
     stats: list[tuple[int, int, int]] | None
     ttls: dict[tuple[int, int], list[int]]
     headers: list[tuple[int, int, bytes]]
+    damaged: list[tuple[int, bytes | None]]
 
     @property
     def offsets(self) -> list[int]:
@@ -394,9 +399,14 @@ class RecoveredPartition:
         The fields come from a sealed segment's ``.columns`` file when it is intact
         and describes the log just verified (its summary's size and CRC-32); else
         from the records (and such a segment then gets the file).
+
+        A segment with damaged records gives them too (``LiveRecords.damaged``),
+        even when none of its records is live.
         """
         for seg in list(self.segments):
             if not seg.live_count:
+                if CORRUPT in seg.state:
+                    yield LiveRecords(seg.base, [], [], array("I"), b"", None, {}, [], seg.damaged_subjects(seg.read_all()))
                 continue
             buf = seg.read_all()
             expected = seg.sealed_crc if seg.sealed else seg.crc
@@ -479,7 +489,7 @@ def _live_records(seg: Segment, buf: bytes, cols: Columns, want_headers: bool) -
                 ts, _, _, sl, hl = unpack(buf, p + FIELDS_AT)
                 s = p + RECORD_FIXED.size + sl
                 headers.append((base + rel, ts, buf[s : s + hl]))
-    return LiveRecords(base, runs, cols.names, cols.sids, cols.flags, stats, ttls, headers)
+    return LiveRecords(base, runs, cols.names, cols.sids, cols.flags, stats, ttls, headers, seg.damaged_subjects(buf))
 
 
 def _check_state_file(

@@ -29,7 +29,10 @@ records that are not durable; it runs in three steps a caller may run apart
 from __future__ import annotations
 
 import os
+import struct
 import threading
+
+from protocol import RECORD_FIXED, check_record
 
 from ._columns import Columns
 from ._damage import ignore_damage
@@ -37,12 +40,14 @@ from ._deletions import Deletions
 from ._durability import fsync_dir
 from ._files import open_file
 from ._indexes import IndexFiles
-from ._log import CORRUPT, DELETED, LIVE, SegmentLog
+from ._log import CORRUPT, DELETED, LIVE, OFFSET_AT, SegmentLog
 from ._recovery import (
     Opening, RecoveryReport, cut_tail, keep_missing, load_records, measure_tail, rebuild_records, report_corrupt,
 )
 
 __all__ = ["Segment", "segment_name"]
+
+_OFFSET = struct.Struct("<Q")
 
 
 def segment_name(base: int) -> str:
@@ -259,9 +264,17 @@ class Segment(SegmentLog):
         """The seal's first step, once the segment takes no more appends: cut the space
         allocated ahead and sync the log (records and size), drop the active segment's
         snapshot. Returns the CRC-32 its summary is to record (None: no summary, a
-        record of it is not known good)."""
+        record of it is not known good).
+
+        A segment with damaged records keeps its snapshot file (no longer used as a
+        snapshot): it still says the subjects of the records it was made from, the
+        damaged ones among them (:meth:`damaged_subjects`), and a sealed segment with
+        damage gets no ``.columns`` file to say them instead."""
         self.sync_for_seal()
-        self.indexes.drop_snapshot()
+        if CORRUPT in self.state:
+            self.indexes.snapshot_columns = None
+        else:
+            self.indexes.drop_snapshot()
         return self.crc if self._known_good() else None
 
     def _known_good(self) -> bool:
@@ -331,6 +344,33 @@ class Segment(SegmentLog):
         """The columns of the verified log image ``buf``; ``write``: keep them in the
         ``.columns`` file (the log having its summary's CRC-32)."""
         return self.indexes.columns_from_log(self, buf, write)
+
+    def damaged_subjects(self, buf: bytes) -> list[tuple[int, bytes | None]]:
+        """The damaged (corrupt) record slots of this segment, whose log image is
+        ``buf``, each as ``(offset, subject)``: the subject the record itself gives
+        when it passes its checksum (a record put aside because a deletion of its
+        segment could not be read), else the one the ``.columns`` file or the
+        ``.snapshot`` recorded for its slot when the log was intact
+        (:meth:`IndexFiles.recorded_subjects`), else None: not known. Runtime
+        complexity: O(slots) at C speed, plus one read of those files when a slot
+        is corrupt."""
+        state = self.state
+        if CORRUPT not in state:
+            return []
+        rels = [rel for rel in range(len(state)) if state[rel] == CORRUPT]
+        recorded = self.indexes.recorded_subjects()
+        out: list[tuple[int, bytes | None]] = []
+        n = len(buf)
+        for rel in rels:
+            p = self.positions[rel]
+            subject: bytes | None = None
+            if check_record(buf, p, n) > 0 and _OFFSET.unpack_from(buf, p + OFFSET_AT)[0] == self.base + rel:
+                _, _, _, _, _, _, sl, _, _ = RECORD_FIXED.unpack_from(buf, p)
+                subject = bytes(buf[p + RECORD_FIXED.size : p + RECORD_FIXED.size + sl])
+            elif recorded is not None and rel < len(recorded[1]):
+                subject = recorded[0][recorded[1][rel]]
+            out.append((self.base + rel, subject))
+        return out
 
     # -- closing -------------------------------------------------------------------
 

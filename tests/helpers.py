@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import struct
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, Self, TypeVar
 
 import trio
@@ -230,3 +232,46 @@ def log_events(caplog: Any, event: str) -> list[dict[str, object]]:
     """The structured fields (and level) of every log line ``event`` that ``caplog``
     captured, in order."""
     return [dict(getattr(r, "fields", {}), level=r.levelname) for r in caplog.records if r.getMessage() == event]
+
+
+# -- damage on disk (tests of damaged records) -------------------------------------
+
+#: How the errors about a damaged record end (``broker.core._topics``).
+REPAIR = "(`ttlbroker repair` writes the damaged record off)"
+
+
+def record_spans(log: Path) -> dict[int, tuple[int, int]]:
+    """Offset -> (position, total length) of every record of a ``.log`` file (read
+    with the record layout: u32 length, u32 CRC-32, u64 offset, ...)."""
+    raw = log.read_bytes()
+    out: dict[int, tuple[int, int]] = {}
+    pos = 0
+    while pos + 16 <= len(raw):
+        length, _, offset = struct.unpack_from("<IIQ", raw, pos)
+        if not length:
+            break
+        out[offset] = (pos, length + 4)
+        pos += length + 4
+    return out
+
+
+def flip_last_payload_byte(partition: Path, offset: int) -> Path:
+    """Flip the last byte of the record at ``offset`` (its payload's last byte) in
+    whichever segment of ``partition`` holds it; returns that ``.log`` file."""
+    for log in sorted(partition.glob("*.log")):
+        spans = record_spans(log)
+        if offset in spans:
+            pos, total = spans[offset]
+            with open(log, "r+b") as f:
+                f.seek(pos + total - 1)
+                b = f.read(1)[0]
+                f.seek(pos + total - 1)
+                f.write(bytes([b ^ 0x01]))
+            return log
+    raise AssertionError(f"no record {offset} under {partition}")
+
+
+def partition_dir(handle: Any, stream: str, topic: str) -> Path:
+    """The directory of partition 0 of ``stream/topic`` of a running broker."""
+    part = handle.broker.catalog.topic(P.Identifier.of(stream), P.Identifier.of(topic)).partitions[0]
+    return Path(part.log.path)

@@ -172,6 +172,8 @@ def _check(args: argparse.Namespace) -> int:
     for path, first, last in summary.written_off:
         rng = f"offset {first}" if first == last else f"offsets {first}..{last}"
         print(f"written off {path}: {rng} could not be read and are lost for good (the segment's files are kept in quarantine/)")
+    for path, offset, subject, previous in summary.newest_damaged:
+        print(_newest_damaged_line(path, offset, subject, previous, repair))
     what = "repaired" if repair else "checked"
     print(
         f"{what} {root}: {summary.topics} topic(s), {summary.partitions} partition(s), {summary.segments} segment(s), "
@@ -180,6 +182,33 @@ def _check(args: argparse.Namespace) -> int:
            if found else "no damage found")
     )
     return 0 if repair or not found else 1
+
+
+def _newest_damaged_line(path: str, offset: int, subject: bytes | None, previous: int, repaired: bool) -> str:
+    """What ``check`` (or ``repair``, ``repaired``) says of a damaged record that is,
+    or may be, its subject's newest: what a reader gets now, and what after the
+    repair (``docs/operations.md``, "Files and what protects them";
+    ``docs/semantics.md`` §3.4)."""
+    if subject is None:
+        head = (f"newest damaged: offset {offset} in {path} cannot be read, nor its subject: it may be the newest "
+                "record of any subject of its partition whose newest readable record is older")
+        if repaired:
+            return f"{head}; written off, each such subject now reads as its newest readable record"
+        return (f"{head}, so reads of such a subject's last message (a KV get of such a key) fail with "
+                "CORRUPTED_RECORD (4001), never answering an older one; `ttlbroker repair` writes it off, after which "
+                "each such subject reads as its newest readable record")
+    name = subject.decode(errors="replace")
+    parts = name.split(".", 2)
+    if parts[0] == "$KV" and len(parts) == 3:
+        name = f"{name!r} (key {parts[2]!r} of KV bucket {parts[1]!r})"
+    else:
+        name = repr(name)
+    after = f"its previous record, offset {previous}" if previous else "absent (no older record of it is left)"
+    head = f"newest damaged: offset {offset} in {path} is the newest record of subject {name}"
+    if repaired:
+        return f"{head}; written off, the subject now reads as {after}"
+    return (f"{head}: reads of its last message fail with CORRUPTED_RECORD (4001), never answering an older one; "
+            f"`ttlbroker repair` writes it off, after which the subject reads as {after}")
 
 
 def main(argv: list[str] | None = None) -> int:

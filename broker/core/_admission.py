@@ -529,9 +529,17 @@ def _check_purged_schedule(part: Partition, body: memoryview) -> None:
 
 def _check_expected_last(part: Partition, subject: bytes, expected: int, written: set[bytes]) -> None:
     """``Nats-Expected-Last-Subject-Sequence``: the subject's last offset in the
-    partition (0: none stored), unless an earlier message of the batch wrote it."""
+    partition (0: none stored), unless an earlier message of the batch wrote it. A
+    newer record of the subject known to be damaged is its last (``docs/semantics.md``
+    §3.4): a compare-and-set against the revision before it is refused, as it was
+    before the damage."""
     st = part.index.get(subject)
     last = st.last if st is not None and st.count else 0
+    damaged = part.index.damaged
+    if damaged:
+        d = damaged.get(subject, 0)
+        if d > last and part.log.is_corrupt(d):
+            last = d
     if subject in written or last != expected:
         raise _WrongLast(f"wrong last sequence: {last}")
 

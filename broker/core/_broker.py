@@ -216,6 +216,11 @@ class Broker:
             def on_corrupt(offset: int, reason: str, _t: Topic = topic, _n: int = n) -> None:
                 self.counters.corrupt_records += 1
                 log.error("corrupt_record", topic=_t.full_name, partition=_n, offset=offset, reason=reason)
+                if _n < len(_t.partitions):
+                    # A read of the running partition found a live record damaged: its
+                    # subject's index remembers it (the startup scan hands over the
+                    # damage it finds itself, before the partition is listed).
+                    _t.partitions[_n].index.note_damaged_at(offset)
 
             plog: PartitionLog
             if topic.config.storage == "memory":

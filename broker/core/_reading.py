@@ -1,10 +1,13 @@
 """Reading: FETCH (a range of a partition, optionally filtered by subject) and
-GET_LAST (the last message on a subject)."""
+GET_LAST (the last message on a subject: never an older one when the newest is a
+damaged record, ``docs/semantics.md`` §3.4)."""
 
 from __future__ import annotations
 
 import protocol as P
 from protocol import ErrorCode, error_class, validate_filter, validate_subject
+
+from storage import CorruptedRecord
 
 from ._broker import Broker, Reply
 
@@ -40,10 +43,17 @@ def get_last(broker: Broker, session: object, cmd: P.GetLast) -> Reply:
     validate_subject(cmd.subject)
     raw = cmd.subject.encode()
     part = topic.partition_for(raw)
-    rec = part.last(raw)
+    st = part.index.get(raw)
+    last = st.last if st is not None and st.count else 0
+    what = f"the last message on subject {cmd.subject!r} in topic {topic.full_name}"
+    part.refuse_damaged_last(raw, last, what)
+    try:
+        rec = part.last(raw)
+    except CorruptedRecord:
+        part.refuse_damaged_last(raw, last, what)  # found damaged by this read: said as above
+        raise
     if rec is None:
         raise error_class(ErrorCode.MESSAGE_NOT_FOUND)(f"topic {topic.full_name} has no message on subject {cmd.subject!r}")
-    st = part.index.get(raw)
     assert st is not None
     broker.counters.messages_out += 1
     broker.counters.bytes_out += len(rec)

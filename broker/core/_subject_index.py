@@ -7,6 +7,17 @@ previous one a C-speed ``rfind`` over the array's memory, a chunk at a time (the
 file store keeps the same per-subject ``first/last/total`` and recomputes "first"
 lazily by scanning; we scan memory instead of blocks). Nothing here is persisted: it is rebuilt from the log when the
 broker starts.
+
+**Damaged records** are not live, so the counts and offsets above leave them out; but
+a reader of a subject's last message must know when the newest one is a record it
+cannot read, or it would serve the one before as current. So the index also keeps,
+per subject, its newest damaged record (:attr:`SubjectIndex.damaged`, from the
+startup scan, which names a damaged record's subject where an intact file still
+says it, and from reads that find a live record damaged), and the newest damaged
+record whose subject nothing intact says (:attr:`SubjectIndex.damaged_unknown`),
+which could be any subject's; :meth:`SubjectIndex.damage_since` answers
+(``docs/semantics.md`` §3.4). A repair writes damaged records off, and a purge
+removes them: what the log no longer holds as damaged no longer counts.
 """
 
 from __future__ import annotations
@@ -58,15 +69,23 @@ class SubjectIndex:
     is_live: tells whether an offset is still live (the partition log knows).
     """
 
-    def __init__(self, base: int, is_live: Callable[[int], bool]) -> None:
+    def __init__(
+        self, base: int, is_live: Callable[[int], bool], is_corrupt: Callable[[int], bool] = lambda offset: False,
+    ) -> None:
         self.base = base
         self.seq = array("I")  # subject id per offset from ``base``
         self.flags = bytearray()  # one flag byte per offset from ``base``
         self.subjects: dict[bytes, SubjectState] = {}
         self.names: list[bytes] = []
         self._is_live = is_live
+        self._is_corrupt = is_corrupt
         #: Bumped whenever a subject is added or forgotten (filter caches key on it).
         self.version = 0
+        #: Subject -> the offset of its newest record found damaged (whatever the
+        #: subject's live records: it may have none left).
+        self.damaged: dict[bytes, int] = {}
+        #: The offset of the newest damaged record whose subject is not known (0: none).
+        self.damaged_unknown = 0
 
     def __len__(self) -> int:
         return len(self.subjects)
@@ -204,6 +223,52 @@ class SubjectIndex:
             self.flags += bytes(missing)
         elif missing < 0:
             raise ValueError(f"offset {offset} was already indexed")
+
+    # -- damaged records ------------------------------------------------------------
+
+    def note_damaged(self, offset: int, subject: bytes | None) -> None:
+        """The record at ``offset`` is damaged; its subject is ``subject`` (None: not
+        known, so it may be any subject's). O(1)."""
+        if subject is None:
+            self.damaged_unknown = max(self.damaged_unknown, offset)
+        elif offset > self.damaged.get(subject, 0):
+            self.damaged[subject] = offset
+
+    def note_damaged_at(self, offset: int) -> None:
+        """A live record indexed at ``offset`` was found damaged by a read: its subject
+        is the one it was indexed with."""
+        i = offset - self.base
+        if 0 <= i < len(self.seq) and self.seq[i] != NO_SUBJECT:
+            self.note_damaged(offset, self.names[self.seq[i]])
+
+    def damage_since(self, subject: bytes, last: int) -> tuple[int, bool] | None:
+        """A damaged record that is, or may be, the newest message of ``subject``,
+        whose newest readable (live) message is at ``last`` (0: none): ``(offset,
+        known)``, ``known`` False when the record's subject is not known (it is then
+        newer than ``last`` and could be this subject's), or None when there is none.
+        A known one is preferred; each counts only while the log still holds it as
+        damaged. O(1)."""
+        d = self.damaged.get(subject, 0) if self.damaged else 0
+        if d and d >= last and self._is_corrupt(d):
+            return d, True
+        u = self.damaged_unknown
+        if u and u > last and self._is_corrupt(u):
+            return u, False
+        return None
+
+    def damage_matching(self, matches: Callable[[bytes], bool], last: int) -> tuple[int, bool, bytes | None] | None:
+        """:meth:`damage_since` for the subjects ``matches`` accepts (a wildcard
+        filter), whose newest readable message is at ``last``: ``(offset, known,
+        subject)``. O(subjects with damaged records)."""
+        best = max(
+            ((o, s) for s, o in self.damaged.items() if o >= last and matches(s) and self._is_corrupt(o)), default=None,
+        )
+        if best is not None:
+            return best[0], True, best[1]
+        u = self.damaged_unknown
+        if u and u > last and self._is_corrupt(u):
+            return u, False, None
+        return None
 
     # -- removing ------------------------------------------------------------------
 

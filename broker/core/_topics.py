@@ -33,7 +33,7 @@ from protocol import (
     header_values,
     subject_matches,
 )
-from storage import AppendResult, ConsumerOffsets, PartitionLog, ReadResult
+from storage import AppendResult, ConsumerOffsets, CorruptedRecord, PartitionLog, ReadResult
 
 from ._dedup import MSG_ID, DedupTable
 from ._subject_index import MARKER, NEVER, NO_MARKER, PENDING, TOMBSTONE, SubjectIndex, SubjectState
@@ -97,7 +97,7 @@ class Partition:
         self.topic = topic
         self.number = number
         self.log = log
-        self.index = SubjectIndex(log.segments[0].base, log.is_live)
+        self.index = SubjectIndex(log.segments[0].base, log.is_live, log.is_corrupt)
         #: Messages of this partition with a live entry in the deadline structure.
         self.pending = 0
         #: KV buckets: offset -> deadline pushed back by a read or touch (FLIP-25's
@@ -139,12 +139,14 @@ class Partition:
         partition, offset)`` for the records that carry the header and are no older
         than the topic's duplicate window before the newest of them (markers and
         republished copies, which carry ``TTLB-Hops``, never count)."""
-        self.index = index = SubjectIndex(self.log.segments[0].base, self.log.is_live)
+        self.index = index = SubjectIndex(self.log.segments[0].base, self.log.is_live, self.log.is_corrupt)
         self.pending = 0
         with_ttl: dict[tuple[int, int], list[int]] = {}
         window_ns = self.topic.config.duplicate_window * 1_000_000_000 if msg_ids is not None else 0
         ids: deque[tuple[int, bytes, int, int]] = deque()
         for live in self.log.scan(headers=bool(window_ns) or headed is not None):
+            for offset, subject in live.damaged:
+                index.note_damaged(offset, subject)
             flags = live.flags.translate(_INDEX_FLAGS)
             if live.stats is not None:  # every record of the segment is live
                 index.extend_ids(live.base, live.names, live.sids, flags, live.stats)
@@ -303,7 +305,7 @@ class Partition:
         self.refreshed.clear()
         self.schedules.clear()
         self.schedule_of.clear()
-        self.index = SubjectIndex(self.log.next_offset, self.log.is_live)
+        self.index = SubjectIndex(self.log.next_offset, self.log.is_live, self.log.is_corrupt)
         self._filter_cache.clear()
         for w in list(self.watchers):
             w.purged(self.log.next_offset)
@@ -382,6 +384,60 @@ class Partition:
         if st is None or not st.count:
             return None
         return self.log.get(st.last)
+
+    def refuse_damaged_last(self, subject: bytes, last: int, what: str, noun: str = "message", unit: str = "offset") -> None:
+        """Refuse to answer ``subject``'s newest message with its newest readable one
+        (at ``last``, 0: none) when a damaged record is, or may be, newer
+        (``SubjectIndex.damage_since``; ``docs/semantics.md`` §3.4): a reader must
+        never take an older message for the current one.
+
+        Args:
+            what: the subject as the reader asked for it (``the last message on
+                subject 'a.b' in topic s/t``), to start the message with.
+            noun: what one message of it is called (``message``, ``revision``).
+            unit: what its position is called (``offset``, ``revision``).
+
+        Raises:
+            CorruptedRecord: ``CORRUPTED_RECORD``, naming the damaged record and
+                whether it is known to be the subject's.
+        """
+        found = self.index.damage_since(subject, last)
+        if found is not None:
+            raise _damaged_last_error(found[0], found[1], last, what, noun, unit)
+
+    def refuse_damaged_matching(
+        self, matches: Callable[[bytes], bool], last: int, what: str, noun: str = "message", unit: str = "offset",
+    ) -> None:
+        """:meth:`refuse_damaged_last` for the newest message a wildcard filter
+        matches (``last``, 0: none)."""
+        found = self.index.damage_matching(matches, last)
+        if found is not None:
+            offset, known, subject = found
+            if known and subject is not None:
+                what = f"{what} (on subject {subject.decode(errors='replace')!r})"
+            raise _damaged_last_error(offset, known, last, what, noun, unit)
+
+
+#: How to be rid of a damaged record, in the errors that name one.
+_REPAIR = "`ttlbroker repair` writes the damaged record off"
+
+
+def _damaged_last_error(offset: int, known: bool, last: int, what: str, noun: str, unit: str) -> CorruptedRecord:
+    """The ``CORRUPTED_RECORD`` error for a subject whose newest message is (``known``)
+    or may be the damaged record at ``offset``, its newest readable one being at
+    ``last`` (0: none); ``what``, ``noun`` and ``unit`` as
+    :meth:`Partition.refuse_damaged_last` takes them."""
+    if known:
+        return CorruptedRecord(
+            f"{what} is damaged: {unit} {offset} cannot be read, and no older {noun} is served in its place ({_REPAIR})",
+            offset,
+        )
+    older = f"it is newer than the newest readable {noun} ({unit} {last})" if last else f"no other {noun} of it is readable"
+    return CorruptedRecord(
+        f"{what} may be damaged: {unit} {offset} cannot be read, nor can its subject, and {older}; no older {noun} "
+        f"is served in its place ({_REPAIR})",
+        offset,
+    )
 
 
 class Topic:

@@ -26,6 +26,12 @@ most the headroom more.
 **Visibility** (FLIP-25): ``never_return_expired`` answers "absent" for a key at or
 after its deadline even if the expiry pass has not removed it yet;
 ``return_expired_if_not_cleaned_up`` returns it until it is removed.
+
+**Damage**: a key whose newest revision is a damaged record, or may be one (a damaged
+record whose subject is unknown is newer than the key's newest readable revision),
+answers ``CORRUPTED_RECORD`` to get and touch, never an older revision as current
+(``Partition.refuse_damaged_last``, ``docs/semantics.md`` §3.4, §14.9); ``keys``
+lists a key whose newest revision is known to be damaged.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from __future__ import annotations
 from typing import Any
 
 from protocol import TTL_NEVER, ErrorCode, decode_headers, error_class, read_record_info, record_spans, subject_matches
+
+from storage import CorruptedRecord
 
 from broker.core import MARKER, TOMBSTONE, Broker, Partition, Topic, TopicHooks
 
@@ -104,7 +112,9 @@ class KvReads(TopicHooks):
 
         Raises:
             NotABucketError, MessageNotFoundError (absent, or expired and hidden),
-            CorruptedRecord (the record fails its checks on this read).
+            CorruptedRecord (the record is damaged: found so before or on this read;
+            or, for the latest revision, the key's newest revision is, or may be, a
+            damaged record).
         """
         offset, latest, rec, created, ttl, payload_at, end, headers, op, deadline, epoch = self.read(
             topic, subject, revision, now_ns
@@ -135,7 +145,10 @@ class KvReads(TopicHooks):
 
         The record comes from one storage call (``PartitionLog.read_live``: the live,
         verified record or None), and it must carry ``subject`` itself: a revision
-        of another key, or an offset no live record holds, is "not found".
+        of another key, or an offset no live record holds, is "not found". A
+        damaged record is never "not found": without a revision, a key whose newest
+        revision is (or may be) damaged is refused before anything is read, as is
+        a revision that is damaged.
 
         Raises:
             as :meth:`get`.
@@ -148,13 +161,24 @@ class KvReads(TopicHooks):
         index = part.index
         st = index.get(raw)
         latest = st.last if st is not None and st.count else 0
+        if index.damaged or index.damaged_unknown:  # (the only cost to a get of a bucket without damage)
+            if not revision:
+                part.refuse_damaged_last(raw, latest, self._newest(topic, subject), "revision", "revision")
+            elif revision == latest and index.damage_since(raw, latest) is not None:
+                latest = 0  # an older revision than a damaged one: not the latest
         offset = revision or latest
-        rec = part.log.read_live(offset) if offset > 0 else None
+        try:
+            rec = part.log.read_live(offset) if offset > 0 else None
+        except CorruptedRecord:
+            self._refuse_damaged(topic, part, subject, revision, offset)  # found damaged by this read
+            raise
         if rec is not None:
             created, ttl, subject_at, headers_at, payload_at, end = record_spans(rec)
             if rec[subject_at:headers_at] != raw:
                 rec = None  # another key's revision
         if rec is None:
+            if offset > 0 and part.log.is_corrupt(offset):
+                self._refuse_damaged(topic, part, subject, revision, offset)
             what = f"revision {revision} of" if revision else "key"
             raise _NotFound(f"{what} {subject!r} not found in bucket {topic.name!r}")
         deadline = 0 if not ttl or ttl == TTL_NEVER else max(created + ttl * NS, part.refreshed.get(offset, 0))
@@ -167,6 +191,26 @@ class KvReads(TopicHooks):
         if op == "PUT" and offset == latest and kv["refresh"] == "on_read_and_write" and deadline and now_ns < deadline:
             deadline, epoch = self.refresh(topic, part, offset, ttl, now_ns)
         return offset, offset == latest, rec, created, ttl, payload_at, end, headers, op, deadline, epoch
+
+    @staticmethod
+    def _newest(topic: Topic, subject: str) -> str:
+        """How the errors about a key's newest revision name it."""
+        return f"the newest revision of key {subject!r} in bucket {topic.name!r}"
+
+    def _refuse_damaged(self, topic: Topic, part: Partition, subject: str, revision: int, offset: int) -> None:
+        """The record at ``offset`` that a read of ``subject`` at ``revision`` (0: its
+        newest) reached is damaged: raise the error that names it.
+
+        Raises:
+            CorruptedRecord: always.
+        """
+        if not revision:  # (the read noted it: ``Broker.open_topic_storage``'s on_corrupt)
+            part.refuse_damaged_last(subject.encode(), offset, self._newest(topic, subject), "revision", "revision")
+        raise CorruptedRecord(
+            f"revision {offset} of key {subject!r} in bucket {topic.name!r} cannot be read: the record is damaged "
+            "(`ttlbroker repair` writes it off)",
+            offset,
+        )
 
     def refresh(self, topic: Topic, part: Partition, offset: int, ttl: int, now_ns: int) -> tuple[int, int]:
         """Push the key's deadline to ``now + ttl`` (O(1); no new deadline entry).
@@ -195,9 +239,14 @@ class KvReads(TopicHooks):
         part = topic.partition_for(raw)
         st = part.index.get(raw)
         offset = st.last if st is not None and st.count else 0
+        part.refuse_damaged_last(raw, offset, self._newest(topic, subject), "revision", "revision")
         if not offset or part.index.flags_at(offset) & (MARKER | TOMBSTONE):
             raise _NotFound(f"key {subject!r} not found in bucket {topic.name!r}")
-        info = read_record_info(part.log.get(offset), 0)
+        try:
+            info = read_record_info(part.log.get(offset), 0)
+        except CorruptedRecord:
+            self._refuse_damaged(topic, part, subject, 0, offset)  # found damaged by this read
+            raise
         deadline = self.deadline(part, offset, info.timestamp, info.ttl)
         if deadline and now_ns >= deadline and kv["visibility"] == "never_return_expired":
             raise _NotFound(f"key {subject!r} expired in bucket {topic.name!r}")
@@ -209,20 +258,36 @@ class KvReads(TopicHooks):
 
     def keys(self, topic: Topic, subject_filter: str, now_ns: int) -> list[str]:
         """Subjects (under the filter) whose latest message is a value, not a
-        tombstone or a marker (and, with ``never_return_expired``, not expired)."""
+        tombstone or a marker (and, with ``never_return_expired``, not expired),
+        and those whose latest message is known to be a damaged record (what it
+        was cannot be told; a get of it says it is damaged)."""
         kv = self.bucket(topic)
         ftokens = tuple(subject_filter.split("."))
         hide_expired = kv["visibility"] == "never_return_expired"
         out = []
         for part in topic.partitions:
+            damaged = set()
+            for raw, offset in part.index.damaged.items():
+                st = part.index.get(raw)
+                if (st is None or not st.count or offset >= st.last) and part.log.is_corrupt(offset):
+                    damaged.add(raw)
+                    text = raw.decode(errors="replace")
+                    if subject_matches(ftokens, text.split(".")):
+                        out.append(text)
             for raw, st in part.index.subjects.items():
                 if not st.count or part.index.flags_at(st.last) & (MARKER | TOMBSTONE):
                     continue
+                if damaged and raw in damaged:
+                    continue  # listed above
                 text = raw.decode()
                 if not subject_matches(ftokens, text.split(".")):
                     continue
                 if hide_expired:
-                    info = read_record_info(part.log.get(st.last), 0)
+                    try:
+                        info = read_record_info(part.log.get(st.last), 0)
+                    except CorruptedRecord:
+                        out.append(text)  # found damaged by this read: listed as above
+                        continue
                     deadline = self.deadline(part, st.last, info.timestamp, info.ttl)
                     if deadline and now_ns >= deadline:
                         continue

@@ -24,11 +24,13 @@ import protocol as P
 from protocol import BrokerError, ErrorCode, Identifier, read_record_info, subject_matches
 from protocol import RemovalReason as R
 from protocol.nats import (
-    API_LEVEL, STREAM_SEALED, BAD_REQUEST, MEMORY_RESOURCES_EXCEEDED, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
-    STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, rfc3339,
+    API_LEVEL, STREAM_SEALED, BAD_REQUEST, INVALID_JSON, MEMORY_RESOURCES_EXCEEDED, MSG_DELETE_FAILED, NO_MESSAGE_FOUND, PURGE_FAILED, SEQUENCE_NOT_FOUND, STREAM_INVALID_CONFIG, STREAM_MISMATCH,
+    STORE_FAILED, STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, nats_error, rfc3339,
     stream_config, last_by_subj_of, parse_request, stream_config_to_topic, source_info,
 )
 from protocol.nats import decode_nats_headers, encode_nats_headers, nats_message_of_record
+
+from storage import CorruptedRecord
 
 import broker.core as core
 from broker.core import DEFAULT_DUPLICATE_WINDOW, TopicConfig, check_option_types, get_logger, resolve
@@ -36,7 +38,7 @@ from broker.core import DEFAULT_DUPLICATE_WINDOW, TopicConfig, check_option_type
 from ._jetstream import KV_PREFIX, KV_STREAM
 
 if TYPE_CHECKING:
-    from broker.core import Topic
+    from broker.core import Partition, Topic
 
     from ._jetstream import JetStream
 
@@ -428,7 +430,8 @@ def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int
     Returns it and the epoch the answer waits for (a refresh lease; 0 = none).
 
     Raises:
-        JSError: 404 10037 "no message found"; 400 10003 for a malformed request.
+        JSError: 404 10037 "no message found"; 400 10003 for a malformed request;
+            503 10077 for a damaged record (:func:`_load_from`).
     """
     seq = req.get("seq") or 0
     last_by = req.get("last_by_subj")
@@ -441,11 +444,35 @@ def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int
     if (last_by and (seq or next_by)) or not (seq or last_by or next_by):
         raise js_error(BAD_REQUEST)
     part = topic.partitions[0]
+    try:
+        return _load_from(js, topic, part, seq, last_by, next_by)
+    except BrokerError as err:
+        if err.code == ErrorCode.CORRUPTED_RECORD:
+            raise nats_error(err) from None  # 503 10077 naming the damaged record (docs/semantics.md §18.31)
+        raise
+
+
+def _load_from(
+    js: JetStream, topic: Topic, part: Partition, seq: int, last_by: str | None, next_by: str | None,
+) -> tuple[_Found, int]:
+    """:func:`_load` once the request is checked. A get by last subject whose newest
+    message is, or may be, a damaged record, and a get of a damaged sequence, raise
+    ``CorruptedRecord`` (never the message before it: ``docs/semantics.md`` §3.4).
+
+    Raises:
+        JSError: 404 10037 "no message found".
+        CorruptedRecord: as above.
+    """
     if last_by:
         if not P.is_literal(last_by):
             # A filter, as on nats-server: the newest message it matches (nats-py's
             # ObjectStore.list() and KV watch() ask for ``$O.b.M.>``, ``$KV.b.>``).
             newest = max(((part.index.subjects[s].last, s) for s in part.subjects_matching(last_by)), default=None)
+            ftokens = tuple(last_by.split("."))
+            part.refuse_damaged_matching(
+                lambda s: subject_matches(ftokens, s.decode(errors="replace").split(".")), newest[0] if newest else 0,
+                f"the last message matching {last_by!r} in stream {js.stream_name(topic)!r}", "message", "sequence",
+            )
             if newest is None:
                 raise js_error(NO_MESSAGE_FOUND)
             last_by = newest[1].decode()
@@ -454,13 +481,23 @@ def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int
         if topic.config.kv is not None:
             try:
                 read = js.kv.read(topic, last_by, 0, js.broker.clock.now_ns())
-            except BrokerError:
+            except BrokerError as err:
+                if err.code == ErrorCode.CORRUPTED_RECORD:
+                    raise
                 raise js_error(NO_MESSAGE_FOUND) from None
             return _Found.of_kv_read(last_by, read), read[-1]
-        st = part.index.get(last_by.encode())
-        if st is None or not st.count:
+        raw = last_by.encode()
+        st = part.index.get(raw)
+        last = st.last if st is not None and st.count else 0
+        what = f"the last message on subject {last_by!r} in stream {js.stream_name(topic)!r}"
+        part.refuse_damaged_last(raw, last, what, "message", "sequence")
+        if not last:
             raise js_error(NO_MESSAGE_FOUND)
-        return _Found.of_record(st.last, part.log.get(st.last)), 0
+        try:
+            return _Found.of_record(last, part.log.get(last)), 0
+        except CorruptedRecord:
+            part.refuse_damaged_last(raw, last, what, "message", "sequence")  # found damaged by this read
+            raise
     if next_by:
         ftokens = tuple(next_by.split("."))
         wanted = part.wanted_for(next_by, lambda s: subject_matches(ftokens, s.decode(errors="replace").split(".")))
@@ -470,6 +507,11 @@ def _load(js: JetStream, topic: Topic, req: dict[str, Any]) -> tuple[_Found, int
         rec = res.records[0]
         return _Found.of_record(read_record_info(rec, 0).offset, rec), 0
     if not 1 <= seq <= part.log.last_offset or not part.log.is_live(seq):
+        if 1 <= seq and part.log.is_corrupt(seq):
+            raise CorruptedRecord(
+                f"message {seq} of stream {js.stream_name(topic)!r} cannot be read: the record is damaged "
+                "(`ttlbroker repair` writes it off)", seq,
+            )
         raise js_error(NO_MESSAGE_FOUND)
     return _Found.of_record(seq, part.log.get(seq)), 0
 
@@ -508,8 +550,8 @@ def kv_get(js: JetStream, bucket: str, reply: str | None, payload: bytes) -> boo
     js.api_total += 1
     try:
         read = js.kv.read(topic, subject, 0, js.broker.clock.now_ns())
-    except BrokerError:
-        _fail(js, reply, "stream_msg_get", js_error(NO_MESSAGE_FOUND))
+    except BrokerError as err:
+        _fail(js, reply, "stream_msg_get", err if err.code == ErrorCode.CORRUPTED_RECORD else js_error(NO_MESSAGE_FOUND))
         return True
     js.respond(reply, _msg_get_answer(_Found.of_kv_read(subject, read)), epoch=read[-1])
     return True
@@ -550,7 +592,10 @@ def _direct_get(js: JetStream, name: str, subject: str, reply: str | None, paylo
     """``$JS.API.DIRECT.GET.<stream>[.<subject>]``: the message itself, with
     Nats-Stream, Nats-Subject, Nats-Sequence and Nats-Time-Stamp appended to its
     headers; a 404 status when there is none (408 for a malformed request, as the
-    server). A stream without ``allow_direct`` does not answer (no responders)."""
+    server: ``Malformed Request`` when it is not JSON, nested too deep included); a
+    500 status with the error's text when the message is a damaged record
+    (``docs/semantics.md`` §18.31). A stream without ``allow_direct`` does not
+    answer (no responders)."""
     try:
         topic = js.topic(name)
     except JSError:
@@ -565,6 +610,13 @@ def _direct_get(js: JetStream, name: str, subject: str, reply: str | None, paylo
     except JSError as err:
         if err.err_code == NO_MESSAGE_FOUND[1]:
             js.respond(reply, b"", headers=encode_nats_headers([], 404, "Message Not Found"))
+        elif err.err_code == INVALID_JSON[1]:
+            js.respond(reply, b"", headers=encode_nats_headers([], 408, "Malformed Request"))  # as nats-server
+        elif err.err_code == STORE_FAILED[1]:
+            # A damaged record (docs/semantics.md §18.31): a status clients raise as
+            # an error with this description. Not 503, which they take for "no
+            # responders"; nats-server answers 404 here, which reads as "absent".
+            js.respond(reply, b"", headers=encode_nats_headers([], 500, err.description))
         else:
             js.respond(reply, b"", headers=encode_nats_headers([], 408, "Bad Request"))
         return

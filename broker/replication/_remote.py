@@ -62,7 +62,7 @@ import trio
 from protocol import BrokerError, RemoteProtocolError
 from protocol.nats import (
     NATS_NEED_DATA, PING, PONG, NatsErr, NatsInfo, NatsMsg, NatsParser, NatsPing, NatsPong, decode_nats_headers,
-    encode_connect, encode_pub, encode_sub, encode_unsub, parse_ack_subject, rfc3339,
+    encode_connect, encode_pub, encode_sub, encode_unsub, json_loads, parse_ack_subject, rfc3339,
 )
 
 from broker.config import ConfigError, RemoteSettings
@@ -382,8 +382,8 @@ class RemoteOrigin:
                 raise OriginUnavailable(f"{self.label}: nothing answers {subject} (no JetStream there, or not that domain)")
             raise OriginUnavailable(f"{self.label}: {subject} answered status {status} {description}".rstrip())
         try:
-            body = json.loads(answer.payload)
-        except ValueError:
+            body = json_loads(answer.payload)
+        except ValueError:  # a nesting too deep too
             raise OriginUnavailable(f"{self.label}: {subject} answered something that is not JSON") from None
         err = body.get("error") if isinstance(body, dict) else None
         if isinstance(err, dict):

@@ -50,6 +50,7 @@ from ._jetstream import NO_MESSAGE_FOUND as NO_MESSAGE_FOUND
 from ._jetstream import NS as NS
 from ._jetstream import PURGE_FAILED as PURGE_FAILED
 from ._jetstream import SEQUENCE_NOT_FOUND as SEQUENCE_NOT_FOUND
+from ._jetstream import STORE_FAILED as STORE_FAILED
 from ._jetstream import STREAM_INVALID_CONFIG as STREAM_INVALID_CONFIG
 from ._jetstream import STREAM_MISMATCH as STREAM_MISMATCH
 from ._jetstream import STREAM_NAME_EXIST as STREAM_NAME_EXIST
@@ -67,6 +68,7 @@ from ._jetstream import last_by_subj_of as last_by_subj_of
 from ._jetstream import msg_get_response as msg_get_response
 from ._jetstream import nats_error as nats_error
 from ._jetstream import parse_request as parse_request
+from ._json import loads as json_loads
 from ._jetstream import pub_ack as pub_ack
 from ._jetstream import pub_error as pub_error
 from ._jetstream import rfc3339 as rfc3339
@@ -113,11 +115,11 @@ __all__ = [
     "INVALID_JSON", "JSError", "MAX_CONTROL_LINE", "MSG_DELETE_FAILED", "NATS_ERRORS", "NATS_NEED_DATA",
     "NATS_SETTINGS", "nats_hash", "source_info", "NO_MESSAGE_FOUND", "NS", "NatsConnect", "NatsErr", "NatsEvent", "NatsInfo", "NatsMsg", "NatsOk",
     "NatsParser", "NatsPing", "NatsPong", "NatsProtocolError", "NatsPub", "NatsSub", "NatsUnsub", "NextRequest",
-    "OK", "PING", "PONG", "PURGE_FAILED", "PushSettings", "SEQUENCE_NOT_FOUND", "STREAM_INVALID_CONFIG",
+    "OK", "PING", "PONG", "PURGE_FAILED", "PushSettings", "SEQUENCE_NOT_FOUND", "STORE_FAILED", "STREAM_INVALID_CONFIG",
     "STREAM_MISMATCH", "STREAM_NAME_EXIST", "STREAM_NOT_FOUND", "ack_subject", "api_error", "api_response",
     "check_stream_name", "consumer_config_from_nats", "consumer_config_to_nats", "decode_nats_headers",
     "encode_connect", "encode_err", "encode_info", "encode_msg", "encode_nats_headers", "encode_pub", "encode_sub",
-    "encode_unsub", "idle_heartbeat", "js_delivery", "js_delivery_frames", "js_error", "last_by_subj_of",
+    "encode_unsub", "idle_heartbeat", "js_delivery", "json_loads", "js_delivery_frames", "js_error", "last_by_subj_of",
     "msg_get_response", "nats_error", "nats_message_of_record", "nats_to_record_headers", "no_responders_status",
     "parse_ack_body", "parse_ack_subject", "parse_next_request", "parse_pause_until", "parse_request", "parse_rfc3339", "with_header", "ack_metric", "sample_percent", "check_group_name", "pub_ack",
     "pub_error", "record_to_nats_headers", "rfc3339", "status_message", "stream_config", "stream_config_to_topic",

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 from .._consumers import _PULL_ENTRY, AckKind, PulledRun, encode_pull_entry
 from .._records import FIXED_SIZE, RECORD_FIXED
 from ._jetstream import JSError, rfc3339, user_metadata, versioned_metadata
+from ._json import loads as json_loads
 from ._wire import encode_msg, encode_nats_headers, nats_message_of_record
 
 __all__ = [
@@ -519,8 +520,8 @@ def parse_next_request(payload: bytes) -> NextRequest:
     if req[:1] != b"{":
         return NextRequest(int(req) if req.isdigit() else 1, 0, 0, False, 0)
     try:
-        d = json.loads(req)
-    except ValueError as exc:
+        d = json_loads(req)
+    except ValueError as exc:  # a nesting too deep too
         raise ValueError(str(exc)) from None
     if not isinstance(d, dict):
         raise ValueError("the request must be a JSON object")
@@ -616,7 +617,7 @@ def parse_ack_body(payload: bytes) -> tuple[int, int]:
         rest = rest.strip()
         if rest:
             try:
-                d = json.loads(rest)
+                d = json_loads(rest)
             except ValueError:
                 d = None
             if isinstance(d, dict) and isinstance(d.get("delay"), int):
@@ -635,7 +636,7 @@ def parse_ack_body(payload: bytes) -> tuple[int, int]:
             n = int(rest)
         elif rest[:1] == b"{":
             try:
-                n = int(json.loads(rest).get("batch") or 1)
+                n = int(json_loads(rest).get("batch") or 1)
             except (ValueError, AttributeError, TypeError):
                 n = 1
         return ACK_NEXT, max(n, 1)

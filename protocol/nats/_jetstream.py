@@ -31,6 +31,7 @@ from typing import Any
 
 from .._errors import BrokerError, ErrorCode
 from .._transform import SubjectTransform, TransformError
+from ._json import loads as json_loads
 from ._wire import decode_nats_headers, valid_nats_subject
 
 __all__ = [
@@ -201,6 +202,7 @@ NATS_ERRORS: dict[ErrorCode, tuple[int, int, str | None]] = {
     ErrorCode.PURGE_DENIED: PURGE_FAILED,
     ErrorCode.MALFORMED_PAYLOAD: BAD_REQUEST,
     ErrorCode.STORAGE_FAILURE: STORE_FAILED,
+    ErrorCode.CORRUPTED_RECORD: STORE_FAILED,  # our message, naming the damaged record (docs/semantics.md §18.31)
     ErrorCode.MEMORY_STORAGE_FULL: (503, 10023, "insufficient resources"),  # JSInsufficientResourcesErr
     ErrorCode.SHUTTING_DOWN: STORE_FAILED,
     ErrorCode.NO_TOPIC_FOR_SUBJECT: STORE_FAILED,
@@ -295,8 +297,8 @@ def parse_request(payload: bytes) -> dict[str, Any]:
     if not payload.strip():
         return {}
     try:
-        req = json.loads(payload)
-    except ValueError as exc:
+        req = json_loads(payload)
+    except ValueError as exc:  # a nesting too deep too: "invalid JSON: exceeded max depth", as nats-server
         raise js_error(INVALID_JSON, f"invalid JSON: {exc}") from None
     if not isinstance(req, dict):
         raise js_error(INVALID_JSON, "invalid JSON: the request must be an object")

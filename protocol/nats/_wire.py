@@ -29,6 +29,7 @@ from typing import Any
 
 from .._errors import ErrorCode, RemoteProtocolError, error_class
 from .._records import FIXED_SIZE, RECORD_FIXED, _check_header_name, _check_header_value, _iter_header_block, encode_headers
+from ._json import loads as json_loads
 
 __all__ = [
     "NatsProtocolError", "NatsParser", "AckRun", "NATS_NEED_DATA", "NatsConnect", "NatsPub", "NatsSub", "NatsUnsub",
@@ -424,8 +425,8 @@ class NatsParser:
     @staticmethod
     def _json(rest: bytes) -> dict[str, Any]:
         try:
-            value = json.loads(rest)
-        except ValueError:
+            value = json_loads(rest)
+        except ValueError:  # a nesting too deep too
             raise NatsProtocolError(UNKNOWN_OP, "the argument is not JSON") from None
         if not isinstance(value, dict):
             raise NatsProtocolError(UNKNOWN_OP, "the argument is not a JSON object")

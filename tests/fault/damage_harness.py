@@ -199,6 +199,13 @@ def run_trial(tmp: Path, kind: str, how: str, seed: int) -> Trial:
                     trial.problems.append(f"resurrected: the startup scan gives deleted offset {off}")
                 elif subject != bodies[off][_SUBJECT_AT : _SUBJECT_AT + bodies[off][_SUBJECT_LEN_AT]]:
                     trial.problems.append(f"wrong_data: the startup scan gives another subject for offset {off}")
+            # A damaged record's subject, when the scan names it (the broker then
+            # refuses that subject's last message, and only it), must be the true one.
+            for off, subject in live.damaged:
+                if subject is not None and off in bodies and (
+                    subject != bodies[off][_SUBJECT_AT : _SUBJECT_AT + bodies[off][_SUBJECT_LEN_AT]]
+                ):
+                    trial.problems.append(f"wrong_data: the startup scan names another subject for damaged offset {off}")
         hidden = 0
         for off in range(1, acked_next):
             try:
