@@ -168,11 +168,13 @@ def _children_cpu() -> float:
 
 
 def run_workload(exe: Path, url: str, workload: str, count: int, size: int, param: int = 0,
-                 server_pid: int | None = None, timeout: float = 300.0) -> Rate:
+                 server_pid: int | None = None, timeout: float = 300.0, max_seconds: float = 0) -> Rate:
     """Run one workload of the C program against ``url``: its own timing and counts,
     with the CPU time ``server_pid`` spent between the go and the result (None
-    without a pid) and the C program's own CPU time (its setup included)."""
-    argv = [str(exe), url, workload, str(count), str(size), *([str(param)] if param else [])]
+    without a pid) and the C program's own CPU time (its setup included).
+    ``max_seconds`` (req, js_pub, kv_put): stop after that long, the rate over what
+    was done."""
+    argv = [str(exe), url, workload, str(count), str(size), str(param), *([str(max_seconds)] if max_seconds else [])]
     c0 = _children_cpu()
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     timer = threading.Timer(timeout, proc.kill)
@@ -249,7 +251,8 @@ def run_server(exe: Path, url: str, pid: int, args: argparse.Namespace) -> dict[
                 continue
             count = stored.messages
         try:
-            rate = run_workload(exe, url, workload, count, args.size, param, pid, args.timeout)
+            rate = run_workload(exe, url, workload, count, args.size, param, pid, args.timeout,
+                                0 if producer else args.max_seconds)
         except WorkloadError as exc:
             log(f"  {label}: FAILED {exc}")
             rates[key] = Rate(0, 0.0, 1, note=str(exc)[:300])
@@ -331,6 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "messages, 300 keys; one round unless --rounds is given")
     p.add_argument("--only", help="comma-separated workloads to run (and the ones they consume from); default all: "
                    + ", ".join(WORKLOADS))
+    p.add_argument("--max-seconds", type=float, default=10.0, help="request/reply, JetStream publish and KV put stop "
+                   "after this long, the rate over what they did (what the pull and KV get then read); 0: no limit")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one workload may take before it is killed")
     p.add_argument("--json", default=str(RESULTS_DIR / "nats_c.json"), help="write the results here as JSON")
     args = p.parse_args(argv)
@@ -382,7 +387,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     keys = [k for k in WORKLOADS if k in args.only]
     summary = summarize(rounds, keys)
     print(f"\nThe C client ({env['libnats']}) against both servers, {args.size}-byte payloads, "
-          f"{args.rounds} round(s), load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+          f"{args.rounds} round(s), load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{args.core_messages:,} core publishes, {args.requests:,} requests, {args.js_messages:,} JetStream "
+          f"publishes ({args.in_flight:,} in flight; fetches of {args.batch:,}), {args.keys:,} keys; "
+          + (f"request/reply, JetStream publish and KV put stop after {args.max_seconds:g} s\n" if args.max_seconds
+             else "no time limit\n"))
     print(table(summary))
     print()
     print_cpu_share(others)

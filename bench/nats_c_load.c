@@ -1,7 +1,7 @@
 // The C client (libnats) as a load generator for bench/nats_c.py: one workload
 // against one NATS server, timed by the client itself.
 //
-// Usage: nats_c_load URL WORKLOAD COUNT SIZE [PARAM]
+// Usage: nats_c_load URL WORKLOAD COUNT SIZE [PARAM [MAX_SECONDS]]
 //        nats_c_load --version   (prints "libnats X.Y.Z")
 //
 //   pub       core publish of COUNT messages of SIZE bytes on bench.core, one
@@ -22,6 +22,11 @@
 //             kvStore_Put of keys "0".."COUNT-1"
 //   kv_get    COUNT sequential kvStore_Get of those keys, each value checked
 //
+// MAX_SECONDS (req, js_pub, kv_put; default none): stop starting new operations
+// after that long (a slow disk under sync_interval: always); the result counts what
+// was done, not what was asked ("messages" below COUNT, no errors for the rest).
+// js_fetch and kv_get are then given what js_pub and kv_put stored.
+//
 // Once connected and set up it prints "ready" on stdout and waits for a line on
 // stdin (so that the caller reads the server's CPU time just before the clock
 // starts), runs the workload, and prints one JSON object:
@@ -40,12 +45,19 @@
 #define BUCKET "bench"
 
 static const char *workload;
+static double max_seconds;  // 0: no limit
 
 static double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+// MAX_SECONDS have passed since t0 (checked every 64 operations).
+static bool out_of_time(long long i, double t0)
+{
+    return max_seconds > 0 && (i & 63) == 0 && now() - t0 > max_seconds;
 }
 
 // `s` as a JSON string (quotes, backslashes and control characters escaped).
@@ -190,7 +202,7 @@ static void request_reply(const char *url, long long count, const char *payload,
     responder r = {connect_to(url, true), payload, size};
     natsConnection *nc = connect_to(url, true);
     natsSubscription *sub = NULL;
-    long long ok = 0, errors = 0;
+    long long ok = 0, errors = 0, asked = count;
     char detail[160] = "";
     check(natsConnection_Subscribe(&sub, r.nc, "bench.req", on_request, &r), 0, "natsConnection_Subscribe");
     check(natsConnection_Flush(r.nc), 0, "natsConnection_Flush (responder)");
@@ -200,6 +212,10 @@ static void request_reply(const char *url, long long count, const char *payload,
     ready();
     double t0 = now();
     for (long long i = 0; i < count && errors < 10; i++) {
+        if (out_of_time(i, t0)) {
+            count = i;
+            break;
+        }
         natsMsg *reply = NULL;
         natsStatus s = natsConnection_Request(&reply, nc, "bench.req", payload, size, 5000);
         if (s == NATS_OK && natsMsg_GetDataLength(reply) == size) {
@@ -211,6 +227,8 @@ static void request_reply(const char *url, long long count, const char *payload,
         }
         natsMsg_Destroy(reply);
     }
+    if (count < asked && !detail[0])
+        snprintf(detail, sizeof detail, "stopped after %g s", max_seconds);
     result(ok, now() - t0, count - ok, detail);
     natsSubscription_Destroy(sub);
     natsConnection_Destroy(nc);
@@ -260,7 +278,12 @@ static void js_publish(const char *url, long long count, const char *payload, in
     jsStreamInfo_Destroy(si);
     ready();
     double t0 = now();
+    long long asked = count;
     for (long long i = 0; i < count; i++) {
+        if (out_of_time(i, t0)) {
+            count = i;
+            break;
+        }
         natsStatus s = js_PublishAsync(js, JS_SUBJECT, payload, size, NULL);
         if (s != NATS_OK)
             fail("js_PublishAsync", s, 0);
@@ -274,7 +297,8 @@ static void js_publish(const char *url, long long count, const char *payload, in
     long long stored = (long long)si->State.Msgs;
     jsStreamInfo_Destroy(si);
     long long errors = atomic_load(&pub_errors);
-    snprintf(detail, sizeof detail, "stream holds %lld%s%s", stored, errors ? "; first error: " : "", pub_error);
+    snprintf(detail, sizeof detail, "stream holds %lld%s%s%s", stored, count < asked ? " (stopped at the time limit)" : "",
+             errors ? "; first error: " : "", pub_error);
     long long ok = stored < count - errors ? stored : count - errors;
     result(ok, seconds, count - ok, detail);
     jsCtx_Destroy(js);
@@ -330,7 +354,7 @@ static void kv(const char *url, long long count, const char *payload, int size, 
     natsConnection *nc = connect_to(url, true);
     jsCtx *js = jetstream(nc, 4000);
     kvStore *kv = NULL;
-    long long ok = 0, errors = 0;
+    long long ok = 0, errors = 0, asked = count;
     char key[32], detail[160] = "";
     if (put) {
         kvConfig cfg;
@@ -345,6 +369,10 @@ static void kv(const char *url, long long count, const char *payload, int size, 
     double t0 = now();
     for (long long i = 0; i < count && errors < 10; i++) {
         natsStatus s;
+        if (put && out_of_time(i, t0)) {
+            count = i;
+            break;
+        }
         snprintf(key, sizeof key, "%lld", i);
         if (put) {
             uint64_t rev = 0;
@@ -369,6 +397,8 @@ static void kv(const char *url, long long count, const char *payload, int size, 
                 snprintf(detail, sizeof detail, "key %s: %s", key, natsStatus_GetText(s));
         }
     }
+    if (count < asked && !detail[0])
+        snprintf(detail, sizeof detail, "stopped after %g s", max_seconds);
     result(ok, now() - t0, count - ok, detail);
     kvStore_Destroy(kv);
     jsCtx_Destroy(js);
@@ -381,17 +411,19 @@ int main(int argc, char **argv)
         printf("libnats %s\n", nats_GetVersion());
         return 0;
     }
-    if (argc < 5 || argc > 6) {
-        fprintf(stderr, "usage: %s URL pub|req|js_pub|js_fetch|kv_put|kv_get COUNT SIZE [PARAM]\n", argv[0]);
+    if (argc < 5 || argc > 7) {
+        fprintf(stderr, "usage: %s URL pub|req|js_pub|js_fetch|kv_put|kv_get COUNT SIZE [PARAM [MAX_SECONDS]]\n",
+                argv[0]);
         return 2;
     }
     const char *url = argv[1];
     workload = argv[2];
     long long count = atoll(argv[3]);
     int size = atoi(argv[4]);
-    long long param = argc == 6 ? atoll(argv[5]) : 0;
-    if (count < 1 || size < 0 || param < 0) {
-        fprintf(stderr, "COUNT must be at least 1, SIZE and PARAM at least 0\n");
+    long long param = argc >= 6 ? atoll(argv[5]) : 0;
+    max_seconds = argc == 7 ? atof(argv[6]) : 0;
+    if (count < 1 || size < 0 || param < 0 || max_seconds < 0) {
+        fprintf(stderr, "COUNT must be at least 1, SIZE, PARAM and MAX_SECONDS at least 0\n");
         return 2;
     }
     char *payload = malloc(size ? size : 1);

@@ -39,9 +39,10 @@ def load_exe(tmp_path_factory: pytest.TempPathFactory) -> Path:
         raise
 
 
-async def run(exe: Path, url: str, workload: str, count: int, param: int = 0) -> Rate:
+async def run(exe: Path, url: str, workload: str, count: int, param: int = 0, max_seconds: float = 0) -> Rate:
     return await trio.to_thread.run_sync(
-        lambda: nats_c.run_workload(exe, url, workload, count, SIZE, param, server_pid=os.getpid(), timeout=60))
+        lambda: nats_c.run_workload(exe, url, workload, count, SIZE, param, server_pid=os.getpid(), timeout=60,
+                                    max_seconds=max_seconds))
 
 
 async def test_every_workload_against_ttlbroker(load_exe: Path, nats_url: str) -> None:
@@ -82,6 +83,18 @@ async def test_a_failed_setup_is_reported(load_exe: Path, nats_url: str) -> None
         await run(load_exe, nats_url, "kv_get", 10)
     assert str(info.value).startswith("kv_get js_KeyValue: ")
     assert "not found" in str(info.value).lower()
+
+
+async def test_a_time_limit_stops_early_and_counts_what_was_done(load_exe: Path, nats_url: str) -> None:
+    with trio.fail_after(30):
+        put = await run(load_exe, nats_url, "kv_put", 1_000_000, max_seconds=0.25)
+        assert 0 < put.messages < 1_000_000 and put.errors == 0 and put.note == "stopped after 0.25 s"
+        assert 0.25 <= put.seconds < 5
+        got = await run(load_exe, nats_url, "kv_get", put.messages)  # every key it put, read back right
+        assert (got.messages, got.errors) == (put.messages, 0)
+        one_more = await run(load_exe, nats_url, "kv_get", put.messages + 1)
+    assert (one_more.messages, one_more.errors) == (put.messages, 1)
+    assert one_more.note == f"key {put.messages}: Not Found"
 
 
 def test_built_once_per_source(load_exe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
