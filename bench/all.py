@@ -4,8 +4,9 @@ Runs each benchmark of ``bench/`` as a subprocess (each with nats-server side by
 side where it has a nats side, each recording the machine's load), keeps their
 JSON records in ``bench/results/all-<date>/``, then reads the rows of the targets
 (``bench/README.md``, "Targets": the speed targets, then the NATS listener's
-workloads, from ``nats_compat.py``, then the C client's, from ``nats_c.py``) out of them and writes one table, every row
-against its target, to ``bench/results/all-<date>.md`` (and ``.json``)::
+workloads, from ``nats_compat.py``, then the C client's, from ``nats_c.py``) out of
+them and writes one table, every row against its target, to
+``bench/results/all-<date>.md`` (and ``.json``)::
 
     .venv/bin/python bench/all.py                        # about 20 minutes
     .venv/bin/python bench/all.py --only kv,republish    # some benchmarks only
@@ -268,9 +269,9 @@ def _nats_compat_rows(r: Results) -> list[Row]:
     rate = lambda server, key: dig(nc, server, key, "msgs_per_s")  # noqa: E731
     rows = []
     for key, label in NATS_WORKLOADS:
-        rows.append(_rounds_row(f"NATS listener: nats-py {label}, sync {sync}", dig(r, "nats_compat", "ratios", key, "median"),
-                                dig(r, "nats_compat", "ratios", key, "rounds") or [], rate("ttlbroker", key),
-                                rate("nats", key), 1))
+        ratios = dig(r, "nats_compat", "ratios", key) or {}
+        rows.append(_rounds_row(f"NATS listener: nats-py {label}, sync {sync}", ratios.get("median"),
+                                ratios.get("rounds") or [], rate("ttlbroker", key), rate("nats", key), 1))
     return rows
 
 
@@ -292,17 +293,20 @@ def _nats_c_rows(r: Results) -> list[Row]:
     rate = lambda key, side: dig(w, key, "results", side, "msgs_per_s")  # noqa: E731
     n, size = dig(r, "nats_c", "counts", "pub"), dig(r, "nats_c", "args", "size")
     path = f"C client: core publish, {n or 0:,} × {size or 0} B, one subscriber, vs nats-server"
-    med, each = dig(w, "pub", "ratios", "nats_default", "median"), dig(w, "pub", "ratios", "nats_default", "rounds") or []
-    cpu, their_cpu = dig(w, "pub", "server_cpu_us_per_msg", "ttlbroker"), dig(w, "pub", "server_cpu_us_per_msg", "nats_default")
-    row = _rounds_row(path, med, each, rate("pub", "ttlbroker"), rate("pub", "nats_default"), 0.5)
+    ratios = dig(w, "pub", "ratios", "nats_default") or {}
+    cpu = dig(w, "pub", "server_cpu_us_per_msg") or {}
+    row = _rounds_row(path, ratios.get("median"), ratios.get("rounds") or [], rate("pub", "ttlbroker"),
+                      rate("pub", "nats_default"), 0.5)
     row.target = "≥ 0.5× or server CPU ≤ 1.2 µs/msg"
-    if isinstance(cpu, (int, float)):
-        row.value += f"; server CPU {cpu:.2f} vs {their_cpu or 0:.2f} µs/msg"
-        row.met = bool(row.met) or cpu <= 1.2
+    ours_cpu, their_cpu = cpu.get("ttlbroker"), cpu.get("nats_default")
+    if isinstance(ours_cpu, (int, float)):
+        row.value += f"; server CPU {ours_cpu:.2f} vs {their_cpu or 0:.2f} µs/msg"
+        row.met = bool(row.met) or ours_cpu <= 1.2
     rows = [row]
     for key, label, theirs, want in NATS_C_ROWS:
-        rows.append(_rounds_row(f"C client: {label}", dig(w, key, "ratios", theirs, "median"),
-                                dig(w, key, "ratios", theirs, "rounds") or [], rate(key, "ttlbroker"), rate(key, theirs), want))
+        ratios = dig(w, key, "ratios", theirs) or {}
+        rows.append(_rounds_row(f"C client: {label}", ratios.get("median"), ratios.get("rounds") or [],
+                                rate(key, "ttlbroker"), rate(key, theirs), want))
     return rows
 
 

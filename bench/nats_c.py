@@ -29,6 +29,11 @@ Workloads, in table order (payloads of ``--size`` bytes, default 128):
   bucket ``bench`` (history 1), one after the other.
 * **KV get, sequential**: ``kvStore_Get`` of each of those keys, the value checked.
 
+Request/reply, the publish and the KV put start nothing new after ``--max-seconds``
+(default 10; the publish still waits for the acks in flight): nats-server at
+``sync_interval: always`` takes a few hundred async publishes a second on a busy
+disk. Their rate is over what they did; the pull and the gets read what was stored.
+
 Each C process sets itself up (connections, stream, consumer, bucket), says
 ``ready``, and the clock starts when it is told to go: each server's CPU time is
 read from ``/proc/<pid>/stat`` (utime + stime) just before and just after.
@@ -42,8 +47,8 @@ each server's median rate, the medians and ranges of the rounds' ratios (ttlbrok
 over each nats-server), each server's CPU microseconds per message (median of the
 rounds), the load average and the CPU other processes used during the run::
 
-    .venv/bin/python bench/nats_c.py                 # 3 rounds: about 3 minutes on 2 cores
-    .venv/bin/python bench/nats_c.py --quick         # small counts, one round
+    .venv/bin/python bench/nats_c.py                 # 3 rounds: 4-6 minutes on 2 busy cores
+    .venv/bin/python bench/nats_c.py --quick         # small counts, one round: about 20 s
     .venv/bin/python bench/nats_c.py --only kv_put,kv_get
 """
 

@@ -22,9 +22,10 @@
 //             kvStore_Put of keys "0".."COUNT-1"
 //   kv_get    COUNT sequential kvStore_Get of those keys, each value checked
 //
-// MAX_SECONDS (req, js_pub, kv_put; default none): stop starting new operations
-// after that long (a slow disk under sync_interval: always); the result counts what
-// was done, not what was asked ("messages" below COUNT, no errors for the rest).
+// MAX_SECONDS (req, js_pub, kv_put; default none): start no new operation after
+// that long (a slow disk under sync_interval: always; js_pub still waits for the
+// acks of those in flight); the result counts what was done, not what was asked
+// ("messages" below COUNT, no errors for the rest).
 // js_fetch and kv_get are then given what js_pub and kv_put stored.
 //
 // Once connected and set up it prints "ready" on stdout and waits for a line on

@@ -98,13 +98,15 @@ async def test_a_time_limit_stops_early_and_counts_what_was_done(load_exe: Path,
 
 
 def test_built_once_per_source(load_exe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert nats_c.build(load_exe.parent) == load_exe  # from the cache
-    changed = tmp_path / "nats_c_load.c"
-    changed.write_text(nats_c.SOURCE.read_text() + "\n// changed\n")
+    built_at = load_exe.stat().st_mtime_ns
+    assert nats_c.build(load_exe.parent) == load_exe and load_exe.stat().st_mtime_ns == built_at  # from the cache
+    assert nats_c.libnats_version(load_exe).startswith("libnats ")
+    changed = tmp_path / "nats_c_load.c"  # another source (a small one: gcc is quick on it)
+    changed.write_text("int main(void) { return 0; }\n")
     monkeypatch.setattr(nats_c, "SOURCE", changed)
     rebuilt = nats_c.build(load_exe.parent)
     assert rebuilt != load_exe and rebuilt.parent == load_exe.parent and os.access(rebuilt, os.X_OK)
-    assert nats_c.libnats_version(rebuilt).startswith("libnats ")
+    assert sorted(p.name for p in load_exe.parent.iterdir()) == sorted([load_exe.name, rebuilt.name])  # no leftovers
 
 
 def test_missing_gcc_or_libnats_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
