@@ -68,6 +68,8 @@ __all__ = [
     "ProcUsage",
     "proc_usage",
     "make_certs",
+    "median_run",
+    "round_ratios",
 ]
 
 T = TypeVar("T")
@@ -570,6 +572,24 @@ class CpuWatch:
             "other_cpu_s": round(other, 1),
             "other_share_of_machine": round(other / (wall * cpus), 3) if wall > 0 else 0.0,
         }
+
+
+def median_run(runs: Sequence[Rate]) -> Rate:
+    """Of several runs of one workload, the one with the median rate (the lower
+    middle one of an even count)."""
+    ranked = sorted(runs, key=lambda r: r.per_second)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def round_ratios(rounds: Sequence[dict[str, dict[str, Rate]]], key: str, ours: str, theirs: str) -> list[float]:
+    """Each round's ``rounds[i][ours][key]`` rate over ``rounds[i][theirs][key]``
+    (rounds where either side failed, did nothing or lacks the workload are left out)."""
+    out = []
+    for rnd in rounds:
+        t, n = rnd.get(ours, {}).get(key), rnd.get(theirs, {}).get(key)
+        if t and n and t.messages and n.messages and n.per_second:
+            out.append(t.per_second / n.per_second)
+    return out
 
 
 # -- output -------------------------------------------------------------------------------
