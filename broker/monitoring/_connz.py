@@ -323,8 +323,9 @@ class Connections:
 
 
 def _listed(row: _Row, auth: bool, subs: str) -> dict[str, Any]:
-    """A row's ConnInfo as a query asks for it: with ``auth``, its user; with
-    ``subs`` (``list`` or ``detail``), an open connection's subscriptions."""
+    """A row's ConnInfo as a query asks for it: with ``auth``, its user (and an open
+    one's account's ``name_tag``); with ``subs`` (``list`` or ``detail``), an open
+    connection's subscriptions."""
     info = dict(row.info)
     if auth and row.user:
         info["authorized_user"] = row.user
@@ -335,4 +336,6 @@ def _listed(row: _Row, auth: bool, subs: str) -> dict[str, Any]:
             info["subscriptions_list_detail"] = [_detail(s, row.info["cid"]) for s in listed]
         else:
             info["subscriptions_list"] = [s.subject_filter for s in listed]
+    if auth and t is not None:
+        info["name_tag"] = GLOBAL_ACCOUNT  # (its account's; a closed one has none, as on nats-server)
     return info

@@ -287,6 +287,14 @@ async def test_healthz_is_503_while_recovering_and_200_once_serving(
         assert ("ttlbroker_topics", ()) not in m and ("ttlbroker_messages_in_total", ()) in m
         varz = (await get(url, "/varz")).json()
         assert varz["state"] == "recovering" and varz["http_port"] == port and "topics" not in varz
+        assert (await get(url, "/connz")).json()["connections"] == []
+        r = await get(url, "/healthz?details=true")  # nats-server's form of the answer
+        assert (r.status_code, r.json()) == (503, {
+            "status": "error", "reason": "recovering",
+            "errors": [{"type": "CONNECTION", "error": "the broker is recovering its data directory"}],
+        })
+        r = await get(url, "/jsz")  # the catalog is not there yet
+        assert (r.status_code, r.text) == (503, "the broker is recovering its data directory\n")
         release.set()
         await ready.wait()
         assert handles[0].http_port == port
