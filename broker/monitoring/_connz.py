@@ -81,43 +81,87 @@ _CLOSED_ONLY = {"stop": "sort by stop only valid on closed connections", "reason
 
 
 class _Row:
-    """One connection as ``/connz`` lists it: its ConnInfo without the parts a query
-    adds (its user, its subscriptions), what sorting needs, and, for an open one,
-    its transport."""
+    """One connection as ``/connz`` sees it: what its ConnInfo shows, read once (a
+    closed one's when it closed: the plain values, the text made only if it is
+    asked for), and an open one's transport, for its subscriptions."""
 
-    __slots__ = ("info", "start", "last", "stop", "reason", "user", "transport")
+    __slots__ = (
+        "cid", "nats", "peer", "start", "last", "stop", "reason", "pending", "in_msgs", "out_msgs", "in_bytes", "out_bytes",
+        "subs", "name", "lang", "version", "tls", "user", "transport",
+    )
 
-    def __init__(self, info: dict[str, Any], start: float, last: float, stop: float | None, reason: str, user: str,
-                 transport: Transport | None) -> None:
-        self.info = info
-        self.start = start
-        self.last = last
+    def __init__(self, t: Transport, stop: float | None = None) -> None:
+        sp: Any = t.speaker
+        self.cid = t.id
+        self.nats = t.protocol == "nats"
+        self.peer = t.peer
+        self.start = t.opened_at
+        self.last: float = getattr(sp, "last_activity", self.start)
         self.stop = stop
-        self.reason = reason
-        self.user = user
-        self.transport = transport
+        self.reason = "" if stop is None else REASONS.get(t.reason or "closed", t.reason or "")
+        self.pending = t.pending_bytes
+        self.in_msgs: int = getattr(sp, "in_msgs", 0)
+        self.out_msgs: int = getattr(sp, "out_msgs", 0)
+        self.in_bytes: int = getattr(sp, "in_bytes", 0)
+        self.out_bytes: int = getattr(sp, "out_bytes", 0)
+        self.subs = len(sp.subs)
+        self.name: str = sp.client_name
+        self.lang: str = getattr(sp, "lang", "")
+        self.version: str = getattr(sp, "client_version", "")
+        self.tls = _tls(t)
+        self.user = str(getattr(sp, "user", ""))
+        self.transport = t if stop is None else None
+
+    def info(self, now: float, auth: bool, subs: str) -> dict[str, Any]:
+        """Its ConnInfo, as a query asks for it: with ``auth``, its user (and an open
+        one's account's ``name_tag``); with ``subs`` (``list`` or ``detail``), an open
+        connection's subscriptions."""
+        ip, port = _ip_port(self.peer)
+        end = self.stop if self.stop is not None else now
+        out: dict[str, Any] = {
+            "cid": self.cid, "kind": "Client", "type": "nats" if self.nats else "ttlbroker", "ip": ip, "port": port,
+            "start": _time(self.start), "last_activity": _time(self.last),
+        }
+        if self.stop is not None:
+            out["stop"] = _time(self.stop)
+            out["reason"] = self.reason
+        out.update(
+            rtt="0s", uptime=uptime(end - self.start), idle=uptime(end - self.last), pending_bytes=self.pending,
+            in_msgs=self.in_msgs, out_msgs=self.out_msgs, in_bytes=self.in_bytes, out_bytes=self.out_bytes,
+            subscriptions=self.subs,
+        )
+        for key, value in (("name", self.name), ("lang", self.lang), ("version", self.version)):
+            if value:
+                out[key] = value
+        out.update(self.tls)
+        if auth and self.user:
+            out["authorized_user"] = self.user
+        t = self.transport
+        if subs and t is not None and len(t.speaker.subs):
+            listed = _subs_of(t)
+            if subs == "detail":
+                out["subscriptions_list_detail"] = [_detail(s, self.cid) for s in listed]
+            else:
+                out["subscriptions_list"] = [s.subject_filter for s in listed]
+        if auth and t is not None:
+            out["name_tag"] = GLOBAL_ACCOUNT  # (its account's; a closed one has none, as on nats-server)
+        return out
+
+
+def _time(unix: float) -> str:
+    return rfc3339(int(unix * 1e9))
 
 
 def _sort_key(sort: str, now: float) -> Callable[[_Row], Any]:
     """What ``sort=`` orders by (rtt: nothing, every rtt is 0)."""
-    fields = {"subs": "subscriptions", "pending": "pending_bytes", "msgs_to": "out_msgs", "msgs_from": "in_msgs",
-              "bytes_to": "out_bytes", "bytes_from": "in_bytes"}
-    if sort in fields:
-        name = fields[sort]
-        return lambda r: r.info[name]
-    if sort == "last":
-        return lambda r: r.last
-    if sort == "idle":
-        return lambda r: now - r.last
-    if sort == "uptime":
-        return lambda r: (r.stop if r.stop is not None else now) - r.start
-    if sort == "stop":
-        return lambda r: r.stop or 0.0
-    if sort == "reason":
-        return lambda r: r.reason
-    if sort == "rtt":
-        return lambda r: 0
-    return lambda r: r.info["cid"]  # cid, start
+    keys: dict[str, Callable[[_Row], Any]] = {
+        "subs": lambda r: r.subs, "pending": lambda r: r.pending, "msgs_to": lambda r: r.out_msgs,
+        "msgs_from": lambda r: r.in_msgs, "bytes_to": lambda r: r.out_bytes, "bytes_from": lambda r: r.in_bytes,
+        "last": lambda r: r.last, "idle": lambda r: now - r.last,
+        "uptime": lambda r: (r.stop if r.stop is not None else now) - r.start, "stop": lambda r: r.stop or 0.0,
+        "reason": lambda r: r.reason, "rtt": lambda r: 0,
+    }
+    return keys.get(sort, lambda r: r.cid)  # cid, start
 
 
 def _ip_port(peer: str) -> tuple[str, int]:
@@ -190,40 +234,10 @@ class Connections:
         sessions: Iterable[Any] = self.guard.sessions
         return sorted(sessions, key=lambda t: t.id)
 
-    # -- rows --------------------------------------------------------------------------
-
-    def _row(self, t: Transport, now: float, stop: float | None = None) -> _Row:
-        sp: Any = t.speaker
-        start = t.opened_at
-        last = getattr(sp, "last_activity", start)
-        end = stop if stop is not None else now
-        ip, port = _ip_port(t.peer)
-        info: dict[str, Any] = {
-            "cid": t.id, "kind": "Client", "type": "nats" if t.protocol == "nats" else "ttlbroker", "ip": ip, "port": port,
-            "start": rfc3339(int(start * 1e9)), "last_activity": rfc3339(int(last * 1e9)),
-        }
-        reason = ""
-        if stop is not None:
-            reason = REASONS.get(t.reason or "closed", t.reason or "")
-            info["stop"] = rfc3339(int(stop * 1e9))
-            info["reason"] = reason
-        info.update(
-            rtt="0s", uptime=uptime(end - start), idle=uptime(end - last), pending_bytes=t.pending_bytes,
-            in_msgs=getattr(sp, "in_msgs", 0), out_msgs=getattr(sp, "out_msgs", 0), in_bytes=getattr(sp, "in_bytes", 0),
-            out_bytes=getattr(sp, "out_bytes", 0), subscriptions=len(sp.subs),
-        )
-        for key, value in (("name", sp.client_name), ("lang", getattr(sp, "lang", "")), ("version", getattr(sp, "client_version", ""))):
-            if value:
-                info[key] = value
-        info.update(_tls(t))
-        return _Row(info, start, last, stop, reason, str(getattr(sp, "user", "")), t if stop is None else None)
-
     def _closed(self, t: Transport) -> None:
         """``ConnectionGuard.on_closed``: remember a closing connection."""
         try:
-            now = time.time()
-            row = self._row(t, now, stop=now)
-            self.closed.append(row)
+            self.closed.append(_Row(t, stop=time.time()))
             if t.reason == "stale_connection":
                 self.stale += 1
         except Exception:  # a bug here must not cost the connection its ending
@@ -256,24 +270,25 @@ class Connections:
         if cid:
             limit = 1
         now = time.time()
-        out: dict[str, Any] = {"server_id": self.server_id, "now": rfc3339(int(now * 1e9)), "num_connections": 0, "total": 0,
+        out: dict[str, Any] = {"server_id": self.server_id, "now": _time(now), "num_connections": 0, "total": 0,
                                "offset": offset, "limit": limit, "connections": []}
         if acc and acc != GLOBAL_ACCOUNT:
             return out  # no such account: nothing (as nats-server)
-        rows = [self._row(t, now) for t in self.open()] if state in ("open", "all") else []
+        rows = [_Row(t) for t in self.open()] if state in ("open", "all") else []
         if state in ("closed", "all"):
             rows += self.closed
         out["total"] = len(rows)  # (nats-server's total is before the cid and user filters too)
         if cid:
-            rows = [r for r in rows if r.info["cid"] == cid][:1]  # an open one first, as nats-server looks
+            rows = [r for r in rows if r.cid == cid][:1]  # an open one first, as nats-server looks
         if user:
             rows = [r for r in rows if r.user == user]
         if mqtt:
             rows = []  # no MQTT clients here
-        rows.sort(key=lambda r: r.info["cid"])
+        rows.sort(key=lambda r: r.cid)
         rows.sort(key=_sort_key(sort, now), reverse=_DESCENDING.get(sort, False))
         page = rows[offset:][:limit]
-        out["connections"] = [_listed(r, auth, "detail" if detail else "list" if subs else "") for r in page]
+        listed = "detail" if detail else "list" if subs else ""
+        out["connections"] = [r.info(now, auth, listed) for r in page]
         out["num_connections"] = len(page)
         return out
 
@@ -320,22 +335,3 @@ class Connections:
         for t in self.open():
             for sub in _subs_of(t):
                 yield t.id, sub
-
-
-def _listed(row: _Row, auth: bool, subs: str) -> dict[str, Any]:
-    """A row's ConnInfo as a query asks for it: with ``auth``, its user (and an open
-    one's account's ``name_tag``); with ``subs`` (``list`` or ``detail``), an open
-    connection's subscriptions."""
-    info = dict(row.info)
-    if auth and row.user:
-        info["authorized_user"] = row.user
-    t = row.transport
-    if subs and t is not None and len(t.speaker.subs):
-        listed = _subs_of(t)
-        if subs == "detail":
-            info["subscriptions_list_detail"] = [_detail(s, row.info["cid"]) for s in listed]
-        else:
-            info["subscriptions_list"] = [s.subject_filter for s in listed]
-    if auth and t is not None:
-        info["name_tag"] = GLOBAL_ACCOUNT  # (its account's; a closed one has none, as on nats-server)
-    return info

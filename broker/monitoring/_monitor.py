@@ -164,9 +164,10 @@ class Monitor:
         """nats-server's ``/healthz`` parameters (see the module docstring), on the
         broker's readiness."""
         q = Query(request.target)
-        try:
-            js_only = [q.flag(name) for name in ("js-enabled", "js-enabled-only", "js-server-only", "js-meta-only")]
-            details = q.flag("details")
+        try:  # (in nats-server's order: the first bad one is the one reported)
+            enabled, enabled_only, server_only, _meta_only, details = (
+                q.flag(name) for name in ("js-enabled", "js-enabled-only", "js-server-only", "js-meta-only", "details")
+            )
         except BadParameter as exc:
             return Response(400, exc.text.encode())
         account, stream, consumer = q.get("account"), q.get("stream"), q.get("consumer")
@@ -179,8 +180,8 @@ class Monitor:
             reason = "shutting down" if shutting else "recovering"
             text = "the broker is shutting down" if shutting else "the broker is recovering its data directory"
             return _health(503, details, "CONNECTION", text, reason=reason)
-        if any(js_only[:3]) or not self.broker.config.nats.enabled or not (account or stream):
-            return Response(200, b'{"status": "ok"}\n', _JSON)
+        if enabled or enabled_only or server_only or not self.broker.config.nats.enabled or not (account or stream):
+            return Response(200, b'{"status": "ok"}\n', _JSON)  # (one server: no meta layer, no assets elsewhere)
         failed = stream_health(self.jetstream, account, stream, consumer)
         if failed is None:
             return Response(200, b'{"status": "ok"}\n', _JSON)
