@@ -29,11 +29,18 @@ _ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t
 
 
 class BadParameter(Exception):
-    """A query parameter nats-server would refuse: answered 400 with ``text``."""
+    """A query parameter nats-server would refuse: answered 400 with ``text``
+    (:attr:`body`)."""
 
     def __init__(self, text: str) -> None:
         super().__init__(text)
         self.text = text
+
+    @property
+    def body(self) -> bytes:
+        """The text as the response's bytes (a parameter's bytes that are not UTF-8
+        as they came)."""
+        return self.text.encode("utf-8", "surrogateescape")
 
 
 class Query:
@@ -43,7 +50,9 @@ class Query:
     def __init__(self, target: str) -> None:
         self.values: dict[str, str] = {}
         if "?" in target:
-            for key, value in parse_qsl(target.split("?", 1)[1], keep_blank_values=True):
+            # Bytes that are not UTF-8 are kept as they came (surrogate escapes), as Go
+            # keeps them: its errors quote them (``\xff``) and echo them raw.
+            for key, value in parse_qsl(target.split("?", 1)[1], keep_blank_values=True, errors="surrogateescape"):
                 self.values.setdefault(key, value)
 
     def get(self, name: str) -> str:
@@ -101,6 +110,8 @@ def go_quote(text: str) -> str:
     for ch in text:
         if ch in _ESCAPES:
             out.append(_ESCAPES[ch])
+        elif "\udc80" <= ch <= "\udcff":  # a byte that is not UTF-8 (``Query``'s surrogate escape)
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
         elif ch.isprintable():
             out.append(ch)
         elif ord(ch) < 0x80:

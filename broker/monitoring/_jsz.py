@@ -169,8 +169,9 @@ def _stream_detail(js: JetStream, topic: Topic, consumers: bool, config: bool) -
 def stream_health(js: JetStream, account: str, stream: str, consumer: str) -> tuple[int, str, str] | None:
     """``/healthz?account=..&stream=..&consumer=..``: None when what is named exists,
     else (status, error type, error) in nats-server's words. Only the global account
-    exists."""
-    if account and account != GLOBAL_ACCOUNT:
+    exists, and only once it has a stream (nats-server finds accounts by their
+    streams' directories)."""
+    if account and (account != GLOBAL_ACCOUNT or not js.topics()):
         return 404, "ACCOUNT", f'JetStream account "{account}" not found'
     if not stream:
         return None

@@ -169,7 +169,7 @@ class Monitor:
                 q.flag(name) for name in ("js-enabled", "js-enabled-only", "js-server-only", "js-meta-only", "details")
             )
         except BadParameter as exc:
-            return Response(400, exc.text.encode())
+            return Response(400, exc.body)
         account, stream, consumer = q.get("account"), q.get("stream"), q.get("consumer")
         if stream and not account:
             return _health(400, details, "BAD_REQUEST", '"account" must not be empty when checking stream health')
@@ -222,7 +222,7 @@ class Monitor:
             try:
                 document = make(Query(request.target))
             except BadParameter as exc:
-                return Response(400, exc.text.encode())
+                return Response(400, exc.body)
             return await _json(document)
 
     @contextlib.asynccontextmanager

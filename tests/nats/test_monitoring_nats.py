@@ -46,6 +46,8 @@ DOCUMENTS = [
 REFUSED = [
     "/connz?sort=bogus", "/connz?limit=x", "/connz?offset=abc", "/connz?cid=-1", "/connz?state=bogus", "/connz?subs=bogus",
     "/connz?auth=maybe", "/connz?sort=stop", "/connz?state=all&sort=reason", "/connz?limit=99999999999999999999",
+    "/connz?limit=-9223372036854775809", "/connz?cid=18446744073709551616", "/connz?limit=%ff", "/connz?auth=%09",
+    "/connz?sort=%ff", "/subsz?subs=1&test=a..b",
     "/subsz?subs=bogus", "/subsz?subs=1&test=core.*", "/subsz?limit=1.5", "/jsz?streams=bogus", "/jsz?consumers=yes",
     "/jsz?offset=x", "/healthz?js-enabled-only=x", "/healthz?details=2", "/healthz?stream=S", "/healthz?consumer=C",
     "/healthz?account=nope", "/healthz?account=$G&stream=nope", "/healthz?account=$G&stream=S&consumer=zz",
@@ -349,6 +351,8 @@ async def _sorts_and_pages(nats_url: str, http_url: str) -> dict[str, Any]:
                      "/subsz?subs=1&test=two.1", "/connz?offset=7"):
             out[path] = await _get(http, path)
         out["cid"] = await _get(http, f"/connz?cid={_by_name(out['/connz'])['two']['cid']}")
+        r = await http.get("/healthz?account=$G")  # no stream yet: nats-server finds no such account either
+        out["account"] = (r.status_code, r.json())
     for nc in conns.values():
         await nc.close()
     return out
@@ -381,6 +385,7 @@ async def test_connz_sorts_pages_bounds_and_remembers_closed_ones(nats_config: A
     assert out["/connz?offset=7"]["connections"] == [] and out["/connz?offset=7"]["total"] == 3
     subs = out["/subsz?subs=1&limit=2&offset=1"]
     assert (subs["total"], subs["offset"], len(subs["subscriptions_list"])) == (6, 1, 2)
+    assert out["account"] == (404, {"status": "unavailable", "error": 'JetStream account "$G" not found'})
     tested = out["/subsz?subs=1&test=two.1"]
     assert (tested["total"], [s["subject"] for s in tested["subscriptions_list"]]) == (1, ["two.1"])
 
