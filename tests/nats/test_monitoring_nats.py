@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import re
 import subprocess
@@ -47,9 +48,8 @@ REFUSED = [
     "/connz?sort=bogus", "/connz?limit=x", "/connz?offset=abc", "/connz?cid=-1", "/connz?state=bogus", "/connz?subs=bogus",
     "/connz?auth=maybe", "/connz?sort=stop", "/connz?state=all&sort=reason", "/connz?limit=99999999999999999999",
     "/connz?limit=-9223372036854775809", "/connz?cid=18446744073709551616", "/connz?limit=%ff", "/connz?auth=%09",
-    "/connz?sort=%ff", "/subsz?subs=1&test=a..b",
-    "/subsz?subs=bogus", "/subsz?subs=1&test=core.*", "/subsz?limit=1.5", "/jsz?streams=bogus", "/jsz?consumers=yes",
-    "/jsz?offset=x", "/healthz?js-enabled-only=x", "/healthz?details=2", "/healthz?stream=S", "/healthz?consumer=C",
+    "/connz?sort=%ff", "/subsz?subs=1&test=a..b", "/subsz?subs=bogus", "/subsz?subs=1&test=core.*", "/subsz?limit=1.5",
+    "/jsz?streams=bogus", "/jsz?consumers=yes", "/jsz?offset=x", "/healthz?js-enabled-only=x", "/healthz?details=2", "/healthz?stream=S", "/healthz?consumer=C",
     "/healthz?account=nope", "/healthz?account=$G&stream=nope", "/healthz?account=$G&stream=S&consumer=zz",
     "/healthz?account=$G&stream=nope&details=true",
 ]
@@ -104,41 +104,40 @@ def nats_config(data_dir: Path):  # type: ignore[no-untyped-def]
     return make_config(data_dir, **{"nats.enabled": True})
 
 
-def _nats_server(tmp: Path) -> Any:
-    @contextlib.contextmanager
-    def run() -> Iterator[tuple[int, int]]:
-        proc = subprocess.Popen(
-            [_nats_server_bin(), "-js", "-sd", str(tmp / "js"), "-a", "127.0.0.1", "-p", "-1", "-m", "-1"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-        ready = threading.Event()
-        ports: dict[str, int] = {}
-        lines: list[bytes] = []
+@contextlib.contextmanager
+def _nats_server(tmp: Path) -> Iterator[tuple[int, int]]:
+    """A nats-server with JetStream (``-js``) and monitoring (``-m``) on free loopback
+    ports: (client port, monitoring port), from its log (no polling)."""
+    proc = subprocess.Popen(
+        [_nats_server_bin(), "-js", "-sd", str(tmp / "js"), "-a", "127.0.0.1", "-p", "-1", "-m", "-1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )
+    ready = threading.Event()
+    ports: dict[str, int] = {}
+    lines: list[bytes] = []
 
-        def read() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                lines.append(line)
-                for key, pattern in (("http", rb"Starting http monitor on \S+:(\d+)"), ("nats", rb"client connections on \S+:(\d+)")):
-                    m = re.search(pattern, line)
-                    if m:
-                        ports[key] = int(m.group(1))
-                if b"Server is ready" in line:
-                    ready.set()
-            ready.set()
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            for key, pattern in (("http", rb"Starting http monitor on \S+:(\d+)"), ("nats", rb"client connections on \S+:(\d+)")):
+                m = re.search(pattern, line)
+                if m:
+                    ports[key] = int(m.group(1))
+            if b"Server is ready" in line:
+                ready.set()
+        ready.set()  # (it ended)
 
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        try:
-            if not ready.wait(20) or proc.poll() is not None or len(ports) != 2:
-                raise RuntimeError("nats-server did not start:\n" + b"".join(lines).decode(errors="replace"))
-            yield ports["nats"], ports["http"]
-        finally:
-            proc.terminate()
-            proc.wait(10)
-            reader.join(10)
-
-    return run()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        if not ready.wait(20) or proc.poll() is not None or len(ports) != 2:
+            raise RuntimeError("nats-server did not start:\n" + b"".join(lines).decode(errors="replace"))
+        yield ports["nats"], ports["http"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        reader.join(10)
 
 
 # -- the shapes ---------------------------------------------------------------------------
@@ -238,6 +237,13 @@ async def _get(http: httpx.AsyncClient, path: str) -> Any:
     return r.json()
 
 
+def _ns(text: str) -> int:
+    """An RFC 3339 time of Go's (UTC, up to nanoseconds) as Unix nanoseconds."""
+    whole, _, frac = text.rstrip("Z").partition(".")
+    seconds = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.timezone.utc).timestamp()
+    return int(seconds) * 1_000_000_000 + int(frac.ljust(9, "0"))
+
+
 def _by_name(connz: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c.get("name", ""): c for c in connz["connections"]}
 
@@ -310,7 +316,7 @@ async def test_the_numbers_are_the_brokers(nats_server: ServerHandle) -> None:
     assert out["acked"] == 2  # the acks, counted as nats-server counts them (PUBs)
     b = conns["ttlbroker-python"]
     assert (b["subscriptions"], b["in_msgs"], b["last_activity"]) == (1, 0, b["start"])
-    assert c["last_activity"] > c["start"]
+    assert _ns(c["last_activity"]) > _ns(c["start"])
 
     assert subsz["num_subscriptions"] == subsz["total"] == 1 + 3 + 1  # admin's inbox, counted's, the binary client's
     assert len(broker.subs) == 1  # (the NATS connections are gone now)
@@ -378,7 +384,7 @@ async def test_connz_sorts_pages_bounds_and_remembers_closed_ones(nats_config: A
     assert names("/connz?sort=uptime&limit=0") == ["three", "two"]  # youngest first; limit 0 is the default
     closed = out["/connz?state=closed&sort=stop"]
     assert names("/connz?state=closed&sort=stop") == ["six", "five"] and closed["total"] == 2  # "four" is forgotten
-    assert all(c["reason"] == "Client Closed" and c["stop"] >= c["start"] for c in closed["connections"])
+    assert all(c["reason"] == "Client Closed" and _ns(c["stop"]) >= _ns(c["start"]) for c in closed["connections"])
     assert out["/connz?state=all&limit=10&sort=cid"]["total"] == 5
     assert names("/connz?state=all&limit=10&sort=cid") == ["one", "two", "three", "five", "six"]
     assert (out["cid"]["limit"], [c["name"] for c in out["cid"]["connections"]]) == (1, ["two"])
