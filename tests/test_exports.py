@@ -41,10 +41,10 @@ LAYERS = {
     "broker.net": 5,
     "broker.replication": 5,
     "broker.nats": 6,
-    "broker.monitoring": 6,
-    "broker.server": 7,
-    "broker.cli": 8,
-    "broker": 9,
+    "broker.monitoring": 7,
+    "broker.server": 8,
+    "broker.cli": 9,
+    "broker": 10,
 }
 FORBIDDEN_IN_PROTOCOL = {"trio", "asyncio", "socket", "selectors", "threading", "os", "time", "uvloop", "sys"}
 

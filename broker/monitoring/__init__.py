@@ -1,13 +1,15 @@
-"""The monitoring port: HTTP (h11) serving ``/healthz``, ``/metrics`` (Prometheus)
-and ``/varz``, and the numbers they show.
+"""The monitoring port: HTTP (h11) serving ``/healthz``, ``/metrics`` (Prometheus),
+``/varz``, and nats-server's ``/connz``, ``/subsz`` and ``/jsz``, and the numbers
+they show.
 
 Owns: :class:`Monitor` (the endpoints and the broker's lifecycle state as the
-server reports it), the Prometheus exposition, the HTTP server with its own
-connection limits, and :func:`stats_values` (every counter and gauge, also what
-GET_STATS answers).
+server reports it), the Prometheus exposition, nats-server's JSON documents
+(``_varz.py``, ``_connz.py``, ``_jsz.py``, with ``_go.py`` for how nats-server reads
+and refuses query parameters), the HTTP server with its own connection limits, and
+:func:`stats_values` (every counter and gauge, also what GET_STATS answers).
 
-May import: ``broker.net``, ``broker.consumers``, ``broker.kv``, ``broker.core``,
-``broker.config``, ``protocol``, ``storage``.
+May import: ``broker.nats``, ``broker.net``, ``broker.consumers``, ``broker.kv``,
+``broker.core``, ``broker.config``, ``protocol``, ``storage``.
 
 Public names: below, in ``__all__``.
 """

@@ -1,36 +1,46 @@
 """The monitoring endpoints, served over HTTP (``_http.py``) on ``[http] port``.
 
 - ``GET /healthz``: 200 ``{"status": "ok"}`` while the broker accepts connections;
-  503 ``{"status": "unavailable", "reason": ...}`` while it recovers its data
-  directory (the monitoring port opens first, so a long recovery can be watched)
-  and from the moment it starts shutting down.
+  503 ``{"status": "unavailable", "reason": ..., "error": ...}`` while it recovers its
+  data directory (the monitoring port opens first, so a long recovery can be
+  watched) and from the moment it starts shutting down. nats-server's parameters
+  are read as it reads them (``js-enabled-only``, ``js-server-only``, ``details``;
+  ``account``, ``stream`` and ``consumer`` check that those exist, ``_jsz.py``).
 - ``GET /metrics``: the Prometheus exposition (``_metrics.py``).
-- ``GET /varz``: server information as JSON, after nats-server's ``/varz``: what the
-  handshake tells a client (``broker.core.info``), every number of ``stats``
-  (``_stats.stats_values``, the same names), the addresses, the start time and
-  uptime, and the configuration that matters when reading the numbers.
+- ``GET /varz``: server information as JSON: nats-server's ``/varz`` fields first
+  (``_varz.py``), then ttlbroker's own: what the handshake tells a client
+  (``broker.core.info``), every number of ``stats`` (``_stats.stats_values``, the same
+  names), the lifecycle state, the CPU time and peak memory, and the configuration
+  that matters when reading the numbers. Where a name is nats-server's with another
+  meaning, ttlbroker's value is ``ttlbroker_<name>`` (:data:`RENAMED`: ``version``,
+  ``host``, ``port``, the binary protocol's listener); where it is the same number
+  (``connections``, ``subscriptions``, ``slow_consumers``, ``start``, ...) it is
+  there once.
+- ``GET /connz``, ``/subsz`` (also ``/subscriptionsz``): the connections and the
+  subscriptions, nats-server's (``_connz.py``); ``GET /jsz``: the NATS streams and
+  consumers, nats-server's (``_jsz.py``). A query parameter nats-server refuses gets
+  its 400 and words (``_go.py``).
 
 ``HEAD`` works wherever ``GET`` does; other methods get 405, other paths 404.
 :class:`Monitor` also carries the broker's lifecycle as the server reports it
 (:attr:`Monitor.state`).
 
-``/healthz`` (and ``/``) answer at once, from what is in memory. ``/metrics`` and
-``/varz`` walk the data directory and build their text in worker threads: they take
-turns (:data:`SCRAPES_AT_ONCE`), so that however many scrapes arrive they hold at
-most that many of trio's worker threads (which the broker's own blocking work
-shares) and compete with the event loop for the GIL no more than that. A scrape
-waiting for its turn waits inside ``_http.waiting``: its connection may be replaced
-by a new one (a probe) at the port's connection limits.
+``/healthz`` (and ``/``) answer at once, from what is in memory. The others read
+the broker's state on the event loop (nothing moves under them there) and encode
+their text in worker threads (``/metrics`` and ``/varz`` also walk the data
+directory there): they take turns (:data:`SCRAPES_AT_ONCE`), so that however many
+scrapes arrive they hold at most that many of trio's worker threads (which the
+broker's own blocking work shares) and compete with the event loop for the GIL no
+more than that. A scrape waiting for its turn waits inside ``_http.waiting``: its
+connection may be replaced by a new one (a probe) at the port's connection limits.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import enum
+import functools
 import json
-import resource
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -38,17 +48,27 @@ import trio
 
 from broker.consumers import ConsumerEngine
 from broker.core import Broker, info
+from broker.nats import SERVER_ID, JetStream
 from broker.net import ConnectionGuard
 
+from ._connz import Connections
+from ._go import BadParameter, Query
 from ._http import HttpStats, Request, Response, waiting
+from ._jsz import jsz, stream_health
 from ._metrics import Metrics, Snapshot
 from ._stats import stats_values
+from ._varz import ProcessUsage, nats_varz
 
-__all__ = ["Monitor", "State"]
+__all__ = ["Monitor", "RENAMED", "State"]
 
 _JSON = "application/json"
-#: Scrapes (``/metrics``, ``/varz``) worked on at once; the others wait their turn.
+#: Scrapes (every endpoint but ``/healthz`` and ``/``) worked on at once; the others
+#: wait their turn.
 SCRAPES_AT_ONCE = 1
+#: ttlbroker's ``/varz`` fields whose names nats-server's ``/varz`` uses for something
+#: else, and the names they take.
+RENAMED = {"version": "ttlbroker_version", "host": "ttlbroker_host", "port": "ttlbroker_port"}
+_ENDPOINTS = "/metrics, /healthz, /varz, /connz, /subsz, /jsz"
 
 
 class State(enum.Enum):
@@ -65,24 +85,33 @@ class Monitor:
     broker: the broker (not yet opened: the endpoints answer during recovery).
     consumers: its consumer engine.
     guard: the connections' limits and registry (their numbers are in stats).
+    jetstream: its JetStream API (what ``/jsz`` shows).
     """
 
-    def __init__(self, broker: Broker, consumers: ConsumerEngine, guard: ConnectionGuard) -> None:
+    def __init__(self, broker: Broker, consumers: ConsumerEngine, guard: ConnectionGuard, jetstream: JetStream) -> None:
         self.broker = broker
         self.consumers = consumers
         self.guard = guard
+        self.jetstream = jetstream
         self.state = State.RECOVERING
         #: Whether the catalog is complete (recovery finished): only then may the
         #: endpoints walk it (recovery builds it in a worker thread).
         self.recovered = False
-        #: ``(host, port)`` of the broker's and the monitoring listeners, once bound.
+        #: ``(host, port)`` of the broker's, the NATS and the monitoring listeners,
+        #: once bound (None: not bound, or off).
         self.address: tuple[str, int] | None = None
+        self.nats_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
         self.http = HttpStats(broker.counters)
         self.metrics = Metrics(self)
+        self.connections = Connections(broker, guard, SERVER_ID)
+        self.usage = ProcessUsage()
+        #: Requests per endpoint (``/varz``'s ``http_req_stats``).
+        self.requests: dict[str, int] = {}
         self._scrapes = trio.Semaphore(SCRAPES_AT_ONCE)
         self._routes: dict[str, Callable[[Request], Awaitable[Response]]] = {
             "/": self._index, "/healthz": self._healthz, "/metrics": self._metrics, "/varz": self._varz,
+            "/connz": self._connz, "/subsz": self._subsz, "/subscriptionsz": self._subsz, "/jsz": self._jsz,
         }
 
     @property
@@ -120,21 +149,45 @@ class Monitor:
         """The ``_http.serve_http`` handler."""
         route = self._routes.get(request.path)
         if route is None:
-            return Response(404, f"no such endpoint: {request.path} (try /metrics, /healthz, /varz)\n".encode())
+            return Response(404, f"no such endpoint: {request.path} (try {_ENDPOINTS})\n".encode())
         if request.method not in ("GET", "HEAD"):
             return Response(405, f"{request.method} is not allowed here: use GET\n".encode(), headers=(("allow", "GET, HEAD"),))
+        self.requests[request.path] = self.requests.get(request.path, 0) + 1
         return await route(request)
 
     # -- endpoints ---------------------------------------------------------------------
 
     async def _index(self, request: Request) -> Response:
-        return Response(200, b"ttlbroker monitoring: /metrics /healthz /varz\n")
+        return Response(200, f"ttlbroker monitoring: {_ENDPOINTS.replace(',', '')}\n".encode())
 
     async def _healthz(self, request: Request) -> Response:
-        if self.healthy:
+        """nats-server's ``/healthz`` parameters (see the module docstring), on the
+        broker's readiness."""
+        q = Query(request.target)
+        try:  # (in nats-server's order: the first bad one is the one reported)
+            enabled, enabled_only, server_only, _meta_only, details = (
+                q.flag(name) for name in ("js-enabled", "js-enabled-only", "js-server-only", "js-meta-only", "details")
+            )
+        except BadParameter as exc:
+            return Response(400, exc.body)
+        account, stream, consumer = q.get("account"), q.get("stream"), q.get("consumer")
+        if stream and not account:
+            return _health(400, details, "BAD_REQUEST", '"account" must not be empty when checking stream health')
+        if consumer and not stream:
+            return _health(400, details, "BAD_REQUEST", '"stream" must not be empty when checking consumer health')
+        if not self.healthy:
+            shutting = self.state is State.SHUTTING_DOWN or self.broker.shutting_down
+            reason = "shutting down" if shutting else "recovering"
+            text = "the broker is shutting down" if shutting else "the broker is recovering its data directory"
+            return _health(503, details, "CONNECTION", text, reason=reason)
+        if enabled or enabled_only or server_only or not self.broker.config.nats.enabled or not (account or stream):
+            return Response(200, b'{"status": "ok"}\n', _JSON)  # (one server: no meta layer, no assets elsewhere)
+        failed = stream_health(self.jetstream, account, stream, consumer)
+        if failed is None:
             return Response(200, b'{"status": "ok"}\n', _JSON)
-        reason = "shutting down" if self.state is State.SHUTTING_DOWN or self.broker.shutting_down else "recovering"
-        return Response(503, json.dumps({"status": "unavailable", "reason": reason}).encode() + b"\n", _JSON)
+        status, kind, text = failed
+        named = {"account": account, "stream": stream, "consumer": consumer}
+        return _health(status, details, kind, text, named={k: v for k, v in named.items() if v})
 
     async def _metrics(self, request: Request) -> Response:
         accept = (request.header(b"accept") or b"").decode("latin-1")
@@ -144,8 +197,33 @@ class Monitor:
 
     async def _varz(self, request: Request) -> Response:
         async with self._turn():
-            document = await self.varz()
-        return Response(200, json.dumps(document, indent=2).encode() + b"\n", _JSON)
+            return await _json(await self.varz())
+
+    async def _connz(self, request: Request) -> Response:
+        return await self._nats_document(request, self.connections.connz)
+
+    async def _subsz(self, request: Request) -> Response:
+        return await self._nats_document(request, self.connections.subsz)
+
+    async def _jsz(self, request: Request) -> Response:
+        if not self.recovered:  # the catalog is being built in a worker thread
+            return Response(503, b"the broker is recovering its data directory\n")
+
+        def document(q: Query) -> dict[str, Any]:
+            return jsz(self.jetstream, self.broker.config.nats.enabled, SERVER_ID, q)
+
+        return await self._nats_document(request, document)
+
+    async def _nats_document(self, request: Request, make: Callable[[Query], dict[str, Any]]) -> Response:
+        """One of nats-server's JSON documents, made on the event loop for the
+        request's query (400 with nats-server's words for a bad parameter),
+        encoded in a worker thread."""
+        async with self._turn():
+            try:
+                document = make(Query(request.target))
+            except BadParameter as exc:
+                return Response(400, exc.body)
+            return await _json(document)
 
     @contextlib.asynccontextmanager
     async def _turn(self) -> AsyncIterator[None]:
@@ -157,32 +235,36 @@ class Monitor:
         finally:
             self._scrapes.release()
 
+    def _measure(self) -> int:
+        """In a worker thread: the process's memory and CPU, and the data
+        directory's size (0 while it is being recovered)."""
+        self.usage.sample()
+        return self.broker.datadir.size_on_disk() if self.recovered else 0
+
     async def varz(self) -> dict[str, Any]:
         """The ``/varz`` document (see the module docstring)."""
         broker = self.broker
         cfg = broker.config
-        now = time.time()
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        out: dict[str, Any] = dict(info(broker))
-        out.update(
+        disk = await trio.to_thread.run_sync(self._measure)
+        out = nats_varz(
+            broker, self.jetstream, server_id=SERVER_ID, nats_address=self.nats_address, http_address=self.http_address,
+            connections=len(self.guard.sessions), stale=self.connections.stale, requests=self.requests, usage=self.usage,
+            recovered=self.recovered,
+        )
+        own: dict[str, Any] = dict(info(broker))
+        own.update(
             state=self.state.value,
             host=self.address[0] if self.address else cfg.server.host,
             port=self.address[1] if self.address else cfg.server.port,
-            http_host=self.http_address[0] if self.http_address else None,
-            http_port=self.http_address[1] if self.http_address else None,
-            start=_rfc3339(broker.started_at),
-            now=_rfc3339(now),
-            uptime=_duration(now - broker.started_at),
-            cpu_seconds=round(usage.ru_utime + usage.ru_stime, 3),
-            max_rss_bytes=usage.ru_maxrss * 1024,  # Linux reports KiB
+            cpu_seconds=round(self.usage.cpu_seconds(), 3),
+            max_rss_bytes=self.usage.max_rss,
         )
         if self.recovered:
-            disk = await trio.to_thread.run_sync(broker.datadir.size_on_disk)
-            out.update(stats_values(broker, self.consumers, self.guard, disk))
+            own.update(stats_values(broker, self.consumers, self.guard, disk))
         else:
-            out.update(broker.counters.as_dict())
+            own.update(broker.counters.as_dict())
         li = cfg.limits
-        out["config"] = {
+        own["config"] = {
             "data_dir": broker.datadir.root,
             "fsync": str(cfg.system.partition.fsync),
             "segment_size_bytes": cfg.system.segment.size_bytes,
@@ -211,22 +293,30 @@ class Monitor:
             "http_max_connections_per_peer": cfg.http.max_connections_per_peer,
             "http_head_timeout": cfg.http.head_timeout,
         }
+        for key, value in own.items():
+            out.setdefault(RENAMED.get(key, key), value)  # the same number under the same name: once
         return out
 
 
-def _rfc3339(unix: float) -> str:
-    return dt.datetime.fromtimestamp(unix, dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+async def _json(document: dict[str, Any]) -> Response:
+    """A JSON document as nats-server indents it, encoded in a worker thread (the
+    document is the request's own: nothing changes it meanwhile)."""
+    body = await trio.to_thread.run_sync(functools.partial(json.dumps, document, indent=2))
+    return Response(200, body.encode() + b"\n", _JSON)
 
 
-def _duration(seconds: float) -> str:
-    """``1d2h3m4s`` (nats-server's uptime format)."""
-    s = int(seconds)
-    days, s = divmod(s, 86400)
-    hours, s = divmod(s, 3600)
-    minutes, s = divmod(s, 60)
-    out = f"{days}d" if days else ""
-    if days or hours:
-        out += f"{hours}h"
-    if days or hours or minutes:
-        out += f"{minutes}m"
-    return out + f"{s}s"
+def _health(
+    status: int, details: bool, kind: str, text: str, reason: str = "", named: dict[str, str] | None = None,
+) -> Response:
+    """An unhealthy ``/healthz`` answer, as nats-server words it: ``error`` (or, with
+    ``details``, ``errors`` of ``type`` and ``error``); ``reason`` is ttlbroker's own
+    short word for the broker's state."""
+    status_text = "error" if details or status == 400 else "unavailable"
+    body: dict[str, Any] = {"status": status_text}
+    if reason:
+        body["reason"] = reason
+    if details:
+        body["errors"] = [{"type": kind, **(named or {}), "error": text}]
+    else:
+        body["error"] = text
+    return Response(status, json.dumps(body).encode() + b"\n", _JSON)

@@ -1,5 +1,6 @@
 """Every counter and gauge the broker reports, in one place: GET_STATS (the binary
-protocol), ``/varz`` and ``/metrics`` all show these, under the same names."""
+protocol), ``/varz`` and ``/metrics`` all show these, under the same names (but
+``version``, ``/varz``'s ``ttlbroker_version``: its ``version`` is nats-server's)."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
     from ._jetstream import JetStream
 
-__all__ = ["consumer_api", "ack", "run"]
+__all__ = ["consumer_api", "consumer_info", "ack", "run"]
 
 log = get_logger(__name__)
 
@@ -282,6 +282,12 @@ def _info(st: State, c: Consumer) -> dict[str, Any]:
         ]
     info["ts"] = rfc3339(st.broker.clock.now_ns())
     return info
+
+
+def consumer_info(js: JetStream, c: Consumer) -> dict[str, Any]:
+    """A consumer as the server's ConsumerInfo, what ``CONSUMER.INFO`` answers (the
+    monitoring's ``/jsz`` shows it too)."""
+    return _info(_state(js), c)
 
 
 def _api_create(st: State, tokens: list[str], payload: bytes) -> tuple[dict[str, Any], int]:

@@ -43,6 +43,9 @@ class NatsClient(Protocol):
     headers: bool
     #: What its user may do (None: everything): ``broker.auth.Permissions``.
     perms: Any
+    #: Messages (MSG/HMSG) queued to it, and their payload bytes (headers included).
+    out_msgs: int
+    out_bytes: int
 
     def accepts_pushes(self) -> bool: ...
 
@@ -92,6 +95,8 @@ class NatsSubscription:
         counters = session.broker.counters
         counters.messages_out += 1
         counters.bytes_out += len(payload)
+        session.out_msgs += 1
+        session.out_bytes += len(payload) + (len(headers) if headers is not None else 0)
         if self.remaining is not None:
             self.remaining -= 1
             if self.remaining <= 0:
@@ -115,6 +120,8 @@ class NatsSubscription:
         self.delivered += n
         counters.messages_out += n
         counters.bytes_out += payload_bytes
+        session.out_msgs += n
+        session.out_bytes += payload_bytes
         if self.remaining is not None:
             self.remaining -= n
             if self.remaining <= 0:

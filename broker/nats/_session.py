@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -155,6 +156,18 @@ class NatsSession:
         self.members: dict[Any, Any] = {}
         self.tls = tls
         self.client_name = ""
+        #: CONNECT's ``lang`` and ``version`` (the client library's).
+        self.lang = ""
+        self.client_version = ""
+        #: What it sent and was sent, as nats-server counts them per connection
+        #: (``/connz``): PUB/HPUB operations and their payload bytes (headers
+        #: included), MSG/HMSG deliveries and theirs; and when its last message or
+        #: subscription came (Unix time).
+        self.in_msgs = 0
+        self.in_bytes = 0
+        self.out_msgs = 0
+        self.out_bytes = 0
+        self.last_activity = self.transport.opened_at
         #: Who the client is once its CONNECT was checked, and what it may do (None:
         #: everything): ``broker.auth``.
         self.user = ""
@@ -337,6 +350,7 @@ class NatsSession:
             if data is None:
                 return
             committer.hold()
+            msgs = self.in_msgs
             try:
                 parser.receive_data(data)
                 short = len(data) < SHORT_READ
@@ -358,6 +372,8 @@ class NatsSession:
                     committer.sync_if_idle()  # their client sends nothing more before them
             finally:
                 committer.unhold()
+                if self.in_msgs != msgs:
+                    self.last_activity = time.time()
 
     async def _handle_read(self) -> bool | None:
         """Handle, in order, every operation the reads so far completed. True: some
@@ -530,6 +546,7 @@ class NatsSession:
         if not state.take_ack_run(key, run):
             return False
         self.parser.skip_to(end)
+        self.in_msgs += run.raw.count(b"PUB ")  # (their payloads are empty)
         return True
 
     async def _acks(self, acks: list[tuple[str, str | None, bytes, str, int]]) -> bool:
@@ -543,6 +560,8 @@ class NatsSession:
         state = js.consumer_state
         i = 0
         n = len(acks)
+        self.in_msgs += n
+        self.in_bytes += sum(len(a[2]) for a in acks)
         while i < n:
             if state is not None:
                 i += state.take_acks(acks, i)
@@ -582,6 +601,8 @@ class NatsSession:
         self.no_responders_wanted = bool(options.get("no_responders", self.no_responders_wanted))
         self.echo = bool(options.get("echo", self.echo))
         self.client_name = str(options.get("name", ""))[:256]
+        self.lang = str(options.get("lang", ""))[:256]
+        self.client_version = str(options.get("version", ""))[:256]
         proto = options.get("protocol", 0)
         if proto.__class__ is not int or not 0 <= proto <= 1:
             self._fail("invalid client protocol", "protocol_error")
@@ -633,6 +654,7 @@ class NatsSession:
             self.broker.counters.request_errors += 1
             self.send_now(encode_err("maximum subscriptions exceeded"))
             return False
+        self.last_activity = time.time()
         return True
 
     def _unsubscribe(self, ev: NatsUnsub) -> None:
@@ -652,6 +674,8 @@ class NatsSession:
     # -- publishing ----------------------------------------------------------------------
 
     def _publish(self, ev: NatsPub) -> None:
+        self.in_msgs += 1
+        self.in_bytes += len(ev.payload) + (len(ev.headers) if ev.headers is not None else 0)
         if ev.headers is not None and not self.headers:
             # nats-server's parser knows HPUB only from a client whose CONNECT said headers.
             self._fail("Unknown Protocol Operation", "protocol_error")

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from ._jetstream import JetStream
 
-__all__ = ["api", "kv_get", "stream_info"]
+__all__ = ["account_info", "api", "kv_get", "stream_info"]
 
 log = get_logger(__name__)
 

@@ -33,7 +33,7 @@ Time is ``trio.current_time()``, so tests drive all of this with a MockClock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import trio
@@ -238,6 +238,10 @@ class ConnectionGuard:
         self.log_limit = LogLimiter()
         #: Every open connection, of both protocols.
         self.sessions: set[Connection] = set()
+        #: Called with each connection as it closes, before its speaker releases what
+        #: it held (the monitoring keeps the last ones for ``/connz?state=closed``).
+        #: A hook must not raise.
+        self.on_closed: list[Callable[[Any], None]] = []
         #: Connections without a handshake yet, oldest first, with their arrival time.
         self.waiting: dict[Connection, float] = {}
         self.evict_after = min(EVICT_AFTER_SECONDS, limits.handshake_timeout / 2)

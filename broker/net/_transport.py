@@ -39,6 +39,7 @@ from __future__ import annotations
 import enum
 import math
 import socket
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sized
 from typing import Protocol
@@ -212,6 +213,8 @@ class Transport:
         self._sock_stream: trio.abc.Stream | None = None
         self.id = session_id
         self.peer = peer
+        #: When it was accepted (Unix time: the monitoring's ``/connz`` shows it).
+        self.opened_at = time.time()
         self.peer_host = peer.rsplit(":", 1)[0]
         self.guard = guard
         self.budget = guard.budget
@@ -547,6 +550,8 @@ class Transport:
             self.end_as("closed")  # aborted
         self._move("closed")
         self.guard.waiting.pop(self, None)
+        for hook in self.guard.on_closed:  # before the speaker lets its subscriptions go
+            hook(self)
         self.speaker.closed()
         self.guard.sessions.discard(self)
         leftover, self.pending_bytes = self.pending_bytes, 0

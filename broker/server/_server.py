@@ -143,7 +143,7 @@ async def serve(
     except ConfigError as exc:
         raise StartupError(f"invalid configuration: {exc}") from None
     services = Services(Broker(config, clock))
-    monitor = Monitor(services.broker, services.consumers, services.guard)
+    monitor = Monitor(services.broker, services.consumers, services.guard, services.jetstream)
     # Both ports before the recovery: one in use fails now, not after it.
     listeners = await trio.open_tcp_listeners(config.server.port, host=config.server.host)
     http_listeners: list[trio.SocketListener] = []
@@ -153,6 +153,7 @@ async def serve(
         monitor.address = _sockname(listeners[0])
         if config.nats.enabled:
             nats_listeners = await _listen_nats(config)
+            monitor.nats_address = _sockname(nats_listeners[0])
         if config.http.enabled:
             http_listeners = await _listen_http(config)
             monitor.http_address = http_host, http_port = _sockname(http_listeners[0])

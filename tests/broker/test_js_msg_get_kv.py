@@ -47,6 +47,7 @@ class _Inbox:
     def __init__(self, broker: Any) -> None:
         self.broker = broker
         self.got: list[bytes] = []
+        self.out_msgs = self.out_bytes = 0  # (``NatsClient``'s counts)
 
     def push_nats(self, data: bytes, epoch: int = 0) -> bool:
         self.got.append(data)

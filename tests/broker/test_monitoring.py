@@ -279,12 +279,22 @@ async def test_healthz_is_503_while_recovering_and_200_once_serving(
         (port,) = [r.fields["port"] for r in caplog.records if r.getMessage() == "monitoring"]  # type: ignore[attr-defined]
         url = f"http://127.0.0.1:{port}"
         r = await get(url, "/healthz")
-        assert (r.status_code, r.json()) == (503, {"status": "unavailable", "reason": "recovering"})
+        assert (r.status_code, r.json()) == (
+            503, {"status": "unavailable", "reason": "recovering", "error": "the broker is recovering its data directory"},
+        )
         m = await scrape(url)
         assert one(m, "ttlbroker_ready") == 0
         assert ("ttlbroker_topics", ()) not in m and ("ttlbroker_messages_in_total", ()) in m
         varz = (await get(url, "/varz")).json()
         assert varz["state"] == "recovering" and varz["http_port"] == port and "topics" not in varz
+        assert (await get(url, "/connz")).json()["connections"] == []
+        r = await get(url, "/healthz?details=true")  # nats-server's form of the answer
+        assert (r.status_code, r.json()) == (503, {
+            "status": "error", "reason": "recovering",
+            "errors": [{"type": "CONNECTION", "error": "the broker is recovering its data directory"}],
+        })
+        r = await get(url, "/jsz")  # the catalog is not there yet
+        assert (r.status_code, r.text) == (503, "the broker is recovering its data directory\n")
         release.set()
         await ready.wait()
         assert handles[0].http_port == port
@@ -317,7 +327,9 @@ async def test_healthz_is_503_from_the_first_moment_of_a_shutdown(data_dir: Path
         scope.cancel()
         await shutting_down.wait()
         r = await get(url, "/healthz")
-        assert (r.status_code, r.json()) == (503, {"status": "unavailable", "reason": "shutting down"})
+        assert (r.status_code, r.json()) == (
+            503, {"status": "unavailable", "reason": "shutting down", "error": "the broker is shutting down"},
+        )
         assert one(await scrape(url), "ttlbroker_ready") == 0
         assert (await get(url, "/varz")).json()["state"] == "shutting_down"
         release.set()
@@ -337,8 +349,9 @@ async def test_varz(server: ServerHandle, client: Client, data_dir: Path) -> Non
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     v = r.json()
     stats = await client.stats()
-    assert (v["name"], v["version"], v["state"]) == ("ttlbroker", VERSION, "ready")
-    assert (v["host"], v["port"], v["http_host"], v["http_port"]) == (server.host, server.port, server.http_host, server.http_port)
+    assert (v["name"], v["ttlbroker_version"], v["state"]) == ("ttlbroker", VERSION, "ready")
+    assert (v["ttlbroker_host"], v["ttlbroker_port"]) == (server.host, server.port)  # (host and port: NATS's, off here)
+    assert (v["host"], v["port"], v["http_host"], v["http_port"]) == ("", 0, server.http_host, server.http_port)
     assert v["connections"] == 1 and v["connections_total"] >= 1
     for key in ("messages_in", "bytes_in", "messages_out", "bytes_out", "topics", "messages"):
         assert v[key] == stats[key], key
@@ -471,7 +484,7 @@ def test_serve_prints_the_monitoring_line(data_dir: Path) -> None:
         assert line.startswith("monitoring on http://127.0.0.1:")
         url = line.split()[-1]
         assert httpx.get(url + "/healthz", timeout=10).json() == {"status": "ok"}
-        assert httpx.get(url + "/varz", timeout=10).json()["port"] == int(p.address.rsplit(":", 1)[1])
+        assert httpx.get(url + "/varz", timeout=10).json()["ttlbroker_port"] == int(p.address.rsplit(":", 1)[1])
     finally:
         assert p.stop() == 0
 

@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -100,6 +101,11 @@ async def test_trio_client_publishes_and_fetches_over_tls(data_dir: Path, certs:
             assert session.stream.version() in ("TLSv1.2", "TLSv1.3")
             assert session.peer.startswith("127.0.0.1:")  # the peer's name survives the wrapping
             stats = await c.stats()
+            async with httpx.AsyncClient(base_url=h.monitoring_url or "", timeout=10) as http:
+                (shown,) = (await http.get("/connz")).json()["connections"]  # as nats-server shows a TLS connection
+                varz = (await http.get("/varz")).json()
+            assert shown["tls_version"] == session.stream.version().removeprefix("TLSv")
+            assert shown["tls_cipher_suite"] == session.stream.cipher()[0] and varz["tls_required"] is True
         # A tls:// address with a context, and "localhost" (also in the certificate).
         async with connect(f"tls://localhost:{h.port}", tls=tls_context(ca=str(certs.ca))) as c:
             assert await c.ping() >= 0
