@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import trio
+
 import protocol as P
 from protocol.nats import advisories as A
 
@@ -161,8 +163,14 @@ class Advisories(ConsumerEvents, TopicHooks):
             self.publish("stream_action", *A.stream_action(action, stream, self.ids.next(), self._now(), self.js.domain))
 
     def topic_opened(self, topic: Topic, recovering: bool) -> None:
-        if not recovering:
-            self._stream_action(topic, "created")
+        if recovering:
+            return
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:  # the worker thread of a topic's creation (``Broker.open_topic_storage``)
+            trio.from_thread.run_sync(self._stream_action, topic, "created")
+            return
+        self._stream_action(topic, "created")
 
     def topic_updated(self, topic: Topic, old: TopicConfig) -> None:
         self._stream_action(topic, "updated")

@@ -248,6 +248,12 @@ class JetStream:
             epoch = 0
         send_core(self.broker, reply, None, headers, body, epoch=epoch)
 
+    def unaudited(self) -> None:
+        """The request being handled is answered without an audit advisory (as
+        nats-server answers a message get that found its message: straight to the
+        reply, outside its API's responses, which are audited)."""
+        self._audit = None
+
     def release(self, transport: Transport) -> None:
         """A NATS connection's answers waiting for the group commit (PubAcks) became
         durable: they go once the deliveries the same sync released are queued."""
