@@ -35,11 +35,13 @@ import protocol as P
 from protocol.nats import advisories as A
 
 from broker.consumers import Consumer, ConsumerEngine, ConsumerEvents
-from broker.core import NO_TOPIC, Broker, Partition, Topic, TopicConfig, TopicHooks
+from broker.core import NO_TOPIC, Broker, Partition, Topic, TopicConfig, TopicHooks, get_logger
 
 from ._core import send_core
 
 __all__ = ["Advisories", "Audit"]
+
+log = get_logger(__name__)
 
 
 class JetStreamApi(Protocol):
@@ -96,7 +98,15 @@ class Advisories(ConsumerEvents, TopicHooks):
 
     def publish(self, kind: str, subject: str, payload: bytes) -> None:
         """One advisory, as a client's publish on ``subject`` would go: stored by the
-        topic that captures it, else to the core subscriptions only."""
+        topic that captures it, else to the core subscriptions only. Never raises
+        (it is sent from the middle of the consumers' and the catalog's work): a
+        failure is logged, and the advisory is lost, as a dropped core message is."""
+        try:
+            self._publish(kind, subject, payload)
+        except Exception as exc:
+            log.error("advisory_failed", subject=subject, error=repr(exc))
+
+    def _publish(self, kind: str, subject: str, payload: bytes) -> None:
         broker = self.broker
         raw = subject.encode()
         route = broker.router.cache.get(raw) if len(raw) <= 255 else NO_TOPIC
