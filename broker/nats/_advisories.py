@@ -88,7 +88,8 @@ class Advisories(ConsumerEvents, TopicHooks):
         """Whether an advisory could reach anyone now: a subscription or a topic that
         may take a ``$JS.EVENT`` subject. Runtime complexity: O(1)."""
         broker = self.broker
-        return broker.subs.may_match("$JS", "EVENT") or broker.router.may_capture("$JS")
+        first, second = A.EVENT_TOKENS
+        return broker.subs.may_match(first, second) or broker.router.may_capture(first)
 
     def _stream(self, topic: Topic) -> str | None:
         """The NATS stream name of ``topic`` if it is one the listener shows (with

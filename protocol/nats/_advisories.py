@@ -17,13 +17,13 @@ from typing import Any
 from ._jetstream import rfc3339
 
 __all__ = [
-    "ADVISORY_KINDS", "API_AUDIT_SUBJECT", "EVENT_PREFIX", "Nuid", "api_audit", "consumer_action", "delivery_exceeded",
+    "API_AUDIT_SUBJECT", "EVENT_TOKENS", "Nuid", "api_audit", "consumer_action", "delivery_exceeded",
     "delivery_nak", "delivery_terminated", "stream_action",
 ]
 
-#: Every advisory subject starts so (the first two tokens are what a cheap "may
-#: anyone hear it" check looks at).
-EVENT_PREFIX = "$JS.EVENT.ADVISORY."
+#: The first two tokens of every advisory subject (``$JS.EVENT.ADVISORY.``): what a
+#: cheap "may anyone hear it" check looks at.
+EVENT_TOKENS = ("$JS", "EVENT")
 #: ``JSAuditAdvisory``: every JetStream API request answered.
 API_AUDIT_SUBJECT = "$JS.EVENT.ADVISORY.API"
 _PRE = {
@@ -36,8 +36,6 @@ _PRE = {
     "stream_updated": "$JS.EVENT.ADVISORY.STREAM.UPDATED",
     "stream_deleted": "$JS.EVENT.ADVISORY.STREAM.DELETED",
 }
-#: The kinds the broker counts (``Counters.advisories_<kind>``).
-ADVISORY_KINDS = ("max_deliveries", "terminated", "nak", "consumer_action", "stream_action", "api_audit")
 _TYPE = "io.nats.jetstream.advisory.v1."
 _ACTIONS = {"created": "create", "deleted": "delete", "updated": "modify"}
 _B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

@@ -271,7 +271,7 @@ async def test_nothing_is_built_while_nobody_could_hear_an_advisory(mock_clock: 
         await in_asyncio(steps, handle.nats_url)
         assert (ids.prefix, ids.seq) == before
         assert {k: v for k, v in handle.broker.counters.as_dict().items() if k.startswith("advisories_")} == dict.fromkeys(
-            [f"advisories_{k}" for k in A.ADVISORY_KINDS], 0)
+            [f"advisories_{k}" for k in ("max_deliveries", "terminated", "nak", "consumer_action", "stream_action", "api_audit")], 0)
         assert handle.broker.counters.consumer_given_up == 1
 
 
