@@ -34,6 +34,7 @@ from ._handlers import session_closed as session_closed
 from ._handlers import update_consumer as update_consumer
 from ._model import MS as MS
 from ._model import Consumer as Consumer
+from ._model import ConsumerEvents as ConsumerEvents
 from ._model import ConsumerPartition as ConsumerPartition
 from ._model import Member as Member
 from ._model import ConsumerClient as ConsumerClient
@@ -49,7 +50,7 @@ from ._pulls import fail as fail
 from ._pulls import retire as retire
 
 __all__ = [
-    "MS", "Consumer", "ConsumerClient", "ConsumerConfig", "ConsumerEngine", "ConsumerPartition", "Member", "PullClient",
+    "MS", "Consumer", "ConsumerClient", "ConsumerConfig", "ConsumerEngine", "ConsumerEvents", "ConsumerPartition", "Member", "PullClient",
     "PullOwner", "PullRequest",
     "ack", "change_consumer", "collect", "consumer_info", "create_consumer", "delete_consumer",
     "delete_consumer_offset", "end", "end_pulls", "fail", "get_consumer_offset", "join_group", "leave_group",

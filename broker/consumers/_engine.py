@@ -31,7 +31,7 @@ from broker.core import TIMER_NS, Broker, Partition, SyncSource, Topic, TopicCon
 
 from ._groups import GroupTimers
 from ._journal import TopicJournal
-from ._model import MS, Consumer, ConsumerPartition, Member, PullRequest
+from ._model import MS, Consumer, ConsumerEvents, ConsumerPartition, Member, PullRequest
 from ._retention import appended as retention_appended
 from ._retention import release, sweep
 from ._pulls import PullTimers, fail, fill
@@ -73,6 +73,8 @@ class ConsumerEngine(TopicHooks):
         self.committer.on_synced.append(self._synced)
         self.pull_timers = PullTimers(self.expiry)
         self.group_timers = GroupTimers(self.clock, self.expiry)
+        #: Who hears of creations, deletions, naks, terms and give-ups.
+        self.events = ConsumerEvents()
         broker.topic_hooks.append(self)
 
     # -- topics (TopicHooks) ---------------------------------------------------------------
@@ -162,6 +164,7 @@ class ConsumerEngine(TopicHooks):
         if journal is not None:
             journal.consumers.pop(c.name, None)
         self.detach(c)
+        self.events.deleted(c)
         for req in list(c.waiting):
             fail(req, error_class(ErrorCode.CONSUMER_NOT_FOUND)(why))
         for m in list(c.members.values()):
@@ -273,11 +276,17 @@ class ConsumerEngine(TopicHooks):
 
     # -- settling ------------------------------------------------------------------------
 
-    def settle(self, c: Consumer, entries: Iterable[tuple[int, int, int, int]], wait: bool = True) -> int:
+    def settle(
+        self, c: Consumer, entries: Iterable[tuple[int, int, int, int]], wait: bool = True,
+        reasons: dict[tuple[int, int], str] | None = None,
+    ) -> int:
         """Apply ack entries ``(kind, partition, offset, delay_ms)``; returns the
         journal epoch (0 when nothing changed, or when ``wait`` is False: nobody
         waits for the answer, and the event goes with the next sync). Unknown or
-        settled offsets are ignored (settling twice is harmless)."""
+        settled offsets are ignored (settling twice is harmless). A NAK without a
+        delay of a message delivered ``max_deliver`` times gives it up (as its ack
+        wait running out would). ``reasons``: the text a client gave with a term,
+        by ``(partition, offset)`` (for :attr:`events`)."""
         now = self.clock.now_ns()
         parts = c.parts
         n = len(parts)
@@ -287,6 +296,10 @@ class ConsumerEngine(TopicHooks):
         acked = 0
         freed = False  # beyond ``acked``: room or work for a pull (a term, a NAK due now)
         termed = False
+        events = self.events
+        heard: list[tuple[int, int, int, int, int]] = []  # (kind, partition, offset, dseq, deliveries)
+        gave_up: dict[int, list[int]] = {}
+        max_deliver = c.config.max_deliver
         for kind, pn, o, delay in entries:
             if pn >= n:
                 continue
@@ -311,11 +324,13 @@ class ConsumerEngine(TopicHooks):
                         changes += (pn, kind, k, 0)
                     acked += len(doomed)
                     continue
-                if o not in out:
+                e = out.get(o)
+                if e is None:
                     continue
                 cp._drop(o)
                 changes += (pn, kind, o, 0)
                 counters.consumer_terminated += 1
+                heard.append((kind, pn, o, e.dseq, e.count))
                 freed = termed = True
                 continue
             e = out.get(o)
@@ -323,6 +338,10 @@ class ConsumerEngine(TopicHooks):
                 continue
             if kind == AckKind.NAK:
                 counters.consumer_naked += 1
+                heard.append((kind, pn, o, e.dseq, e.count))
+                if not delay and max_deliver != -1 and e.count >= max_deliver:
+                    gave_up.setdefault(pn, []).append(o)  # (no redelivery: given up below)
+                    continue
                 if delay:
                     e.deadline = now + delay * MS
                     cp.redeliver.pop(o, None)
@@ -345,11 +364,18 @@ class ConsumerEngine(TopicHooks):
             c.acked_at = now
         if acked or freed:
             self.kick(c)
-        if not changes:
-            return 0
-        epoch = self.journal_of(c.topic).write(["a", c.id, changes], lazy=not wait)
-        if c.topic.config.retention != "limits":
-            self._release(c, changes)
+        epoch = 0
+        if changes:
+            epoch = self.journal_of(c.topic).write(["a", c.id, changes], lazy=not wait)
+            if c.topic.config.retention != "limits":
+                self._release(c, changes)
+        for kind, pn, o, dseq, count in heard:
+            if kind == _TERM:
+                events.terminated(c, pn, o, dseq, count, reasons.get((pn, o), "") if reasons else "")
+            else:
+                events.naked(c, pn, o, dseq, count)
+        for pn, offsets in gave_up.items():
+            epoch = max(epoch, parts[pn].give_up(offsets))
         return epoch
 
     def _release(self, c: Consumer, changes: list[int]) -> None:

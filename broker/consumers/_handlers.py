@@ -111,6 +111,7 @@ def new_consumer(engine: ConsumerEngine, topic: Topic, name: str, cfg: ConsumerC
     journal.consumers[name] = c
     engine.attach(c)
     log.info("consumer_created", topic=topic.full_name, consumer=name, deliver=cfg.deliver_policy, ack=cfg.ack_policy)
+    engine.events.created(c)
     return c, epoch
 
 

@@ -45,7 +45,7 @@ from broker.core import Broker, Clock, Counters, Partition, Topic, get_logger
 from ._config import ConsumerConfig
 
 __all__ = [
-    "MS", "ConsumerLog", "Consumer", "ConsumerPartition", "Engine", "Member", "Outstanding", "ConsumerClient", "PullClient", "PullOwner", "PullRequest",
+    "MS", "ConsumerLog", "Consumer", "ConsumerEvents", "ConsumerPartition", "Engine", "Member", "Outstanding", "ConsumerClient", "PullClient", "PullOwner", "PullRequest",
     "entries",
 ]
 
@@ -62,6 +62,25 @@ class ConsumerLog(Protocol):
     def settled(self, c: Consumer, partition: int, kind: int, offsets: list[int]) -> int: ...
 
 
+class ConsumerEvents:
+    """What a package above hears of the consumers, as it happens
+    (:attr:`ConsumerEngine.events`; each method does nothing unless overridden): the
+    NATS listener's JetStream advisories. Called after the change, on the event loop;
+    ``offset`` is in partition ``partition``, ``deliveries`` the delivery count."""
+
+    def created(self, c: Consumer) -> None: ...
+
+    def deleted(self, c: Consumer) -> None:
+        """Deleted, or forgotten with its topic (before the topic's own hooks)."""
+
+    def naked(self, c: Consumer, partition: int, offset: int, dseq: int, deliveries: int) -> None: ...
+
+    def terminated(self, c: Consumer, partition: int, offset: int, dseq: int, deliveries: int, reason: str) -> None: ...
+
+    def max_deliveries(self, c: Consumer, partition: int, offset: int, deliveries: int) -> None:
+        """Given up after ``max_deliver`` deliveries."""
+
+
 class Engine(Protocol):
     """What consumers, their partitions, pulls and members ask of the engine that
     holds them."""
@@ -71,6 +90,9 @@ class Engine(Protocol):
 
     @property
     def counters(self) -> Counters: ...
+
+    #: Who hears of what happens to the consumers.
+    events: ConsumerEvents
 
     @property
     def clock(self) -> Clock: ...
@@ -296,15 +318,28 @@ class ConsumerPartition:
             self.redeliver[o] = None
             due = True
         if gave_up:
-            for o in gave_up:
-                self._drop(o)
-            engine.counters.consumer_given_up += len(gave_up)
-            engine.journal_of(c.topic).settled(c, self.part.number, AckKind.TERM, gave_up)
-            if c.topic.config.retention != "limits":
-                engine.released(c, self.part.number, gave_up)
-            log.debug("max_deliver_reached", consumer=c.name, partition=self.part.number, offsets=len(gave_up))
+            self.give_up(gave_up)
         if due or gave_up:
             engine.kick(c)
+
+    def give_up(self, offsets: list[int]) -> int:
+        """Settle outstanding ``offsets`` delivered ``max_deliver`` times: never
+        delivered again (journaled as a term; work-queue and interest retention
+        release them). Returns the journal epoch."""
+        c = self.consumer
+        engine = c.engine
+        counts = [self.out[o].count for o in offsets]
+        for o in offsets:
+            self._drop(o)
+        engine.counters.consumer_given_up += len(offsets)
+        epoch = engine.journal_of(c.topic).settled(c, self.part.number, AckKind.TERM, offsets)
+        if c.topic.config.retention != "limits":
+            engine.released(c, self.part.number, offsets)
+        log.debug("max_deliver_reached", consumer=c.name, partition=self.part.number, offsets=len(offsets))
+        events = engine.events
+        for o, count in zip(offsets, counts):
+            events.max_deliveries(c, self.part.number, o, count)
+        return epoch
 
 
 class Consumer:

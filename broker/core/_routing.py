@@ -104,6 +104,11 @@ class Router:
             return self._wild_first
         return sorted(same + self._wild_first, key=lambda e: e[0])
 
+    def may_capture(self, first: str) -> bool:
+        """Whether some topic's filters could capture a subject whose first token is
+        ``first`` (a literal). Runtime complexity: O(1)."""
+        return bool(self._wild_first or self._by_first.get(first))
+
     def check_overlap(self, subjects: tuple[str, ...], ignore: Topic | None = None) -> None:
         """Refuse filters that overlap a filter of another topic (``ignore``: the
         topic being changed): a subject filter belongs to at most one topic in the

@@ -143,6 +143,19 @@ class Counters:
     consumer_given_up: int = 0
     #: Outstanding deliveries dropped because their message was removed.
     consumer_dropped: int = 0
+    #: JetStream advisories published (``$JS.EVENT.ADVISORY.>``, each to someone: a
+    #: subscription or a topic), by kind: a message given up after max_deliver.
+    advisories_max_deliveries: int = 0
+    #: Advisories published: a delivery terminated (``+TERM``).
+    advisories_terminated: int = 0
+    #: Advisories published: a delivery NAKed.
+    advisories_nak: int = 0
+    #: Advisories published: a consumer created or deleted.
+    advisories_consumer_action: int = 0
+    #: Advisories published: a stream created, updated or deleted.
+    advisories_stream_action: int = 0
+    #: Advisories published: a JetStream API request answered (the API audit).
+    advisories_api_audit: int = 0
     #: Times a mirror or source found its origin stream missing (deleted or never
     #: made): it keeps its messages and retries slowly.
     copy_origin_missing: int = 0

@@ -106,7 +106,7 @@ class _Row:
         self.out_bytes: int = getattr(sp, "out_bytes", 0)
         self.subs = len(sp.subs)
         self.name: str = sp.client_name
-        self.lang: str = getattr(sp, "lang", "")
+        self.lang: str = getattr(sp, "client_lang", "")
         self.version: str = getattr(sp, "client_version", "")
         self.tls = _tls(t)
         self.user = str(getattr(sp, "user", ""))

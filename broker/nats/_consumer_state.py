@@ -160,6 +160,9 @@ class State:
         #: is one journal event, or before any request that reads consumer state.
         self.acks: dict[Consumer, list[Any]] = {}  # entries (kind, partition, offset, delay) and AckRuns
         self.ack_replies: list[str] = []
+        #: The reasons given with queued terms (``+TERM <reason>``), by consumer and
+        #: (partition, offset): for the terminated advisory.
+        self.term_reasons: dict[Consumer, dict[tuple[int, int], str]] = {}
         self.ack_wake = trio.Event()
         #: Every queued ack is a plain ``+ACK`` without a reply (taken by
         #: :meth:`take_acks` / :meth:`take_ack_run`): what :meth:`may_pass` needs.
@@ -234,8 +237,10 @@ class State:
                 else:
                     push.bind()
 
-    def queue_ack(self, c: Consumer, entry: tuple[int, int, int, int], reply: str | None) -> None:
+    def queue_ack(self, c: Consumer, entry: tuple[int, int, int, int], reply: str | None, reason: str = "") -> None:
         self.plain = False
+        if reason:
+            self.term_reasons.setdefault(c, {})[(entry[1], entry[2])] = reason
         queued = self.acks.get(c)
         if queued is None:
             self.acks[c] = [entry]
@@ -254,6 +259,7 @@ class State:
             return
         acks, self.acks = self.acks, {}
         replies, self.ack_replies = self.ack_replies, []
+        reasons, self.term_reasons = self.term_reasons, {}
         runs, fences = self.runs, self.fences
         self.plain, self.runs, self.fences = True, False, {}
         epoch = 0
@@ -266,7 +272,7 @@ class State:
                     freq = sample_percent(self.settings_of(c).sample_freq)
                     if freq:
                         self._sample(c, entries, freq)
-                epoch = max(epoch, self.engine.settle(c, entries, wait))
+                epoch = max(epoch, self.engine.settle(c, entries, wait, reasons.get(c)))
         if wait and not epoch:
             # Nothing changed: the acks were settled by earlier ones sent without a
             # reply, perhaps not durable yet. The answers wait until everything

@@ -34,6 +34,7 @@ from protocol.nats import (
     consumer_config_to_nats,
     parse_ack_body,
     parse_pause_until,
+    term_reason,
 )
 
 from broker.consumers import (
@@ -403,7 +404,8 @@ def ack(js: JetStream, subject: str, reply: str | None, payload: bytes) -> None:
         if reply:
             next_request(st, c, reply, str(value).encode())
         return
-    st.queue_ack(c, (kind, 0, stream_seq, -(-value // MS) if value else 0), reply)
+    st.queue_ack(c, (kind, 0, stream_seq, -(-value // MS) if value else 0), reply,
+                 term_reason(payload) if kind == AckKind.TERM else "")
 
 
 async def run(js: JetStream) -> None:

@@ -49,6 +49,7 @@ from broker.core import Broker, Stream, Topic, get_logger
 from broker.kv import KvReads
 from broker.net import Transport
 
+from ._advisories import Advisories, Audit
 from ._core import send_core
 
 __all__ = ["JetStream", "KV_STREAM", "KV_PREFIX"]
@@ -65,6 +66,9 @@ _KV_GET_PREFIX = API_PREFIX + "STREAM.MSG.GET.KV_"
 #: API requests that wait (catalog changes) at most in progress at once, all
 #: connections together; more are refused with the server's 429 "too many requests".
 MAX_WAITING_REQUESTS = 256
+#: API requests with no audit advisory: nats-server answers them outside its API
+#: (a pull request is its consumer's, a direct get its stream's).
+_UNAUDITED = (API_PREFIX + "CONSUMER.MSG.NEXT.", API_PREFIX + "DIRECT.GET.")
 #: NATS stream names whose topic :meth:`JetStream.topic` keeps.
 TOPIC_CACHE_LIMIT = 1024
 
@@ -124,6 +128,14 @@ class JetStream:
         self.domain = broker.config.nats.domain
         self._domain_prefix = f"$JS.{self.domain}.API." if self.domain else ""
         self._prefixes = _PREFIXES + ((self._domain_prefix,) if self.domain else ())
+        #: The server's name in advisories (nats-server's ``server_name``, INFO's too).
+        self.server_name = broker.config.server.name
+        #: The JetStream advisories (``_advisories.py``).
+        self.advisories = Advisories(self)
+        #: The API request being handled, while someone may hear its audit advisory;
+        #: those whose answer a spawned task sends, by reply subject (:meth:`spawn`).
+        self._audit: Audit | None = None
+        self._audits_later: dict[str, Audit] = {}
 
     # -- the session's entry points ----------------------------------------------------
 
@@ -146,6 +158,8 @@ class JetStream:
             # domain sends: nats.go's and nats-py's ``domain=``, a remote mirror).
             subject = API_PREFIX + subject[len(self._domain_prefix) :]
         handlers = self.handlers
+        if subject.startswith(API_PREFIX) and self.advisories.wanted() and not subject.startswith(_UNAUDITED):
+            self._audit = Audit(subject, reply, payload, origin)
         try:
             if subject.startswith(_KV_GET_PREFIX) and handlers.kv_get(self, subject[len(_KV_GET_PREFIX) :], reply, payload):
                 return  # nats-py's kv.get, answered as api() answers it (no dispatch, no request dict)
@@ -167,6 +181,7 @@ class JetStream:
             self.respond(reply, api_error("error", JSError(500, 10077, f"internal error: {exc}")))
         finally:
             self._origin = None
+            self._audit = None
 
     def _refuse_level(self, tokens: list[str], reply: str | None) -> None:
         """A request whose ``Nats-Required-Api-Level`` this server does not reach
@@ -220,12 +235,24 @@ class JetStream:
         commit has made it durable when the fsync policy makes acks wait (as our own
         acks do; under an interval or ``never`` it goes at once). The sync that makes
         it durable writes it to the subscriber's socket itself (``send_core``)."""
+        audit = self._audit
+        if audit is not None and audit.reply == reply:
+            self._audit = None
+            self.advisories.audit(audit, body)
+        elif self._audits_later and reply in self._audits_later:
+            self.advisories.audit(self._audits_later.pop(reply), body)
         if not reply:
             return
         committer = self.broker.committer
         if epoch and not (committer.acks_wait and epoch > committer.synced):
             epoch = 0
         send_core(self.broker, reply, None, headers, body, epoch=epoch)
+
+    def unaudited(self) -> None:
+        """The request being handled is answered without an audit advisory (as
+        nats-server answers a message get that found its message: straight to the
+        reply, outside its API's responses, which are audited)."""
+        self._audit = None
 
     def release(self, transport: Transport) -> None:
         """A NATS connection's answers waiting for the group commit (PubAcks) became
@@ -265,12 +292,17 @@ class JetStream:
         if self.waiting >= MAX_WAITING_REQUESTS:
             raise JSError(429, 10167, "too many requests")
         self.waiting += 1
+        audit, self._audit = self._audit, None
+        if audit is not None and audit.reply:
+            self._audits_later[audit.reply] = audit  # answered by the task (at most MAX_WAITING_REQUESTS)
 
         async def counted() -> None:
             try:
                 await fn(*args)
             finally:
                 self.waiting -= 1
+                if audit is not None and audit.reply:
+                    self._audits_later.pop(audit.reply, None)
 
         self.nursery.start_soon(counted)
 
@@ -332,6 +364,11 @@ class JetStream:
             if config is None or config.get("allow_rollup_hdrs"):
                 return KV_STREAM, name[len(KV_PREFIX) :]
         return self.namespace, name
+
+    def shows(self, topic: Topic) -> bool:
+        """Whether the API shows ``topic`` as a NATS stream (:meth:`topics`)."""
+        owner = topic.stream.name
+        return owner == self.namespace or (owner == KV_STREAM and topic.config.kv is not None)
 
     def topics(self) -> list[Topic]:
         """Every topic the API shows as a NATS stream: the namespace's topics and the

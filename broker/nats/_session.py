@@ -156,9 +156,12 @@ class NatsSession:
         self.members: dict[Any, Any] = {}
         self.tls = tls
         self.client_name = ""
-        #: CONNECT's ``lang`` and ``version`` (the client library's).
-        self.lang = ""
+        #: CONNECT's ``lang`` and ``version`` (the client library's: ``/connz`` and
+        #: the ``ClientInfo`` of audit advisories, :meth:`client_info`), and when
+        #: the connection was accepted.
+        self.client_lang = ""
         self.client_version = ""
+        self.started_ns = broker.clock.now_ns()
         #: What it sent and was sent, as nats-server counts them per connection
         #: (``/connz``): PUB/HPUB operations and their payload bytes (headers
         #: included), MSG/HMSG deliveries and theirs; and when its last message or
@@ -272,6 +275,17 @@ class NatsSession:
             if config.server.tls_ca:
                 info["tls_verify"] = True
         return info
+
+    def client_info(self) -> dict[str, Any]:
+        """This client as nats-server's ``ClientInfo`` in an advisory (its keys, empty
+        ones left out; ``acc`` is nats-server's global account, the only one; no
+        ``rtt``: the broker does not measure it)."""
+        info: dict[str, Any] = {
+            "start": PN.rfc3339(self.started_ns), "host": self.transport.peer_host, "id": self.id, "acc": "$G",
+            "user": self.user, "name": self.client_name, "lang": self.client_lang, "ver": self.client_version,
+            "server": self.broker.config.server.name, "kind": "Client", "client_type": "nats",
+        }
+        return {k: v for k, v in info.items() if v}
 
     def _address(self) -> tuple[str, int]:
         """The listener's address this client reached (INFO's host and port)."""
@@ -601,8 +615,8 @@ class NatsSession:
         self.no_responders_wanted = bool(options.get("no_responders", self.no_responders_wanted))
         self.echo = bool(options.get("echo", self.echo))
         self.client_name = str(options.get("name", ""))[:256]
-        self.lang = str(options.get("lang", ""))[:256]
-        self.client_version = str(options.get("version", ""))[:256]
+        self.client_lang = _text(options.get("lang"))[:64]
+        self.client_version = _text(options.get("version"))[:64]
         proto = options.get("protocol", 0)
         if proto.__class__ is not int or not 0 <= proto <= 1:
             self._fail("invalid client protocol", "protocol_error")

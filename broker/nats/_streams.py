@@ -83,6 +83,8 @@ def api(js: JetStream, tokens: list[str], reply: str | None, headers: bytes | No
             js.spawn(_run_async, js, handler, kind, name, req, reply)
             return
         body, epoch = handler(js, name, req)
+        if kind == "stream_msg_get":
+            js.unaudited()
         js.respond(reply, body if body.__class__ is bytes else api_response(kind, body), epoch=epoch)
     except (BrokerError, JSError) as err:
         _fail(js, reply, kind, err)
@@ -553,6 +555,7 @@ def kv_get(js: JetStream, bucket: str, reply: str | None, payload: bytes) -> boo
     except BrokerError as err:
         _fail(js, reply, "stream_msg_get", err if err.code == ErrorCode.CORRUPTED_RECORD else js_error(NO_MESSAGE_FOUND))
         return True
+    js.unaudited()
     js.respond(reply, _msg_get_answer(_Found.of_kv_read(subject, read)), epoch=read[-1])
     return True
 

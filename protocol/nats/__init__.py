@@ -3,7 +3,8 @@ and writes it (``INFO``, ``CONNECT``, ``PUB``/``HPUB``, ``SUB``, ``MSG``/``HMSG`
 NATS header blocks and their conversion to and from ttlbroker's record headers
 (``_wire.py``), the JSON of the JetStream API: requests, responses, errors, PubAcks
 and stream configurations (``_jetstream.py``), and JetStream's consumers: their
-configurations, pull requests, ack subjects and deliveries (``_consumers.py``).
+configurations, pull requests, ack subjects and deliveries (``_consumers.py``),
+and the JetStream advisories' subjects and JSON (``_advisories.py``).
 
 It builds on the binary protocol's records (``protocol``), which stays apart from it:
 ``protocol`` never imports this package.
@@ -22,6 +23,7 @@ from ._consumers import idle_heartbeat as idle_heartbeat
 from ._consumers import js_delivery as js_delivery
 from ._consumers import js_delivery_frames as js_delivery_frames
 from ._consumers import parse_ack_body as parse_ack_body
+from ._consumers import term_reason as term_reason
 from ._consumers import parse_ack_subject as parse_ack_subject
 from ._consumers import parse_next_request as parse_next_request
 from ._consumers import parse_pause_until as parse_pause_until
@@ -31,6 +33,7 @@ from ._consumers import ack_metric as ack_metric
 from ._consumers import check_group_name as check_group_name
 from ._consumers import sample_percent as sample_percent
 from ._consumers import status_message as status_message
+from . import _advisories as advisories
 from . import _schedule as schedule
 from ._jetstream import ACK_PREFIX as ACK_PREFIX
 from ._jetstream import nats_hash as nats_hash
@@ -110,7 +113,7 @@ from ._wire import record_to_nats_headers as record_to_nats_headers
 from ._wire import valid_nats_subject as valid_nats_subject
 
 __all__ = [
-    "schedule",
+    "advisories", "schedule",
     "ACK_NEXT", "ACK_PREFIX", "ACK_RUN_LIMIT", "API_LEVEL", "API_PREFIX", "NATS_VERSION", "AckReply", "AckRun", "BAD_REQUEST", "FC_PREFIX",
     "INVALID_JSON", "JSError", "MAX_CONTROL_LINE", "MSG_DELETE_FAILED", "NATS_ERRORS", "NATS_NEED_DATA",
     "NATS_SETTINGS", "nats_hash", "source_info", "NO_MESSAGE_FOUND", "NS", "NatsConnect", "NatsErr", "NatsEvent", "NatsInfo", "NatsMsg", "NatsOk",
@@ -121,7 +124,7 @@ __all__ = [
     "encode_connect", "encode_err", "encode_info", "encode_msg", "encode_nats_headers", "encode_pub", "encode_sub",
     "encode_unsub", "idle_heartbeat", "js_delivery", "json_loads", "js_delivery_frames", "js_error", "last_by_subj_of",
     "msg_get_response", "nats_error", "nats_message_of_record", "nats_to_record_headers", "no_responders_status",
-    "parse_ack_body", "parse_ack_subject", "parse_next_request", "parse_pause_until", "parse_request", "parse_rfc3339", "with_header", "ack_metric", "sample_percent", "check_group_name", "pub_ack",
+    "parse_ack_body", "term_reason", "parse_ack_subject", "parse_next_request", "parse_pause_until", "parse_request", "parse_rfc3339", "with_header", "ack_metric", "sample_percent", "check_group_name", "pub_ack",
     "pub_error", "record_to_nats_headers", "rfc3339", "status_message", "stream_config", "stream_config_to_topic",
     "valid_nats_subject", "STREAM_SEALED", "REQUIRED_API_LEVEL", "STREAM_FEATURE_LEVELS", "api_level_refused",
     "required_level",

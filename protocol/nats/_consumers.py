@@ -35,7 +35,7 @@ from ._wire import encode_msg, encode_nats_headers, nats_message_of_record
 
 __all__ = [
     "PushSettings", "NextRequest", "ACK_NEXT", "consumer_config_from_nats", "consumer_config_to_nats",
-    "parse_next_request", "ack_subject", "parse_ack_subject", "AckReply", "parse_ack_body", "parse_pause_until", "parse_rfc3339", "with_header", "ack_metric", "sample_percent", "check_group_name",
+    "parse_next_request", "ack_subject", "parse_ack_subject", "AckReply", "parse_ack_body", "term_reason", "parse_pause_until", "parse_rfc3339", "with_header", "ack_metric", "sample_percent", "check_group_name",
     "js_delivery", "js_delivery_frames", "status_message", "idle_heartbeat",
 ]
 
@@ -595,6 +595,13 @@ def _ack_number(token: str) -> bool:
 
 
 _PLAIN_ACK = (int(AckKind.ACK), 0)
+
+
+def term_reason(payload: bytes | memoryview) -> str:
+    """The reason a ``+TERM <reason>`` gives (trimmed, as nats-server reads it for its
+    terminated advisory); "" when there is none."""
+    body = bytes(payload)
+    return body[5:].strip().decode(errors="replace") if body.startswith(b"+TERM") else ""
 
 
 def parse_ack_body(payload: bytes) -> tuple[int, int]:
