@@ -248,8 +248,9 @@ async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
     seen = 0
     with connection_loss_exits():
         async with await c.subscribe(args.filter) as sub:
-            if not out.json:
-                print(f"subscribed to {args.filter}", file=sys.stderr, flush=True)
+            # The ready line (with --json too: it is on stderr): the broker has answered
+            # the subscribe, so what is published from now on is delivered.
+            print(f"subscribed to {args.filter}", file=sys.stderr, flush=True)
             async for m in sub:
                 stream, topic = await where(m)
                 out.message(m, stream, topic)
