@@ -13,6 +13,7 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import trio
@@ -20,10 +21,10 @@ import trio
 from protocol import BrokerError, Message
 
 from ._args import headers, ident, tls_option
-from ._exits import ExitStatus, connection_loss_exits
+from ._exits import ExitStatus, connection_loss_exits, fail
 from ._output import Out, Where, count, listing, rate, size
 from ._tables import show_stats, show_streams, show_topic, show_topics, stream_json, topic_json
-from broker.client import Client, ConnectionClosedError, connect, encode_msg
+from broker.client import Client, ConnectionClosedError, connect
 
 if TYPE_CHECKING:
     from ._progress import Progress
@@ -72,7 +73,11 @@ async def cmd_stream(c: Client, args: argparse.Namespace, out: Out) -> None:
         out.obj(stream_json(s), f"created stream {s.name} (id {s.id})")
     elif args.action == "list":
         show_streams(out, await c.list_streams())
-    elif args.action == "delete":
+    elif args.action == "report":
+        from ._reports import stream_report
+
+        await stream_report(c, args, out)
+    elif args.action in ("rm", "delete"):
         await c.delete_stream(ident(args.stream))
         out.obj({"deleted": args.stream}, f"deleted stream {args.stream}")
 
@@ -95,7 +100,7 @@ async def cmd_topic(c: Client, args: argparse.Namespace, out: Out) -> None:
         show_topics(out, await c.list_topics(ident(args.stream)))
     elif args.action == "info":
         show_topic(out, await c.get_topic(ident(args.stream), ident(args.topic)))
-    elif args.action == "delete":
+    elif args.action in ("rm", "delete"):
         await c.delete_topic(ident(args.stream), ident(args.topic))
         out.obj({"deleted": f"{args.stream}/{args.topic}"}, f"deleted topic {args.stream}/{args.topic}")
 
@@ -104,22 +109,31 @@ async def cmd_topic(c: Client, args: argparse.Namespace, out: Out) -> None:
 
 
 async def cmd_pub(c: Client, args: argparse.Namespace, out: Out) -> None:
+    """One message, or ``--count N`` (``_templates.py``: with templates each one is
+    rendered; without, one body is encoded and sent N times)."""
+    from ._templates import MessageTemplate, TemplateError
+
     data = args.data.encode() if args.data is not None else sys.stdin.buffer.read()
     hdrs = headers(args.header)
     if args.ttl:
         hdrs["Nats-TTL"] = args.ttl
+    try:
+        msg = MessageTemplate(args.subject, data, hdrs, enabled=not args.no_templates)
+    except TemplateError as exc:
+        raise fail(f"pub: {exc}") from None
     if args.count == 1:
-        ack = await c.publish(args.subject, data, headers=hdrs or None)
+        subject, data, hdrs = msg.render(1)
+        ack = await c.publish(subject, data, headers=hdrs or None)
         assert ack is not None
         result = {"stream_id": ack.stream_id, "topic_id": ack.topic_id, "partition": ack.partition, "offset": ack.offset}
         if ack.duplicate:  # its Nats-Msg-Id was stored within the topic's duplicate window
             result["duplicate"] = True
-            text = f"duplicate: {args.subject} is stored at partition {ack.partition} offset {ack.offset} (not stored again)"
+            text = f"duplicate: {subject} is stored at partition {ack.partition} offset {ack.offset} (not stored again)"
         else:
-            text = f"published {args.subject} -> partition {ack.partition} offset {ack.offset}"
+            text = f"published {subject} -> partition {ack.partition} offset {ack.offset}"
         out.obj(result, text)
         return
-    await _publish_many(c, args, out, encode_msg(args.subject, data, hdrs or None))
+    await _publish_many(c, args, out, msg.bodies)
 
 
 class _Tally:
@@ -133,15 +147,19 @@ class _Tally:
         return self.acked - self.errors - self.duplicates
 
 
-async def _publish_many(c: Client, args: argparse.Namespace, out: Out, body: bytes) -> None:
-    """``pub --count N``: batches of 1000, with progress on a terminal, a final line
-    always, and on Ctrl-C the count published so far and exit status 130.
+async def _publish_many(c: Client, args: argparse.Namespace, out: Out, bodies: Callable[[int, int], list[bytes]]) -> None:
+    """``pub --count N``: batches of 1000 (``bodies(done, n)`` gives the next ``n``),
+    with progress on a terminal, a final line always, and on Ctrl-C the count
+    published so far and exit status 130. With ``--sleep`` one message at a time,
+    and the pause between them.
 
-    The first Ctrl-C ends the loop once the batch in flight is acked, so the count is
-    exact; a second one (or five seconds without the acks) cancels at once."""
+    The first Ctrl-C ends the loop once the batch in flight is acked (or the pause at
+    once), so the count is exact; a second one (or five seconds without the acks)
+    cancels at once."""
     from ._progress import Progress
 
     total = args.count
+    pause = args.sleep
     tally = _Tally()
     stop = trio.Event()
     started = time.perf_counter()
@@ -149,8 +167,13 @@ async def _publish_many(c: Client, args: argparse.Namespace, out: Out, body: byt
         async with trio.open_nursery() as nursery:
             await nursery.start(_stop_on_sigint, stop, nursery.cancel_scope)
             while tally.acked < total and not stop.is_set():
-                n = min(1000, total - tally.acked)
-                acks = await c.publish_batch([body] * n)
+                if pause and tally.acked:
+                    with trio.move_on_after(pause):
+                        await stop.wait()
+                    if stop.is_set():
+                        break
+                n = 1 if pause else min(1000, total - tally.acked)
+                acks = await c.publish_batch(bodies(tally.acked, n))
                 assert acks is not None
                 for a in acks:
                     if not a.ok:
@@ -225,9 +248,13 @@ async def cmd_last(c: Client, args: argparse.Namespace, out: Out) -> None:
 
 
 async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
-    """Print what the subscription receives. A lost connection ends it with one line
-    on stderr saying why, exit status 2; with ``--reconnect`` the client reconnects
-    (a line on stderr for each disconnect and reconnect) until it gives up."""
+    """Print what the subscription receives (``--raw``: the payloads alone, each
+    ending with a newline, as natscli's ``sub --raw``). A lost connection ends it
+    with one line on stderr saying why, exit status 2; with ``--reconnect`` the
+    client reconnects (a line on stderr for each disconnect and reconnect) until it
+    gives up."""
+    if args.raw and out.json:
+        raise fail("sub: --raw prints the payloads alone, --json whole messages: give one of them")
     names: dict[tuple[int, int], tuple[Where, Where]] = {}
 
     async def where(m: Message) -> tuple[Where, Where]:
@@ -248,11 +275,15 @@ async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
     seen = 0
     with connection_loss_exits():
         async with await c.subscribe(args.filter) as sub:
-            if not out.json:
+            if not out.json and not args.raw:
                 print(f"subscribed to {args.filter}", file=sys.stderr, flush=True)
             async for m in sub:
-                stream, topic = await where(m)
-                out.message(m, stream, topic)
+                if args.raw:
+                    sys.stdout.buffer.write(m.payload if m.payload.endswith(b"\n") else m.payload + b"\n")
+                    sys.stdout.buffer.flush()
+                else:
+                    stream, topic = await where(m)
+                    out.message(m, stream, topic)
                 seen += 1
                 if args.count and seen >= args.count:
                     break

@@ -222,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "completion":
             print(completion_script(parser, args.shell), end="")
             return 0
+        if args.command == "context":  # files of this machine: no broker, no event loop
+            from ._contexts import cmd_context
+
+            return cmd_context(args)
         from ._run import run_client  # the command modules: serve, check and repair need none of them
 
         return trio.run(run_client, args)

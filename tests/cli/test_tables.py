@@ -119,7 +119,7 @@ def test_topic_info(cli: CLI, shop: None) -> None:
 
 
 def test_kv_info_ls_and_a_missing_key(cli: CLI) -> None:
-    assert cli("kv", "ls") == "" and cli.json("kv", "ls") == []  # no bucket yet (not even the kv stream)
+    assert cli("kv", "ls") == "No Key-Value buckets found\n" and cli.json("kv", "ls") == []  # not even the kv stream yet
     cli("kv", "add", "sessions", "--ttl", "1h", "--history", "2")
     cli("kv", "add", "carts")
     cli("kv", "put", "sessions", "alice", "token")
