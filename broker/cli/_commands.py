@@ -1,6 +1,7 @@
 """The ``ttlbroker`` commands that drive a running broker: streams, topics,
 publish, fetch, last, sub, stats, export, delete, purge and offsets (consumers are
-in ``_consumer.py``, KV buckets in ``_kv.py``). ``_run.py`` connects and runs one.
+in ``_consumer.py``, KV buckets in ``_kv.py``, the reports in ``_reports.py``,
+``pub``'s templates in ``_templates.py``). ``_run.py`` connects and runs one.
 
 Errors are one line on stderr naming the error and its code; the exit status is 1
 (2 when the broker cannot be reached or the connection is lost, 130 on Ctrl-C):
@@ -23,7 +24,9 @@ from protocol import BrokerError, Message
 from ._args import headers, ident, tls_option
 from ._exits import ExitStatus, connection_loss_exits, fail
 from ._output import Out, Where, count, listing, rate, size
+from ._reports import stream_report
 from ._tables import show_stats, show_streams, show_topic, show_topics, stream_json, topic_json
+from ._templates import MessageTemplate, TemplateError
 from broker.client import Client, ConnectionClosedError, connect
 
 if TYPE_CHECKING:
@@ -74,8 +77,6 @@ async def cmd_stream(c: Client, args: argparse.Namespace, out: Out) -> None:
     elif args.action == "list":
         show_streams(out, await c.list_streams())
     elif args.action == "report":
-        from ._reports import stream_report
-
         await stream_report(c, args, out)
     elif args.action in ("rm", "delete"):
         await c.delete_stream(ident(args.stream))
@@ -111,8 +112,6 @@ async def cmd_topic(c: Client, args: argparse.Namespace, out: Out) -> None:
 async def cmd_pub(c: Client, args: argparse.Namespace, out: Out) -> None:
     """One message, or ``--count N`` (``_templates.py``: with templates each one is
     rendered; without, one body is encoded and sent N times)."""
-    from ._templates import MessageTemplate, TemplateError
-
     data = args.data.encode() if args.data is not None else sys.stdin.buffer.read()
     hdrs = headers(args.header)
     if args.ttl:

@@ -17,6 +17,7 @@ from typing import Any
 from ._args import ident
 from ._exits import ExitStatus, connection_loss_exits, fail
 from ._output import Out, duration
+from ._reports import consumer_report
 from ._tables import consumer_fields, show_consumer, show_consumers
 from broker.client import Client, ConsumerMessage
 
@@ -60,8 +61,6 @@ def _consumer_config(args: argparse.Namespace) -> dict[str, Any]:
 async def cmd_consumer(c: Client, args: argparse.Namespace, out: Out) -> None:
     a = args.action
     if a == "report":
-        from ._reports import consumer_report
-
         await consumer_report(c, args, out)
         return
     s, t = ident(args.stream), ident(args.topic)
@@ -128,10 +127,11 @@ async def _edit(c: Client, args: argparse.Namespace, out: Out, s: int | str, t: 
     if before == after:
         print("No difference in configuration", flush=True)
         return
+    was_shown, now_shown = dict(before), dict(after)
     width = max(len(label) for label, _ in before + after)
     print("Differences (-old +new):")
     for label in dict.fromkeys(label for label, _ in before + after):
-        was, now = dict(before).get(label), dict(after).get(label)
+        was, now = was_shown.get(label), now_shown.get(label)
         if was != now:
             if was is not None:
                 print(f"- {label:<{width}}  {was}")

@@ -228,8 +228,9 @@ def _consumer_options(q: argparse.ArgumentParser, editing: bool) -> None:
                    help=f"a subject filter (repeatable; {default('default: all')})")
     q.add_argument("--deliver", choices=["all", "new", "last", "last_per_subject", "by_start_offset", "by_start_time"],
                    help=f"where it starts ({default('default all')})")
-    q.add_argument("--start-offset", type=start_offset, metavar="N|P:N,...", help="with by_start_offset")
-    q.add_argument("--start-time", type=start_time, metavar="ISO8601", help="with by_start_time")
+    q.add_argument("--start-offset", type=start_offset, metavar="N|P:N,...",
+                   help=f"with by_start_offset ({default('default: none')})")
+    q.add_argument("--start-time", type=start_time, metavar="ISO8601", help=f"with by_start_time ({default('default: none')})")
     q.add_argument("--ack", choices=["explicit", "none", "all"], help=f"ack policy ({default('default explicit')})")
     q.add_argument("--ack-wait", type=seconds, metavar="DURATION", help=f"redeliver unacked after this ({default('default 30s')})")
     q.add_argument("--max-deliver", type=int, metavar="N",
@@ -239,7 +240,8 @@ def _consumer_options(q: argparse.ArgumentParser, editing: bool) -> None:
     q.add_argument("--max-ack-pending", type=int, metavar="N",
                    help=f"at most N unacked deliveries (-1 = unlimited; {default('default 1000')})")
     q.add_argument("--max-waiting", type=int, metavar="N", help=f"at most N waiting pulls ({default('default 512')})")
-    q.add_argument("--partitioned", action="store_true", help="each partition owned by one member of its group")
+    q.add_argument("--partitioned", action="store_true",
+                   help=f"each partition owned by one member of its group ({default('default: shared, any member takes any message')})")
     q.add_argument("--member-timeout", type=seconds, metavar="DURATION",
                    help=f"partitioned: a silent member leaves after this ({default('default 30s')})")
     q.add_argument("--description", help=f"what it is for ({default('default: none')})")
