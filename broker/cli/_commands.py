@@ -132,7 +132,7 @@ async def cmd_pub(c: Client, args: argparse.Namespace, out: Out) -> None:
             text = f"published {subject} -> partition {ack.partition} offset {ack.offset}"
         out.obj(result, text)
         return
-    await _publish_many(c, args, out, msg.bodies)
+    await _publish_many(c, args, out, msg.batch)
 
 
 class _Tally:
@@ -146,11 +146,17 @@ class _Tally:
         return self.acked - self.errors - self.duplicates
 
 
-async def _publish_many(c: Client, args: argparse.Namespace, out: Out, bodies: Callable[[int, int], list[bytes]]) -> None:
-    """``pub --count N``: batches of 1000 (``bodies(done, n)`` gives the next ``n``),
-    with progress on a terminal, a final line always, and on Ctrl-C the count
-    published so far and exit status 130. With ``--sleep`` one message at a time,
-    and the pause between them.
+#: At most this many bytes of messages in one ``pub --count`` batch (and at most half
+#: the broker's largest frame, ``max_frame_bytes`` of its handshake info).
+_BATCH_BYTES = 4 << 20
+
+
+async def _publish_many(c: Client, args: argparse.Namespace, out: Out,
+                        batch: Callable[[int, int, int], list[bytes]]) -> None:
+    """``pub --count N``: batches of up to 1000 messages and ``_BATCH_BYTES``
+    (``batch(done, most, budget)`` gives the next ones), with progress on a
+    terminal, a final line always, and on Ctrl-C the count published so far and exit
+    status 130. With ``--sleep`` one message at a time, and the pause between them.
 
     The first Ctrl-C ends the loop once the batch in flight is acked (or the pause at
     once), so the count is exact; a second one (or five seconds without the acks)
@@ -159,34 +165,20 @@ async def _publish_many(c: Client, args: argparse.Namespace, out: Out, bodies: C
 
     total = args.count
     pause = args.sleep
+    budget = min(_BATCH_BYTES, int(c.server_info.get("max_frame_bytes") or _BATCH_BYTES) // 2)
     tally = _Tally()
     stop = trio.Event()
     started = time.perf_counter()
     with Progress(f"publishing {args.subject}", total, "msgs") as progress:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(_stop_on_sigint, stop, nursery.cancel_scope)
-            while tally.acked < total and not stop.is_set():
-                if pause and tally.acked:
-                    with trio.move_on_after(pause):
-                        await stop.wait()
-                    if stop.is_set():
-                        break
-                n = 1 if pause else min(1000, total - tally.acked)
-                acks = await c.publish_batch(bodies(tally.acked, n))
-                assert acks is not None
-                for a in acks:
-                    if not a.ok:
-                        tally.errors += 1
-                        if tally.errors == 1:
-                            print(f"error: {a.error}", file=sys.stderr, flush=True)
-                    elif a.duplicate:  # not an error: the Nats-Msg-Id is stored already
-                        tally.duplicates += 1
-                    else:
-                        tally.first = tally.first if tally.first is not None else a.offset
-                        tally.last = a.offset
-                tally.acked += n
-                progress.update(tally.acked)
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(_stop_on_sigint, stop, nursery.cancel_scope)
+                await _publish_batches(c, total, pause, budget, batch, tally, stop, progress)
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # the broker's error (a message over its frame limit), as itself
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
     seconds = time.perf_counter() - started
     summary: dict[str, object] = {
         "published": tally.published, "errors": tally.errors, "first_offset": tally.first, "last_offset": tally.last,
@@ -210,6 +202,33 @@ async def _publish_many(c: Client, args: argparse.Namespace, out: Out, bodies: C
     )
     if tally.errors:
         raise ExitStatus(1)
+
+
+async def _publish_batches(
+    c: Client, total: int, pause: float, budget: int, batch: Callable[[int, int, int], list[bytes]], tally: _Tally,
+    stop: trio.Event, progress: Progress,
+) -> None:
+    while tally.acked < total and not stop.is_set():
+        if pause and tally.acked:
+            with trio.move_on_after(pause):
+                await stop.wait()
+            if stop.is_set():
+                break
+        bodies = batch(tally.acked, 1 if pause else min(1000, total - tally.acked), budget)
+        acks = await c.publish_batch(bodies)
+        assert acks is not None
+        for a in acks:
+            if not a.ok:
+                tally.errors += 1
+                if tally.errors == 1:
+                    print(f"error: {a.error}", file=sys.stderr, flush=True)
+            elif a.duplicate:  # not an error: the Nats-Msg-Id is stored already
+                tally.duplicates += 1
+            else:
+                tally.first = tally.first if tally.first is not None else a.offset
+                tally.last = a.offset
+        tally.acked += len(bodies)
+        progress.update(tally.acked)
 
 
 async def _stop_on_sigint(

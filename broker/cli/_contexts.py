@@ -90,7 +90,10 @@ def names() -> list[str]:
 
 
 def selected() -> str | None:
-    raw = storage.read_if_exists(selected_file())
+    try:
+        raw = storage.read_if_exists(selected_file())
+    except OSError as exc:
+        raise ContextError(f"cannot read {selected_file()}: {exc.strerror or exc}") from None
     name = raw.decode(errors="replace").strip() if raw else ""
     return name or None
 

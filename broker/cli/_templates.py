@@ -201,15 +201,21 @@ class MessageTemplate:
             headers[key] = _render(pieces, now)
         return subject, data, headers
 
-    def bodies(self, done: int, n: int) -> list[bytes]:
-        """Messages ``done + 1`` to ``done + n``, encoded for ``publish_batch``; with
-        no template, the same body ``n`` times (encoded once)."""
+    def batch(self, done: int, most: int, budget: int) -> list[bytes]:
+        """Messages ``done + 1`` on, encoded for ``publish_batch``: at most ``most``
+        of them and ``budget`` bytes (one at least, whatever its size). With no
+        template, the same body each time, encoded once."""
         if not self.varies:
             if self._body is None:
                 self._body = encode_msg(self.subject, self.data, self.headers or None)
-            return [self._body] * n
-        out = []
-        for i in range(done + 1, done + n + 1):
+            return [self._body] * max(1, min(most, budget // len(self._body)))
+        out: list[bytes] = []
+        size = 0
+        for i in range(done + 1, done + most + 1):
             subject, data, headers = self.render(i)
-            out.append(encode_msg(subject, data, headers or None))
+            body = encode_msg(subject, data, headers or None)
+            if out and size + len(body) > budget:
+                break  # rendered for nothing: the next batch renders it again, with its own time
+            out.append(body)
+            size += len(body)
         return out

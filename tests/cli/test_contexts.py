@@ -100,6 +100,7 @@ def test_context_errors(cli: MainCLI, config_home: Path) -> None:
     assert cli.err("context", "select", "b", status=1) == 'error: unknown context "b" (known: a)\n'
     assert cli.err("context", "add", "x/y", status=1) == 'error: invalid context name "x/y": it must not contain "/" or "\\"\n'
     assert cli.err("context", "add", "..", status=1) == 'error: invalid context name "..": it must not contain ".."\n'
+    assert cli.err("context", "add", "", status=1) == "error: a context's name cannot be empty\n"
     assert cli.err("context", "add", "both", "--token", "t", "--user", "u", status=1) == (
         "error: a context holds a token or a user and a password, not both\n"
     )
@@ -107,12 +108,19 @@ def test_context_errors(cli: MainCLI, config_home: Path) -> None:
     (config_home / "context" / "bad.json").write_text("{not json")
     err = cli.err("context", "info", "bad", status=1)
     assert err.startswith(f'error: context "bad" ({config_home / "context" / "bad.json"}) is not JSON: ')
+    (config_home / "context" / "bad.json").write_text("[]")
+    assert cli.err("context", "info", "bad", status=1) == (
+        f'error: context "bad" ({config_home / "context" / "bad.json"}) is not a JSON object\n'
+    )
     (config_home / "context" / "bad.json").write_text('{"url": 8090}')
     assert cli.err("--context", "bad", "stats", status=1) == (
         f'error: context "bad" ({config_home / "context" / "bad.json"}): "url" must be a string\n'
     )
     (config_home / "context.txt").write_text("gone")
     assert cli.err("stats", status=1) == 'error: unknown context "gone" (known: a, bad)\n'
+    (config_home / "context.txt").unlink()
+    (config_home / "context.txt").mkdir()
+    assert cli.err("stats", status=1) == f"error: cannot read {config_home / 'context.txt'}: Is a directory\n"
 
 
 def resolved(argv: list[str]) -> tuple[str, str, str, str, bool, str | None]:
@@ -165,3 +173,11 @@ def test_a_context_reaches_the_broker(cli: MainCLI, tmp_path: Path, monkeypatch:
         assert cli.err("stats", status=1) == refused
     finally:
         b.stop()
+
+
+def test_a_context_that_cannot_be_written(cli: MainCLI, config_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                          tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "a-file"))  # a file where the directory would be
+    err = cli.err("context", "add", "x", "--server", "h:1", status=1)
+    assert err == f"error: cannot write {tmp_path / 'a-file' / 'ttlbroker' / 'context' / 'x.json'}: Not a directory\n"

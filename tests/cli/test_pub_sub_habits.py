@@ -28,8 +28,14 @@ from broker.client import connect
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    b = BrokerThread(Path(tmp_path_factory.mktemp("pub-data")))
+    """With stream tpl, topic t capturing tpl.>; frames of at most 256 KiB."""
+    from broker.cli import main
+
+    b = BrokerThread(Path(tmp_path_factory.mktemp("pub-data")),  # small frames: pub --count must split its batches
+                     **{"limits.max_frame_bytes": 256 * 1024, "limits.max_payload_bytes": 200 * 1024})
     try:
+        assert main(["--server", b.address, "stream", "create", "tpl"]) == 0
+        assert main(["--server", b.address, "topic", "create", "tpl", "t", "--subjects", "tpl.>"]) == 0
         yield b
     finally:
         b.stop()
@@ -37,11 +43,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
 @pytest.fixture
 def cli(broker: BrokerThread, capsys: pytest.CaptureFixture[str]) -> MainCLI:
-    c = MainCLI(capsys, broker.address)
-    if "tpl" not in [s["name"] for s in c.json("stream", "list")]:
-        c("stream", "create", "tpl")
-        c("topic", "create", "tpl", "t", "--subjects", "tpl.>")
-    return c
+    return MainCLI(capsys, broker.address)
 
 
 def fetched(cli: MainCLI, after: int) -> list[dict[str, Any]]:
@@ -114,14 +116,31 @@ def test_no_templates_and_binary_data_go_as_they_are(cli: MainCLI, monkeypatch: 
 
 def test_without_templates_one_body_is_encoded_for_every_message() -> None:
     """The fast path of ``pub --count``: the same bytes object N times; with a
-    template, N bodies."""
+    template, N bodies; never more bytes than the budget but one message at least."""
     plain = MessageTemplate("a.b", b"data", {"H": "v"})
     assert not plain.varies
-    first, *rest = plain.bodies(0, 1000)
-    assert all(b is first for b in rest) and plain.bodies(1000, 5)[0] is first
+    first, *rest = plain.batch(0, 1000, 1 << 20)
+    assert len(rest) == 999 and all(b is first for b in rest) and plain.batch(1000, 5, 1 << 20)[0] is first
+    assert len(plain.batch(0, 1000, 10 * len(first) + 1)) == 10 and len(plain.batch(0, 1000, 1)) == 1
     varied = MessageTemplate("a.{{Count}}", b"data", {})
-    assert varied.varies and len(set(varied.bodies(0, 1000))) == 1000
+    assert varied.varies and len(set(varied.batch(0, 1000, 1 << 20))) == 1000
+    sized = varied.batch(0, 1000, 1000)
+    assert 1 < len(sized) < 1000 and sum(map(len, sized)) <= 1000 and sized[0] == varied.batch(0, 1, 1)[0]
     assert not MessageTemplate("a.{{Count}}", b"{{Nope}}", {}, enabled=False).varies
+
+
+def test_pub_count_splits_its_batches_to_fit_the_brokers_frames(cli: MainCLI) -> None:
+    start = last_offset(cli)
+    out = cli("pub", "tpl.big", "x" * 60_000, "--count", "12", "--json")  # 720 kB: batches of at most 128 KiB
+    assert cli.json("topic", "info", "tpl", "t")[0]["partitions"][0]["last_offset"] == start + 12, out
+    cli("pub", "tpl.big.{{Count}}", "{{Random 60000 60000}}", "--count", "6")
+    got = fetched(cli, start + 12)
+    assert [m["subject"] for m in got] == [f"tpl.big.{i}" for i in range(1, 7)]
+    assert {len(m["payload"]) for m in got} == {60_000}
+    # one message over the broker's frame: its error, as one line
+    err = cli.err("pub", "tpl.big", "x" * 300_000, "--count", "2", status=1)
+    assert err.startswith("error: FRAME_TOO_LARGE (4): frame of "), err
+    assert last_offset(cli) == start + 18
 
 
 def _args(address: str, *argv: str) -> Any:
