@@ -149,6 +149,9 @@ class _Tally:
 #: At most this many bytes of messages in one ``pub --count`` batch (and at most half
 #: the broker's largest frame, ``max_frame_bytes`` of its handshake info).
 _BATCH_BYTES = 4 << 20
+#: What a PUBLISH frame holds besides its messages: the frame's header (16 bytes),
+#: then the flags and the count (docs/protocol.md).
+_PUBLISH_OVERHEAD = 16 + 5
 
 
 async def _publish_many(c: Client, args: argparse.Namespace, out: Out,
@@ -165,7 +168,8 @@ async def _publish_many(c: Client, args: argparse.Namespace, out: Out,
 
     total = args.count
     pause = args.sleep
-    budget = min(_BATCH_BYTES, int(c.server_info.get("max_frame_bytes") or _BATCH_BYTES) // 2)
+    frame = int(c.server_info.get("max_frame_bytes") or 0)
+    budget = min(_BATCH_BYTES, frame // 2) if frame else _BATCH_BYTES
     tally = _Tally()
     stop = trio.Event()
     started = time.perf_counter()
@@ -173,7 +177,7 @@ async def _publish_many(c: Client, args: argparse.Namespace, out: Out,
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(_stop_on_sigint, stop, nursery.cancel_scope)
-                await _publish_batches(c, total, pause, budget, batch, tally, stop, progress)
+                await _publish_batches(c, total, pause, frame, budget, batch, tally, stop, progress)
                 nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:  # the broker's error (a message over its frame limit), as itself
             if len(group.exceptions) == 1:
@@ -205,8 +209,8 @@ async def _publish_many(c: Client, args: argparse.Namespace, out: Out,
 
 
 async def _publish_batches(
-    c: Client, total: int, pause: float, budget: int, batch: Callable[[int, int, int], list[bytes]], tally: _Tally,
-    stop: trio.Event, progress: Progress,
+    c: Client, total: int, pause: float, frame: int, budget: int, batch: Callable[[int, int, int], list[bytes]],
+    tally: _Tally, stop: trio.Event, progress: Progress,
 ) -> None:
     while tally.acked < total and not stop.is_set():
         if pause and tally.acked:
@@ -215,6 +219,9 @@ async def _publish_batches(
             if stop.is_set():
                 break
         bodies = batch(tally.acked, 1 if pause else min(1000, total - tally.acked), budget)
+        if frame and len(bodies[0]) + _PUBLISH_OVERHEAD > frame:  # the broker would close the connection
+            raise fail(f"pub: message {count(tally.acked + 1)} takes {count(len(bodies[0]))} bytes, more than a frame "
+                       f"of the broker holds ({count(frame)} bytes with the frame's own, its limits.max_frame_bytes)")
         acks = await c.publish_batch(bodies)
         assert acks is not None
         for a in acks:

@@ -27,6 +27,7 @@ warning); ``pub --no-templates`` sends the text as given. Data that is not UTF-8
 from __future__ import annotations
 
 import datetime as dt
+import random
 import re
 import secrets
 import time
@@ -99,9 +100,10 @@ def _kitchen(now: _Now) -> str:
 
 
 def _random(low: int, high: int) -> str:
+    """natscli's ``RandomString``: not for secrets (math/rand there, ``random`` here)."""
     if low > high:
         low, high = high, low
-    return "".join(secrets.choice(_RANDOM_LETTERS) for _ in range(low + secrets.randbelow(high - low + 1)))
+    return "".join(random.choices(_RANDOM_LETTERS, k=random.randint(low, high)))
 
 
 _SIMPLE: dict[str, Callable[[_Now], str]] = {
