@@ -9,7 +9,9 @@ Public surface: :class:`DataDir` (layout, lock, catalog), :class:`PartitionLog`
 in memory, bounded by a :class:`MemoryBudget`), :class:`Segment` (one segment's files, for
 the cleaner and the exporter) and the states of its records (:data:`RecordState`:
 ``LIVE``, ``DELETED``, ``CORRUPT``), :class:`ConsumerOffsets`, the fsync policy and
-:func:`sync_fds`, and the errors.
+:func:`sync_fds`, the file primitives (:func:`atomic_write`, :func:`makedirs`,
+:func:`read_if_exists`, :func:`file_names`, :func:`remove_file`; the command line
+keeps its contexts with them too), and the errors.
 """
 
 from ._copies import Copies as Copies
@@ -31,7 +33,10 @@ from ._errors import CorruptedRecord as CorruptedRecord
 from ._files import atomic_write as atomic_write
 from ._files import keep_aside as keep_aside
 from ._files import makedirs as makedirs
+from ._files import file_names as file_names
 from ._files import open_file as open_file
+from ._files import read_if_exists as read_if_exists
+from ._files import remove_file as remove_file
 from ._files import set_modes as set_modes
 from ._files import write_all as write_all
 from ._errors import StorageFailure as StorageFailure

@@ -17,7 +17,7 @@ from ._errors import StorageFailure
 
 __all__ = [
     "set_modes", "file_mode", "dir_mode", "open_file", "makedirs", "write_all", "atomic_write", "keep_aside", "AppendFile",
-    "read_if_exists",
+    "read_if_exists", "file_names", "remove_file",
 ]
 
 _modes = {"file": 0o600, "dir": 0o700}
@@ -45,18 +45,19 @@ def open_file(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_CLOEXEC, _modes["file"])
 
 
-def makedirs(path: str) -> bool:
-    """Create ``path`` and any missing parents with the configured directory mode,
-    fsyncing each parent whose entries changed (so a new partition directory survives
-    a power loss on any POSIX file system). Returns True if anything was created."""
+def makedirs(path: str, mode: int | None = None) -> bool:
+    """Create ``path`` and any missing parents with the configured directory mode
+    (or ``mode``), fsyncing each parent whose entries changed (so a new partition
+    directory survives a power loss on any POSIX file system). Returns True if
+    anything was created."""
     path = os.path.abspath(path)
     if os.path.isdir(path):
         return False
     parent = os.path.dirname(path)
     if parent != path:
-        makedirs(parent)
+        makedirs(parent, mode)
     try:
-        os.mkdir(path, _modes["dir"])
+        os.mkdir(path, _modes["dir"] if mode is None else mode)
     except FileExistsError:
         return False
     fsync_dir(parent)
@@ -137,14 +138,17 @@ class AppendFile:
         return True
 
 
-def atomic_write(path: str, data: bytes, sync_dir: bool = True) -> None:
+def atomic_write(path: str, data: bytes, sync_dir: bool = True, mode: int | None = None) -> None:
     """Replace ``path`` with ``data``: write a temporary file, fsync it, rename it over
     ``path`` and (unless told not to) fsync the directory, so a crash leaves either
     the old or the new content and the new one survives a power loss once this
-    returns."""
+    returns. ``mode``: exactly these permission bits (whatever the umask, or a
+    temporary file left behind), instead of the configured file mode."""
     tmp = path + ".tmp"
     fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         write_all(fd, data, 0)
         os.fsync(fd)
     finally:
@@ -161,6 +165,28 @@ def read_if_exists(path: str) -> bytes | None:
             return f.read()
     except FileNotFoundError:
         return None
+
+
+def file_names(directory: str, suffix: str) -> list[str]:
+    """The names, less ``suffix``, of the regular files in ``directory`` whose name
+    ends with it (and is more than it), sorted; none when there is no such
+    directory."""
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(
+        e.name[: -len(suffix)] for e in entries if e.name.endswith(suffix) and len(e.name) > len(suffix) and e.is_file()
+    )
+
+
+def remove_file(path: str) -> bool:
+    """Remove ``path``; False when there was no such file."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def keep_aside(path: str, quarantine_dir: str, suffix: str = "", data: bytes | None = None) -> str:

@@ -14,11 +14,14 @@ while the broker runs on the test's trio loop.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import os
+import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -34,6 +37,13 @@ settings.load_profile("ttlbroker")
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# The command line's contexts (broker/cli/_contexts.py) live under $XDG_CONFIG_HOME:
+# the tests, and the commands they start, never see the developer's own.
+_CONFIG_HOME = tempfile.mkdtemp(prefix="ttlbroker-tests-config-")
+os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
+os.environ.pop("TTLBROKER_CONTEXT", None)
+atexit.register(shutil.rmtree, _CONFIG_HOME, True)
 
 import broker  # noqa: E402
 from broker import Clock, Config, ServerHandle, serve  # noqa: E402

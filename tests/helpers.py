@@ -275,3 +275,87 @@ def partition_dir(handle: Any, stream: str, topic: str) -> Path:
     """The directory of partition 0 of ``stream/topic`` of a running broker."""
     part = handle.broker.catalog.topic(P.Identifier.of(stream), P.Identifier.of(topic)).partitions[0]
     return Path(part.log.path)
+
+
+class BrokerThread:
+    """A broker served in a thread of this process (its own trio loop) on a free
+    loopback port, for a module whose tests call the CLI's ``main([...])`` in this
+    process: it starts in a fraction of a :class:`conftest.BrokerProcess`'s time
+    (no interpreter to start, nothing to import again). ``stop()`` shuts it down
+    gracefully."""
+
+    def __init__(self, data_dir: Path, **changes: object) -> None:
+        import threading
+
+        from conftest import make_config
+
+        self._config = make_config(data_dir, **{"system.partition.fsync": "never", **changes})
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="broker-thread", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(60):
+            raise RuntimeError("the broker thread did not start within 60 s")
+        if self._error is not None:
+            raise RuntimeError(f"the broker did not start: {self._error!r}") from self._error
+
+    def _run(self) -> None:
+        from broker import serve
+
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            self._stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                self.handle = await nursery.start(lambda task_status: serve(self._config, task_status=task_status))
+                self._ready.set()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:  # noqa: BLE001 (reported by __init__ or stop)
+            self._error = exc
+            self._ready.set()
+
+    @property
+    def address(self) -> str:
+        return str(self.handle.address)
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+            self._thread.join(30)
+        if self._error is not None:
+            raise self._error
+
+
+class MainCLI:
+    """``broker.cli.main([...])`` in this process, its output read with pytest's
+    ``capsys``: ``cli(*args)`` is stdout of a command that must exit 0 (``status``
+    otherwise), ``cli.err(*args, status=N)`` its stderr, ``cli.json(*args)`` the
+    JSON Lines of ``--json``. With an ``address``, ``--server ADDRESS`` comes first."""
+
+    def __init__(self, capsys: Any, address: str | None = None) -> None:
+        self.capsys = capsys
+        self.address = address
+
+    def run(self, *args: str) -> tuple[int, str, str]:
+        from broker.cli import main
+
+        self.capsys.readouterr()
+        status = main([*(["--server", self.address] if self.address else []), *args])
+        out, err = self.capsys.readouterr()
+        return status, out, err
+
+    def __call__(self, *args: str, status: int = 0) -> str:
+        got, out, err = self.run(*args)
+        assert got == status, f"{args} exited {got}: {err}"
+        return out
+
+    def json(self, *args: str) -> list[Any]:
+        return [json.loads(line) for line in self(*args, "--json").splitlines()]
+
+    def err(self, *args: str, status: int) -> str:
+        got, _, err = self.run(*args)
+        assert got == status, f"{args} exited {got}, not {status}: {err}"
+        return err

@@ -5,8 +5,11 @@ command is a client of a running broker, through ``broker.client``.
 What this package owns: the command line: the parser and its global options
 (``_main.py``, ``_parser.py``, ``_args.py``), running one client command and its
 exit status (``_run.py``, ``_exits.py``), the commands themselves (``_commands.py``,
-``_consumer.py``, ``_kv.py``) and how they print (``_output.py``, ``_tables.py``,
-``_progress.py``).
+``_consumer.py``, ``_kv.py``, ``_reports.py``, ``pub``'s templates in
+``_templates.py``), how they print (``_output.py``, ``_tables.py``,
+``_progress.py``), the question before a removal (``_confirm.py``) and the contexts,
+named connection options kept in files of this machine (``_contexts.py``, through
+``storage``'s file primitives).
 
 What it may import: it is the top layer, so anything below it: ``broker.server``
 (for ``serve``), ``broker.core``, ``broker.config``, ``broker.client``, ``storage``

@@ -1,11 +1,14 @@
 """What the ``ttlbroker`` client commands take: the global options and the
 argument types (durations, TTLs, headers, start positions).
 
-The global options (``--server``, ``--token``, ``--json`` and the TLS ones) are
-accepted before and after the command. argparse copies a subparser's defaults over
-what the main parser parsed, so only the main parser has defaults (from the
-environment, else built in); the copies on the commands default to ``SUPPRESS``
-and so set a value only when given. Given twice, the later one wins.
+The global options (``--server``, ``--token``, ``--json``, ``--context`` and the
+TLS ones) are accepted before and after the command. argparse copies a subparser's
+defaults over what the main parser parsed, so only the main parser has defaults
+(from the environment, else built in); the copies on the commands default to
+``SUPPRESS`` and so set a value only when given. Given twice, the later one wins.
+A connection option given on the command line is marked (:func:`given`), so that a
+context (``_contexts.py``) fills in only what neither the command line nor the
+environment gave.
 
 Every duration option goes through :func:`duration_seconds`, which is
 ``storage.parse_duration_ms`` with a bare number read as seconds: ``30``, ``1.5``,
@@ -23,7 +26,7 @@ from protocol import parse_go_duration
 from storage import parse_duration_ms
 
 __all__ = [
-    "DEFAULT_SERVER", "global_options", "tls_option", "duration_seconds", "seconds", "whole_seconds",
+    "DEFAULT_SERVER", "ENV", "global_options", "given", "tls_option", "duration_seconds", "seconds", "whole_seconds",
     "durations", "ttl_value", "start_offset", "start_time", "headers", "ident",
 ]
 
@@ -38,7 +41,25 @@ ENV = {
     "tls_ca": "TTLBROKER_TLS_CA",
     "tls_cert": "TTLBROKER_TLS_CERT",
     "tls_key": "TTLBROKER_TLS_KEY",
+    "context": "TTLBROKER_CONTEXT",
 }
+
+
+class _Given(argparse.Action):
+    """Store the value (True for a flag: ``nargs=0``) and mark the option as given
+    on the command line."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+        setattr(namespace, f"given_{self.dest}", True)  # an attribute of its own: a subparser's namespace is copied over
+
+
+def given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the connection option ``dest`` (``server``, ``token``, ``tls_ca``,
+    ...) was given on the command line."""
+    return bool(getattr(args, f"given_{dest}", False))
 
 
 def global_options(*, defaults: bool) -> argparse.ArgumentParser:
@@ -54,34 +75,39 @@ def global_options(*, defaults: bool) -> argparse.ArgumentParser:
     server = env.get(ENV["server"]) or DEFAULT_SERVER
     now = f"; now {server}" if env.get(ENV["server"]) else ""
     g.add_argument(
-        "-s", "--server", metavar="HOST:PORT", default=default(server),
+        "-s", "--server", metavar="HOST:PORT", default=default(server), action=_Given,
         help=f"the broker's address (default: {DEFAULT_SERVER}, or ${ENV['server']}{now})",
     )
     g.add_argument(
-        "--token", metavar="TOKEN", default=default(env.get(ENV["token"], "")),
+        "--token", metavar="TOKEN", default=default(env.get(ENV["token"], "")), action=_Given,
         help=f"the broker's auth token (default: ${ENV['token']}, else none)",
     )
     g.add_argument(
-        "--user", metavar="USER", default=default(env.get(ENV["user"], "")),
+        "--user", metavar="USER", default=default(env.get(ENV["user"], "")), action=_Given,
         help=f"one of the broker's [[auth.users]] (default: ${ENV['user']}, else none)",
     )
     g.add_argument(
-        "--password", metavar="PASSWORD", default=default(env.get(ENV["password"], "")),
+        "--password", metavar="PASSWORD", default=default(env.get(ENV["password"], "")), action=_Given,
         help=f"that user's password (default: ${ENV['password']}: better than the command line, which others may see)",
     )
     g.add_argument(
         "--json", action="store_true", default=default(False),
         help="print JSON: one object per result, list entry or message (JSON Lines)",
     )
-    g.add_argument("--tls", action="store_true", default=default(False), help="connect with TLS (the system's CAs)")
+    g.add_argument("--tls", action=_Given, nargs=0, default=default(False), help="connect with TLS (the system's CAs)")
     for name, what in (("ca", "the CA certificate(s) that signed the broker's, PEM"),
                        ("cert", "a client certificate, PEM (for a broker that requires one)"),
                        ("key", "the client certificate's private key, PEM, when not in the --tls-cert file")):
         key = f"tls_{name}"
         g.add_argument(
-            f"--tls-{name}", metavar="FILE", default=default(env.get(ENV[key]) or None),
+            f"--tls-{name}", metavar="FILE", default=default(env.get(ENV[key]) or None), action=_Given,
             help=f"{what}; implies --tls (default: ${ENV[key]}, else none)",
         )
+    g.add_argument(
+        "--context", metavar="NAME", default=default(env.get(ENV["context"]) or None),
+        help=f"take the connection options not given here or in the environment from this context "
+        f"(default: ${ENV['context']}, else the one `ttlbroker context select` chose, else none)",
+    )
     return p
 
 

@@ -1,6 +1,7 @@
 """The ``ttlbroker`` commands that drive a running broker: streams, topics,
 publish, fetch, last, sub, stats, export, delete, purge and offsets (consumers are
-in ``_consumer.py``, KV buckets in ``_kv.py``). ``_run.py`` connects and runs one.
+in ``_consumer.py``, KV buckets in ``_kv.py``, the reports in ``_reports.py``,
+``pub``'s templates in ``_templates.py``). ``_run.py`` connects and runs one.
 
 Errors are one line on stderr naming the error and its code; the exit status is 1
 (2 when the broker cannot be reached or the connection is lost, 130 on Ctrl-C):
@@ -13,6 +14,7 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import trio
@@ -20,10 +22,12 @@ import trio
 from protocol import BrokerError, Message
 
 from ._args import headers, ident, tls_option
-from ._exits import ExitStatus, connection_loss_exits
+from ._exits import ExitStatus, connection_loss_exits, fail
 from ._output import Out, Where, count, listing, rate, size
+from ._reports import stream_report
 from ._tables import show_stats, show_streams, show_topic, show_topics, stream_json, topic_json
-from broker.client import Client, ConnectionClosedError, connect, encode_msg
+from ._templates import MessageTemplate, TemplateError
+from broker.client import Client, ConnectionClosedError, connect
 
 if TYPE_CHECKING:
     from ._progress import Progress
@@ -72,7 +76,9 @@ async def cmd_stream(c: Client, args: argparse.Namespace, out: Out) -> None:
         out.obj(stream_json(s), f"created stream {s.name} (id {s.id})")
     elif args.action == "list":
         show_streams(out, await c.list_streams())
-    elif args.action == "delete":
+    elif args.action == "report":
+        await stream_report(c, args, out)
+    elif args.action in ("rm", "delete"):
         await c.delete_stream(ident(args.stream))
         out.obj({"deleted": args.stream}, f"deleted stream {args.stream}")
 
@@ -95,7 +101,7 @@ async def cmd_topic(c: Client, args: argparse.Namespace, out: Out) -> None:
         show_topics(out, await c.list_topics(ident(args.stream)))
     elif args.action == "info":
         show_topic(out, await c.get_topic(ident(args.stream), ident(args.topic)))
-    elif args.action == "delete":
+    elif args.action in ("rm", "delete"):
         await c.delete_topic(ident(args.stream), ident(args.topic))
         out.obj({"deleted": f"{args.stream}/{args.topic}"}, f"deleted topic {args.stream}/{args.topic}")
 
@@ -104,22 +110,29 @@ async def cmd_topic(c: Client, args: argparse.Namespace, out: Out) -> None:
 
 
 async def cmd_pub(c: Client, args: argparse.Namespace, out: Out) -> None:
+    """One message, or ``--count N`` (``_templates.py``: with templates each one is
+    rendered; without, one body is encoded and sent N times)."""
     data = args.data.encode() if args.data is not None else sys.stdin.buffer.read()
     hdrs = headers(args.header)
     if args.ttl:
         hdrs["Nats-TTL"] = args.ttl
+    try:
+        msg = MessageTemplate(args.subject, data, hdrs, enabled=not args.no_templates)
+    except TemplateError as exc:
+        raise fail(f"pub: {exc}") from None
     if args.count == 1:
-        ack = await c.publish(args.subject, data, headers=hdrs or None)
+        subject, data, hdrs = msg.render(1)
+        ack = await c.publish(subject, data, headers=hdrs or None)
         assert ack is not None
         result = {"stream_id": ack.stream_id, "topic_id": ack.topic_id, "partition": ack.partition, "offset": ack.offset}
         if ack.duplicate:  # its Nats-Msg-Id was stored within the topic's duplicate window
             result["duplicate"] = True
-            text = f"duplicate: {args.subject} is stored at partition {ack.partition} offset {ack.offset} (not stored again)"
+            text = f"duplicate: {subject} is stored at partition {ack.partition} offset {ack.offset} (not stored again)"
         else:
-            text = f"published {args.subject} -> partition {ack.partition} offset {ack.offset}"
+            text = f"published {subject} -> partition {ack.partition} offset {ack.offset}"
         out.obj(result, text)
         return
-    await _publish_many(c, args, out, encode_msg(args.subject, data, hdrs or None))
+    await _publish_many(c, args, out, msg.batch)
 
 
 class _Tally:
@@ -133,38 +146,43 @@ class _Tally:
         return self.acked - self.errors - self.duplicates
 
 
-async def _publish_many(c: Client, args: argparse.Namespace, out: Out, body: bytes) -> None:
-    """``pub --count N``: batches of 1000, with progress on a terminal, a final line
-    always, and on Ctrl-C the count published so far and exit status 130.
+#: At most this many bytes of messages in one ``pub --count`` batch (and at most half
+#: the broker's largest frame, ``max_frame_bytes`` of its handshake info).
+_BATCH_BYTES = 4 << 20
+#: What a PUBLISH frame holds besides its messages: the frame's header (16 bytes),
+#: then the flags and the count (docs/protocol.md).
+_PUBLISH_OVERHEAD = 16 + 5
 
-    The first Ctrl-C ends the loop once the batch in flight is acked, so the count is
-    exact; a second one (or five seconds without the acks) cancels at once."""
+
+async def _publish_many(c: Client, args: argparse.Namespace, out: Out,
+                        batch: Callable[[int, int, int], list[bytes]]) -> None:
+    """``pub --count N``: batches of up to 1000 messages and ``_BATCH_BYTES``
+    (``batch(done, most, budget)`` gives the next ones), with progress on a
+    terminal, a final line always, and on Ctrl-C the count published so far and exit
+    status 130. With ``--sleep`` one message at a time, and the pause between them.
+
+    The first Ctrl-C ends the loop once the batch in flight is acked (or the pause at
+    once), so the count is exact; a second one (or five seconds without the acks)
+    cancels at once."""
     from ._progress import Progress
 
     total = args.count
+    pause = args.sleep
+    frame = int(c.server_info.get("max_frame_bytes") or 0)
+    budget = min(_BATCH_BYTES, frame // 2) if frame else _BATCH_BYTES
     tally = _Tally()
     stop = trio.Event()
     started = time.perf_counter()
     with Progress(f"publishing {args.subject}", total, "msgs") as progress:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(_stop_on_sigint, stop, nursery.cancel_scope)
-            while tally.acked < total and not stop.is_set():
-                n = min(1000, total - tally.acked)
-                acks = await c.publish_batch([body] * n)
-                assert acks is not None
-                for a in acks:
-                    if not a.ok:
-                        tally.errors += 1
-                        if tally.errors == 1:
-                            print(f"error: {a.error}", file=sys.stderr, flush=True)
-                    elif a.duplicate:  # not an error: the Nats-Msg-Id is stored already
-                        tally.duplicates += 1
-                    else:
-                        tally.first = tally.first if tally.first is not None else a.offset
-                        tally.last = a.offset
-                tally.acked += n
-                progress.update(tally.acked)
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(_stop_on_sigint, stop, nursery.cancel_scope)
+                await _publish_batches(c, total, pause, frame, budget, batch, tally, stop, progress)
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # the broker's error (a message over its frame limit), as itself
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
     seconds = time.perf_counter() - started
     summary: dict[str, object] = {
         "published": tally.published, "errors": tally.errors, "first_offset": tally.first, "last_offset": tally.last,
@@ -188,6 +206,36 @@ async def _publish_many(c: Client, args: argparse.Namespace, out: Out, body: byt
     )
     if tally.errors:
         raise ExitStatus(1)
+
+
+async def _publish_batches(
+    c: Client, total: int, pause: float, frame: int, budget: int, batch: Callable[[int, int, int], list[bytes]],
+    tally: _Tally, stop: trio.Event, progress: Progress,
+) -> None:
+    while tally.acked < total and not stop.is_set():
+        if pause and tally.acked:
+            with trio.move_on_after(pause):
+                await stop.wait()
+            if stop.is_set():
+                break
+        bodies = batch(tally.acked, 1 if pause else min(1000, total - tally.acked), budget)
+        if frame and len(bodies[0]) + _PUBLISH_OVERHEAD > frame:  # the broker would close the connection
+            raise fail(f"pub: message {count(tally.acked + 1)} takes {count(len(bodies[0]))} bytes, more than a frame "
+                       f"of the broker holds ({count(frame)} bytes with the frame's own, its limits.max_frame_bytes)")
+        acks = await c.publish_batch(bodies)
+        assert acks is not None
+        for a in acks:
+            if not a.ok:
+                tally.errors += 1
+                if tally.errors == 1:
+                    print(f"error: {a.error}", file=sys.stderr, flush=True)
+            elif a.duplicate:  # not an error: the Nats-Msg-Id is stored already
+                tally.duplicates += 1
+            else:
+                tally.first = tally.first if tally.first is not None else a.offset
+                tally.last = a.offset
+        tally.acked += len(bodies)
+        progress.update(tally.acked)
 
 
 async def _stop_on_sigint(
@@ -225,9 +273,13 @@ async def cmd_last(c: Client, args: argparse.Namespace, out: Out) -> None:
 
 
 async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
-    """Print what the subscription receives. A lost connection ends it with one line
-    on stderr saying why, exit status 2; with ``--reconnect`` the client reconnects
-    (a line on stderr for each disconnect and reconnect) until it gives up."""
+    """Print what the subscription receives (``--raw``: the payloads alone, each
+    ending with a newline, as natscli's ``sub --raw``). A lost connection ends it
+    with one line on stderr saying why, exit status 2; with ``--reconnect`` the
+    client reconnects (a line on stderr for each disconnect and reconnect) until it
+    gives up."""
+    if args.raw and out.json:
+        raise fail("sub: --raw prints the payloads alone, --json whole messages: give one of them")
     names: dict[tuple[int, int], tuple[Where, Where]] = {}
 
     async def where(m: Message) -> tuple[Where, Where]:
@@ -248,12 +300,16 @@ async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
     seen = 0
     with connection_loss_exits():
         async with await c.subscribe(args.filter) as sub:
-            # The ready line (with --json too: it is on stderr): the broker has answered
+            # The ready line (with --json and --raw too: it is on stderr): the broker has answered
             # the subscribe, so what is published from now on is delivered.
             print(f"subscribed to {args.filter}", file=sys.stderr, flush=True)
             async for m in sub:
-                stream, topic = await where(m)
-                out.message(m, stream, topic)
+                if args.raw:
+                    sys.stdout.buffer.write(m.payload if m.payload.endswith(b"\n") else m.payload + b"\n")
+                    sys.stdout.buffer.flush()
+                else:
+                    stream, topic = await where(m)
+                    out.message(m, stream, topic)
                 seen += 1
                 if args.count and seen >= args.count:
                     break

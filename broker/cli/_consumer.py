@@ -1,4 +1,12 @@
-"""``ttlbroker consumer add|info|list|rm|next|sub``: durable consumers."""
+"""``ttlbroker consumer add|edit|info|list|report|rm|next|sub``: durable consumers
+(the report is ``_reports.py``).
+
+``consumer edit`` is natscli's: the consumer's configuration with the options given
+changed goes to the broker as an update, whose rules decide what may change (a new
+deliver policy, start position, ack policy or mode is refused with
+CONSUMER_UPDATE_DENIED); then the differences (``-old`` / ``+new``, as the broker
+now holds it) and the consumer's info, or ``No difference in configuration``.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +15,10 @@ import sys
 from typing import Any
 
 from ._args import ident
-from ._exits import ExitStatus, connection_loss_exits
+from ._exits import ExitStatus, connection_loss_exits, fail
 from ._output import Out, duration
-from ._tables import show_consumer, show_consumers
+from ._reports import consumer_report
+from ._tables import consumer_fields, show_consumer, show_consumers
 from broker.client import Client, ConsumerMessage
 
 __all__ = ["cmd_consumer"]
@@ -50,11 +59,16 @@ def _consumer_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def cmd_consumer(c: Client, args: argparse.Namespace, out: Out) -> None:
-    s, t = ident(args.stream), ident(args.topic)
     a = args.action
+    if a == "report":
+        await consumer_report(c, args, out)
+        return
+    s, t = ident(args.stream), ident(args.topic)
     if a == "add":
         info = await c.create_consumer(s, t, args.name, **_consumer_config(args))
         out.obj(info.raw, f"created consumer {args.stream}/{args.topic}/{info.name}")
+    elif a == "edit":
+        await _edit(c, args, out, s, t)
     elif a == "info":
         show_consumer(out, await c.consumer_info(s, t, args.name))
     elif a == "list":
@@ -95,3 +109,33 @@ async def _next(c: Client, args: argparse.Namespace, out: Out, s: int | str, t: 
     if not got:
         print(f"error: no message within {duration(args.wait)}", file=sys.stderr, flush=True)
         raise ExitStatus(1)
+
+
+async def _edit(c: Client, args: argparse.Namespace, out: Out, s: int | str, t: int | str) -> None:
+    changes = _consumer_config(args)
+    if not changes:
+        raise fail("consumer edit needs at least one option to change")
+    old = await c.consumer_info(s, t, args.name)
+    config = {**old.config, **changes}
+    if "backoff" in changes and "ack_wait" not in changes:
+        config.pop("ack_wait", None)  # with a backoff the ack wait is its first delay: the broker sets it
+    new = await c.update_consumer(s, t, args.name, **config)
+    before, after = consumer_fields(old.config), consumer_fields(new.config)
+    if out.json:
+        out.obj(new.raw)
+        return
+    if before == after:
+        print("No difference in configuration", flush=True)
+        return
+    was_shown, now_shown = dict(before), dict(after)
+    width = max(len(label) for label, _ in before + after)
+    print("Differences (-old +new):")
+    for label in dict.fromkeys(label for label, _ in before + after):
+        was, now = was_shown.get(label), now_shown.get(label)
+        if was != now:
+            if was is not None:
+                print(f"- {label:<{width}}  {was}")
+            if now is not None:
+                print(f"+ {label:<{width}}  {now}")
+    out.blank()
+    show_consumer(out, new)

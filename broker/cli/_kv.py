@@ -3,6 +3,10 @@
 A bucket is the topic ``kv/<bucket>`` and a key the subject ``$KV.<bucket>.<key>``;
 that is the broker's business, so the errors people see name the key and the
 bucket (``error: key not found: alice``), never the subject.
+
+``kv rm BUCKET`` removes the bucket (its topic) and ``kv rm BUCKET KEY`` deletes a
+key, as natscli's ``nats kv rm`` does; both ask first on a terminal
+(``_confirm.py``). ``kv delete BUCKET KEY`` deletes a key without asking, as before.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from protocol import BrokerError, ErrorCode, rfc3339_ns
 
 from ._exits import fail
 from ._output import Out
-from ._tables import show_bucket, show_buckets
+from ._tables import EMPTY, show_bucket, show_buckets
 from broker.client import KV_STREAM, Client, Entry, KeyValue
 
 __all__ = ["cmd_kv"]
@@ -82,7 +86,10 @@ async def cmd_kv(c: Client, args: argparse.Namespace, out: Out) -> None:
         show_buckets(out, await _buckets(c))
         return
     kv = await _bucket(c, args.bucket)
-    if a in ("put", "create", "update"):
+    if a == "rm" and args.key is None:
+        await c.delete_topic(KV_STREAM, kv.bucket)
+        out.obj({"deleted": kv.bucket}, f"deleted bucket {kv.bucket}")
+    elif a in ("put", "create", "update"):
         value = args.value.encode() if args.value is not None else sys.stdin.buffer.read()
         ttl: int | str | None = int(args.ttl) if args.ttl and args.ttl.isdigit() else args.ttl
         if a == "put":
@@ -99,9 +106,10 @@ async def cmd_kv(c: Client, args: argparse.Namespace, out: Out) -> None:
             out.obj(_entry_json(e))
         else:
             sys.stdout.buffer.write(e.value + b"\n")
-    elif a in ("delete", "purge"):
-        rev = await (kv.delete(args.key) if a == "delete" else kv.purge(args.key))
-        out.obj({"bucket": kv.bucket, "key": args.key, "revision": rev, "operation": a.upper()}, f"{a}d {args.key}")
+    elif a in ("delete", "rm", "purge"):
+        op = "purge" if a == "purge" else "delete"
+        rev = await (kv.purge(args.key) if op == "purge" else kv.delete(args.key))
+        out.obj({"bucket": kv.bucket, "key": args.key, "revision": rev, "operation": op.upper()}, f"{op}d {args.key}")
     elif a == "touch":
         with _key_errors(args.key):
             left = await kv.touch(args.key)
@@ -111,6 +119,8 @@ async def cmd_kv(c: Client, args: argparse.Namespace, out: Out) -> None:
         keys = await kv.keys(args.pattern)
         if out.json:
             out.obj({"keys": keys})
+        elif not keys:  # on stderr: a script reading the keys from stdout reads none
+            print(EMPTY["keys"], file=sys.stderr)
         else:
             for k in keys:
                 print(k)

@@ -7,8 +7,9 @@ when it cannot start it prints one line saying why and what to do, and exits 2
 (``broker.server.StartupError``). ``check`` and ``repair`` look after a stopped
 broker's data directory. Every other command talks to a running broker
 (``_run.py``, ``_commands.py`` and the modules next to them): the global options ``--server``,
-``--token``, ``--json`` and ``--tls*`` go before or after the command, and take their
-defaults from ``$TTLBROKER_SERVER``, ``$TTLBROKER_TOKEN``, ``$TTLBROKER_TLS_CA``, ...
+``--token``, ``--json``, ``--context`` and ``--tls*`` go before or after the command, and take their
+defaults from ``$TTLBROKER_SERVER``, ``$TTLBROKER_TOKEN``, ``$TTLBROKER_TLS_CA``, ..., then
+from the context (``context`` manages them, ``_contexts.py``).
 With ``--json`` results are JSON (lists and messages as JSON Lines, one object each);
 errors go to stderr as one line naming the error and its code, and the exit status
 is 1 (2 when the broker cannot be reached or the connection is lost, 130 on Ctrl-C).
@@ -222,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "completion":
             print(completion_script(parser, args.shell), end="")
             return 0
+        if args.command == "context":  # files of this machine: no broker, no event loop
+            from ._contexts import cmd_context
+
+            return cmd_context(args)
         from ._run import run_client  # the command modules: serve, check and repair need none of them
 
         return trio.run(run_client, args)

@@ -143,16 +143,25 @@ class Out:
         elif text is not None:
             print(text, flush=True)
 
+    def note(self, text: str) -> None:
+        """A line for people (an empty list's word); nothing with ``--json``."""
+        if not self.json:
+            print(text, flush=True)
+
     def message(self, m: Message, stream: Where, topic: Where) -> None:
         if self.json:
             print(json.dumps(message_json(m, stream, topic)), flush=True)
         else:
             print(_message_line(m, stream, topic), flush=True)
 
-    def table(self, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    def table(self, columns: Sequence[str], rows: Iterable[Sequence[str]], title: str | None = None) -> None:
         """An aligned table; a column whose name ends with ``>`` is right-aligned
-        (numbers), and loses the ``>``."""
+        (numbers), and loses the ``>``. ``title``: a line above it (the reports')."""
         from rich.table import Table
+        from rich.text import Text
+
+        if title is not None:
+            self._print(Text(title, style="bold"))
 
         t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold", padding=(0, 2, 0, 0))
         for name in columns:

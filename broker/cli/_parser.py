@@ -11,6 +11,7 @@ import argparse
 from typing import TypeAlias
 
 from ._args import durations, global_options, seconds, start_offset, start_time, ttl_value, whole_seconds
+from ._confirm import force_option
 from broker.client import RECONNECT_ATTEMPTS
 
 __all__ = ["add_client_commands", "completion_script", "SHELLS"]
@@ -83,14 +84,15 @@ def add_client_commands(sub: Subparsers) -> None:
             dest="action", required=True, metavar="ACTION",
         )
 
-    _stream_commands(group("stream", "create, list or delete streams"), g)
+    _stream_commands(group("stream", "create, list, report on or delete streams"), g)
     _topic_commands(group("topic", "create, update, list, show or delete topics"), g)
     _message_commands(sub, g)
     _broker_commands(sub, g)
     _removal_commands(sub, g)
     _offset_commands(group("offset", "named consumer offsets"), g)
-    _consumer_commands(group("consumer", "durable consumers: add, info, list, rm, next, sub"), g)
+    _consumer_commands(group("consumer", "durable consumers: add, edit, info, list, report, rm, next, sub"), g)
     _kv_commands(group("kv", "KV buckets with per-key TTLs that reads can refresh"), g)
+    _context_commands(group("context", "named sets of connection options (natscli's contexts), kept on this machine"), g)
 
     p = sub.add_parser(
         "completion", help="print a shell completion script (bash or zsh)",
@@ -105,8 +107,14 @@ def _stream_commands(ss: Subparsers, g: list[argparse.ArgumentParser]) -> None:
     q.add_argument("name")
     q.add_argument("--id", type=int, help="stream id (default: the next free one)")
     ss.add_parser("list", parents=g, help="the streams, as a table")
-    q = ss.add_parser("delete", parents=g, help="delete a stream and its topics")
+    q = ss.add_parser("report", parents=g, help="a row per topic of every stream: storage, consumers, messages, bytes, deleted")
+    for short, name, what in (("-o", "consumers", "consumers"), ("-m", "messages", "messages"),
+                              ("-n", "name", "stream and topic name"), ("-t", "storage", "storage")):
+        q.add_argument(short, f"--{name}", dest=f"sort_{name}", action="store_true", help=f"sort by {what} (default: by bytes)")
+    q.add_argument("-r", "--raw", action="store_true", help="print the numbers unformatted (default: 1,234 and KiB)")
+    q = ss.add_parser("rm", aliases=["delete"], parents=g, help="delete a stream and its topics")
     q.add_argument("stream")
+    force_option(q)
 
 
 def _topic_commands(ts: Subparsers, g: list[argparse.ArgumentParser]) -> None:
@@ -122,15 +130,23 @@ def _topic_commands(ts: Subparsers, g: list[argparse.ArgumentParser]) -> None:
     _topic_options(q)
     q = ts.add_parser("list", parents=g, help="the topics of a stream, as a table")
     q.add_argument("stream")
-    for action, helptext in (("info", "a topic's options, state and partitions"), ("delete", "delete a topic")):
-        q = ts.add_parser(action, parents=g, help=helptext)
+    for action, helptext in (("info", "a topic's options, state and partitions"), ("rm", "delete a topic")):
+        q = ts.add_parser(action, aliases=["delete"] if action == "rm" else [], parents=g, help=helptext)
         q.add_argument("stream")
         q.add_argument("topic")
+        if action == "rm":
+            force_option(q)
 
 
 def _message_commands(sub: Subparsers, g: list[argparse.ArgumentParser]) -> None:
     """``pub``, ``fetch``, ``last`` and ``sub``."""
-    p = sub.add_parser("pub", parents=g, help="publish a message (DATA from stdin when absent)")
+    p = sub.add_parser(
+        "pub", parents=g, help="publish a message (DATA from stdin when absent)",
+        description="Publish a message. The subject, the data and the header values may use natscli's templates: "
+        "{{Count}} (the message's number), {{TimeStamp}} (RFC 3339), {{Unix}}, {{UnixNano}}, {{Time}} (3:04PM), "
+        "{{ID}} (a unique id), {{Random MIN MAX}} (a random string), e.g. "
+        "ttlbroker pub 'orders.{{Count}}' 'order {{Count}} at {{TimeStamp}}' --count 10",
+    )
     p.add_argument("subject")
     p.add_argument("data", nargs="?")
     p.add_argument("--header", action="append", metavar="K=V", help="a header (repeatable)")
@@ -138,6 +154,10 @@ def _message_commands(sub: Subparsers, g: list[argparse.ArgumentParser]) -> None
                    help="publish the message N times, in pipelined batches (progress on a terminal; Ctrl-C stops)")
     p.add_argument("--ttl", type=ttl_value, metavar="DURATION",
                    help="per-message TTL, sent as the Nats-TTL header: 30, 90s, 1h30m or never")
+    p.add_argument("--sleep", type=seconds, default=0.0, metavar="DURATION",
+                   help="with --count: one message at a time, this long apart, e.g. 100ms, 1s (default 0: no pause)")
+    p.add_argument("--no-templates", action="store_true",
+                   help="send the subject, data and headers as given, {{...}} included (default: templates on)")
 
     p = sub.add_parser("fetch", parents=g, help="read messages of a partition")
     p.add_argument("stream")
@@ -159,6 +179,8 @@ def _message_commands(sub: Subparsers, g: list[argparse.ArgumentParser]) -> None
     )
     p.add_argument("filter")
     p.add_argument("--count", type=int, default=0, help="exit after N messages (0 = run until interrupted)")
+    p.add_argument("-r", "--raw", action="store_true",
+                   help="print each message's payload alone, ending with a newline (default: a line per message)")
     _reconnect_options(p, "subscribe again; messages published meanwhile are not delivered")
 
 
@@ -181,6 +203,7 @@ def _removal_commands(sub: Subparsers, g: list[argparse.ArgumentParser]) -> None
     p.add_argument("stream")
     p.add_argument("topic")
     p.add_argument("--subject")
+    force_option(p)
 
 
 def _offset_commands(os_: Subparsers, g: list[argparse.ArgumentParser]) -> None:
@@ -194,33 +217,65 @@ def _offset_commands(os_: Subparsers, g: list[argparse.ArgumentParser]) -> None:
             q.add_argument("offset", type=int)
 
 
+def _consumer_options(q: argparse.ArgumentParser, editing: bool) -> None:
+    """The configuration options of ``consumer add``, and of ``consumer edit``, where
+    an option not given keeps the consumer's value."""
+
+    def default(text: str) -> str:
+        return "default: unchanged" if editing else text
+
+    q.add_argument("--filter", action="append", metavar="SUBJECT",
+                   help=f"a subject filter (repeatable; {default('default: all')})")
+    q.add_argument("--deliver", choices=["all", "new", "last", "last_per_subject", "by_start_offset", "by_start_time"],
+                   help=f"where it starts ({default('default all')})")
+    q.add_argument("--start-offset", type=start_offset, metavar="N|P:N,...",
+                   help=f"with by_start_offset ({default('default: none')})")
+    q.add_argument("--start-time", type=start_time, metavar="ISO8601", help=f"with by_start_time ({default('default: none')})")
+    q.add_argument("--ack", choices=["explicit", "none", "all"], help=f"ack policy ({default('default explicit')})")
+    q.add_argument("--ack-wait", type=seconds, metavar="DURATION", help=f"redeliver unacked after this ({default('default 30s')})")
+    q.add_argument("--max-deliver", type=int, metavar="N",
+                   help=f"give a message up after N deliveries (-1 = never; {default('default -1')})")
+    q.add_argument("--backoff", type=durations, metavar="D,D,...",
+                   help=f"redelivery delays by delivery count (1s,5s,1m; {default('default: none')})")
+    q.add_argument("--max-ack-pending", type=int, metavar="N",
+                   help=f"at most N unacked deliveries (-1 = unlimited; {default('default 1000')})")
+    q.add_argument("--max-waiting", type=int, metavar="N", help=f"at most N waiting pulls ({default('default 512')})")
+    q.add_argument("--partitioned", action="store_true",
+                   help=f"each partition owned by one member of its group ({default('default: shared, any member takes any message')})")
+    q.add_argument("--member-timeout", type=seconds, metavar="DURATION",
+                   help=f"partitioned: a silent member leaves after this ({default('default 30s')})")
+    q.add_argument("--description", help=f"what it is for ({default('default: none')})")
+
+
 def _consumer_commands(cs: Subparsers, g: list[argparse.ArgumentParser]) -> None:
     q = cs.add_parser("add", parents=g, help="create a durable consumer (the same again is a no-op)")
     q.add_argument("stream")
     q.add_argument("topic")
     q.add_argument("name")
-    q.add_argument("--filter", action="append", metavar="SUBJECT", help="a subject filter (repeatable; default: all)")
-    q.add_argument("--deliver", choices=["all", "new", "last", "last_per_subject", "by_start_offset", "by_start_time"],
-                   help="where it starts (default all)")
-    q.add_argument("--start-offset", type=start_offset, metavar="N|P:N,...", help="with by_start_offset")
-    q.add_argument("--start-time", type=start_time, metavar="ISO8601", help="with by_start_time")
-    q.add_argument("--ack", choices=["explicit", "none", "all"], help="ack policy (default explicit)")
-    q.add_argument("--ack-wait", type=seconds, metavar="DURATION", help="redeliver unacked after this (default 30s)")
-    q.add_argument("--max-deliver", type=int, metavar="N", help="give a message up after N deliveries (-1 = never)")
-    q.add_argument("--backoff", type=durations, metavar="D,D,...", help="redelivery delays by delivery count (1s,5s,1m)")
-    q.add_argument("--max-ack-pending", type=int, metavar="N", help="at most N unacked deliveries (-1 = unlimited)")
-    q.add_argument("--max-waiting", type=int, metavar="N", help="at most N waiting pulls")
-    q.add_argument("--partitioned", action="store_true", help="each partition owned by one member of its group")
-    q.add_argument("--member-timeout", type=seconds, metavar="DURATION", help="partitioned: a silent member leaves after this")
-    q.add_argument("--description")
+    _consumer_options(q, editing=False)
+    q = cs.add_parser(
+        "edit", parents=g, help="change a consumer's settings, then show the differences and the consumer",
+        description="Change a consumer's settings: the options given change, the others stay. The broker refuses "
+        "a new deliver policy, start position, ack policy or mode (CONSUMER_UPDATE_DENIED).",
+    )
+    q.add_argument("stream")
+    q.add_argument("topic")
+    q.add_argument("name")
+    _consumer_options(q, editing=True)
     for action, helptext in (("info", "a consumer's configuration and state"), ("rm", "delete a consumer and its state")):
         q = cs.add_parser(action, parents=g, help=helptext)
         q.add_argument("stream")
         q.add_argument("topic")
         q.add_argument("name")
+        if action == "rm":
+            force_option(q)
     q = cs.add_parser("list", parents=g, help="the consumers of a topic, as a table")
     q.add_argument("stream")
     q.add_argument("topic")
+    q = cs.add_parser("report", parents=g, help="a row per consumer: deliveries, ack pending, redelivered, waiting, unprocessed")
+    q.add_argument("stream")
+    q.add_argument("topic", nargs="?", help="only this topic's consumers (default: those of every topic of the stream)")
+    q.add_argument("-r", "--raw", action="store_true", help="print the numbers unformatted (default: 1,234 and shares)")
     q = cs.add_parser("next", parents=g, help="pull, print and ack messages")
     q.add_argument("stream")
     q.add_argument("topic")
@@ -262,6 +317,10 @@ def _kv_commands(kv: Subparsers, g: list[argparse.ArgumentParser]) -> None:
         if action == "update":
             q.add_argument("--revision", type=int, required=True, help="the revision the key must be at")
         q.add_argument("--ttl", type=ttl_value, metavar="DURATION", help="the key's TTL: 30, 90s, 1h30m or never")
+    q = kv.add_parser("rm", parents=g, help="remove a bucket and all its keys, or delete one key (as kv delete)")
+    q.add_argument("bucket")
+    q.add_argument("key", nargs="?", help="delete this key only (default: remove the whole bucket)")
+    force_option(q)
     for action, helptext in (("get", "the value of a key"), ("delete", "delete a key (a DEL tombstone)"),
                              ("purge", "purge a key and its history"), ("history", "every stored revision of a key"),
                              ("touch", "restart a key's TTL without a new revision")):
@@ -280,6 +339,28 @@ def _kv_commands(kv: Subparsers, g: list[argparse.ArgumentParser]) -> None:
     q.add_argument("--current", action="store_true", help="start with the current values")
     q = kv.add_parser("info", parents=g, help="a bucket's settings and state")
     q.add_argument("bucket")
+
+
+def _context_commands(cs: Subparsers, g: list[argparse.ArgumentParser]) -> None:
+    """``context``: the connection options are the global ones (``--server``,
+    ``--user``, ``--password``, ``--token``, ``--tls``, ``--tls-ca``, ...)."""
+    q = cs.add_parser(
+        "add", parents=g, help="create or update a context from the connection options given",
+        description="Store the connection options given here (--server, --user and --password or --token, --tls, "
+        "--tls-ca, --tls-cert, --tls-key) as context NAME; for an existing context only those given change.",
+    )
+    q.add_argument("name")
+    q.add_argument("--description", help="what the context is for (default: none, or unchanged)")
+    q.add_argument("--select", action="store_true", help="also select it (default: the selection stays)")
+    q = cs.add_parser("select", parents=g, help="use this context when no --context is given")
+    q.add_argument("name")
+    cs.add_parser("unselect", parents=g, help="use no context unless --context is given")
+    cs.add_parser("ls", parents=g, help="the contexts, the selected one marked with *")
+    q = cs.add_parser("info", parents=g, help="a context's settings (password and token masked)")
+    q.add_argument("name", nargs="?", help="the context (default: the selected one)")
+    q = cs.add_parser("rm", parents=g, help="delete a context")
+    q.add_argument("name")
+    force_option(q)
 
 
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:

@@ -3,6 +3,10 @@ broker, runs the command (``_commands.py``; consumers in ``_consumer.py``, KV bu
 in ``_kv.py``) and turns what went wrong into one line on stderr and the exit status
 (``_exits.py``).
 
+Before it connects, the context fills in the connection options not given
+(``_contexts.py``), and a command that removes something asks for confirmation on
+a terminal (``_confirm.py``).
+
 One-shot commands report a lost connection; only ``sub`` and ``consumer sub`` with
 ``--reconnect`` reconnect, with a line on stderr for each disconnect and reconnect.
 """
@@ -29,7 +33,9 @@ from ._commands import (
     cmd_sub,
     cmd_topic,
 )
+from ._confirm import confirmed
 from ._consumer import cmd_consumer
+from ._contexts import ContextError, apply_context
 from ._exits import ExitStatus, closed_text, error_line
 from ._kv import cmd_kv
 from ._output import Out
@@ -61,6 +67,13 @@ def _on_reconnect_to(server: str, again: str = "subscribed again") -> Callable[[
 
 async def run_client(args: argparse.Namespace) -> int:
     """Connect to ``args.server`` and run ``args.command``; returns the exit status."""
+    try:
+        apply_context(args)
+    except ContextError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not confirmed(args):
+        return 0
     out = Out(args.json)
     reconnect = bool(getattr(args, "reconnect", False))
     again = "pulling again" if args.command == "consumer" else "subscribed again"

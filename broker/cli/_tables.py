@@ -18,8 +18,18 @@ from broker.client import ConsumerInfo
 
 __all__ = [
     "stream_json", "topic_json", "show_streams", "show_topics", "show_topic", "show_stats",
-    "show_consumer", "show_consumers", "show_bucket", "show_buckets",
+    "consumer_fields", "show_consumer", "show_consumers", "show_bucket", "show_buckets", "EMPTY",
 ]
+
+#: What a list without entries says, natscli's words (``nats stream ls`` and so
+#: on); nothing with ``--json``.
+EMPTY = {
+    "streams": "No Streams defined",
+    "topics": "No Topics defined",
+    "consumers": "No Consumers defined",
+    "buckets": "No Key-Value buckets found",
+    "keys": "No keys found in bucket",
+}
 
 
 def value_text(v: object) -> str:
@@ -59,6 +69,8 @@ def show_streams(out: Out, streams: list[StreamDetails]) -> None:
             ["ID>", "NAME", "TOPICS>", "MESSAGES>", "BYTES>"],
             [[str(s.id), s.name, count(s.topics_count), count(s.messages_count), size(s.size)] for s in streams],
         )
+    else:
+        out.note(EMPTY["streams"])
 
 
 # -- topics -------------------------------------------------------------------------
@@ -176,6 +188,8 @@ def show_topics(out: Out, topics: list[TopicDetails]) -> None:
                 for t in topics
             ],
         )
+    else:
+        out.note(EMPTY["topics"])
 
 
 def show_topic(out: Out, t: TopicDetails) -> None:
@@ -315,12 +329,9 @@ def _seq(d: Mapping[str, Any]) -> str:
     return f"consumer seq {d.get('consumer_seq', 0)}, stream seq {d.get('stream_seq', 0)}"
 
 
-def show_consumer(out: Out, info: ConsumerInfo) -> None:
-    if out.json:
-        out.obj(info.raw)
-        return
-    cfg = dict(info.config)
-    raw = info.raw
+def consumer_fields(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A consumer's configuration for people: (label, value) in the order shown."""
+    cfg = dict(config)
     deliver = cfg.get("deliver_policy", "all")
     if "opt_start_offset" in cfg:
         start = cfg["opt_start_offset"]  # N, or {partition: N} as --start-offset P:N,... takes it
@@ -345,7 +356,15 @@ def show_consumer(out: Out, info: ConsumerInfo) -> None:
         fields.append(("member timeout", duration(cfg.get("member_timeout", 0))))
     if cfg.get("description"):
         fields.append(("description", str(cfg["description"])))
-    out.fields(f"Consumer {raw.get('stream', '?')}/{raw.get('topic', '?')}/{info.name}", fields)
+    return fields
+
+
+def show_consumer(out: Out, info: ConsumerInfo) -> None:
+    if out.json:
+        out.obj(info.raw)
+        return
+    raw = info.raw
+    out.fields(f"Consumer {raw.get('stream', '?')}/{raw.get('topic', '?')}/{info.name}", consumer_fields(info.config))
     out.blank()
     out.fields("State", [
         ("pending", count(info.num_pending)),
@@ -391,6 +410,8 @@ def show_consumers(out: Out, infos: Iterable[ConsumerInfo]) -> None:
                 for info in infos
             ],
         )
+    else:
+        out.note(EMPTY["consumers"])
 
 
 # -- KV buckets -------------------------------------------------------------------------
@@ -430,3 +451,5 @@ def show_buckets(out: Out, statuses: list[dict[str, Any]]) -> None:
                 for s in statuses
             ],
         )
+    else:
+        out.note(EMPTY["buckets"])

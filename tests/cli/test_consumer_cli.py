@@ -76,7 +76,7 @@ def test_add_info_list_rm(broker: BrokerProcess) -> None:
     p = run(a, "consumer", "rm", "shop", "orders", "late")
     assert p.stdout == "deleted consumer shop/orders/late\n"
     assert lines(run(a, "consumer", "rm", "shop", "orders", "work", json_out=True)) == [{"deleted": "shop/orders/work"}]
-    assert run(a, "consumer", "list", "shop", "orders").stdout == ""
+    assert run(a, "consumer", "list", "shop", "orders").stdout == "No Consumers defined\n"
 
 
 def test_next_and_sub(broker: BrokerProcess) -> None:

@@ -4,11 +4,11 @@ process."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 from conftest import BrokerProcess
+from helpers import MainCLI as CLI
 
 from broker.cli import main
 
@@ -22,28 +22,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
         proc.stop()
 
 
-class CLI:
-    def __init__(self, address: str, capsys: pytest.CaptureFixture[str]) -> None:
-        self.address = address
-        self.capsys = capsys
-
-    def __call__(self, *args: str, status: int = 0) -> str:
-        self.capsys.readouterr()
-        assert main(["--server", self.address, *args]) == status, self.capsys.readouterr().err
-        return self.capsys.readouterr().out
-
-    def json(self, *args: str) -> list[dict]:  # type: ignore[type-arg]
-        return [json.loads(line) for line in self(*args, "--json").splitlines()]
-
-    def err(self, *args: str, status: int) -> str:
-        self.capsys.readouterr()
-        assert main(["--server", self.address, *args]) == status
-        return self.capsys.readouterr().err
-
-
 @pytest.fixture
 def cli(broker: BrokerProcess, capsys: pytest.CaptureFixture[str]) -> CLI:
-    return CLI(broker.address, capsys)
+    return CLI(capsys, broker.address)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +100,7 @@ def test_topic_info(cli: CLI, shop: None) -> None:
 
 
 def test_kv_info_ls_and_a_missing_key(cli: CLI) -> None:
-    assert cli("kv", "ls") == "" and cli.json("kv", "ls") == []  # no bucket yet (not even the kv stream)
+    assert cli("kv", "ls") == "No Key-Value buckets found\n" and cli.json("kv", "ls") == []  # not even the kv stream yet
     cli("kv", "add", "sessions", "--ttl", "1h", "--history", "2")
     cli("kv", "add", "carts")
     cli("kv", "put", "sessions", "alice", "token")
