@@ -213,12 +213,12 @@ async def test_sub_raw_prints_the_payloads_alone(tmp_path: Path, capsysbinary: p
                 status.append(await run_client(_args(h.address, "sub", "s.>", "--raw", "--count", "4")))
 
             nursery.start_soon(sub)
-            while (await c.stats())["subscriptions"] < 1:  # until it is subscribed (it says nothing on stderr)
+            while (await c.stats())["subscriptions"] < 1:  # until it is subscribed
                 await trio.sleep(0.01)
             for payload in (b"one", b"two\n", b"", b"\xff\x00bin"):
                 await c.publish("s.x", payload)
         out, err = capsysbinary.readouterr()
-        assert status == [0] and err == b""
+        assert status == [0] and err == b"subscribed to s.>\n"  # stderr: stdout holds only the payloads
         assert out == b"one\ntwo\n\n\xff\x00bin\n"
         assert await run_client(_args(h.address, "sub", "s.>", "--raw", "--json")) == 1
         assert capsysbinary.readouterr().err == (
