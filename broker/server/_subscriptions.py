@@ -41,17 +41,21 @@ _NO_PLACE = P.delivery_entry(0, 0, 0)
 
 
 class Subscription:
-    """One SUBSCRIBE of a binary-protocol session (``core.Subscriber``)."""
+    """One SUBSCRIBE of a binary-protocol session (``core.Subscriber``). ``replies``:
+    it was made with ``SUBSCRIBE_REPLIES``, so the messages that carry a reply subject
+    (requests, of either protocol) come with it; without, they come as any message
+    (a client that does not know the field never sees it)."""
 
-    __slots__ = ("session", "sid", "subject_filter", "tokens", "delivered", "dropped", "footprint")
+    __slots__ = ("session", "sid", "subject_filter", "tokens", "delivered", "dropped", "footprint", "replies")
 
     #: Binary-protocol subscriptions have no queue groups.
     queue = None
 
-    def __init__(self, session: Subscriber, sid: int, subject_filter: str) -> None:
+    def __init__(self, session: Subscriber, sid: int, subject_filter: str, replies: bool = False) -> None:
         self.session = session
         self.sid = sid
         self.subject_filter = subject_filter
+        self.replies = replies
         self.tokens = tuple(subject_filter.split("."))
         self.delivered = 0
         self.dropped = 0
@@ -70,16 +74,37 @@ class Subscription:
             self.dropped += count
             counters.deliveries_dropped += count
 
+    def deliver_request(self, parts: list[bytes | memoryview], counters: Counters, reply: bytes) -> bool:
+        """One DELIVERY push of a request's records, with its reply subject when the
+        subscription asked for reply subjects."""
+        if not self.replies:
+            self.deliver_records(parts, counters)
+            return True
+        count = len(parts) // 2
+        payload = P.encode_delivery(self.sid, count, (*parts, P.delivery_reply(reply)))
+        if self.session.push(P.PushKind.DELIVERY, payload):
+            self.delivered += count
+            counters.messages_out += count
+            counters.bytes_out += len(payload)
+            return True
+        self.dropped += count
+        counters.deliveries_dropped += count
+        return False
+
     def send_core(
         self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int,
         record: Callable[[], bytes], skip: object,
     ) -> bool:
-        """A core message as a DELIVERY of its record at offset 0 (its reply subject
-        has no place in it); none when ttlbroker cannot carry its subject or headers."""
+        """A core message as a DELIVERY of its record at offset 0, with its reply
+        subject when it has one and the subscription asked for reply subjects; none
+        when ttlbroker cannot carry its subject or headers."""
         rec = record()
         if not rec:
             return False  # a subject or headers ttlbroker cannot carry: NATS subscribers only
-        delivery = P.encode_delivery(self.sid, 1, (_NO_PLACE, rec))
+        if reply and self.replies:
+            delivery = P.encode_delivery(self.sid, 1, (_NO_PLACE, rec, P.delivery_reply(reply)))
+        else:
+            delivery = P.encode_delivery(self.sid, 1, (_NO_PLACE, rec))
         session = self.session
         counters = session.broker.counters
         if not epoch:
@@ -105,14 +130,15 @@ class FilteredSubscription(Subscription):
 
     __slots__ = ("perms",)
 
-    def __init__(self, session: Subscriber, sid: int, subject_filter: str, perms: Any) -> None:
-        super().__init__(session, sid, subject_filter)
+    def __init__(self, session: Subscriber, sid: int, subject_filter: str, perms: Any, replies: bool = False) -> None:
+        super().__init__(session, sid, subject_filter, replies)
         self.perms = perms
 
     def _denied(self, subject: bytes) -> bool:
         return bool(self.perms.delivery_denied(subject.decode(errors="replace"), None))
 
-    def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
+    def _kept(self, parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
+        """The entries of ``parts`` on subjects the user is not denied."""
         kept: list[bytes | memoryview] = []
         head = P.RECORD_FIXED.size
         for i in range(0, len(parts), 2):
@@ -120,8 +146,16 @@ class FilteredSubscription(Subscription):
             sl = P.RECORD_FIXED.unpack_from(rec, 0)[6]
             if not self._denied(bytes(rec[head : head + sl])):
                 kept += (parts[i], rec)
+        return kept
+
+    def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
+        kept = self._kept(parts)
         if kept:
             super().deliver_records(kept, counters)
+
+    def deliver_request(self, parts: list[bytes | memoryview], counters: Counters, reply: bytes) -> bool:
+        kept = self._kept(parts)
+        return bool(kept) and super().deliver_request(kept, counters, reply)
 
     def send_core(
         self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int,
@@ -157,9 +191,9 @@ def subscribe(broker: Broker, session: Subscriber, cmd: P.Subscribe) -> Reply:
             f"subject filter {cmd.subject_filter[:40]!r}... is longer than limits.max_subscription_subject_bytes ({longest} bytes)")
     perms = session.perms
     if perms is not None and perms.needs_delivery_check(cmd.subject_filter, None):
-        sub: Subscription = FilteredSubscription(session, cmd.subscription_id, cmd.subject_filter, perms)
+        sub: Subscription = FilteredSubscription(session, cmd.subscription_id, cmd.subject_filter, perms, cmd.replies)
     else:
-        sub = Subscription(session, cmd.subscription_id, cmd.subject_filter)
+        sub = Subscription(session, cmd.subscription_id, cmd.subject_filter, cmd.replies)
     session.subs[cmd.subscription_id] = sub
     try:
         broker.subs.add(sub)
