@@ -11,6 +11,9 @@ import argparse
 from typing import TypeAlias
 
 from ._args import durations, global_options, seconds, start_offset, start_time, ttl_value, whole_seconds
+from ._bench import add_bench_commands
+from ._request import add_request_commands
+from ._server import add_server_commands
 from broker.client import RECONNECT_ATTEMPTS
 
 __all__ = ["add_client_commands", "completion_script", "SHELLS"]
@@ -91,6 +94,9 @@ def add_client_commands(sub: Subparsers) -> None:
     _offset_commands(group("offset", "named consumer offsets"), g)
     _consumer_commands(group("consumer", "durable consumers: add, info, list, rm, next, sub"), g)
     _kv_commands(group("kv", "KV buckets with per-key TTLs that reads can refresh"), g)
+    add_request_commands(sub, g)
+    add_server_commands(sub, g)
+    add_bench_commands(sub, g)
 
     p = sub.add_parser(
         "completion", help="print a shell completion script (bash or zsh)",

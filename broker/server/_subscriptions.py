@@ -126,7 +126,9 @@ class Subscription:
 class FilteredSubscription(Subscription):
     """A SUBSCRIBE wider than one of its user's deny entries (``orders.>`` with
     ``orders.secret`` denied): messages on a denied subject are not delivered, as
-    on the NATS listener."""
+    on the NATS listener. Also the SUBSCRIBE of a user with ``allow_responses``:
+    the reply subject of each request delivered to it may be published to (the
+    user's ``Permissions.received_reply``)."""
 
     __slots__ = ("perms",)
 
@@ -155,15 +157,24 @@ class FilteredSubscription(Subscription):
 
     def deliver_request(self, parts: list[bytes | memoryview], counters: Counters, reply: bytes) -> bool:
         kept = self._kept(parts)
-        return bool(kept) and super().deliver_request(kept, counters, reply)
+        if not kept or not super().deliver_request(kept, counters, reply):
+            return False
+        self._may_answer(reply)
+        return True
+
+    def _may_answer(self, reply: bytes) -> None:
+        if self.perms.responses is not None:
+            self.perms.received_reply(reply.decode(errors="replace"))
 
     def send_core(
         self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int,
         record: Callable[[], bytes], skip: object,
     ) -> bool:
-        if self._denied(subject):
+        if self._denied(subject) or not super().send_core(subject, reply, headers, payload, epoch, record, skip):
             return False
-        return super().send_core(subject, reply, headers, payload, epoch, record, skip)
+        if reply:
+            self._may_answer(reply)
+        return True
 
 
 def subscribe(broker: Broker, session: Subscriber, cmd: P.Subscribe) -> Reply:
@@ -190,7 +201,7 @@ def subscribe(broker: Broker, session: Subscriber, cmd: P.Subscribe) -> Reply:
         raise error_class(ErrorCode.INVALID_SUBJECT_FILTER)(
             f"subject filter {cmd.subject_filter[:40]!r}... is longer than limits.max_subscription_subject_bytes ({longest} bytes)")
     perms = session.perms
-    if perms is not None and perms.needs_delivery_check(cmd.subject_filter, None):
+    if perms is not None and (perms.responses is not None or perms.needs_delivery_check(cmd.subject_filter, None)):
         sub: Subscription = FilteredSubscription(session, cmd.subscription_id, cmd.subject_filter, perms, cmd.replies)
     else:
         sub = Subscription(session, cmd.subscription_id, cmd.subject_filter, cmd.replies)

@@ -219,3 +219,14 @@ def test_malformed_delivery_reply(tail: bytes, message: str) -> None:
     with pytest.raises(P.MalformedPayloadError) as info:
         P.Delivery.decode(payload)
     assert info.value.message == message
+
+
+@given(st.integers(P.STAMP_SIZE, 4096), u64)
+def test_a_bench_payload_carries_its_stamp(size: int, ns: int) -> None:
+    payload = P.stamped_payload(size, ns)
+    assert len(payload) == size and P.payload_stamp(payload) == ns
+
+
+def test_a_payload_too_small_or_unmarked_has_no_stamp() -> None:
+    assert P.stamped_payload(P.STAMP_SIZE - 1, 5) == bytes(P.STAMP_SIZE - 1)
+    assert P.payload_stamp(bytes(64)) is None and P.payload_stamp(b"TBNC") is None
