@@ -131,15 +131,20 @@ async def cmd_req(c: Client, args: argparse.Namespace, out: Out) -> None:
             raise fail(str(exc)) from None
         rtt = time.perf_counter() - started
         if out.json:
-            shown = message_json(m, None, None)
-            out.obj({"request": n, "subject": m.subject, "headers": m.headers, "payload": shown["payload"],
-                     **({"payload_encoding": "base64"} if "payload_encoding" in shown else {}), "rtt_ms": round(rtt * 1000, 3)})
+            out.obj({"request": n, **_fields(m), "rtt_ms": round(rtt * 1000, 3)})
             continue
         if chatty:
             log_line(f"Received with rtt {go_duration(rtt)}")
             for k, v in m.headers.items():
                 log_line(f"{k}: {v}")
         _print_body(m.payload, args.raw)
+
+
+def _fields(m: Message) -> dict[str, object]:
+    """What ``--json`` shows of a request or a reply: its subject, headers and
+    payload (base64 when it is not UTF-8, as every command prints messages)."""
+    shown = message_json(m, None, None)
+    return {k: shown[k] for k in ("subject", "headers", "payload", "payload_encoding") if k in shown}
 
 
 def _print_body(payload: bytes, raw: bool) -> None:
@@ -207,9 +212,7 @@ def _quoted(text: str) -> str:
 
 def _show_request(out: Out, n: int, m: Message) -> None:
     if out.json:
-        shown = message_json(m, None, None)
-        out.obj({"request": n, "subject": m.subject, "reply": m.reply, "headers": m.headers, "payload": shown["payload"],
-                 **({"payload_encoding": "base64"} if "payload_encoding" in shown else {})})
+        out.obj({"request": n, **_fields(m), "reply": m.reply})
         return
     log_line(f"[#{n}] Received on subject {_quoted(m.subject)}:")
     for k, v in m.headers.items():

@@ -183,6 +183,7 @@ class Publisher:
         self._store(batch)
         if not batch.reached and len(batch.failed) < batch.count:
             self._no_responders(session, batch)
+        # The answer, as :meth:`publish` makes it (inline there: its hot path).
         if cmd.flags & _NO_ACK:
             return b""
         part = batch.whole

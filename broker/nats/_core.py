@@ -126,15 +126,14 @@ class NatsSubscription:
     def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
         """Stored (or unrouted) records from ``SubscriptionIndex.deliver`` (entry heads
         and records, alternating), in order, as ``MSG``/``HMSG`` without a reply."""
-        for rec in parts[1::2]:
-            if self.remaining is not None and self.remaining <= 0:
-                return
-            subject, headers, payload = nats_message_of_record(rec)
-            self.send(subject, None, headers, payload)
+        self._send_records(parts, None)
 
     def deliver_request(self, parts: list[bytes | memoryview], counters: Counters, reply: bytes) -> bool:
         """The records of a ttlbroker request (a PUBLISH with a reply subject), as
         ``MSG``/``HMSG`` with ``reply``; True when one went at least."""
+        return self._send_records(parts, reply)
+
+    def _send_records(self, parts: list[bytes | memoryview], reply: bytes | None) -> bool:
         sent = False
         for rec in parts[1::2]:
             if self.remaining is not None and self.remaining <= 0:

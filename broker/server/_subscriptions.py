@@ -64,24 +64,18 @@ class Subscription:
 
     def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
         """One DELIVERY push of every record in ``parts`` (entry heads and records)."""
-        count = len(parts) // 2
-        payload = P.encode_delivery(self.sid, count, parts)
-        if self.session.push(P.PushKind.DELIVERY, payload):
-            self.delivered += count
-            counters.messages_out += count
-            counters.bytes_out += len(payload)
-        else:
-            self.dropped += count
-            counters.deliveries_dropped += count
+        self._push(parts, counters)
 
     def deliver_request(self, parts: list[bytes | memoryview], counters: Counters, reply: bytes) -> bool:
         """One DELIVERY push of a request's records, with its reply subject when the
         subscription asked for reply subjects."""
-        if not self.replies:
-            self.deliver_records(parts, counters)
-            return True
+        return self._push([*parts, P.delivery_reply(reply)] if self.replies else parts, counters)
+
+    def _push(self, parts: list[bytes | memoryview], counters: Counters) -> bool:
+        """Push the DELIVERY of ``parts`` (entry heads and records, and after them
+        the reply subject of a request) and count it; False: dropped."""
         count = len(parts) // 2
-        payload = P.encode_delivery(self.sid, count, (*parts, P.delivery_reply(reply)))
+        payload = P.encode_delivery(self.sid, count, parts)
         if self.session.push(P.PushKind.DELIVERY, payload):
             self.delivered += count
             counters.messages_out += count
