@@ -10,8 +10,8 @@ decoder), ``_records`` (message bodies and records, shared with the disk),
 ``_commands`` / ``_responses`` (one dataclass per request, response and push),
 ``_state`` + ``_connection`` (the handshake state machine and the object that ties
 it together), and the pure helpers ``_names`` (the Iggy name rule, identifiers),
-``_subjects`` (subjects, filters, matching, overlap) and ``_errors`` (the error
-code table). The NATS client protocol and the JetStream JSON are the subpackage
+``_subjects`` (subjects, filters, matching, overlap), ``_errors`` (the error
+code table) and ``_stamps`` (the time stamp in a benchmark's payloads). The NATS client protocol and the JetStream JSON are the subpackage
 ``protocol.nats``, which builds on this one (this package never imports it).
 
 Public names: below, in ``__all__``.
@@ -54,6 +54,8 @@ from ._commands import KvKeys as KvKeys
 from ._commands import KvTouch as KvTouch
 from ._commands import PUBLISH_NO_ACK as PUBLISH_NO_ACK
 from ._commands import PUBLISH_ONE as PUBLISH_ONE
+from ._commands import PUBLISH_REPLY as PUBLISH_REPLY
+from ._commands import SUBSCRIBE_REPLIES as SUBSCRIBE_REPLIES
 from ._commands import CreateStream as CreateStream
 from ._commands import CreateTopic as CreateTopic
 from ._commands import DeleteConsumerOffset as DeleteConsumerOffset
@@ -72,6 +74,7 @@ from ._commands import ListStreams as ListStreams
 from ._commands import ListTopics as ListTopics
 from ._commands import Ping as Ping
 from ._commands import Publish as Publish
+from ._commands import PublishWithReply as PublishWithReply
 from ._commands import Purge as Purge
 from ._commands import StoreConsumerOffset as StoreConsumerOffset
 from ._commands import Subscribe as Subscribe
@@ -147,6 +150,10 @@ from ._responses import StreamList as StreamList
 from ._responses import TopicDetails as TopicDetails
 from ._responses import TopicList as TopicList
 from ._responses import delivery_entry as delivery_entry
+from ._responses import delivery_reply as delivery_reply
+from ._stamps import STAMP_SIZE as STAMP_SIZE
+from ._stamps import payload_stamp as payload_stamp
+from ._stamps import stamped_payload as stamped_payload
 from ._responses import encode_delivery as encode_delivery
 from ._responses import encode_uniform_acks as encode_uniform_acks
 from ._responses import info_map_frame as info_map_frame

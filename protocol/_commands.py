@@ -29,12 +29,15 @@ __all__ = [
     "GetServerInfo",
     "GetStats",
     "Publish",
+    "PublishWithReply",
     "PUBLISH_ONE",
+    "PUBLISH_REPLY",
     "Fetch",
     "GetLast",
     "DeleteMessage",
     "Purge",
     "Subscribe",
+    "SUBSCRIBE_REPLIES",
     "Unsubscribe",
     "StoreConsumerOffset",
     "GetConsumerOffset",
@@ -140,6 +143,11 @@ class GetStats(_Empty):
 
 #: Publish flag: the broker sends no response at all (fire and forget).
 PUBLISH_NO_ACK = 0x1
+#: Publish flag: a reply subject (``str8``) follows the count, and every message of
+#: the request carries it to the core subscribers (a NATS request): the payload
+#: decodes to a :class:`PublishWithReply`.
+PUBLISH_REPLY = 0x2
+_PUBLISH_FLAGS = PUBLISH_NO_ACK | PUBLISH_REPLY
 #: What precedes the body of a PUBLISH of one message with acks (flags 0, count 1):
 #: ``PUBLISH_ONE + body`` is ``Publish.from_bodies([body]).encode()``, without the
 #: object.
@@ -148,7 +156,9 @@ PUBLISH_ONE = u8(0) + u32(1)
 
 @dataclass(frozen=True, slots=True)
 class Publish(_Request):
-    """``u8 flags | u32 count | count × message body`` (body layout: ``_records.py``)
+    """``u8 flags | u32 count | [str8 reply |] count × message body`` (body layout:
+    ``_records.py``; the reply subject only with ``PUBLISH_REPLY``, which decodes to
+    :class:`PublishWithReply`)
 
     The bodies are kept as the raw payload: the broker scans them in one pass
     (:func:`protocol.scan_bodies`) and stores them as they are.
@@ -175,15 +185,39 @@ class Publish(_Request):
         r = Reader(payload, "PUBLISH")
         flags = r.u8()
         count = r.u32()
-        if flags & ~PUBLISH_NO_ACK:
+        if flags & ~_PUBLISH_FLAGS:
             raise malformed(f"PUBLISH: unknown flags {flags:#x}")
+        reply = r.short_str("reply subject") if flags & PUBLISH_REPLY else None
         if count and r.remaining() < 14 * count:
             raise malformed(f"PUBLISH: {r.remaining()} bytes cannot hold {count} messages")
-        return cls(count, payload, r.pos, flags)
+        if reply is None:
+            return cls(count, payload, r.pos, flags)
+        if not reply:
+            raise malformed("PUBLISH: the REPLY flag is set but the reply subject is empty")
+        return PublishWithReply(count, payload, r.pos, flags, reply)
 
     @property
     def no_ack(self) -> bool:
         return bool(self.flags & PUBLISH_NO_ACK)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishWithReply(Publish):
+    """A PUBLISH with ``PUBLISH_REPLY``: ``u8 flags | u32 count | str8 reply | count ×
+    message body``. A class of its own so that the broker's table sends it to its own
+    handler, and a plain PUBLISH pays nothing for the field it does not have."""
+
+    reply: str = ""
+
+    @classmethod
+    def to(cls, reply: str, bodies: list[bytes], flags: int = 0) -> PublishWithReply:
+        """The request of ``bodies`` carrying ``reply`` (``flags``: ``PUBLISH_NO_ACK`` or 0)."""
+        flags |= PUBLISH_REPLY
+        head = u8(flags) + u32(len(bodies)) + short_str(reply, "reply subject")
+        return cls(len(bodies), head + b"".join(bodies), len(head), flags, reply)
+
+    def encode(self) -> bytes:
+        return u8(self.flags) + u32(self.count) + short_str(self.reply, "reply subject") + self.data[self.body_pos :]
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,23 +318,38 @@ class Purge(_Request):
         return out
 
 
+#: Subscribe flag: the subscription's DELIVERY pushes carry the reply subject of the
+#: messages that have one (a request's), after the messages.
+SUBSCRIBE_REPLIES = 0x1
+
+
 @dataclass(frozen=True, slots=True)
 class Subscribe(_Request):
-    """``u32 subscription_id | str8 subject_filter``"""
+    """``u32 subscription_id | str8 subject_filter [| u8 flags]`` (flags left out: 0;
+    ``SUBSCRIBE_REPLIES`` is the one flag)"""
 
     CODE: ClassVar[Command] = Command.SUBSCRIBE
     subscription_id: int
     subject_filter: str
+    flags: int = 0
 
     def encode(self) -> bytes:
-        return u32(self.subscription_id) + short_str(self.subject_filter, "subject filter")
+        out = u32(self.subscription_id) + short_str(self.subject_filter, "subject filter")
+        return out + u8(self.flags) if self.flags else out
 
     @classmethod
     def decode(cls, payload: bytes) -> Subscribe:
         r = Reader(payload, "SUBSCRIBE")
-        out = cls(r.u32(), r.short_str("subject filter"))
+        sid, subject_filter = r.u32(), r.short_str("subject filter")
+        flags = r.u8() if r.remaining() else 0
         r.end()
-        return out
+        if flags & ~SUBSCRIBE_REPLIES:
+            raise malformed(f"SUBSCRIBE: unknown flags {flags:#x}")
+        return cls(sid, subject_filter, flags)
+
+    @property
+    def replies(self) -> bool:
+        return bool(self.flags & SUBSCRIBE_REPLIES)
 
 
 @dataclass(frozen=True, slots=True)

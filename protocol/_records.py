@@ -586,6 +586,8 @@ class Message:
         partition, stream_id, topic_id: where it is stored (0 when not stored).
         is_marker: True for a subject delete marker written by the broker.
         marker_reason: the :class:`MarkerReason`, ``MarkerReason.NONE`` if not a marker.
+        reply: the reply subject of a core delivery that carries one (a request's: the
+            subject to answer on), else None. Never stored.
     """
 
     __slots__ = (
@@ -600,7 +602,12 @@ class Message:
         "partition",
         "stream_id",
         "topic_id",
+        "_reply",
     )
+
+    #: Set only on the messages of a delivery that carries a reply subject (so no
+    #: decode of a record pays for it): :attr:`reply` reads it.
+    _reply: str
 
     def __init__(
         self,
@@ -636,6 +643,13 @@ class Message:
     @property
     def headers_raw(self) -> bytes:
         return self._headers_raw
+
+    @property
+    def reply(self) -> str | None:
+        try:
+            return self._reply
+        except AttributeError:
+            return None
 
     @property
     def marker_reason(self) -> MarkerReason:

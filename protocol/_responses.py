@@ -43,6 +43,7 @@ __all__ = [
     "uniform_ack_frames",
     "info_map_frame",
     "encode_delivery",
+    "delivery_reply",
     "RESPONSE_TYPES",
     "PUSH_TYPES",
 ]
@@ -537,6 +538,7 @@ class TopicList(_Response):
 
 _ENTRY = struct.Struct("<III")
 _DELIVERY_HEAD = struct.Struct("<II")
+_U16 = struct.Struct("<H")
 
 
 def delivery_entry(stream_id: int, topic_id: int, partition: int) -> bytes:
@@ -549,16 +551,31 @@ def encode_delivery(subscription_id: int, count: int, parts: Sequence[bytes | me
     return b"".join((_DELIVERY_HEAD.pack(subscription_id, count), *parts))
 
 
+def delivery_reply(reply: bytes) -> bytes:
+    """What follows the messages of a DELIVERY whose messages carry the reply subject
+    ``reply`` (a request's): ``u16 reply_len | reply``. Only for a subscription made
+    with ``SUBSCRIBE_REPLIES``.
+
+    Raises:
+        struct.error: a reply subject over 65,535 bytes (a caller bug: a NATS control
+            line is shorter).
+    """
+    return _U16.pack(len(reply)) + reply
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery(_Response):
-    """``u32 subscription_id | u32 count | count × (u32 stream_id | u32 topic_id | u32 partition | record)``
+    """``u32 subscription_id | u32 count | count × (u32 stream_id | u32 topic_id | u32 partition | record) [| u16 reply_len | reply]``
 
     Messages on subjects no topic captures have stream, topic, partition and offset 0.
+    The reply subject (only to a subscription made with ``SUBSCRIBE_REPLIES``, when
+    the messages have one) is every message's :attr:`Message.reply`.
     """
 
     PUSH: ClassVar[PushKind] = PushKind.DELIVERY
     subscription_id: int
     messages: tuple[Message, ...]
+    reply: str | None = None
 
     def encode(self) -> bytes:
         parts = [
@@ -566,7 +583,9 @@ class Delivery(_Response):
             + encode_record(m.offset, m.timestamp, encode_body(m.subject, m.payload, m.headers_raw, m.ttl, m.flags))
             for m in self.messages
         ]
-        return encode_delivery(self.subscription_id, len(parts), parts)
+        if self.reply is not None:
+            parts.append(delivery_reply(self.reply.encode()))
+        return encode_delivery(self.subscription_id, len(self.messages), parts)
 
     @classmethod
     def decode(cls, payload: bytes) -> Delivery:
@@ -582,9 +601,26 @@ class Delivery(_Response):
                 pos = end
         except struct.error:
             raise malformed("DELIVERY: payload truncated") from None
-        if pos != len(payload):
-            raise malformed("DELIVERY: bytes after the last message")
-        return cls(sid, tuple(out))
+        if pos == len(payload):
+            return cls(sid, tuple(out))
+        return cls(sid, tuple(out), _reply_of(payload, pos, out))
+
+
+def _reply_of(payload: bytes, pos: int, messages: list[Message]) -> str:
+    """The reply subject after the messages of a DELIVERY, given to each of them."""
+    try:
+        (n,) = _U16.unpack_from(payload, pos)
+    except struct.error:
+        raise malformed("DELIVERY: bytes after the last message") from None
+    if pos + 2 + n != len(payload) or not n:
+        raise malformed("DELIVERY: bytes after the last message are not one reply subject")
+    try:
+        reply = payload[pos + 2 :].decode()
+    except UnicodeDecodeError:
+        raise malformed("DELIVERY: the reply subject is not UTF-8") from None
+    for m in messages:
+        m._reply = reply
+    return reply
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ command is a client of a running broker, through ``broker.client``.
 What this package owns: the command line: the parser and its global options
 (``_main.py``, ``_parser.py``, ``_args.py``), running one client command and its
 exit status (``_run.py``, ``_exits.py``), the commands themselves (``_commands.py``,
-``_consumer.py``, ``_kv.py``, ``_reports.py``, ``pub``'s templates in
+``_consumer.py``, ``_kv.py``, ``_reports.py``, ``_request.py`` for req and reply,
+``_server.py`` for server info and ping, ``_bench.py``, ``pub``'s templates in
 ``_templates.py``), how they print (``_output.py``, ``_tables.py``,
 ``_progress.py``), the question before a removal (``_confirm.py``) and the contexts,
 named connection options kept in files of this machine (``_contexts.py``, through

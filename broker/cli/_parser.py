@@ -12,6 +12,9 @@ from typing import TypeAlias
 
 from ._args import durations, global_options, seconds, start_offset, start_time, ttl_value, whole_seconds
 from ._confirm import force_option
+from ._bench import add_bench_commands
+from ._request import add_request_commands
+from ._server import add_server_commands
 from broker.client import RECONNECT_ATTEMPTS
 
 __all__ = ["add_client_commands", "completion_script", "SHELLS"]
@@ -93,6 +96,9 @@ def add_client_commands(sub: Subparsers) -> None:
     _consumer_commands(group("consumer", "durable consumers: add, edit, info, list, report, rm, next, sub"), g)
     _kv_commands(group("kv", "KV buckets with per-key TTLs that reads can refresh"), g)
     _context_commands(group("context", "named sets of connection options (natscli's contexts), kept on this machine"), g)
+    add_request_commands(sub, g)
+    add_server_commands(sub, g)
+    add_bench_commands(sub, g)
 
     p = sub.add_parser(
         "completion", help="print a shell completion script (bash or zsh)",

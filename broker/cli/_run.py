@@ -33,11 +33,14 @@ from ._commands import (
     cmd_sub,
     cmd_topic,
 )
+from ._bench import cmd_bench
 from ._confirm import confirmed
 from ._consumer import cmd_consumer
 from ._contexts import ContextError, apply_context
 from ._exits import ExitStatus, closed_text, error_line
 from ._kv import cmd_kv
+from ._request import cmd_reply, cmd_req
+from ._server import cmd_server
 from ._output import Out
 from broker.client import RECONNECT_ATTEMPTS, Client, ConnectionClosedError, connect
 
@@ -50,6 +53,7 @@ COMMANDS: dict[str, Command] = {
     "consumer": cmd_consumer, "stream": cmd_stream, "topic": cmd_topic, "pub": cmd_pub, "fetch": cmd_fetch,
     "last": cmd_last, "sub": cmd_sub, "stats": cmd_stats, "export": cmd_export, "kv": cmd_kv,
     "delete": cmd_delete, "purge": cmd_purge, "offset": cmd_offset,
+    "req": cmd_req, "reply": cmd_reply, "server": cmd_server, "bench": cmd_bench,
 }
 
 

@@ -81,6 +81,7 @@ from ._consumers import ConsumerMessage as ConsumerMessage
 from ._consumers import MessageStream as MessageStream
 from ._errors import ConnectionClosedError as ConnectionClosedError
 from ._errors import ConnectionLostError as ConnectionLostError
+from ._errors import NoRespondersError as NoRespondersError
 from ._errors import ReconnectFailedError as ReconnectFailedError
 from ._kv import KV_STREAM as KV_STREAM
 from ._kv import Entry as Entry

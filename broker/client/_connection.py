@@ -354,6 +354,7 @@ class Connection:
                     user, password = self._credentials
                     ok: P.HandshakeOk = await self._roundtrip(conn, P.Handshake(PROTOCOL_VERSION, token, name, user, password))
                     conn.ready = True
+                    self.server_info = ok.info  # (what the subscriptions made again may ask for)
                     if resubscribe:
                         await self._resubscribe(conn)
                 except ConnectionLostError as exc:
@@ -371,8 +372,14 @@ class Connection:
         finally:
             if self._attempt is conn:
                 self._attempt = None
-        self.server_info = ok.info
         return conn
+
+    def _subscribe_command(self, sub: Subscription) -> P.Subscribe:
+        """The SUBSCRIBE of ``sub``: with ``SUBSCRIBE_REPLIES`` when the broker says it
+        knows reply subjects (its handshake info's ``reply_subjects``), so that
+        requests come with theirs (an older broker refuses the flag)."""
+        flags = P.SUBSCRIBE_REPLIES if self.server_info.get("reply_subjects") else 0
+        return P.Subscribe(sub.sid, sub.subject_filter, flags)
 
     async def _resubscribe(self, conn: _Conn) -> None:
         """Subscribe again, pipelined, every subscription (those still being created
@@ -383,7 +390,7 @@ class Connection:
             sub._reconnecting()  # before anything the new connection delivers
             corr = next(self._corr) & 0xFFFFFFFF or next(self._corr)
             conn.pending[corr] = w
-            conn.link.write(conn.proto.send_request(corr, P.Subscribe(sub.sid, sub.subject_filter)))
+            conn.link.write(conn.proto.send_request(corr, self._subscribe_command(sub)))
         lost: ConnectionClosedError | None = None
         for sub, w in zip(subs, waits):  # every answer is awaited (asyncio logs the others)
             try:

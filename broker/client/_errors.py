@@ -3,7 +3,8 @@
 :class:`ConnectionClosedError` says why a connection went (a GOODBYE's reason and
 code when the broker sent one); :class:`ConnectionLostError` fails a request that was
 in flight then, :class:`ReconnectFailedError` every call once the client gave up
-reconnecting. The broker's own refusals are the ``protocol`` error classes.
+reconnecting. The broker's own refusals are the ``protocol`` error classes;
+:class:`NoRespondersError` says that a request reached nobody.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import ssl
 
 from protocol import BrokerError, ErrorCode
 
-__all__ = ["ConnectionClosedError", "ConnectionLostError", "ReconnectFailedError", "describe", "error_code"]
+__all__ = [
+    "ConnectionClosedError", "ConnectionLostError", "NoRespondersError", "ReconnectFailedError", "describe", "error_code",
+]
 
 
 class ConnectionClosedError(ConnectionError):
@@ -60,6 +63,20 @@ class ReconnectFailedError(ConnectionClosedError):
         self.attempts = attempts
         self.last_error = last_error
         self.__cause__ = lost
+
+
+class NoRespondersError(Exception):
+    """A request reached no subscriber: the broker answered it at once with the
+    no-responders status (503) instead of leaving it to time out, as nats-server
+    does (nats-py raises its own ``NoRespondersError`` then).
+
+    Attributes:
+        subject: the subject of the request.
+    """
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(f"no responders are available for a request on {subject!r}")
+        self.subject = subject
 
 
 def describe(exc: BaseException) -> str:

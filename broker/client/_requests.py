@@ -5,10 +5,20 @@ when the connection is down or goes (wait for the reconnection within the timeou
 fail with :class:`ConnectionLostError` or send it again, as ``_client.py`` says), and
 the commands on streams, topics, messages, core subscriptions and consumer offsets.
 KV buckets (``_kv.py``) and durable consumers (``_consumers.py``) are built on it.
+
+Request/reply (NATS's, across both protocols): :meth:`Requests.request` publishes
+with a reply subject of the client's own inbox, ``_INBOX.<id>.<n>``, and waits for
+the first message on it. As nats-py does, every request of a client shares one
+wildcard subscription, ``_INBOX.<id>.*``, made at the first request (and made again
+with the others after a reconnection): each reply completes the request whose ``n``
+it carries (:class:`_Inbox`), with no task. :meth:`Requests.respond` answers a
+message that carries a reply subject (``Message.reply``).
 """
 
 from __future__ import annotations
 
+import itertools
+import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -16,17 +26,67 @@ from typing import Any
 import protocol as P
 from protocol import EXPIRY_NONE, Ack, Acks, BrokerError, Command, ErrorCode, Identifier, Message
 
+from ._backend import Event, Waiter
 from ._connection import Connection, Subscription, _Conn
-from ._errors import ConnectionLostError
+from ._errors import ConnectionClosedError, ConnectionLostError, NoRespondersError
 from ._messages import MSG_ID_HEADER, Fetched, Msg, MsgTuple, encode_msg, has_msg_id
 
-__all__ = ["Requests"]
+__all__ = ["Requests", "new_inbox", "INBOX_PREFIX"]
+
+#: Where the inboxes of replies live, as in NATS (nats-py's ``new_inbox()``).
+INBOX_PREFIX = "_INBOX."
+_NUID_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_NO_TOPIC = ErrorCode.NO_TOPIC_FOR_SUBJECT
+
+
+def new_inbox() -> str:
+    """A subject no one else uses, ``_INBOX.`` and 22 random characters of base 62
+    (the length of a NATS NUID: 131 random bits)."""
+    return INBOX_PREFIX + "".join(secrets.choice(_NUID_ALPHABET) for _ in range(22))
+
+
+def _is_no_responders(m: Message) -> bool:
+    """The broker's no-responders status message (``Status: 503``, no payload)."""
+    return not m.payload and bool(m.headers_raw) and m.headers.get("Status") == "503"
+
+
+class _Inbox(Subscription):
+    """The one subscription, ``<inbox>.*``, that takes the replies of all of a
+    client's requests: a reply completes the waiter of the request whose token (the
+    last token of the reply subject) it carries, the first reply only; nothing is
+    queued. Once made (``ready`` set), ``closed`` says whether it failed or ended."""
+
+    def __init__(self, client: Connection, sid: int, prefix: str, ready: Event) -> None:
+        super().__init__(client, sid, prefix + ".*", 1)
+        self.prefix_len = len(prefix) + 1
+        self.waiting: dict[str, Waiter] = {}
+        self.ready = ready
+
+    def _deliver(self, messages: Iterable[Message]) -> None:
+        for m in messages:
+            w = self.waiting.pop(m.subject[self.prefix_len :], None)
+            if w is not None:
+                w.set_result(m)
+
+    def _end(self, error: BaseException | None = None) -> None:
+        if not self.closed:
+            why = error or self._client.close_reason or ConnectionClosedError("the client's inbox subscription ended")
+            waiting, self.waiting = self.waiting, {}
+            for w in waiting.values():
+                w.set_exception(why)
+        super()._end(error)
 
 
 class Requests(Connection):
     """The requests of a :class:`~broker.client.Client`: how each is sent and
     answered, and the broker's commands (the client's public methods but those of
     KV buckets and durable consumers)."""
+
+    def _init_parts(self) -> None:
+        super()._init_parts()
+        #: The subscription of the requests' replies (made at the first request).
+        self._inbox: _Inbox | None = None
+        self._request_tokens = itertools.count(1)
 
     # -- the request path ------------------------------------------------------------
 
@@ -220,8 +280,15 @@ class Requests(Connection):
         headers: Mapping[str, str] | None = None,
         ttl: int | str | None = None,
         ack: bool = True,
+        reply: str | None = None,
     ) -> Ack | None:
         """Publish one message and wait for its ack.
+
+        ``reply``: a reply subject the message carries to the core subscribers (a
+        request: what :meth:`request` does, with its own inbox). A subscriber that
+        reads it as ``Message.reply`` answers with :meth:`respond`. A request no
+        subscriber takes makes the broker send the no-responders status message
+        (``Status: 503``) to this client's subscriptions that match ``reply``.
 
         A message with a ``Nats-Msg-Id`` header is sent again after a reconnection if
         the connection dropped before its ack came: the topic's duplicate window
@@ -236,6 +303,8 @@ class Requests(Connection):
             ConnectionLostError: the connection dropped with the publish in flight.
             TimeoutError: no ack (or no connection) within the client's timeout.
         """
+        if reply is not None:
+            return await self._publish_with_reply(reply, encode_msg(subject, payload, headers, ttl), ack)
         if not ack:
             await self._send_no_ack(P.Publish.from_bodies([encode_msg(subject, payload, headers, ttl)], P.PUBLISH_NO_ACK))
             return None
@@ -244,6 +313,100 @@ class Requests(Connection):
         if a.error is not None:
             raise a.error
         return a
+
+    async def _publish_with_reply(self, reply: str, body: bytes, ack: bool, unrouted_ok: bool = False) -> Ack | None:
+        """One message carrying ``reply``; ``unrouted_ok``: a subject no topic
+        captures is no error (a request's, a reply's)."""
+        if not ack:
+            await self._send_no_ack(P.PublishWithReply.to(reply, [body], P.PUBLISH_NO_ACK))
+            return None
+        a = Acks.first(await self._call(Command.PUBLISH, P.PublishWithReply.to(reply, [body]).encode(), has_msg_id(body)))
+        if a.error is not None and not (unrouted_ok and a.error.code == _NO_TOPIC):
+            raise a.error
+        return a
+
+    def new_inbox(self) -> str:
+        """A fresh subject to take replies on (``_INBOX.`` and 22 random characters),
+        as nats-py's ``new_inbox()``: subscribe to it, then publish with ``reply=``."""
+        return new_inbox()
+
+    async def request(
+        self,
+        subject: str,
+        payload: bytes | str = b"",
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Message:
+        """Publish a request and return the first reply (NATS request/reply, with
+        subscribers of either protocol: a nats-py ``nc.subscribe`` callback's
+        ``msg.respond`` answers it as :meth:`respond` does).
+
+        The request carries a reply subject of the client's inbox (see the module
+        docstring); its ack is awaited first, so a refusal (an invalid subject,
+        permissions) raises the broker's error. ``timeout``: seconds to wait for the
+        reply, from the call (default: the client's timeout).
+
+        Raises:
+            NoRespondersError: no subscriber took the request (the broker says so at
+                once, as nats-server does).
+            TimeoutError: no reply within ``timeout``.
+            BrokerError: the broker refused the request.
+        """
+        seconds = self._timeout if timeout is None else timeout
+        inbox = await self._inbox_for_requests()
+        token = str(next(self._request_tokens))
+        w = self._backend.waiter(seconds)
+        inbox.waiting[token] = w
+        try:
+            await self._publish_with_reply(inbox.subject_filter[:-1] + token, encode_msg(subject, payload, headers), True, True)
+            m: Message = await w.wait()
+        except TimeoutError:
+            raise TimeoutError(f"no reply to the request on {subject!r} within {seconds:g} s") from None
+        finally:
+            inbox.waiting.pop(token, None)
+            w.cancel()
+        if _is_no_responders(m):
+            raise NoRespondersError(subject)
+        return m
+
+    async def respond(
+        self, message: Message, payload: bytes | str = b"", *, headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Answer ``message`` (a request): publish ``payload`` on its reply subject,
+        as nats-py's ``msg.respond`` does.
+
+        Raises:
+            ValueError: the message carries no reply subject.
+            BrokerError: the broker refused the answer.
+        """
+        if not message.reply:
+            raise ValueError(f"the message on {message.subject!r} carries no reply subject: there is nobody to answer")
+        a = Acks.first(await self._call(Command.PUBLISH, encode_msg(message.reply, payload, headers, prefix=P.PUBLISH_ONE)))
+        if a.error is not None and a.error.code != _NO_TOPIC:
+            raise a.error
+
+    async def _inbox_for_requests(self) -> _Inbox:
+        """The subscription the replies of requests come on, made at the first
+        request (the requests of the meantime wait for it)."""
+        while True:
+            inbox = self._inbox
+            if inbox is not None:
+                if not inbox.ready.is_set():
+                    await inbox.ready.wait()
+                    continue
+                if not inbox.closed:
+                    return inbox
+            sid = next(self._sids)
+            inbox = self._inbox = _Inbox(self, sid, new_inbox(), self._backend.event())
+            try:
+                await self._subscribe(inbox)
+            except BaseException:
+                self._inbox = None
+                raise
+            finally:
+                inbox.ready.set()
+            return inbox
 
     async def publish_batch(self, messages: Iterable[Msg | MsgTuple | bytes], *, ack: bool = True) -> Acks | None:
         """Publish many messages in one frame; one ack each, in order (errors are in
@@ -307,9 +470,15 @@ class Requests(Connection):
 
     async def subscribe(self, subject_filter: str, *, max_pending: int = 65536) -> Subscription:
         """Receive every message published on matching subjects from now on, at most
-        once (stored or not)."""
-        sid = next(self._sids)
-        sub = Subscription(self, sid, subject_filter, max_pending)
+        once (stored or not). A request's messages carry its reply subject
+        (``Message.reply``): answer with :meth:`respond`."""
+        sub = Subscription(self, next(self._sids), subject_filter, max_pending)
+        await self._subscribe(sub)
+        return sub
+
+    async def _subscribe(self, sub: Subscription) -> None:
+        """Make ``sub`` on the broker (and keep it across reconnections)."""
+        sid = sub.sid
         self._subs[sid] = sub  # before the answer: deliveries may come with it
         try:
             with self._backend.timeout(self._timeout):
@@ -320,7 +489,7 @@ class Requests(Connection):
                     if sub._conn is conn:
                         break  # a reconnection subscribed it meanwhile
                     try:
-                        await self._roundtrip(conn, P.Subscribe(sid, subject_filter))
+                        await self._roundtrip(conn, self._subscribe_command(sub))
                     except ConnectionLostError:
                         # The broker forgot it with the connection: subscribe again.
                         if not self._reconnect or self.closed:
@@ -341,7 +510,6 @@ class Requests(Connection):
             self._subs.pop(sid, None)
             sub._end()
             raise
-        return sub
 
     # -- consumer offsets ------------------------------------------------------------
 

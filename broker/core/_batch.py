@@ -44,7 +44,7 @@ from storage import AppendResult
 from ._dedup import Original
 from ._topics import Partition, Topic
 
-__all__ = ["Admission", "Appended", "Batch"]
+__all__ = ["Admission", "Appended", "Batch", "RequestBatch"]
 
 _PUBLISH = int(P.Command.PUBLISH)
 
@@ -177,6 +177,9 @@ class Batch:
     #: transform stores under another (``subjects`` holds the stored one; core
     #: subscribers get the message on this one), or None.
     originals: dict[int, bytes] | None
+    #: The reply subject every message carries to the core subscribers: None but in
+    #: a :class:`RequestBatch` (a class attribute here, so a plain publish sets nothing).
+    reply: bytes | None = None
 
     def __init__(self, data: bytes, scan: PublishScan, trusted: bool = False) -> None:
         self.data = data
@@ -274,3 +277,16 @@ class Batch:
             out.append(P.encode_frame(_PUBLISH, P.FLAG_RESPONSE, corr, 0, payload))
             a = b
         return b"".join(out)
+
+
+class RequestBatch(Batch):
+    """The batch of a PUBLISH with a reply subject (a request): delivered with
+    ``reply``, and ``reached`` counts the core subscriptions that took it (none: the
+    publisher is told there are no responders, ``Publisher.request``)."""
+
+    __slots__ = ("reply", "reached")
+
+    def __init__(self, data: bytes, scan: PublishScan, reply: bytes) -> None:
+        super().__init__(data, scan)
+        self.reply = reply
+        self.reached = 0

@@ -127,6 +127,9 @@ class Broker:
         #: What the packages above keep per topic (:class:`TopicHooks`).
         self.topic_hooks: list[TopicHooks] = []
         self.started_at = time.time()
+        #: The listeners the server bound, ``{"ttlbroker": "host:port", "nats": ...,
+        #: "http": ...}`` (set by ``broker.server``; shown in the server info).
+        self.listeners: dict[str, str] = {}
         self.shutting_down = False
         self.admin_lock = trio.Lock()
         #: Checks a mirror's or sources' configuration against the catalog (its

@@ -31,7 +31,11 @@ def info(broker: Broker) -> dict[str, Any]:
         "max_fetch_bytes": li.max_fetch_bytes,
         "fsync": str(broker.config.system.partition.fsync),
         "auth_required": bool(broker.config.server.auth_token),
+        "tls_required": bool(broker.config.server.tls_cert),
         "started_at": broker.started_at,
+        "listeners": dict(broker.listeners),
+        # A client may subscribe with SUBSCRIBE_REPLIES and publish with PUBLISH_REPLY.
+        "reply_subjects": True,
     }
 
 

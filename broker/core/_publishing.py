@@ -20,7 +20,11 @@ The entry points, one answer shape each:
 * :meth:`Publisher.publish_stored`: the NATS listener's publish: the first offset
   when the whole batch went in order into one partition, else the acks, and an epoch;
 * :meth:`Publisher.publish_bodies`: the broker's own bodies (republished copies):
-  nothing to answer.
+  nothing to answer;
+* :meth:`Publisher.request`: a binary PUBLISH with a reply subject (a request,
+  ``protocol.PublishWithReply``), answered as :meth:`Publisher.publish`; its messages
+  reach the core subscribers with the reply subject, and a request that reaches none
+  gets the no-responders status message on its reply subject, as from nats-server.
 
 Speed: the common batch (plain messages into one partition, nothing refused) takes
 the one-partition path: one append, TTLs scheduled in bulk (one insertion per
@@ -40,7 +44,7 @@ from protocol import TTL_NEVER, TTL_NONE, BrokerError, ErrorCode, scan_bodies
 from storage import AppendResult, MemoryBudget
 
 from ._admission import ROLLUP_SUB, admit_batch, check, dedupe, self_contained
-from ._batch import Appended, Batch
+from ._batch import Appended, Batch, RequestBatch
 from ._clock import Clock
 from ._commit import Committer, Reply
 from ._limits import refuse, trim, trim_in_order
@@ -82,6 +86,8 @@ _RECORD_HEAD = 24
 _MemoryFull = P.error_class(ErrorCode.MEMORY_STORAGE_FULL)
 #: Where the bodies of a PUBLISH payload start (after u8 flags and u32 count).
 _BODY_POS = 5
+#: The place a DELIVERY gives a message no topic stored.
+_NOT_STORED = P.delivery_entry(0, 0, 0)
 
 #: :meth:`Publisher.publish_stored`'s answer: the first offset (message k of the batch
 #: at ``first + k``) when the whole batch was stored in order into one partition,
@@ -152,6 +158,61 @@ class Publisher:
         else:
             payload = batch.acks().encode()
         return (payload, epoch) if epoch else payload
+
+    def request(self, session: object, cmd: P.PublishWithReply) -> Reply:
+        """A PUBLISH with a reply subject (a request): stored and acked as
+        :meth:`publish` does, delivered to the core subscribers with the reply
+        subject. When no subscription took any of its messages, and at least one
+        was valid, the publishing ``session``'s first subscription that matches the
+        reply subject gets the no-responders status message (:meth:`_no_responders`)
+        before the acks.
+
+        Raises:
+            InvalidSubjectError: the reply subject is not a valid subject (nothing
+                is stored or delivered).
+            MalformedPayloadError: the bodies do not fill the payload.
+        """
+        try:
+            reply = P.validate_subject(cmd.reply).encode()
+        except BrokerError as err:
+            raise P.error_class(ErrorCode.INVALID_SUBJECT)(f"reply subject: {err.message}") from None
+        data = cmd.data
+        batch = RequestBatch(data, scan_bodies(data, cmd.body_pos, cmd.count, self.max_payload), reply)
+        if batch.special:
+            check(batch, self.max_payload)
+        self._store(batch)
+        if not batch.reached and len(batch.failed) < batch.count:
+            self._no_responders(session, batch)
+        # The answer, as :meth:`publish` makes it (inline there: its hot path).
+        if cmd.flags & _NO_ACK:
+            return b""
+        part = batch.whole
+        if part is not None:
+            topic = part.topic
+            payload = P.encode_uniform_acks(topic.stream.id, topic.id, part.number, batch.first_offset, batch.count)
+        else:
+            payload = batch.acks().encode()
+        return (payload, batch.epoch) if batch.epoch else payload
+
+    def _no_responders(self, session: object, batch: RequestBatch) -> None:
+        """Tell the publisher of a request that nothing took it, as nats-server tells
+        a client whose CONNECT asked for it: a core message on the reply subject,
+        with no payload and the headers ``Status: 503`` and ``Nats-Subject`` (the
+        first valid message's subject; a NATS client reads a status line as the
+        ``Status`` header), to the first (in match order) of the publisher's own
+        subscriptions that match the reply subject; nobody else gets it. Counted in
+        ``no_responders``."""
+        self.counters.no_responders += 1
+        reply = batch.reply
+        assert reply is not None
+        own = [s for s in self.subs.match(reply) if s.session is session]
+        if not own:
+            return
+        sub = min(own, key=lambda s: P.match_order(s.tokens))
+        subject = next(s for i, s in enumerate(batch.subjects) if i not in batch.failed)
+        headers = P.encode_headers([("Status", "503"), ("Nats-Subject", subject.decode(errors="replace"))])
+        record = P.encode_record(0, self.clock.now_ns(), P.encode_body(reply.decode(), b"", headers))
+        sub.deliver_records([_NOT_STORED, record], self.counters)
 
     def publish_frames(self, session: object, requests: list[tuple[int, bytes, int]]) -> tuple[bytes, int] | None:
         """Consecutive PUBLISH requests (acked, at least one message each; ``(correlation
@@ -370,7 +431,11 @@ class Publisher:
             # Subscribers, but none on these subjects (a client's reply inbox): no entries to build.
             if self.subs and not batch.quiet and any(map(self.subs.match, batch.subjects)):
                 head = P.delivery_entry(part.topic.stream.id, part.topic.id, part.number)
-                self.subs.deliver([(s, head, rec) for s, rec in zip(batch.subjects, _record_views(res))])
+                entries: list[Entry] = [(s, head, rec) for s, rec in zip(batch.subjects, _record_views(res))]
+                if batch.reply is None:
+                    self.subs.deliver(entries)
+                else:
+                    self._deliver_request(batch, entries)
             return
         self._append(batch)
         for a in batch.appended:
@@ -694,11 +759,20 @@ class Publisher:
                 else:
                     entries[i] = (subjects[i], head, rec)
         if unrouted:
-            head = P.delivery_entry(0, 0, 0)
+            head = _NOT_STORED
             data, starts, ends, now = batch.data, batch.starts, batch.ends, batch.now
             for i in unrouted:
                 entries[i] = (subjects[i], head, P.encode_record(0, now, data[starts[i] : ends[i]]))
-        self.subs.deliver([e for e in entries if e is not None])
+        if batch.reply is None:
+            self.subs.deliver([e for e in entries if e is not None])
+        else:
+            self._deliver_request(batch, [e for e in entries if e is not None])
+
+    def _deliver_request(self, batch: Batch, entries: list[Entry]) -> None:
+        """A request's messages to the core subscriptions, with its reply subject;
+        how many took them goes into ``batch.reached``."""
+        assert isinstance(batch, RequestBatch) and batch.reply is not None
+        batch.reached = self.subs.deliver_request(entries, batch.reply)
 
 
 def _rolled_up(part: Partition, subject: bytes, before: int) -> list[int]:

@@ -37,6 +37,10 @@ class Counters:
     messages_unrouted: int = 0
     #: Core deliveries dropped because a subscriber fell too far behind.
     deliveries_dropped: int = 0
+    #: Requests (publishes with a reply subject, of either protocol) that no core
+    #: subscription took: the requester gets the no-responders status (503) when
+    #: it can read it.
+    no_responders: int = 0
     #: Messages removed by the delete API.
     deleted: int = 0
     #: Messages removed by purges.

@@ -35,7 +35,9 @@ the index holds whatever the path a subscription leaves by (an unsubscribe, an
 this is on the delivery path.
 
 :meth:`SubscriptionIndex.deliver` pushes stored (and republished, marker or
-unrouted) records to the matching subscriptions.
+unrouted) records to the matching subscriptions; :meth:`SubscriptionIndex.deliver_request`
+those of a request (a publish with a reply subject), each carrying the reply subject,
+and says how many subscriptions took them (none: no responders).
 """
 
 from __future__ import annotations
@@ -136,6 +138,11 @@ class Subscriber(Protocol):
         """Stored records for it, in publish order: ``parts`` alternates each
         record's DELIVERY entry head and its bytes. Counts what it delivers and
         what it drops in ``counters``."""
+        ...
+
+    def deliver_request(self, parts: list[bytes | memoryview], counters: Counters, reply: bytes) -> bool:
+        """:meth:`deliver_records` for the messages of a request, each carrying the
+        reply subject ``reply``; True when they were queued (not dropped)."""
         ...
 
     def send_core(
@@ -328,6 +335,27 @@ class SubscriptionIndex:
             counters.deliveries_dropped += count
         for sub, parts in batches.items():
             sub.deliver_records(parts, counters)
+
+    def deliver_request(self, entries: list[Entry], reply: bytes) -> int:
+        """:meth:`deliver` for the messages of a request, each carrying the reply
+        subject ``reply`` (its own method, so that :meth:`deliver`, on every
+        publish's path, is as it was); returns how many subscriptions took them
+        (queued, not dropped for a full connection): what nats-server's
+        ``didDeliver`` tells."""
+        batches: dict[Subscriber, list[bytes | memoryview]] = {}
+        for subj, head, rec in entries:
+            for sub in self.match(subj):
+                batches.setdefault(sub, []).extend((head, rec))
+        counters = self.counters
+        taken = 0
+        for sub, parts in batches.items():
+            if sub.session.accepts_pushes():
+                taken += sub.deliver_request(parts, counters, reply)
+            else:
+                count = len(parts) // 2
+                sub.dropped += count
+                counters.deliveries_dropped += count
+        return taken
 
 
 def _wild_after_two(tokens: tuple[str, ...]) -> bool:

@@ -6,12 +6,14 @@ reaches every matching subscription of both protocols whichever protocol sent it
 
 * stored messages (and unrouted ones a ttlbroker client publishes) go through
   ``_subscriptions.deliver``, which hands a NATS subscription its records
-  (:meth:`NatsSubscription.deliver_records`: ``MSG``/``HMSG`` without a reply);
+  (:meth:`NatsSubscription.deliver_records`: ``MSG``/``HMSG`` without a reply), and
+  a ttlbroker request's (a PUBLISH with a reply subject) through
+  ``deliver_request``, with its reply subject;
 * core messages a NATS client publishes (a subject no topic captures), replies of
   the JetStream API and consumer deliveries go through :func:`send_core`, which
-  keeps the reply subject for NATS subscribers (a ttlbroker DELIVERY has no place
-  for it) and gives ttlbroker subscribers a record with offset 0, as an unrouted
-  publish does.
+  keeps the reply subject for NATS subscribers and for the ttlbroker subscriptions
+  that asked for reply subjects (``SUBSCRIBE_REPLIES``), and gives ttlbroker
+  subscribers a record with offset 0, as an unrouted publish does.
 
 Queue groups (``SUB subject queue sid``): the index gives each message to one member
 of each group, chosen at random, as nats-server does. ``UNSUB sid max`` removes the
@@ -131,11 +133,21 @@ class NatsSubscription:
     def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
         """Stored (or unrouted) records from ``SubscriptionIndex.deliver`` (entry heads
         and records, alternating), in order, as ``MSG``/``HMSG`` without a reply."""
+        self._send_records(parts, None)
+
+    def deliver_request(self, parts: list[bytes | memoryview], counters: Counters, reply: bytes) -> bool:
+        """The records of a ttlbroker request (a PUBLISH with a reply subject), as
+        ``MSG``/``HMSG`` with ``reply``; True when one went at least."""
+        return self._send_records(parts, reply)
+
+    def _send_records(self, parts: list[bytes | memoryview], reply: bytes | None) -> bool:
+        sent = False
         for rec in parts[1::2]:
             if self.remaining is not None and self.remaining <= 0:
-                return
+                break
             subject, headers, payload = nats_message_of_record(rec)
-            self.send(subject, None, headers, payload)
+            sent = self.send(subject, reply, headers, payload) or sent
+        return sent
 
     def send_core(
         self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int,

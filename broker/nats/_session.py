@@ -748,7 +748,9 @@ class NatsSession:
         for ``no_responders``, a ``NATS/1.0 503`` status message carrying
         ``Nats-Subject: <subject>`` to the first of its own subscriptions that match
         the reply subject (in the order nats-server's sublist finds them), as
-        nats-server sends it (``client.processMsgResults``). Nobody else gets it."""
+        nats-server sends it (``client.processMsgResults``). Nobody else gets it.
+        Counted in ``no_responders`` either way."""
+        self.broker.counters.no_responders += 1
         if not self.no_responders_wanted:
             return
         tokens = reply.split(".")

@@ -98,6 +98,7 @@ class Dispatch:
             cmd: MethodType(fn, owner) for owner, table in families for cmd, fn in table.items()
         }
         self.sync[P.Publish] = broker.publisher.publish  # the hot path: the publish path's own method
+        self.sync[P.PublishWithReply] = broker.publisher.request
         async_families: list[tuple[object, dict[type, Callable[..., Awaitable[Reply]]]]] = [
             (broker, {
                 P.Export: core.export,

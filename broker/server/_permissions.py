@@ -110,7 +110,7 @@ def check_command(broker: Broker, perms: Any, cmd: Any) -> None:
         PermissionDeniedError: naming the subject.
     """
     cls = cmd.__class__
-    if cls is P.Publish:
+    if cls is P.Publish or cls is P.PublishWithReply:
         scan = P.scan_bodies(cmd.data, cmd.body_pos, cmd.count, 1 << 62)
         for raw in dict.fromkeys(scan.subjects):
             subject = bytes(raw).decode(errors="replace")

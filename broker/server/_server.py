@@ -206,6 +206,11 @@ async def _run(
         handle = ServerHandle(broker, host, port, services, http_host, http_port)
         if nats_listeners:
             handle.nats_host, handle.nats_port = _sockname(nats_listeners[0])
+        broker.listeners = {"ttlbroker": handle.address}  # what the server info shows
+        if handle.nats_url is not None:
+            broker.listeners["nats"] = handle.nats_url
+        if handle.monitoring_url is not None:
+            broker.listeners["http"] = handle.monitoring_url
         ids = itertools.count(1)
         limits = config.limits
         tls = TlsAcceptor(tls_context, broker, guard) if tls_context is not None else None

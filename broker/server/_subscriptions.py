@@ -41,17 +41,21 @@ _NO_PLACE = P.delivery_entry(0, 0, 0)
 
 
 class Subscription:
-    """One SUBSCRIBE of a binary-protocol session (``core.Subscriber``)."""
+    """One SUBSCRIBE of a binary-protocol session (``core.Subscriber``). ``replies``:
+    it was made with ``SUBSCRIBE_REPLIES``, so the messages that carry a reply subject
+    (requests, of either protocol) come with it; without, they come as any message
+    (a client that does not know the field never sees it)."""
 
-    __slots__ = ("session", "sid", "subject_filter", "tokens", "delivered", "dropped", "footprint")
+    __slots__ = ("session", "sid", "subject_filter", "tokens", "delivered", "dropped", "footprint", "replies")
 
     #: Binary-protocol subscriptions have no queue groups.
     queue = None
 
-    def __init__(self, session: Subscriber, sid: int, subject_filter: str) -> None:
+    def __init__(self, session: Subscriber, sid: int, subject_filter: str, replies: bool = False) -> None:
         self.session = session
         self.sid = sid
         self.subject_filter = subject_filter
+        self.replies = replies
         self.tokens = tuple(subject_filter.split("."))
         self.delivered = 0
         self.dropped = 0
@@ -60,26 +64,41 @@ class Subscription:
 
     def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
         """One DELIVERY push of every record in ``parts`` (entry heads and records)."""
+        self._push(parts, counters)
+
+    def deliver_request(self, parts: list[bytes | memoryview], counters: Counters, reply: bytes) -> bool:
+        """One DELIVERY push of a request's records, with its reply subject when the
+        subscription asked for reply subjects."""
+        return self._push([*parts, P.delivery_reply(reply)] if self.replies else parts, counters)
+
+    def _push(self, parts: list[bytes | memoryview], counters: Counters) -> bool:
+        """Push the DELIVERY of ``parts`` (entry heads and records, and after them
+        the reply subject of a request) and count it; False: dropped."""
         count = len(parts) // 2
         payload = P.encode_delivery(self.sid, count, parts)
         if self.session.push(P.PushKind.DELIVERY, payload):
             self.delivered += count
             counters.messages_out += count
             counters.bytes_out += len(payload)
-        else:
-            self.dropped += count
-            counters.deliveries_dropped += count
+            return True
+        self.dropped += count
+        counters.deliveries_dropped += count
+        return False
 
     def send_core(
         self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int,
         record: Callable[[], bytes], skip: object,
     ) -> bool:
-        """A core message as a DELIVERY of its record at offset 0 (its reply subject
-        has no place in it); none when ttlbroker cannot carry its subject or headers."""
+        """A core message as a DELIVERY of its record at offset 0, with its reply
+        subject when it has one and the subscription asked for reply subjects; none
+        when ttlbroker cannot carry its subject or headers."""
         rec = record()
         if not rec:
             return False  # a subject or headers ttlbroker cannot carry: NATS subscribers only
-        delivery = P.encode_delivery(self.sid, 1, (_NO_PLACE, rec))
+        if reply and self.replies:
+            delivery = P.encode_delivery(self.sid, 1, (_NO_PLACE, rec, P.delivery_reply(reply)))
+        else:
+            delivery = P.encode_delivery(self.sid, 1, (_NO_PLACE, rec))
         session = self.session
         counters = session.broker.counters
         if not epoch:
@@ -101,18 +120,21 @@ class Subscription:
 class FilteredSubscription(Subscription):
     """A SUBSCRIBE wider than one of its user's deny entries (``orders.>`` with
     ``orders.secret`` denied): messages on a denied subject are not delivered, as
-    on the NATS listener."""
+    on the NATS listener. Also the SUBSCRIBE of a user with ``allow_responses``:
+    the reply subject of each request delivered to it may be published to (the
+    user's ``Permissions.received_reply``)."""
 
     __slots__ = ("perms",)
 
-    def __init__(self, session: Subscriber, sid: int, subject_filter: str, perms: Any) -> None:
-        super().__init__(session, sid, subject_filter)
+    def __init__(self, session: Subscriber, sid: int, subject_filter: str, perms: Any, replies: bool = False) -> None:
+        super().__init__(session, sid, subject_filter, replies)
         self.perms = perms
 
     def _denied(self, subject: bytes) -> bool:
         return bool(self.perms.delivery_denied(subject.decode(errors="replace"), None))
 
-    def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
+    def _kept(self, parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
+        """The entries of ``parts`` on subjects the user is not denied."""
         kept: list[bytes | memoryview] = []
         head = P.RECORD_FIXED.size
         for i in range(0, len(parts), 2):
@@ -120,16 +142,33 @@ class FilteredSubscription(Subscription):
             sl = P.RECORD_FIXED.unpack_from(rec, 0)[6]
             if not self._denied(bytes(rec[head : head + sl])):
                 kept += (parts[i], rec)
+        return kept
+
+    def deliver_records(self, parts: list[bytes | memoryview], counters: Counters) -> None:
+        kept = self._kept(parts)
         if kept:
             super().deliver_records(kept, counters)
+
+    def deliver_request(self, parts: list[bytes | memoryview], counters: Counters, reply: bytes) -> bool:
+        kept = self._kept(parts)
+        if not kept or not super().deliver_request(kept, counters, reply):
+            return False
+        self._may_answer(reply)
+        return True
+
+    def _may_answer(self, reply: bytes) -> None:
+        if self.perms.responses is not None:
+            self.perms.received_reply(reply.decode(errors="replace"))
 
     def send_core(
         self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes | memoryview, epoch: int,
         record: Callable[[], bytes], skip: object,
     ) -> bool:
-        if self._denied(subject):
+        if self._denied(subject) or not super().send_core(subject, reply, headers, payload, epoch, record, skip):
             return False
-        return super().send_core(subject, reply, headers, payload, epoch, record, skip)
+        if reply:
+            self._may_answer(reply)
+        return True
 
 
 def subscribe(broker: Broker, session: Subscriber, cmd: P.Subscribe) -> Reply:
@@ -156,10 +195,10 @@ def subscribe(broker: Broker, session: Subscriber, cmd: P.Subscribe) -> Reply:
         raise error_class(ErrorCode.INVALID_SUBJECT_FILTER)(
             f"subject filter {cmd.subject_filter[:40]!r}... is longer than limits.max_subscription_subject_bytes ({longest} bytes)")
     perms = session.perms
-    if perms is not None and perms.needs_delivery_check(cmd.subject_filter, None):
-        sub: Subscription = FilteredSubscription(session, cmd.subscription_id, cmd.subject_filter, perms)
+    if perms is not None and (perms.responses is not None or perms.needs_delivery_check(cmd.subject_filter, None)):
+        sub: Subscription = FilteredSubscription(session, cmd.subscription_id, cmd.subject_filter, perms, cmd.replies)
     else:
-        sub = Subscription(session, cmd.subscription_id, cmd.subject_filter)
+        sub = Subscription(session, cmd.subscription_id, cmd.subject_filter, cmd.replies)
     session.subs[cmd.subscription_id] = sub
     try:
         broker.subs.add(sub)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import string
 
 from helpers import feed_bytewise, handshaken_pair
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -42,11 +43,15 @@ commands = st.one_of(
     st.builds(P.GetServerInfo),
     st.builds(P.GetStats),
     st.builds(lambda bs, noack: P.Publish.from_bodies(bs, P.PUBLISH_NO_ACK if noack else 0), st.lists(bodies, max_size=6), st.booleans()),
+    st.builds(
+        lambda reply, bs, noack: P.PublishWithReply.to(reply, bs, P.PUBLISH_NO_ACK if noack else 0),
+        subjects, st.lists(bodies, max_size=6), st.booleans(),
+    ),
     st.builds(P.Fetch, idents, idents, u32, u64, u32, u32, st.one_of(st.just(""), filters)),
     st.builds(P.GetLast, idents, idents, subjects),
     st.builds(P.DeleteMessage, idents, idents, u32, u64),
     st.builds(P.Purge, idents, idents, st.one_of(st.just(""), filters)),
-    st.builds(P.Subscribe, u32, filters),
+    st.builds(P.Subscribe, u32, filters, st.sampled_from([0, P.SUBSCRIBE_REPLIES])),
     st.builds(P.Unsubscribe, u32),
     st.builds(P.StoreConsumerOffset, idents, idents, u32, names, u64),
     st.builds(P.GetConsumerOffset, idents, idents, u32, names),
@@ -144,10 +149,12 @@ def test_acks_round_trip(rows: list[tuple[int, int, int, int, int]]) -> None:
             assert a.error is not None and a.error.code == rows[i][4] and a.error.message == f"error {i}"
 
 
-@given(st.lists(messages, max_size=5), u32)
-def test_delivery_and_fetch_result_round_trip(msgs: list[P.Message], sid: int) -> None:
-    d = P.Delivery(sid, tuple(msgs))
-    assert P.Delivery.decode(d.encode()) == d
+@given(st.lists(messages, max_size=5), u32, st.one_of(st.none(), subjects, st.text(min_size=256, max_size=300)))
+def test_delivery_and_fetch_result_round_trip(msgs: list[P.Message], sid: int, reply: str | None) -> None:
+    d = P.Delivery(sid, tuple(msgs), reply)
+    back = P.Delivery.decode(d.encode())
+    assert back == d
+    assert [m.reply for m in back.messages] == [reply] * len(msgs)  # every message of the push carries it
     recs = b"".join(
         P.encode_record(m.offset, m.timestamp, P.encode_body(m.subject, m.payload, m.headers_raw, m.ttl, m.flags)) for m in msgs
     )
@@ -162,3 +169,64 @@ def test_delivery_and_fetch_result_round_trip(msgs: list[P.Message], sid: int) -
 def test_uniform_acks_equal_general_acks() -> None:
     assert P.encode_uniform_acks(3, 4, 5, 100, 7) == P.Acks([3] * 7, [4] * 7, [5] * 7, list(range(100, 107)), [0] * 7).encode()
     assert P.encode_uniform_acks(3, 4, 5, 100, 0) == P.Acks([], [], [], [], []).encode()
+
+
+def test_a_publish_with_reply_decodes_to_its_own_class_and_a_plain_one_does_not() -> None:
+    body = P.encode_body("svc.echo", b"hi")
+    request = P.Publish.decode(P.PublishWithReply.to("_INBOX.a.1", [body]).encode())
+    assert type(request) is P.PublishWithReply and request.reply == "_INBOX.a.1" and request.count == 1
+    assert request.data[request.body_pos :] == body
+    assert type(P.Publish.decode(P.Publish.from_bodies([body]).encode())) is P.Publish
+
+
+def test_a_subscribe_without_flags_keeps_the_old_layout() -> None:
+    """What a client that predates the flag sends, and what it is sent back as."""
+    assert P.Subscribe(7, "a.>").encode() == P.Subscribe(7, "a.>", 0).encode() == b"\x07\x00\x00\x00\x03a.>"
+    assert P.Subscribe.decode(b"\x07\x00\x00\x00\x03a.>") == P.Subscribe(7, "a.>")
+    assert P.Subscribe.decode(b"\x07\x00\x00\x00\x03a.>\x01").replies
+
+
+@pytest.mark.parametrize(("payload", "message"), [
+    (b"\x02\x01\x00\x00\x00\x00" + P.encode_body("a", b""), "PUBLISH: the REPLY flag is set but the reply subject is empty"),
+    (b"\x04\x00\x00\x00\x00", "PUBLISH: unknown flags 0x4"),
+    (b"\x02\x01\x00\x00\x00\x05_INB", "PUBLISH: a field of 5 bytes runs past the end of the payload"),
+])
+def test_malformed_publish_with_reply(payload: bytes, message: str) -> None:
+    with pytest.raises(P.MalformedPayloadError) as info:
+        P.Publish.decode(payload)
+    assert info.value.code == P.ErrorCode.MALFORMED_PAYLOAD and info.value.message == message
+
+
+@pytest.mark.parametrize(("tail", "message"), [
+    (b"\x02", "SUBSCRIBE: unknown flags 0x2"),
+    (b"\x01\x00", "SUBSCRIBE: 1 unexpected bytes after the last field"),
+])
+def test_malformed_subscribe_flags(tail: bytes, message: str) -> None:
+    payload = P.Subscribe(1, "a").encode() + tail
+    with pytest.raises(P.MalformedPayloadError) as info:
+        P.Subscribe.decode(payload)
+    assert info.value.message == message
+
+
+@pytest.mark.parametrize(("tail", "message"), [
+    (b"\x05", "DELIVERY: bytes after the last message"),
+    (b"\x05\x00abc", "DELIVERY: bytes after the last message are not one reply subject"),
+    (b"\x00\x00", "DELIVERY: bytes after the last message are not one reply subject"),
+    (b"\x02\x00\xff\xfe", "DELIVERY: the reply subject is not UTF-8"),
+])
+def test_malformed_delivery_reply(tail: bytes, message: str) -> None:
+    payload = P.Delivery(1, (P.Message("a", b"x", b"", 0, 0),)).encode() + tail
+    with pytest.raises(P.MalformedPayloadError) as info:
+        P.Delivery.decode(payload)
+    assert info.value.message == message
+
+
+@given(st.integers(P.STAMP_SIZE, 4096), u64)
+def test_a_bench_payload_carries_its_stamp(size: int, ns: int) -> None:
+    payload = P.stamped_payload(size, ns)
+    assert len(payload) == size and P.payload_stamp(payload) == ns
+
+
+def test_a_payload_too_small_or_unmarked_has_no_stamp() -> None:
+    assert P.stamped_payload(P.STAMP_SIZE - 1, 5) == bytes(P.STAMP_SIZE - 1)
+    assert P.payload_stamp(bytes(64)) is None and P.payload_stamp(b"TBNC") is None

@@ -107,6 +107,13 @@ EXPECTED: dict[str, Expect] = {
     "fetch-response": Expect(
         "response", P.Command.FETCH, 7, P.FetchResult(1, 1, PART, 2, 1, 1, 1, P.encode_record(1, T, BODY_PLAIN))
     ),
+    "subscribe-replies-request": Expect("request", P.Command.SUBSCRIBE, 9, P.Subscribe(2, "svc.>", P.SUBSCRIBE_REPLIES)),
+    "request-publish": Expect(
+        "request", P.Command.PUBLISH, 10, P.PublishWithReply.to("_INBOX.abc.1", [P.encode_body("svc.echo", b"hi")]),
+    ),
+    "request-delivery-push": Expect(
+        "push", P.PushKind.DELIVERY, 0, P.Delivery(2, (P.Message("svc.echo", b"hi", b"", 0, T),), "_INBOX.abc.1"),
+    ),
     "get-stream-request": Expect("request", P.Command.GET_STREAM, 8, P.GetStream(P.Identifier.of("nope"))),
     "error-response": Expect("error", P.Command.GET_STREAM, 8, "no stream 'nope'", P.ErrorCode.STREAM_NOT_FOUND),
     "goodbye-push": Expect(
@@ -164,10 +171,12 @@ def test_publish_example_carries_the_documented_messages() -> None:
 
 # Where the one record starts: frame header, then FetchResult's 40-byte head, or the
 # delivery's subscription id and count and the entry's stream, topic and partition.
-@pytest.mark.parametrize(("name", "record_at"), [("fetch-response", 16 + 40), ("delivery-push", 16 + 8 + 12)])
-def test_example_records_pass_their_checksum(name: str, record_at: int) -> None:
+@pytest.mark.parametrize(("name", "record_at", "after"), [
+    ("fetch-response", 16 + 40, 0), ("delivery-push", 16 + 8 + 12, 0), ("request-delivery-push", 16 + 8 + 12, 2 + 12),
+])
+def test_example_records_pass_their_checksum(name: str, record_at: int, after: int) -> None:
     data = EXAMPLES[name]
-    assert P.check_record(data, record_at, len(data)) == len(data) - record_at
+    assert P.check_record(data, record_at, len(data) - after) == len(data) - after - record_at
     length = int.from_bytes(data[record_at : record_at + 4], "little")
     crc = int.from_bytes(data[record_at + 4 : record_at + 8], "little")
     assert crc == zlib.crc32(data[record_at + 8 : record_at + 4 + length])  # offset, timestamp, body
