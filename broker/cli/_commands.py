@@ -20,7 +20,7 @@ import trio
 from protocol import BrokerError, Message
 
 from ._args import headers, ident, tls_option
-from ._exits import ExitStatus, connection_loss_exits
+from ._exits import CliError, ExitStatus, connection_loss_exits, error_line, fail, say
 from ._output import Out, Where, count, listing, rate, size
 from ._tables import show_stats, show_streams, show_topic, show_topics, stream_json, topic_json
 from broker.client import Client, ConnectionClosedError, connect, encode_msg
@@ -52,7 +52,7 @@ def _topic_options(args: argparse.Namespace, updating: bool) -> dict[str, Any]:
     opts.update((flag, True) for flag in _TOPIC_FLAGS if getattr(args, flag))
     if args.no_republish:
         if args.republish_dest or args.republish_src or args.republish_headers_only:
-            raise SystemExit("error: --no-republish cannot be combined with the other --republish options")
+            raise fail(CliError.BAD_ARGUMENT, "--no-republish cannot be combined with the other --republish options")
         opts["republish"] = None
     elif args.republish_dest is not None:
         rp: dict[str, Any] = {"dest": args.republish_dest, "headers_only": args.republish_headers_only}
@@ -60,7 +60,7 @@ def _topic_options(args: argparse.Namespace, updating: bool) -> dict[str, Any]:
             rp["src"] = args.republish_src
         opts["republish"] = rp
     elif args.republish_src is not None or args.republish_headers_only:
-        raise SystemExit("error: --republish-src and --republish-headers-only need --republish-dest")
+        raise fail(CliError.BAD_ARGUMENT, "--republish-src and --republish-headers-only need --republish-dest")
     if updating and args.expiry is not None:
         opts["message_expiry"] = args.expiry
     return opts
@@ -88,7 +88,7 @@ async def cmd_topic(c: Client, args: argparse.Namespace, out: Out) -> None:
     elif args.action == "update":
         changes = _topic_options(args, True)
         if not changes:
-            raise SystemExit("error: topic update needs at least one option to change")
+            raise fail(CliError.BAD_ARGUMENT, "topic update needs at least one option to change")
         t = await c.update_topic(ident(args.stream), ident(args.topic), **changes)
         out.obj(topic_json(t), f"updated topic {args.stream}/{t.name}")
     elif args.action == "list":
@@ -155,8 +155,8 @@ async def _publish_many(c: Client, args: argparse.Namespace, out: Out, body: byt
                 for a in acks:
                     if not a.ok:
                         tally.errors += 1
-                        if tally.errors == 1:
-                            print(f"error: {a.error}", file=sys.stderr, flush=True)
+                        if tally.errors == 1:  # the first refusal says why (the summary counts them all)
+                            say(error_line(a.error) if a.error is not None else f"error: refused with status {a.status}")
                     elif a.duplicate:  # not an error: the Nats-Msg-Id is stored already
                         tally.duplicates += 1
                     else:

@@ -31,12 +31,12 @@ from ._connection import (
     parse_address,
 )
 from ._consumers import ConsumerInfo, ConsumerMessage, MessageStream
-from ._errors import ConnectionClosedError, ConnectionLostError, ReconnectFailedError
+from ._errors import ConnectionClosedError, ConnectionLostError, NotABrokerError, ReconnectFailedError
 from ._tls import resolve_tls, tls_context
 
 __all__ = [
     "connect", "run", "loop_factory", "tls_context", "Client", "ConsumerInfo", "ConsumerMessage", "MessageStream", "ConnectionClosedError",
-    "ConnectionLostError", "ReconnectFailedError",
+    "ConnectionLostError", "ReconnectFailedError", "NotABrokerError",
 ]
 
 T = TypeVar("T")
