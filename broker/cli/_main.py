@@ -9,17 +9,19 @@ broker's data directory. Every other command talks to a running broker
 (``_run.py``, ``_commands.py`` and the modules next to them): the global options ``--server``,
 ``--token``, ``--json`` and ``--tls*`` go before or after the command, and take their
 defaults from ``$TTLBROKER_SERVER``, ``$TTLBROKER_TOKEN``, ``$TTLBROKER_TLS_CA``, ...
-With ``--json`` results are JSON (lists and messages as JSON Lines, one object each);
-errors go to stderr as one line naming the error and its code, and the exit status
-is 1 (2 when the broker cannot be reached or the connection is lost, 130 on Ctrl-C).
+With ``--json`` results are JSON (lists and messages as JSON Lines, one object each).
+``analyze``, ``compact`` and ``load`` are ``spark_export``'s jobs, with its arguments.
 ``ttlbroker completion bash|zsh`` prints a shell completion script.
+
+Errors go to stderr as one line that names them, ``error: NAME (CODE): message`` for
+the broker's, ``error: NAME: message`` for the CLI's own, and the exit status is 1 (2
+when the command cannot run or reach the broker, 130 on Ctrl-C): ``_exits.py``. A
+closed stdout (``| head``) ends a command with no word and status 141.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
-import os
 import sys
 from typing import Any
 
@@ -232,44 +234,48 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "serve":
-            return _serve(args)
-        if args.command in ("check", "repair"):
-            return _check(args)
-        if args.command == "completion":
-            print(completion_script(parser, args.shell), end="")
-            return 0
-        if args.command in SPARK_COMMANDS:
-            return run_spark_command(args, spark)
-        from ._run import run_client  # the command modules: serve, check and repair need none of them
-
-        return trio.run(run_client, args)
+        status = _command(parser, args, spark)
+        sys.stdout.flush()  # here, not at exit: a reader gone away shows now (below)
+        return status
     except BaseException as exc:
-        if only(exc, KeyboardInterrupt):
+        if _only(exc, KeyboardInterrupt):
             return 130
-        if only(exc, BrokenPipeError):
+        if _only(exc, BrokenPipeError):
             return _stdout_gone()
         raise
 
 
-def only(exc: BaseException, kind: type[BaseException]) -> bool:
+def _command(parser: argparse.ArgumentParser, args: argparse.Namespace, spark: Any) -> int:
+    if args.command == "serve":
+        return _serve(args)
+    if args.command in ("check", "repair"):
+        return _check(args)
+    if args.command == "completion":
+        print(completion_script(parser, args.shell), end="")
+        return 0
+    if args.command in SPARK_COMMANDS:
+        return run_spark_command(args, spark)
+    from ._run import run_client  # the command modules: serve, check and repair need none of them
+
+    return trio.run(run_client, args)
+
+
+def _only(exc: BaseException, kind: type[BaseException]) -> bool:
     """``exc`` is a ``kind``, or a group (trio's nurseries make them) of nothing else."""
     if isinstance(exc, BaseExceptionGroup):
-        return all(only(e, kind) for e in exc.exceptions)
+        return all(_only(e, kind) for e in exc.exceptions)
     return isinstance(exc, kind)
 
 
 def _stdout_gone() -> int:
     """stdout's reader went away (``ttlbroker fetch ... | head``): no word, and the
-    status of a Unix tool ended by SIGPIPE. What is still buffered for stdout cannot
-    go anywhere; stdout becomes /dev/null so that Python's flush at exit does not fail
-    again and print its own complaint (the Python docs, "Note on SIGPIPE")."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, io.UnsupportedOperation):  # stdout is no file (an embedding, a test's capture)
-        pass
+    status of a Unix tool ended by SIGPIPE. What is still buffered for stdout can go
+    nowhere: the process's stdout is dropped, so that Python's flush at exit does not
+    fail again and complain ("Exception ignored ... BrokenPipeError", status 120; the
+    Python docs' "Note on SIGPIPE" points the descriptor at /dev/null for the same
+    end)."""
+    if sys.stdout is sys.__stdout__:  # not a caller's own stdout (a test's capture)
+        sys.stdout = None  # Python skips a None stdout at exit
     return BROKEN_PIPE_STATUS
 
 

@@ -84,8 +84,8 @@ from ._consumers import MessageStream as MessageStream
 from ._errors import ConnectionClosedError as ConnectionClosedError
 from ._errors import ConnectionLostError as ConnectionLostError
 from ._errors import NotABrokerError as NotABrokerError
-from ._errors import describe as describe
 from ._errors import ReconnectFailedError as ReconnectFailedError
+from ._errors import describe as describe
 from ._kv import KV_STREAM as KV_STREAM
 from ._kv import Entry as Entry
 from ._kv import KeyValue as KeyValue

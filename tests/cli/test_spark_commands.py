@@ -31,6 +31,8 @@ from spark_export._session import QUIET_LOG_CONFIG, without_jvm_notices
 
 FAR = "2100-01-01T00:00:00Z"
 
+pytestmark = pytest.mark.spark
+
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -68,6 +70,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str, spark: Any = None) -> tu
     return status, out, err
 
 
+@pytest.mark.timeout(300)  # the first Spark test of a test process starts the JVM (conftest's ``spark``)
 def test_compact_then_load_into_a_broker(spark: Any, export: Path, restore: BrokerProcess, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     snapshot = tmp_path / "snapshot"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -93,6 +94,12 @@ def cli(broker: Ports, capsys: pytest.CaptureFixture[str]) -> CLI:
 # -- a closed pipe ------------------------------------------------------------------------
 
 
+def _buffered_env() -> dict[str, str]:
+    """The environment of a CLI process whose stdout is buffered as it is by default
+    (PYTHONUNBUFFERED hides the failing flush at exit)."""
+    return {k: v for k, v in env_with_project().items() if k != "PYTHONUNBUFFERED"}
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly_with_status_141(cli: CLI, broker: Ports) -> None:
     """``ttlbroker fetch ... | head -1``: the reader closes its end after one line;
     the command stops with no word (no "Broken pipe", no complaint from Python's
@@ -102,7 +109,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_with_status_141(cli: C
     cli.ok("pub", "pipe.x", "x" * 100, "--count", "3000")  # about 450 KB of lines: more than a pipe holds
     proc = subprocess.Popen(
         [sys.executable, "-m", "broker", "fetch", "pipe", "t", "--count", "3000", "--server", broker.binary],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env_with_project(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_buffered_env(),
     )
     assert proc.stdout is not None and proc.stderr is not None
     first = proc.stdout.readline()
@@ -111,6 +118,23 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_with_status_141(cli: C
     assert first.startswith(b"pipe/t[0]@1 pipe.x xxx")
     assert proc.stderr.read() == b""
     proc.stderr.close()
+
+
+def test_output_still_buffered_when_the_reader_is_gone_ends_quietly_too(cli: CLI, broker: Ports) -> None:
+    """A reader gone before anything was written (``ttlbroker kv get b k | true``):
+    the value waits in stdout's buffer, whose flush fails; Python's own flush at exit
+    must not fail again and complain ("Exception ignored ... BrokenPipeError", status
+    120)."""
+    cli.ok("kv", "add", "piped")
+    cli.ok("kv", "put", "piped", "k", "value")
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone already
+    try:
+        p = subprocess.run([sys.executable, "-m", "broker", "kv", "get", "piped", "k", "--server", broker.binary],
+                           stdout=write, stderr=subprocess.PIPE, env=_buffered_env(), timeout=30)
+    finally:
+        os.close(write)
+    assert (p.returncode, p.stderr) == (141, b"")
 
 
 # -- errors: one line, named -------------------------------------------------------------
