@@ -407,7 +407,7 @@ def _remotes(value: object, key: str = "nats.remotes") -> tuple[RemoteSettings, 
             raise ConfigError(f"{where}: expected a table with domain and url, got {entry!r}")
         for name in entry:
             if name not in _REMOTE_KEYS:
-                raise unknown_key(f"{where}.{name}", _REMOTE_KEYS)
+                raise _unknown_key(f"{where}.{name}", _REMOTE_KEYS)
         remote = RemoteSettings(**{name: _typed(v, str, f"{where}.{name}") for name, v in entry.items()})
         remote.check(where)
         folded = remote.domain.lower()
@@ -562,7 +562,7 @@ class Config:
             for part in path:
                 node = node[part]
             if last not in node:
-                raise unknown_key(dotted, node, "unknown key {}")
+                raise _unknown_key(dotted, node, "unknown key {}")
             node[last] = value
         return _build(data)
 
@@ -639,7 +639,7 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return {f.name: conv(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
 
 
-def unknown_key(name: str, known: Iterable[str], words: str = "unknown configuration key {!r}") -> ConfigError:
+def _unknown_key(name: str, known: Iterable[str], words: str = "unknown configuration key {!r}") -> ConfigError:
     """The error for the key ``name`` (dotted) where only ``known`` keys are
     (``words`` says it), with the known one it is closest to, if one is close (a
     typo): ``unknown configuration key 'server.portt' (did you mean 'server.port'?)``."""
@@ -656,7 +656,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any], where: str) -> dict[str, 
     for key, value in over.items():
         name = f"{where}.{key}" if where else key
         if key not in base:
-            raise unknown_key(name, base)
+            raise _unknown_key(name, base)
         if isinstance(base[key], dict):
             if not isinstance(value, dict):
                 raise ConfigError(f"{name} must be a section")

@@ -127,7 +127,7 @@ def run_job(args: argparse.Namespace, default_master: str | None = "local[*]", s
             return _load(args)
         return _spark_job(job, args, default_master, spark)
     except ImportError as exc:
-        if exc.name not in ("pyarrow", "pyspark", "numpy", "pandas", "duckdb", "matplotlib", "py4j"):
+        if (exc.name or "").split(".")[0] not in ("pyarrow", "pyspark", "numpy", "pandas", "duckdb", "matplotlib", "py4j"):
             raise
         raise JobError(f"the jobs need the spark extra ({exc}): pip install 'ttlbroker[spark]'") from None
 

@@ -18,7 +18,6 @@ import argparse
 import datetime as dt
 import os
 import ssl
-
 from typing import NoReturn
 
 from protocol import parse_go_duration
