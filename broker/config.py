@@ -10,12 +10,13 @@ kind, stops the broker with a message naming the key.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import ssl
 import tomllib
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, TypeVar
@@ -406,7 +407,7 @@ def _remotes(value: object, key: str = "nats.remotes") -> tuple[RemoteSettings, 
             raise ConfigError(f"{where}: expected a table with domain and url, got {entry!r}")
         for name in entry:
             if name not in _REMOTE_KEYS:
-                raise ConfigError(f"unknown configuration key '{where}.{name}'")
+                raise _unknown_key(f"{where}.{name}", _REMOTE_KEYS)
         remote = RemoteSettings(**{name: _typed(v, str, f"{where}.{name}") for name, v in entry.items()})
         remote.check(where)
         folded = remote.domain.lower()
@@ -561,7 +562,7 @@ class Config:
             for part in path:
                 node = node[part]
             if last not in node:
-                raise ConfigError(f"unknown key {dotted}")
+                raise _unknown_key(dotted, node, "unknown key {}")
             node[last] = value
         return _build(data)
 
@@ -638,12 +639,24 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return {f.name: conv(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
 
 
+def _unknown_key(name: str, known: Iterable[str], words: str = "unknown configuration key {!r}") -> ConfigError:
+    """The error for the key ``name`` (dotted) where only ``known`` keys are
+    (``words`` says it), with the known one it is closest to, if one is close (a
+    typo): ``unknown configuration key 'server.portt' (did you mean 'server.port'?)``."""
+    where, dot, last = name.rpartition(".")
+    if last.endswith("]"):  # an entry of an array of tables: nothing to suggest in its place
+        return ConfigError(words.format(name))
+    close = difflib.get_close_matches(last, sorted(known), n=1)
+    hint = f" (did you mean {where + dot + close[0]!r}?)" if close else ""
+    return ConfigError(words.format(name) + hint)
+
+
 def _merge(base: dict[str, Any], over: dict[str, Any], where: str) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
         name = f"{where}.{key}" if where else key
         if key not in base:
-            raise ConfigError(f"unknown configuration key {name!r}")
+            raise _unknown_key(name, base)
         if isinstance(base[key], dict):
             if not isinstance(value, dict):
                 raise ConfigError(f"{name} must be a section")

@@ -8,6 +8,7 @@ import shutil
 
 import pyarrow.parquet as pq
 
+from ._errors import JobError
 from ._schema import SCHEMA_VERSION, VERSION_KEY
 
 __all__ = ["JobError", "check_input", "check_java", "find_java", "java_version", "MIN_JAVA", "MARKER_FILE", "write_marker", "read_marker", "source_topics"]
@@ -15,10 +16,6 @@ __all__ = ["JobError", "check_input", "check_java", "find_java", "java_version",
 #: Written at the root of a job's Parquet output (Spark does not keep our file
 #: metadata): the schema version of the files below it.
 MARKER_FILE = "_ttlbroker.json"
-
-
-class JobError(Exception):
-    """A job cannot run; the message is the one line the user sees."""
 
 
 def parquet_files(root: str) -> list[str]:

@@ -231,6 +231,8 @@ async def load(
     source: str | None = None,
     create_topic: bool = False,
     token: str = "",
+    user: str = "",
+    password: str = "",
     tls: ssl.SSLContext | bool | None = None,
     batch: int = 1000,
     in_flight: int = 4,
@@ -238,8 +240,8 @@ async def load(
     display: Display | None = None,
 ) -> dict[str, Any]:
     """Publish the snapshot at ``root`` into the broker at ``server`` (see the
-    module's docstring for where rows go). ``token`` and ``tls`` are
-    ``broker.client.connect``'s; ``state`` (yours to keep) counts what is done as it
+    module's docstring for where rows go). ``token``, ``user``, ``password`` and
+    ``tls`` are ``broker.client.connect``'s; ``state`` (yours to keep) counts what is done as it
     goes, and ``display`` shows it.
 
     Raises:
@@ -259,7 +261,7 @@ async def load(
     state.total = sum(len(t.messages) for t in targets)
     recorded = source_topics(root) if create_topic else {}
     try:
-        async with connect(server, token=token, tls=tls) as client:
+        async with connect(server, token=token, user=user, password=password, tls=tls) as client:
             for t in targets:  # every check before anything is created
                 await _check(client, t, create_topic, recorded)
             if create_topic:

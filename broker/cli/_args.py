@@ -21,13 +21,17 @@ import argparse
 import datetime as dt
 import os
 import ssl
+from typing import NoReturn
 
 from protocol import parse_go_duration
 from storage import parse_duration_ms
 
+from ._exits import CliError, fail
+
 __all__ = [
-    "DEFAULT_SERVER", "ENV", "global_options", "given", "tls_option", "duration_seconds", "seconds", "whole_seconds",
-    "durations", "ttl_value", "start_offset", "start_time", "headers", "ident",
+    "DEFAULT_SERVER", "ENV", "Parser", "HelpFormatter", "global_options", "given", "tls_option", "duration_seconds",
+    "seconds", "whole_seconds", "durations", "ttl_value", "MIN_TTL_SECONDS", "start_offset", "start_time", "headers",
+    "ident",
 ]
 
 DEFAULT_SERVER = "127.0.0.1:8090"
@@ -60,6 +64,39 @@ def given(args: argparse.Namespace, dest: str) -> bool:
     """Whether the connection option ``dest`` (``server``, ``token``, ``tls_ca``,
     ...) was given on the command line."""
     return bool(getattr(args, f"given_{dest}", False))
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, with the default of every option that has one: ``(default:
+    X)`` after its help, unless the help says its default in words already (one whose
+    default is "not given", ``None``, must say what that means: a test walks the
+    whole parser and checks)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if shows_default(action) and "default" not in text.lower():
+            text += " (default: %(default)s)"
+        return text
+
+
+def shows_default(action: argparse.Action) -> bool:
+    """Whether ``action`` has a default worth showing: a value it takes when not
+    given (a flag's off, or nothing at all, is not one)."""
+    return action.nargs != 0 and action.default is not None and action.default is not argparse.SUPPRESS
+
+
+class Parser(argparse.ArgumentParser):
+    """The ``ttlbroker`` parser and every command's (``add_subparsers`` makes its
+    commands' parsers of the parent's class): help that shows defaults
+    (:class:`HelpFormatter`), and a usage error as one line, ``error: BAD_ARGUMENT:
+    ...``, exit status 2."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]  # argparse's own keyword arguments, passed on
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {CliError.BAD_ARGUMENT.name}: {message} (see `{self.prog} --help`)\n")
 
 
 def global_options(*, defaults: bool) -> argparse.ArgumentParser:
@@ -170,15 +207,23 @@ def durations(text: str) -> list[float]:
     return [seconds(t.strip()) for t in text.split(",") if t.strip()]
 
 
+#: The shortest per-message (or key) TTL: NATS refuses one under a second.
+MIN_TTL_SECONDS = 1.0
+
+
 def ttl_value(text: str) -> str:
     """argparse type: a message or key TTL, ``never`` or a duration, as the
     ``Nats-TTL`` header carries it. What the NATS server reads (``30``, ``90s``,
     ``1h30m``) is sent as typed; another spelling this parser takes (``2 min``) goes
-    as whole-or-fractional seconds (``120s``). The broker applies the NATS rules to it
-    (zero = none, under a second refused)."""
+    as whole-or-fractional seconds (``120s``). The NATS rules apply: zero is no TTL,
+    and under a second is refused, here before anything is sent."""
     if text.strip().lower() == "never":
         return "never"
     value = seconds(text)
+    if 0 < value < MIN_TTL_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"invalid TTL {text!r}: the minimum is 1s (0 = no TTL, never = no expiry)"
+        )
     if text.isascii() and text.isdigit():
         return text
     try:
@@ -211,12 +256,16 @@ def start_time(text: str) -> dt.datetime:
 
 
 def headers(pairs: list[str] | None) -> dict[str, str]:
-    """``--header K=V`` pairs as a dict (exits with one line for a malformed one)."""
+    """``--header K=V`` pairs as a dict.
+
+    Raises:
+        ExitStatus: a malformed one (its line printed, BAD_ARGUMENT).
+    """
     out = {}
     for p in pairs or []:
         key, sep, value = p.partition("=")
         if not sep or not key:
-            raise SystemExit(f"error: --header takes KEY=VALUE, not {p}")
+            raise fail(CliError.BAD_ARGUMENT, f"--header takes KEY=VALUE, not {p!r}")
         out[key] = value
     return out
 

@@ -43,7 +43,7 @@ import trio
 from protocol import BrokerError, ErrorCode, error_class, payload_stamp, stamped_payload
 
 from ._args import tls_option
-from ._exits import ExitStatus
+from ._exits import ExitStatus, error_line, say
 from ._output import Out, count, size
 from ._request import log_line
 from broker.client import Client, connect, encode_msg
@@ -272,7 +272,7 @@ class _Run:
     def error(self, exc: BrokerError) -> None:
         self.errors += 1
         if self.errors == 1:
-            print(f"error: {exc.code.name} ({int(exc.code)}): {exc.message}", file=sys.stderr, flush=True)
+            say(error_line(exc))
 
 
 async def cmd_bench(c: Client, args: argparse.Namespace, out: Out) -> None:
@@ -468,7 +468,7 @@ async def _remove(c: Client, args: argparse.Namespace, made: str) -> None:
         else:
             await c.delete_topic(args.stream, args.topic)
     except (BrokerError, OSError, TimeoutError) as exc:
-        print(f"error: could not remove {args.stream}/{args.topic} made for the run: {exc}", file=sys.stderr, flush=True)
+        say(f"warning: could not remove {args.stream}/{args.topic} made for the run: {exc}")
         return
     log_line(f"Removed {args.stream if made == 'stream' else args.stream + '/' + args.topic} (made for the run; --keep keeps it)")
 

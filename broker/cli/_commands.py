@@ -22,7 +22,7 @@ import trio
 from protocol import BrokerError, Message
 
 from ._args import headers, ident, tls_option
-from ._exits import ExitStatus, connection_loss_exits, fail
+from ._exits import CliError, ExitStatus, connection_loss_exits, error_line, fail, say
 from ._output import Out, Where, count, listing, rate, size
 from ._reports import stream_report
 from ._tables import show_stats, show_streams, show_topic, show_topics, stream_json, topic_json
@@ -56,7 +56,7 @@ def _topic_options(args: argparse.Namespace, updating: bool) -> dict[str, Any]:
     opts.update((flag, True) for flag in _TOPIC_FLAGS if getattr(args, flag))
     if args.no_republish:
         if args.republish_dest or args.republish_src or args.republish_headers_only:
-            raise SystemExit("error: --no-republish cannot be combined with the other --republish options")
+            raise fail(CliError.BAD_ARGUMENT, "--no-republish cannot be combined with the other --republish options")
         opts["republish"] = None
     elif args.republish_dest is not None:
         rp: dict[str, Any] = {"dest": args.republish_dest, "headers_only": args.republish_headers_only}
@@ -64,7 +64,7 @@ def _topic_options(args: argparse.Namespace, updating: bool) -> dict[str, Any]:
             rp["src"] = args.republish_src
         opts["republish"] = rp
     elif args.republish_src is not None or args.republish_headers_only:
-        raise SystemExit("error: --republish-src and --republish-headers-only need --republish-dest")
+        raise fail(CliError.BAD_ARGUMENT, "--republish-src and --republish-headers-only need --republish-dest")
     if updating and args.expiry is not None:
         opts["message_expiry"] = args.expiry
     return opts
@@ -94,7 +94,7 @@ async def cmd_topic(c: Client, args: argparse.Namespace, out: Out) -> None:
     elif args.action == "update":
         changes = _topic_options(args, True)
         if not changes:
-            raise SystemExit("error: topic update needs at least one option to change")
+            raise fail(CliError.BAD_ARGUMENT, "topic update needs at least one option to change")
         t = await c.update_topic(ident(args.stream), ident(args.topic), **changes)
         out.obj(topic_json(t), f"updated topic {args.stream}/{t.name}")
     elif args.action == "list":
@@ -119,7 +119,7 @@ async def cmd_pub(c: Client, args: argparse.Namespace, out: Out) -> None:
     try:
         msg = MessageTemplate(args.subject, data, hdrs, enabled=not args.no_templates)
     except TemplateError as exc:
-        raise fail(f"pub: {exc}") from None
+        raise fail(CliError.BAD_ARGUMENT, f"pub: {exc}") from None
     if args.count == 1:
         subject, data, hdrs = msg.render(1)
         ack = await c.publish(subject, data, headers=hdrs or None)
@@ -220,15 +220,15 @@ async def _publish_batches(
                 break
         bodies = batch(tally.acked, 1 if pause else min(1000, total - tally.acked), budget)
         if frame and len(bodies[0]) + _PUBLISH_OVERHEAD > frame:  # the broker would close the connection
-            raise fail(f"pub: message {count(tally.acked + 1)} takes {count(len(bodies[0]))} bytes, more than a frame "
+            raise fail(CliError.BAD_ARGUMENT, f"pub: message {count(tally.acked + 1)} takes {count(len(bodies[0]))} bytes, more than a frame "
                        f"of the broker holds ({count(frame)} bytes with the frame's own, its limits.max_frame_bytes)")
         acks = await c.publish_batch(bodies)
         assert acks is not None
         for a in acks:
             if not a.ok:
                 tally.errors += 1
-                if tally.errors == 1:
-                    print(f"error: {a.error}", file=sys.stderr, flush=True)
+                if tally.errors == 1:  # the first refusal says why (the summary counts them all)
+                    say(error_line(a.error) if a.error is not None else f"error: refused with status {a.status}")
             elif a.duplicate:  # not an error: the Nats-Msg-Id is stored already
                 tally.duplicates += 1
             else:
@@ -279,7 +279,7 @@ async def cmd_sub(c: Client, args: argparse.Namespace, out: Out) -> None:
     client reconnects (a line on stderr for each disconnect and reconnect) until it
     gives up."""
     if args.raw and out.json:
-        raise fail("sub: --raw prints the payloads alone, --json whole messages: give one of them")
+        raise fail(CliError.BAD_ARGUMENT, "sub: --raw prints the payloads alone, --json whole messages: give one of them")
     names: dict[tuple[int, int], tuple[Where, Where]] = {}
 
     async def where(m: Message) -> tuple[Where, Where]:

@@ -14,8 +14,10 @@ import argparse
 import sys
 from typing import Any
 
+import trio
+
 from ._args import ident
-from ._exits import ExitStatus, connection_loss_exits, fail
+from ._exits import CliError, ExitStatus, connection_loss_exits, fail
 from ._output import Out, duration
 from ._reports import consumer_report
 from ._tables import consumer_fields, show_consumer, show_consumers
@@ -34,13 +36,13 @@ def _consumer_config(args: argparse.Namespace) -> dict[str, Any]:
     if args.start_time is not None and deliver is None:
         deliver = "by_start_time"
     if deliver == "by_start_offset" and args.start_offset is None:
-        raise SystemExit("error: --deliver by_start_offset needs --start-offset")
+        raise fail(CliError.BAD_ARGUMENT, "--deliver by_start_offset needs --start-offset")
     if deliver == "by_start_time" and args.start_time is None:
-        raise SystemExit("error: --deliver by_start_time needs --start-time")
+        raise fail(CliError.BAD_ARGUMENT, "--deliver by_start_time needs --start-time")
     if args.start_offset is not None and deliver != "by_start_offset":
-        raise SystemExit("error: --start-offset goes with --deliver by_start_offset")
+        raise fail(CliError.BAD_ARGUMENT, "--start-offset goes with --deliver by_start_offset")
     if args.start_time is not None and deliver != "by_start_time":
-        raise SystemExit("error: --start-time goes with --deliver by_start_time")
+        raise fail(CliError.BAD_ARGUMENT, "--start-time goes with --deliver by_start_time")
     if deliver is not None:
         cfg["deliver_policy"] = deliver
     if args.start_offset is not None:
@@ -94,9 +96,16 @@ async def cmd_consumer(c: Client, args: argparse.Namespace, out: Out) -> None:
 
 
 async def _next(c: Client, args: argparse.Namespace, out: Out, s: int | str, t: int | str) -> None:
+    """Pull until ``--count`` messages came or ``--wait`` is over: the wait is the
+    whole command's, however many pulls it takes (a pull waits for its batch to
+    fill, so each one waits only what is left)."""
     got: list[ConsumerMessage] = []
+    deadline = trio.current_time() + args.wait
     while len(got) < args.count:
-        batch = await c.pull(s, t, args.name, min(args.count - len(got), 1000), expires=args.wait)
+        left = deadline - trio.current_time()
+        if left <= 0:
+            break
+        batch = await c.pull(s, t, args.name, min(args.count - len(got), 1000), expires=left)
         if not batch:
             break
         got.extend(batch)
@@ -107,14 +116,13 @@ async def _next(c: Client, args: argparse.Namespace, out: Out, s: int | str, t: 
     if got and not args.no_ack:
         await got[-1].ack(sync=True)  # the others go with it: all durable before we exit
     if not got:
-        print(f"error: no message within {duration(args.wait)}", file=sys.stderr, flush=True)
-        raise ExitStatus(1)
+        raise fail(CliError.NO_MESSAGE, f"no message within {duration(args.wait)}")
 
 
 async def _edit(c: Client, args: argparse.Namespace, out: Out, s: int | str, t: int | str) -> None:
     changes = _consumer_config(args)
     if not changes:
-        raise fail("consumer edit needs at least one option to change")
+        raise fail(CliError.BAD_ARGUMENT, "consumer edit needs at least one option to change")
     old = await c.consumer_info(s, t, args.name)
     config = {**old.config, **changes}
     if "backoff" in changes and "ack_wait" not in changes:

@@ -37,6 +37,7 @@ import storage
 
 from ._args import ENV, given
 from ._confirm import confirm
+from ._exits import CliError, fail, say
 from ._output import Out
 from ._tables import value_text
 
@@ -218,7 +219,7 @@ def _list(out: Out) -> None:
         try:
             found.append((name, load(name)))
         except ContextError as exc:  # one bad file does not hide the others (natscli logs and goes on)
-            print(f"error: {exc}", file=sys.stderr)
+            say(f"error: {CliError.INVALID_CONTEXT.name}: {exc}")
     if out.json:
         for name, ctx in found:
             out.obj({"name": name, "description": ctx.get("description", ""), "url": ctx.get("url", ""),
@@ -276,6 +277,5 @@ def cmd_context(args: argparse.Namespace) -> int:
         elif args.action == "rm":
             return _remove(args, out)
     except ContextError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(CliError.INVALID_CONTEXT, str(exc)).status
     return 0

@@ -1,8 +1,11 @@
 """``ttlbroker kv ...``: KV buckets (the client's ``KeyValue``, ``broker/client/_kv.py``).
 
 A bucket is the topic ``kv/<bucket>`` and a key the subject ``$KV.<bucket>.<key>``;
-that is the broker's business, so the errors people see name the key and the
-bucket (``error: key not found: alice``), never the subject.
+that is the broker's business, so the errors people see speak of buckets, keys and
+revisions (``error: MESSAGE_NOT_FOUND (6004): key 'alice' not found in bucket
+'sessions' (deleted)``), never of the topic or the subject; their names and codes
+are the broker's. A permission error keeps the subject: permissions are written in
+subjects.
 
 ``kv rm BUCKET`` removes the bucket (its topic) and ``kv rm BUCKET KEY`` deletes a
 key, as natscli's ``nats kv rm`` does; both ask first on a terminal
@@ -14,13 +17,13 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 from protocol import BrokerError, ErrorCode, rfc3339_ns
 
-from ._exits import fail
 from ._output import Out
 from ._tables import EMPTY, show_bucket, show_buckets
 from broker.client import KV_STREAM, Client, Entry, KeyValue
@@ -41,28 +44,35 @@ def _entry_json(e: Entry) -> dict[str, object]:
     return out
 
 
+def _kv_text(exc: BrokerError, bucket: str, key: str | None, revision: int, last: int | None) -> str:
+    """``exc``'s message in a bucket's words (see the module's docstring)."""
+    msg = exc.message
+    if exc.code == ErrorCode.MESSAGE_NOT_FOUND and key is not None:
+        # The broker's words, or the client's (which end with the tombstone's operation).
+        why = "expired" if "expired" in msg else "deleted" if msg.endswith("(del)") else "purged" if msg.endswith("(purge)") else ""
+        what = f"revision {revision} of key {key!r}" if revision else f"key {key!r}"
+        return f"{what} not found in bucket {bucket!r}" + (f" ({why})" if why else "")
+    if exc.code == ErrorCode.WRONG_LAST_SEQUENCE and last is not None:  # update: "wrong last sequence: N"
+        at = re.search(r"(\d+)$", msg)
+        if at is not None:
+            now = int(at.group(1))
+            where = f"is at revision {now}" if now else "has no revision yet"
+            return f"key {key!r} of bucket {bucket!r} {where}, not {last}"
+    msg = re.sub(rf"'\$KV\.{re.escape(bucket)}\.([^']*)'", r"'\1'", msg)  # a key's subject: the key
+    return msg.replace("subject filter", "key pattern")
+
+
 @contextlib.contextmanager
-def _key_errors(key: str, revision: int = 0) -> Iterator[None]:
-    """MESSAGE_NOT_FOUND from a key's read as ``error: key not found: KEY``."""
+def _kv_words(bucket: str, key: str | None = None, revision: int = 0, last: int | None = None) -> Iterator[None]:
+    """The broker's errors about ``bucket`` (``key``, at ``revision``; ``last``: the
+    revision an update expected) raised again in a bucket's words, with the same
+    code."""
     try:
         yield
     except BrokerError as exc:
-        if exc.code != ErrorCode.MESSAGE_NOT_FOUND:
+        if exc.code == ErrorCode.PERMISSION_DENIED:
             raise
-        msg = exc.message  # the broker's or the client's (which ends with the tombstone's operation)
-        why = "expired" if "expired" in msg else "deleted" if msg.endswith("(del)") else "purged" if msg.endswith("(purge)") else ""
-        detail = [f"revision {revision}"] if revision else []
-        detail += [why] if why else []
-        raise fail(f"key not found: {key}" + (f" ({', '.join(detail)})" if detail else "")) from None
-
-
-async def _bucket(c: Client, name: str) -> KeyValue:
-    try:
-        return await c.kv(name)
-    except BrokerError as exc:
-        if exc.code in (ErrorCode.STREAM_NOT_FOUND, ErrorCode.TOPIC_NOT_FOUND):
-            raise fail(f"bucket not found: {name}") from None
-        raise
+        raise BrokerError.from_code(int(exc.code), _kv_text(exc, bucket, key, revision, last)) from None
 
 
 async def _buckets(c: Client) -> list[dict[str, Any]]:
@@ -85,11 +95,20 @@ async def cmd_kv(c: Client, args: argparse.Namespace, out: Out) -> None:
     if a == "ls":
         show_buckets(out, await _buckets(c))
         return
-    kv = await _bucket(c, args.bucket)
+    kv = await c.kv(args.bucket)
     if a == "rm" and args.key is None:
-        await c.delete_topic(KV_STREAM, kv.bucket)
+        with _kv_words(kv.bucket):
+            await c.delete_topic(KV_STREAM, kv.bucket)
         out.obj({"deleted": kv.bucket}, f"deleted bucket {kv.bucket}")
-    elif a in ("put", "create", "update"):
+        return
+    read = args.revision if a == "get" else 0
+    with _kv_words(kv.bucket, getattr(args, "key", None), read, args.revision if a == "update" else None):
+        await _key_command(kv, args, out)
+
+
+async def _key_command(kv: KeyValue, args: argparse.Namespace, out: Out) -> None:
+    a = args.action
+    if a in ("put", "create", "update"):
         value = args.value.encode() if args.value is not None else sys.stdin.buffer.read()
         ttl: int | str | None = int(args.ttl) if args.ttl and args.ttl.isdigit() else args.ttl
         if a == "put":
@@ -100,8 +119,7 @@ async def cmd_kv(c: Client, args: argparse.Namespace, out: Out) -> None:
             rev = await kv.update(args.key, value, args.revision, ttl=ttl)
         out.obj({"bucket": kv.bucket, "key": args.key, "revision": rev}, f"{args.key} revision {rev}")
     elif a == "get":
-        with _key_errors(args.key, args.revision):
-            e = await kv.get(args.key, revision=args.revision)
+        e = await kv.get(args.key, revision=args.revision)
         if out.json:
             out.obj(_entry_json(e))
         else:
@@ -111,8 +129,7 @@ async def cmd_kv(c: Client, args: argparse.Namespace, out: Out) -> None:
         rev = await (kv.purge(args.key) if op == "purge" else kv.delete(args.key))
         out.obj({"bucket": kv.bucket, "key": args.key, "revision": rev, "operation": op.upper()}, f"{op}d {args.key}")
     elif a == "touch":
-        with _key_errors(args.key):
-            left = await kv.touch(args.key)
+        left = await kv.touch(args.key)
         out.obj({"bucket": kv.bucket, "key": args.key, "ttl_remaining": left},
                 f"{args.key}: {'no TTL' if left is None else f'{left:.3f} s left'}")
     elif a == "keys":

@@ -10,21 +10,27 @@ broker's data directory. Every other command talks to a running broker
 ``--token``, ``--json``, ``--context`` and ``--tls*`` go before or after the command, and take their
 defaults from ``$TTLBROKER_SERVER``, ``$TTLBROKER_TOKEN``, ``$TTLBROKER_TLS_CA``, ..., then
 from the context (``context`` manages them, ``_contexts.py``).
-With ``--json`` results are JSON (lists and messages as JSON Lines, one object each);
-errors go to stderr as one line naming the error and its code, and the exit status
-is 1 (2 when the broker cannot be reached or the connection is lost, 130 on Ctrl-C).
+With ``--json`` results are JSON (lists and messages as JSON Lines, one object each).
+``analyze``, ``compact`` and ``load`` are ``spark_export``'s jobs, with its arguments.
 ``ttlbroker completion bash|zsh`` prints a shell completion script.
+
+Errors go to stderr as one line that names them, ``error: NAME (CODE): message`` for
+the broker's, ``error: NAME: message`` for the CLI's own, and the exit status is 1 (2
+when the command cannot run or reach the broker, 130 on Ctrl-C): ``_exits.py``. A
+closed stdout (``| head``) ends a command with no word and status 141.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import trio
 
-from ._args import global_options
-from ._parser import add_client_commands, completion_script
+from ._args import Parser, global_options
+from ._exits import BROKEN_PIPE_STATUS, CliError, error_line, fail, named, say
+from ._parser import SPARK_COMMANDS, add_client_commands, add_spark_commands, completion_script, run_spark_command
 
 __all__ = ["main", "build_parser"]
 
@@ -41,34 +47,43 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = Parser(  # its commands' parsers are Parsers too (see Parser)
         prog="ttlbroker", description="ttlbroker: run and drive a message broker",
         parents=[global_options(defaults=True)],
-        epilog="The global options go before or after the command. Durations: 30 (seconds), 90s, 500ms, 1h30m.",
+        epilog="The global options go before or after the command. Durations: 30 (seconds), 90s, 500ms, 1h30m. "
+        "Errors are one line on stderr, error: NAME (CODE): message, or error: NAME: message for the CLI's own; "
+        "exit status 0 done, 1 refused, 2 cannot run or reach the broker, 130 Ctrl-C, 141 stdout closed.",
     )
     parser.add_argument("--version", action="version", version=f"ttlbroker {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("serve", help="run a broker in the foreground")
     p.add_argument("--config", metavar="FILE", help="TOML config (default: the embedded defaults)")
-    p.add_argument("--data", metavar="DIR", help="data directory (overrides [system] path)")
-    p.add_argument("--host", help="listen address (overrides [server] host)")
-    p.add_argument("--port", type=int, help="listen port, 0 = any free one (overrides [server] port)")
-    p.add_argument("--fsync", help="always | never | an interval like 200ms (overrides [system.partition] fsync)")
-    p.add_argument("--export-dir", metavar="DIR", help="export sealed segments to Parquet here (overrides [export] dir)")
+    p.add_argument("--data", metavar="DIR", help="data directory (overrides [system] path; default: ./ttlbroker-data)")
+    p.add_argument("--host", help="listen address (overrides [server] host; default: 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port, 0 = any free one (overrides [server] port; default: 8090)")
+    p.add_argument("--fsync", help="always | never | an interval like 200ms (overrides [system.partition] fsync; "
+                   "default: always)")
+    p.add_argument("--export-dir", metavar="DIR",
+                   help="export sealed segments to Parquet here (overrides [export] dir; default: no export)")
     p.add_argument(
         "--http-port", type=int, metavar="PORT",
         help="monitoring port for /metrics, /healthz, /varz; 0 = off, -1 = any free one (overrides [http] port; "
-        "with --port 0 it defaults to -1)",
+        "default: 8091, or -1 with --port 0)",
     )
     p.add_argument(
         "--nats-port", type=int, metavar="PORT",
-        help="port of the NATS listener, 0 = any free one (overrides [nats] port; with --port 0 it defaults to 0)",
+        help="port of the NATS listener, 0 = any free one (overrides [nats] port; default: 4222, or 0 with --port 0)",
     )
     p.add_argument("--no-nats", action="store_true", help="no NATS listener (overrides [nats] enabled)")
-    p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this PEM certificate chain (overrides [server] tls_cert; needs --tls-key)")
-    p.add_argument("--tls-key", metavar="FILE", help="the certificate's PEM private key, unencrypted (overrides [server] tls_key)")
-    p.add_argument("--tls-ca", metavar="FILE", help="require client certificates signed by a CA in this PEM file (overrides [server] tls_ca)")
+    p.add_argument("--tls-cert", metavar="FILE",
+                   help="serve TLS with this PEM certificate chain (overrides [server] tls_cert; needs --tls-key; "
+                   "default: no TLS)")
+    p.add_argument("--tls-key", metavar="FILE",
+                   help="the certificate's PEM private key, unencrypted (overrides [server] tls_key; default: none)")
+    p.add_argument("--tls-ca", metavar="FILE",
+                   help="require client certificates signed by a CA in this PEM file (overrides [server] tls_ca; "
+                   "default: none required)")
     p.add_argument("--print-config", action="store_true", help="print the embedded default config and exit")
 
     for name, text in (
@@ -77,10 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("--data", metavar="DIR", help="data directory (default: [system] path of --config)")
-        p.add_argument("--config", metavar="FILE", help="TOML config to take the data and export directories from")
-        p.add_argument("--export-dir", metavar="DIR", help="also check the Parquet export's manifest there")
+        p.add_argument("--config", metavar="FILE",
+                       help="TOML config to take the data and export directories from (default: the embedded defaults)")
+        p.add_argument("--export-dir", metavar="DIR",
+                       help="also check the Parquet export's manifest there (default: [export] dir of --config)")
 
     add_client_commands(sub)
+    add_spark_commands(sub)
     return parser
 
 
@@ -118,14 +136,13 @@ def _serve(args: argparse.Namespace) -> int:
         if changes:
             cfg = cfg.replace(**changes)
     except ConfigError as exc:
-        print(f"error: invalid configuration: {exc}", file=sys.stderr)
-        return 2
+        return fail(CliError.INVALID_CONFIG, str(exc)).status
     configure_logging(cfg.logging.level, cfg.logging.format)
     try:
         trio.run(run_server, cfg)
     except StartupError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 2
+        say(named(CliError.CANNOT_START, exc.message))
+        return CliError.CANNOT_START.status
     return 0
 
 
@@ -140,8 +157,7 @@ def _check(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
-        print(f"error: invalid configuration: {exc}", file=sys.stderr)
-        return 2
+        return fail(CliError.INVALID_CONFIG, str(exc)).status
     root = args.data or cfg.system.path
     export_dir = args.export_dir or cfg.export.dir
 
@@ -151,7 +167,7 @@ def _check(args: argparse.Namespace) -> int:
     try:
         summary = check_data_dir(root, show, repair=repair)
     except StorageFailure as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        say(error_line(exc))
         return 2 if "not a directory" in exc.message or "in use" in exc.message else 1
     found = len(summary.damage)
     if export_dir:
@@ -212,28 +228,60 @@ def _newest_damaged_line(path: str, offset: int, subject: bytes | None, previous
             f"`ttlbroker repair` writes it off, after which the subject reads as {after}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
+    """Run one ``ttlbroker`` command; returns its exit status. ``spark``: a
+    SparkSession for ``analyze`` and ``compact`` to run on (left running) instead of
+    starting one."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "serve":
-            return _serve(args)
-        if args.command in ("check", "repair"):
-            return _check(args)
-        if args.command == "completion":
-            print(completion_script(parser, args.shell), end="")
-            return 0
-        if args.command == "context":  # files of this machine: no broker, no event loop
-            from ._contexts import cmd_context
+        status = _command(parser, args, spark)
+        sys.stdout.flush()  # here, not at exit: a reader gone away shows now (below)
+        return status
+    except BaseException as exc:
+        if _only(exc, KeyboardInterrupt):
+            return 130
+        if _only(exc, BrokenPipeError):
+            return _stdout_gone()
+        raise
 
-            return cmd_context(args)
-        from ._run import run_client  # the command modules: serve, check and repair need none of them
 
-        return trio.run(run_client, args)
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
+def _command(parser: argparse.ArgumentParser, args: argparse.Namespace, spark: Any) -> int:
+    if args.command == "serve":
+        return _serve(args)
+    if args.command in ("check", "repair"):
+        return _check(args)
+    if args.command == "completion":
+        print(completion_script(parser, args.shell), end="")
         return 0
+    if args.command in SPARK_COMMANDS:
+        return run_spark_command(args, spark)
+    if args.command == "context":  # files of this machine: no broker, no event loop
+        from ._contexts import cmd_context
+
+        return cmd_context(args)
+    from ._run import run_client  # the command modules: serve, check and repair need none of them
+
+    return trio.run(run_client, args)
+
+
+def _only(exc: BaseException, kind: type[BaseException]) -> bool:
+    """``exc`` is a ``kind``, or a group (trio's nurseries make them) of nothing else."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only(e, kind) for e in exc.exceptions)
+    return isinstance(exc, kind)
+
+
+def _stdout_gone() -> int:
+    """stdout's reader went away (``ttlbroker fetch ... | head``): no word, and the
+    status of a Unix tool ended by SIGPIPE. What is still buffered for stdout can go
+    nowhere: the process's stdout is dropped, so that Python's flush at exit does not
+    fail again and complain ("Exception ignored ... BrokenPipeError", status 120; the
+    Python docs' "Note on SIGPIPE" points the descriptor at /dev/null for the same
+    end)."""
+    if sys.stdout is sys.__stdout__:  # not a caller's own stdout (a test's capture)
+        sys.stdout = None  # Python skips a None stdout at exit
+    return BROKEN_PIPE_STATUS
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -34,7 +34,7 @@ import trio
 from protocol import Message
 
 from ._args import seconds
-from ._exits import connection_loss_exits, fail
+from ._exits import CliError, connection_loss_exits, fail
 from ._output import Out, message_json
 from broker.client import Client, NoRespondersError
 
@@ -126,9 +126,9 @@ async def cmd_req(c: Client, args: argparse.Namespace, out: Out) -> None:
         try:
             m = await c.request(args.subject, data, headers=hdrs, timeout=args.timeout)
         except NoRespondersError as exc:
-            raise fail(str(exc)) from None
+            raise fail(CliError.NO_RESPONDERS, str(exc)) from None
         except TimeoutError as exc:
-            raise fail(str(exc)) from None
+            raise fail(CliError.NO_REPLY, str(exc)) from None
         rtt = time.perf_counter() - started
         if out.json:
             out.obj({"request": n, **_fields(m), "rtt_ms": round(rtt * 1000, 3)})

@@ -17,8 +17,6 @@ import argparse
 import sys
 from collections.abc import Awaitable, Callable
 
-from protocol import BrokerError
-
 from ._args import tls_option
 from ._commands import (
     cmd_delete,
@@ -37,7 +35,7 @@ from ._bench import cmd_bench
 from ._confirm import confirmed
 from ._consumer import cmd_consumer
 from ._contexts import ContextError, apply_context
-from ._exits import ExitStatus, closed_text, error_line
+from ._exits import CliError, closed_text, exit_status, fail
 from ._kv import cmd_kv
 from ._request import cmd_reply, cmd_req
 from ._server import cmd_server
@@ -70,12 +68,12 @@ def _on_reconnect_to(server: str, again: str = "subscribed again") -> Callable[[
 
 
 async def run_client(args: argparse.Namespace) -> int:
-    """Connect to ``args.server`` and run ``args.command``; returns the exit status."""
+    """Connect to ``args.server`` and run ``args.command``; returns the exit status
+    (one line on stderr when it is not 0: ``_exits.py``)."""
     try:
         apply_context(args)
     except ContextError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(CliError.INVALID_CONTEXT, str(exc)).status
     if not confirmed(args):
         return 0
     out = Out(args.json)
@@ -86,8 +84,8 @@ async def run_client(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:  # ssl names no file: say which were given
         given = " ".join(f"--tls-{k} {v}" for k in ("ca", "cert", "key") if (v := getattr(args, f"tls_{k}", None)))
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        print(f"error: cannot load the TLS files ({given}): {why}", file=sys.stderr)
-        return 2
+        return fail(CliError.BAD_ARGUMENT, f"cannot load the TLS files ({given}): {why}").status
+    connected = False
     try:
         async with connect(
             args.server, token=args.token, user=args.user, password=args.password, name="ttlbroker-cli", reconnect=reconnect,
@@ -96,23 +94,11 @@ async def run_client(args: argparse.Namespace) -> int:
             on_reconnect=_on_reconnect_to(args.server, again) if reconnect else None,
             tls=tls,
         ) as c:
+            connected = True
             await COMMANDS[args.command](c, args, out)
-    except ExitStatus as exc:
-        return exc.status
-    except BrokerError as exc:
-        print(error_line(exc), file=sys.stderr)
-        return 1
-    except ConnectionClosedError as exc:
-        cause = exc.__cause__
-        if isinstance(cause, BrokerError):
-            print(error_line(cause), file=sys.stderr)
-            return 1
-        print(f"error: {exc.reason}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"error: cannot connect to {args.server}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except TimeoutError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        status = exit_status(exc, args.server, connected)
+        if status is None:
+            raise
+        return status
     return 0

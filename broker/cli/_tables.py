@@ -325,8 +325,15 @@ def _limit(v: int | None) -> str:
     return "unlimited" if v is None or v < 0 else count(v)
 
 
-def _seq(d: Mapping[str, Any]) -> str:
-    return f"consumer seq {d.get('consumer_seq', 0)}, stream seq {d.get('stream_seq', 0)}"
+def _seq(d: Mapping[str, Any], partitions: list[dict[str, Any]], key: str) -> str:
+    """A consumer's delivered or ack floor position: its consumer sequence, and the
+    stream sequence (offset) it stands at. Each partition has offsets of its own, so
+    a topic of several has one per partition (``P:N``, as ``--start-offset`` takes
+    them), never one number for all."""
+    if len(partitions) <= 1:
+        return f"consumer seq {d.get('consumer_seq', 0)}, stream seq {d.get('stream_seq', 0)}"
+    offsets = ", ".join(f"{p['partition']}:{p.get(key, 0)}" for p in partitions)
+    return f"consumer seq {d.get('consumer_seq', 0)}, offset per partition {offsets}"
 
 
 def consumer_fields(config: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -371,8 +378,8 @@ def show_consumer(out: Out, info: ConsumerInfo) -> None:
         ("ack pending", count(info.num_ack_pending)),
         ("redelivered", count(info.num_redelivered)),
         ("waiting pulls", count(info.num_waiting)),
-        ("delivered", _seq(raw.get("delivered", {}))),
-        ("ack floor", _seq(raw.get("ack_floor", {}))),
+        ("delivered", _seq(raw.get("delivered", {}), info.partitions, "delivered")),
+        ("ack floor", _seq(raw.get("ack_floor", {}), info.partitions, "ack_floor")),
     ])
     if info.partitions:
         owned = any("owner" in p for p in info.partitions)

@@ -39,7 +39,9 @@ server.
 Public names (``__all__``): :func:`connect`, :class:`Client`, :class:`Subscription`,
 :class:`Msg`, :func:`encode_msg`, :class:`Fetched`, :data:`MSG_ID_HEADER`, the
 connection errors (:class:`ConnectionClosedError`, :class:`ConnectionLostError`,
-:class:`ReconnectFailedError`), the durable consumers' :class:`ConsumerInfo`,
+:class:`ReconnectFailedError`, and :class:`NotABrokerError` when the address is another
+kind of server's; :func:`describe` words any of them, and an OS or TLS error, in a
+few words), the durable consumers' :class:`ConsumerInfo`,
 :class:`ConsumerMessage` and :class:`MessageStream`, the KV buckets' :class:`KeyValue`,
 :class:`Entry` and :data:`KV_STREAM` (the stream that holds every bucket),
 ``connect``'s reconnection defaults :data:`RECONNECT_ATTEMPTS`, :data:`RECONNECT_WAIT`
@@ -82,7 +84,9 @@ from ._consumers import MessageStream as MessageStream
 from ._errors import ConnectionClosedError as ConnectionClosedError
 from ._errors import ConnectionLostError as ConnectionLostError
 from ._errors import NoRespondersError as NoRespondersError
+from ._errors import NotABrokerError as NotABrokerError
 from ._errors import ReconnectFailedError as ReconnectFailedError
+from ._errors import describe as describe
 from ._kv import KV_STREAM as KV_STREAM
 from ._kv import Entry as Entry
 from ._kv import KeyValue as KeyValue
@@ -130,6 +134,11 @@ async def connect(
 
     Raises:
         OSError: nothing listens there.
+        NotABrokerError: something else answers there: a NATS server (its ``INFO``),
+            an HTTP server (its answer to the handshake), or anything that is not the
+            protocol (``found`` says which).
+        TimeoutError: no answer within ``timeout`` (to the handshake: a server that
+            waits for its client to speak some other protocol).
         ssl.SSLError: the TLS handshake failed (``ssl.SSLCertVerificationError``:
             the broker's certificate is not signed by a trusted CA, or not for this
             host); a broker that requires TLS refuses a plain connection with

@@ -44,7 +44,15 @@ from protocol import (
 )
 
 from ._backend import Backend, Event, Link, QueueClosed, QueueFull
-from ._errors import ConnectionClosedError, ConnectionLostError, ReconnectFailedError, describe, error_code
+from ._errors import (
+    SNIFF_BYTES,
+    ConnectionClosedError,
+    ConnectionLostError,
+    ReconnectFailedError,
+    describe,
+    error_code,
+    identify_server,
+)
 
 __all__ = [
     "Connection", "Subscription", "RECONNECTED", "parse_address", "RAW_RESPONSES",
@@ -54,6 +62,14 @@ __all__ = [
 log = logging.getLogger("broker.client")
 
 DEFAULT_PORT = 8090
+
+#: The correlation id of every handshake: its bytes on the wire (u32 LE, bytes 8 to
+#: 11 of the frame) are CR LF CR LF. An HTTP server reading the handshake as a
+#: request finds an empty line there, the end of a request head, and answers at once
+#: (400, ``HTTP/1.1 400 Bad Request``) instead of waiting for the rest of a head that
+#: never comes; that answer is how the client tells it is talking to an HTTP port
+#: (:func:`~._errors.identify_server`). A broker takes any correlation id.
+HANDSHAKE_CORRELATION_ID = 0x0A0D0A0D
 
 #: The commands whose successful responses the waiting call gets as their raw
 #: payload, taken from the read in one step (``_feed``), and decodes itself: the
@@ -243,7 +259,7 @@ class Subscription:
 class _Conn:
     """One TCP connection of a client and what belongs to it."""
 
-    __slots__ = ("link", "proto", "frames", "pending", "ready", "lost", "goodbye", "refusal", "gone")
+    __slots__ = ("link", "proto", "frames", "pending", "ready", "lost", "goodbye", "refusal", "gone", "head")
 
     def __init__(self, gone: Event, pulled_class: type[P.PulledMessage] | None) -> None:
         self.link: Link = _NO_LINK
@@ -261,6 +277,9 @@ class _Conn:
         self.refusal: BrokerError | None = None
         #: Set when it ends.
         self.gone = gone
+        #: The first bytes read before the handshake's answer (at most SNIFF_BYTES):
+        #: what a server that is no broker sent, to say what it is.
+        self.head = bytearray()
 
 
 class Connection:
@@ -352,7 +371,9 @@ class Connection:
                 lost: ConnectionLostError | None = None
                 try:
                     user, password = self._credentials
-                    ok: P.HandshakeOk = await self._roundtrip(conn, P.Handshake(PROTOCOL_VERSION, token, name, user, password))
+                    ok: P.HandshakeOk = await self._roundtrip(
+                        conn, P.Handshake(PROTOCOL_VERSION, token, name, user, password), corr=HANDSHAKE_CORRELATION_ID,
+                    )
                     conn.ready = True
                     self.server_info = ok.info  # (what the subscriptions made again may ask for)
                     if resubscribe:
@@ -362,12 +383,19 @@ class Connection:
                 if lost is not None:
                     # Nothing was in flight for the application: say why it went.
                     raise conn.refusal or conn.lost or lost
-        except BaseException:
+        except BaseException as exc:
             if conn.lost is None:
                 conn.lost = ConnectionClosedError("the connection attempt was abandoned")
                 conn.gone.set()
             if conn.link is not _NO_LINK:
                 await conn.link.aclose()
+            if isinstance(exc, TimeoutError) and conn.link is not _NO_LINK and not conn.ready:
+                # Connected, but nothing answered the handshake: a server that waits
+                # for its client to speak some other protocol first.
+                raise TimeoutError(
+                    f"no answer to the handshake within {self._timeout:g} s: is {host}:{port} a ttlbroker broker's "
+                    "binary protocol port?"
+                ) from None
             raise
         finally:
             if self._attempt is conn:
@@ -456,6 +484,10 @@ class Connection:
             return
         if err is None:
             err = conn.goodbye
+        if err is None and exc is None and not conn.ready and conn.head:
+            # Closed with less than a frame header read: a NATS INFO or an HTTP answer?
+            found = identify_server(bytes(conn.head))
+            err = found if found.found != "unknown" else None
         if err is None:
             if exc is None:
                 err = ConnectionClosedError("the broker closed the connection")
@@ -557,6 +589,8 @@ class Connection:
         proto = conn.proto
         take = conn.frames.take_ok_responses
         pending = conn.pending
+        if not conn.ready and len(conn.head) < SNIFF_BYTES:
+            conn.head += data[: SNIFF_BYTES - len(conn.head)]
         try:
             proto.receive_data(data)
             while True:
@@ -582,7 +616,10 @@ class Connection:
                     if conn.lost is not None:
                         return
         except P.RemoteProtocolError as exc:
-            self._conn_lost(conn, None, ConnectionClosedError(f"the broker broke the protocol: {exc}"))
+            if not conn.ready:  # the first answer is no frame: some other kind of server
+                self._conn_lost(conn, None, identify_server(bytes(conn.head), str(exc)))
+            else:
+                self._conn_lost(conn, None, ConnectionClosedError(f"the broker broke the protocol: {exc}"))
 
     def _on_push(self, conn: _Conn, event: Push) -> None:
         value = event.value
@@ -623,12 +660,13 @@ class Connection:
 
     # ``command`` is a protocol request (its base class is private to ``protocol``) and
     # the answer is whatever response that command has: both are typed Any here.
-    async def _roundtrip(self, conn: _Conn, command: Any, payload: bytes | None = None) -> Any:
+    async def _roundtrip(self, conn: _Conn, command: Any, payload: bytes | None = None, corr: int = 0) -> Any:
         """Send one request on ``conn`` and wait for its answer: ``command``, or with
-        ``payload`` the Command code of that encoded payload."""
+        ``payload`` the Command code of that encoded payload; ``corr``: its
+        correlation id (0: the next one)."""
         if conn.lost is not None:
             raise conn.refusal or conn.lost
-        corr = next(self._corr) & 0xFFFFFFFF or next(self._corr)
+        corr = corr or next(self._corr) & 0xFFFFFFFF or next(self._corr)
         waiter = self._backend.waiter()
         conn.pending[corr] = waiter
         if payload is None:

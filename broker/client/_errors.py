@@ -3,19 +3,23 @@
 :class:`ConnectionClosedError` says why a connection went (a GOODBYE's reason and
 code when the broker sent one); :class:`ConnectionLostError` fails a request that was
 in flight then, :class:`ReconnectFailedError` every call once the client gave up
-reconnecting. The broker's own refusals are the ``protocol`` error classes;
-:class:`NoRespondersError` says that a request reached nobody.
+reconnecting; :class:`NotABrokerError` says that what answered the handshake is
+another kind of server (a NATS server, an HTTP server), from the first bytes it sent
+(:func:`identify_server`). The broker's own refusals are the ``protocol`` error
+classes; :class:`NoRespondersError` says that a request reached nobody.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 
 from protocol import BrokerError, ErrorCode
 
 __all__ = [
-    "ConnectionClosedError", "ConnectionLostError", "NoRespondersError", "ReconnectFailedError", "describe", "error_code",
+    "ConnectionClosedError", "ConnectionLostError", "NoRespondersError", "ReconnectFailedError", "NotABrokerError",
+    "identify_server", "describe", "error_code",
 ]
 
 
@@ -77,6 +81,68 @@ class NoRespondersError(Exception):
     def __init__(self, subject: str) -> None:
         super().__init__(f"no responders are available for a request on {subject!r}")
         self.subject = subject
+
+
+class NotABrokerError(ConnectionClosedError):
+    """What answered the handshake is not a ttlbroker broker (its first bytes are no
+    frame of the protocol): the address is some other server's, often another port of
+    the same broker.
+
+    Attributes:
+        found: ``"nats"`` (it sent a NATS ``INFO``), ``"http"`` (it answered as an
+            HTTP server) or ``"unknown"``.
+        first_line: the first line it sent, as text (cut after 40 characters).
+        software: what it says it is when it says so: ``"ttlbroker"`` for a
+            ttlbroker's own NATS listener or monitoring port (the ``INFO``'s
+            ``ttlbroker_version``, the HTTP ``Server`` header), else the HTTP
+            ``Server`` header or ``version X`` from the ``INFO``; "" when unknown.
+    """
+
+    def __init__(self, found: str, first_line: str, software: str = "", detail: str = "") -> None:
+        said = f"it sent {first_line!r}" + (f": {detail}" if detail else "")
+        if found in ("nats", "http"):
+            what = {"nats": "a NATS server", "http": "an HTTP server"}[found]
+            if software == "ttlbroker":
+                what = "the NATS listener of a ttlbroker broker" if found == "nats" else "the monitoring (HTTP) port of a ttlbroker broker"
+            elif software:
+                what += f" ({software})"
+            reason = f"the server is {what}, not a ttlbroker broker's binary protocol port ({said})"
+        else:
+            reason = f"the server does not speak ttlbroker's binary protocol ({said})"
+        super().__init__(reason)
+        self.found = found
+        self.first_line = first_line
+        self.software = software
+
+
+#: How many of a connection's first bytes :func:`identify_server` looks at.
+SNIFF_BYTES = 1024
+
+
+def identify_server(head: bytes, detail: str = "") -> NotABrokerError:
+    """What sent ``head`` (the first bytes read on a connection whose handshake got no
+    valid answer): a NATS server greets every client with ``INFO {...}``; an HTTP
+    server answers the handshake (which holds an empty line, see ``_connection.py``)
+    with ``HTTP/1.x <status>``. ``detail``: the protocol error, for anything else."""
+    first = head.split(b"\n", 1)[0].rstrip(b"\r")
+    line = first[:40].decode("utf-8", "backslashreplace") + ("..." if len(first) > 40 else "")
+    if first.startswith(b"INFO ") or first == b"INFO":
+        software = ""
+        try:
+            info = json.loads(first[5:])
+        except ValueError:  # cut short, or not JSON
+            info = None
+        if isinstance(info, dict):
+            software = "ttlbroker" if "ttlbroker_version" in info else f"version {info['version']}" if info.get("version") else ""
+        return NotABrokerError("nats", line, software)
+    if first.startswith(b"HTTP/"):
+        server = ""
+        for header in head.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]:
+            name, _, value = header.partition(b":")
+            if name.strip().lower() == b"server":
+                server = value.strip().decode("utf-8", "replace")
+        return NotABrokerError("http", line, server)
+    return NotABrokerError("unknown", line, "", detail)
 
 
 def describe(exc: BaseException) -> str:

@@ -34,6 +34,12 @@ _KV_GET = Command.KV_GET
 _get_payload = P.KvGet.payload
 _values_of = P.InfoMap.values_of
 _NotFound = error_class(ErrorCode.MESSAGE_NOT_FOUND)
+#: A bucket's settings as the topic options that hold them, and as ``kv_create``
+#: names them (the words of its errors).
+_BUCKET_SETTINGS = (
+    ("max_msgs_per_subject", "history"), ("subject_delete_marker_ttl", "marker_ttl"), ("kv ttl", "ttl"),
+    ("kv refresh", "refresh"), ("kv visibility", "visibility"),
+)
 
 
 def validate_key(key: str) -> str:
@@ -334,6 +340,8 @@ class KVMethods(Requests):
 
         Raises:
             InvalidKeyError: a bad bucket name. TopicNameExistsError: it exists.
+            InvalidTopicConfigError: a setting out of range (the message names it
+                by these arguments' names).
         """
         name = validate_bucket(bucket)
         try:
@@ -341,21 +349,41 @@ class KVMethods(Requests):
         except P.BrokerError as err:
             if err.code != P.ErrorCode.STREAM_NAME_EXISTS:
                 raise
-        info = await self.create_topic(
-            KV_STREAM, name, partitions=1, message_expiry=0, subjects=[f"$KV.{name}.>"],
-            max_msgs_per_subject=history, allow_msg_ttl=True, allow_rollup=True, subject_delete_marker_ttl=marker_ttl,
-            kv={"ttl": ttl, "refresh": refresh, "visibility": visibility}, storage=storage,
-        )
+        try:
+            info = await self.create_topic(
+                KV_STREAM, name, partitions=1, message_expiry=0, subjects=[f"$KV.{name}.>"],
+                max_msgs_per_subject=history, allow_msg_ttl=True, allow_rollup=True,
+                subject_delete_marker_ttl=marker_ttl, kv={"ttl": ttl, "refresh": refresh, "visibility": visibility},
+                storage=storage,
+            )
+        except P.BrokerError as err:
+            # The bucket is a topic of the stream kv: say it in the bucket's words.
+            if err.code == ErrorCode.TOPIC_NAME_EXISTS:
+                raise error_class(ErrorCode.TOPIC_NAME_EXISTS)(f"bucket {name!r} exists already") from None
+            if err.code == ErrorCode.INVALID_TOPIC_CONFIG:
+                text = err.message
+                for option, argument in _BUCKET_SETTINGS:
+                    text = text.replace(option, argument)
+                raise error_class(ErrorCode.INVALID_TOPIC_CONFIG)(f"bucket {name!r}: {text}") from None
+            raise
         return KeyValue(self, name, info)
 
     async def kv(self, bucket: str) -> KeyValue:
         """An existing bucket.
 
         Raises:
-            StreamNotFoundError / TopicNotFoundError: no such bucket. NotABucketError.
+            TopicNotFoundError: no such bucket ("no bucket 'b'"). NotABucketError: the
+                stream kv has a topic of that name that is not a bucket.
         """
         name = validate_bucket(bucket)
-        info = await self.get_topic(KV_STREAM, name)
+        try:
+            info = await self.get_topic(KV_STREAM, name)
+        except P.BrokerError as err:  # no stream kv (no bucket was ever made), or no such topic in it
+            if err.code in (ErrorCode.STREAM_NOT_FOUND, ErrorCode.TOPIC_NOT_FOUND):
+                raise error_class(ErrorCode.TOPIC_NOT_FOUND)(f"no bucket {name!r}") from None
+            raise
         if not info.options.get("kv"):
-            raise P.error_class(P.ErrorCode.NOT_A_BUCKET)(f"topic {KV_STREAM}/{name} is not a KV bucket")
+            raise P.error_class(P.ErrorCode.NOT_A_BUCKET)(
+                f"no bucket {name!r}: {KV_STREAM}/{name} is a topic that was not created as a KV bucket"
+            )
         return KeyValue(self, name, info)

@@ -31,12 +31,12 @@ from ._connection import (
     parse_address,
 )
 from ._consumers import ConsumerInfo, ConsumerMessage, MessageStream
-from ._errors import ConnectionClosedError, ConnectionLostError, NoRespondersError, ReconnectFailedError
+from ._errors import ConnectionClosedError, ConnectionLostError, NoRespondersError, NotABrokerError, ReconnectFailedError
 from ._tls import resolve_tls, tls_context
 
 __all__ = [
     "connect", "run", "loop_factory", "tls_context", "Client", "ConsumerInfo", "ConsumerMessage", "MessageStream", "ConnectionClosedError",
-    "ConnectionLostError", "NoRespondersError", "ReconnectFailedError",
+    "ConnectionLostError", "NoRespondersError", "ReconnectFailedError", "NotABrokerError",
 ]
 
 T = TypeVar("T")

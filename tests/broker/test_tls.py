@@ -485,5 +485,5 @@ def test_serve_with_a_missing_certificate_prints_one_line_and_exits_2(tmp_path: 
         capture_output=True, text=True, env=env_with_project(), timeout=60, cwd=str(tmp_path),
     )
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == f"error: invalid configuration: server.tls_cert: cannot read '{missing}': No such file or directory\n"
+    assert done.stderr == f"error: INVALID_CONFIG: server.tls_cert: cannot read '{missing}': No such file or directory\n"
     assert not os.path.exists(tmp_path / "data")

@@ -94,7 +94,7 @@ async def test_check_refuses_a_running_broker_and_a_missing_directory(data_dir: 
     try:
         p = tool("check", "--data", str(data_dir))
         assert p.returncode == 2
-        assert p.stderr.strip() == f"error: data directory {data_dir} is in use by a running broker; stop it first"
+        assert p.stderr.strip() == f"error: STORAGE_FAILURE (4002): data directory {data_dir} is in use by a running broker; stop it first"
     finally:
         await trio.to_thread.run_sync(proc.stop)
     p = tool("repair", "--data", str(tmp_path / "nowhere"))

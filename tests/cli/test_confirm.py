@@ -113,15 +113,17 @@ def test_kv_rm_removes_a_bucket_or_a_key(cli: MainCLI) -> None:
     cli("kv", "put", "carts", "alice", "3 apples")
     cli("kv", "put", "carts", "bob", "2 pears")
     assert cli.json("kv", "rm", "carts", "alice") == [{"bucket": "carts", "key": "alice", "revision": 3, "operation": "DELETE"}]
-    assert cli.err("kv", "get", "carts", "alice", status=1) == "error: key not found: alice (deleted)\n"
+    assert cli.err("kv", "get", "carts", "alice", status=1) == "error: MESSAGE_NOT_FOUND (6004): key 'alice' not found in bucket 'carts' (deleted)\n"
     assert cli("kv", "get", "carts", "bob") == "2 pears\n"  # the bucket stays
     assert cli("kv", "rm", "carts") == "deleted bucket carts\n"
     assert "carts" not in [b["bucket"] for b in cli.json("kv", "ls")]
-    assert cli.err("kv", "get", "carts", "bob", status=1) == "error: bucket not found: carts\n"
-    assert cli.err("kv", "rm", "carts", status=1) == "error: bucket not found: carts\n"
+    assert cli.err("kv", "get", "carts", "bob", status=1) == "error: TOPIC_NOT_FOUND (2001): no bucket 'carts'\n"
+    assert cli.err("kv", "rm", "carts", status=1) == "error: TOPIC_NOT_FOUND (2001): no bucket 'carts'\n"
     assert "kv" in streams(cli)  # the buckets' stream stays
     cli("topic", "create", "kv", "plain", "--subjects", "plain.>")  # a topic of it that is no bucket
-    assert cli.err("kv", "rm", "plain", status=1) == "error: NOT_A_BUCKET (2011): topic kv/plain is not a KV bucket\n"
+    assert cli.err("kv", "rm", "plain", status=1) == (
+        "error: NOT_A_BUCKET (2011): no bucket 'plain': kv/plain is a topic that was not created as a KV bucket\n"
+    )
     assert "plain" in [t["name"] for t in cli.json("topic", "list", "kv")]
 
 

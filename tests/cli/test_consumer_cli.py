@@ -97,7 +97,7 @@ def test_next_and_sub(broker: BrokerProcess) -> None:
     info = lines(run(a, "consumer", "info", "shop", "jobs", "n", json_out=True))[0]
     assert info["num_ack_pending"] == 1 and info["num_pending"] == 0  # only the --no-ack one is outstanding
     p = run(a, "consumer", "next", "shop", "jobs", "n", "--wait", "200ms", check=False)
-    assert p.returncode == 1 and p.stdout == "" and p.stderr == "error: no message within 200ms\n"
+    assert p.returncode == 1 and p.stdout == "" and p.stderr == "error: NO_MESSAGE: no message within 200ms\n"
 
 
 def test_errors(broker: BrokerProcess) -> None:
@@ -111,8 +111,8 @@ def test_errors(broker: BrokerProcess) -> None:
     p = run(a, "consumer", "add", "shop", "orders", "x", "--ack-wait", "soon", check=False)
     assert p.returncode == 2 and "argument --ack-wait: invalid duration 'soon'" in p.stderr
     p = run(a, "consumer", "add", "shop", "orders", "x", "--deliver", "by_start_offset", check=False)
-    assert p.returncode == 1 and p.stderr == "error: --deliver by_start_offset needs --start-offset\n"
+    assert p.returncode == 2 and p.stderr == "error: BAD_ARGUMENT: --deliver by_start_offset needs --start-offset\n"
     p = run(a, "consumer", "add", "shop", "orders", "x", "--filter", "orders.*", "--filter", "orders.a", check=False)
     assert p.returncode == 1 and p.stderr.startswith("error: CONSUMER_FILTERS_OVERLAP (7008)")
     p = run("127.0.0.1:1", "consumer", "list", "shop", "orders", check=False)
-    assert p.returncode == 2 and p.stderr.startswith("error: cannot connect to 127.0.0.1:1")
+    assert p.returncode == 2 and p.stderr.startswith("error: CANNOT_CONNECT: cannot connect to 127.0.0.1:1")

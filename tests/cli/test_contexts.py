@@ -81,8 +81,8 @@ def test_add_ls_select_info_rm_and_the_files(cli: MainCLI, config_home: Path, tm
     assert (info["name"], info["selected"], info["token"], info["tls"]) == ("dev", True, "***", True)
     assert cli("context", "select", "prod").startswith('Context "prod" (selected)\n')
     assert (config_home / "context.txt").read_text() == "prod"
-    assert cli.err("context", "rm", "prod", status=1) == (
-        'error: cannot remove the selected context "prod": select another one, use ttlbroker context unselect, '
+    assert cli.err("context", "rm", "prod", status=2) == (
+        'error: INVALID_CONTEXT: cannot remove the selected context "prod": select another one, use ttlbroker context unselect, '
         "or give --force\n"
     )
     assert cli("context", "rm", "dev") == 'deleted context "dev"\n'  # stdin is no terminal here: no question
@@ -92,35 +92,35 @@ def test_add_ls_select_info_rm_and_the_files(cli: MainCLI, config_home: Path, tm
 
 
 def test_context_errors(cli: MainCLI, config_home: Path) -> None:
-    assert cli.err("context", "info", "nope", status=1) == (
-        'error: unknown context "nope" (there is none yet: ttlbroker context add NAME --server HOST:PORT)\n'
+    assert cli.err("context", "info", "nope", status=2) == (
+        'error: INVALID_CONTEXT: unknown context "nope" (there is none yet: ttlbroker context add NAME --server HOST:PORT)\n'
     )
-    assert cli.err("context", "info", status=1) == "error: no context is selected and no name was given\n"
+    assert cli.err("context", "info", status=2) == "error: INVALID_CONTEXT: no context is selected and no name was given\n"
     cli("context", "add", "a", "--server", "h:1")
-    assert cli.err("context", "select", "b", status=1) == 'error: unknown context "b" (known: a)\n'
-    assert cli.err("context", "add", "x/y", status=1) == 'error: invalid context name "x/y": it must not contain "/" or "\\"\n'
-    assert cli.err("context", "add", "..", status=1) == 'error: invalid context name "..": it must not contain ".."\n'
-    assert cli.err("context", "add", "", status=1) == "error: a context's name cannot be empty\n"
-    assert cli.err("context", "add", "both", "--token", "t", "--user", "u", status=1) == (
-        "error: a context holds a token or a user and a password, not both\n"
+    assert cli.err("context", "select", "b", status=2) == 'error: INVALID_CONTEXT: unknown context "b" (known: a)\n'
+    assert cli.err("context", "add", "x/y", status=2) == 'error: INVALID_CONTEXT: invalid context name "x/y": it must not contain "/" or "\\"\n'
+    assert cli.err("context", "add", "..", status=2) == 'error: INVALID_CONTEXT: invalid context name "..": it must not contain ".."\n'
+    assert cli.err("context", "add", "", status=2) == "error: INVALID_CONTEXT: a context's name cannot be empty\n"
+    assert cli.err("context", "add", "both", "--token", "t", "--user", "u", status=2) == (
+        "error: INVALID_CONTEXT: a context holds a token or a user and a password, not both\n"
     )
     assert not (config_home / "context" / "both.json").exists()
     (config_home / "context" / "bad.json").write_text("{not json")
-    err = cli.err("context", "info", "bad", status=1)
-    assert err.startswith(f'error: context "bad" ({config_home / "context" / "bad.json"}) is not JSON: ')
+    err = cli.err("context", "info", "bad", status=2)
+    assert err.startswith(f'error: INVALID_CONTEXT: context "bad" ({config_home / "context" / "bad.json"}) is not JSON: ')
     (config_home / "context" / "bad.json").write_text("[]")
-    assert cli.err("context", "info", "bad", status=1) == (
-        f'error: context "bad" ({config_home / "context" / "bad.json"}) is not a JSON object\n'
+    assert cli.err("context", "info", "bad", status=2) == (
+        f'error: INVALID_CONTEXT: context "bad" ({config_home / "context" / "bad.json"}) is not a JSON object\n'
     )
     (config_home / "context" / "bad.json").write_text('{"url": 8090}')
-    assert cli.err("--context", "bad", "stats", status=1) == (
-        f'error: context "bad" ({config_home / "context" / "bad.json"}): "url" must be a string\n'
+    assert cli.err("--context", "bad", "stats", status=2) == (
+        f'error: INVALID_CONTEXT: context "bad" ({config_home / "context" / "bad.json"}): "url" must be a string\n'
     )
     (config_home / "context.txt").write_text("gone")
-    assert cli.err("stats", status=1) == 'error: unknown context "gone" (known: a, bad)\n'
+    assert cli.err("stats", status=2) == 'error: INVALID_CONTEXT: unknown context "gone" (known: a, bad)\n'
     (config_home / "context.txt").unlink()
     (config_home / "context.txt").mkdir()
-    assert cli.err("stats", status=1) == f"error: cannot read {config_home / 'context.txt'}: Is a directory\n"
+    assert cli.err("stats", status=2) == f"error: INVALID_CONTEXT: cannot read {config_home / 'context.txt'}: Is a directory\n"
 
 
 def resolved(argv: list[str]) -> tuple[str, str, str, str, bool, str | None]:
@@ -179,5 +179,5 @@ def test_a_context_that_cannot_be_written(cli: MainCLI, config_home: Path, monke
                                           tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "a-file"))  # a file where the directory would be
-    err = cli.err("context", "add", "x", "--server", "h:1", status=1)
-    assert err == f"error: cannot write {tmp_path / 'a-file' / 'ttlbroker' / 'context' / 'x.json'}: Not a directory\n"
+    err = cli.err("context", "add", "x", "--server", "h:1", status=2)
+    assert err == f"error: INVALID_CONTEXT: cannot write {tmp_path / 'a-file' / 'ttlbroker' / 'context' / 'x.json'}: Not a directory\n"

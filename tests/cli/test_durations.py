@@ -92,9 +92,13 @@ def test_argument_types() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=r"invalid duration 'soon' \(use e.g. 30, 90s, 500ms, 1h30m\)"):
         seconds("soon")
     # TTLs go as the Nats-TTL header: the NATS server's forms as typed, others as seconds
-    assert [ttl_value(t) for t in ("30", "90s", "1h30m", "NEVER", "2 min", "1.5 min", "500ms")] == [
-        "30", "90s", "1h30m", "never", "120s", "90s", "500ms",
+    assert [ttl_value(t) for t in ("30", "90s", "1h30m", "NEVER", "2 min", "1.5 min", "1s", "0")] == [
+        "30", "90s", "1h30m", "never", "120s", "90s", "1s", "0",
     ]
+    # NATS refuses a TTL under a second (zero is none): refused here, with the minimum
+    for short in ("500ms", "0.5", "999ms"):
+        with pytest.raises(argparse.ArgumentTypeError, match=rf"invalid TTL '{short}': the minimum is 1s \(0 = no TTL"):
+            ttl_value(short)
 
 
 # Every duration option of every command, and the attribute it lands in.

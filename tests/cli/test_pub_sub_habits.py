@@ -98,7 +98,7 @@ def test_time_templates(cli: MainCLI) -> None:
 ])
 def test_a_bad_template_is_refused_before_anything_is_sent(cli: MainCLI, argv: list[str], error: str) -> None:
     start = last_offset(cli)
-    assert cli.err("pub", *argv, "--count", "2", status=1) == f"error: pub: {error}\n"
+    assert cli.err("pub", *argv, "--count", "2", status=2) == f"error: BAD_ARGUMENT: pub: {error}\n"
     assert last_offset(cli) == start
 
 
@@ -138,8 +138,8 @@ def test_pub_count_splits_its_batches_to_fit_the_brokers_frames(cli: MainCLI) ->
     assert [m["subject"] for m in got] == [f"tpl.big.{i}" for i in range(1, 7)]
     assert {len(m["payload"]) for m in got} == {60_000}
     # a message over the broker's frames: said before it is sent (the broker would close the connection)
-    err = cli.err("pub", "tpl.big", "x" * 300_000, "--count", "2", status=1)
-    assert err == ("error: pub: message 1 takes 300,021 bytes, more than a frame of the broker holds (262,144 bytes "
+    err = cli.err("pub", "tpl.big", "x" * 300_000, "--count", "2", status=2)
+    assert err == ("error: BAD_ARGUMENT: pub: message 1 takes 300,021 bytes, more than a frame of the broker holds (262,144 bytes "
                    "with the frame's own, its limits.max_frame_bytes)\n")
     assert last_offset(cli) == start + 18
 
@@ -220,7 +220,7 @@ async def test_sub_raw_prints_the_payloads_alone(tmp_path: Path, capsysbinary: p
         out, err = capsysbinary.readouterr()
         assert status == [0] and err == b"subscribed to s.>\n"  # stderr: stdout holds only the payloads
         assert out == b"one\ntwo\n\n\xff\x00bin\n"
-        assert await run_client(_args(h.address, "sub", "s.>", "--raw", "--json")) == 1
+        assert await run_client(_args(h.address, "sub", "s.>", "--raw", "--json")) == 2
         assert capsysbinary.readouterr().err == (
-            b"error: sub: --raw prints the payloads alone, --json whole messages: give one of them\n"
+            b"error: BAD_ARGUMENT: sub: --raw prints the payloads alone, --json whole messages: give one of them\n"
         )

@@ -187,8 +187,8 @@ def test_consumer_edit_of_what_the_broker_keeps(cli: MainCLI, shop: None, option
 
 
 def test_consumer_edit_errors(cli: MainCLI, shop: None) -> None:
-    assert cli.err("consumer", "edit", "shop", "orders", "work", status=1) == (
-        "error: consumer edit needs at least one option to change\n"
+    assert cli.err("consumer", "edit", "shop", "orders", "work", status=2) == (
+        "error: BAD_ARGUMENT: consumer edit needs at least one option to change\n"
     )
     err = cli.err("consumer", "edit", "shop", "orders", "nobody", "--ack-wait", "5s", status=1)
     assert err == "error: CONSUMER_NOT_FOUND (7006): consumer not found\n"

@@ -109,7 +109,7 @@ async def test_reply_passes_over_a_message_without_a_reply_subject(
 
 async def test_req_with_no_responders_and_bad_headers(server: ServerHandle, capsys: pytest.CaptureFixture[str]) -> None:
     assert await cli(server, "req", "nobody.home", "x") == 1
-    assert capsys.readouterr().err.splitlines()[-1] == "error: no responders are available for a request on 'nobody.home'"
+    assert capsys.readouterr().err.splitlines()[-1] == "error: NO_RESPONDERS: no responders are available for a request on 'nobody.home'"
     with pytest.raises(SystemExit) as info:
         await cli(server, "req", "nobody.home", "x", "-H", "nothing")
     assert str(info.value) == "error: -H takes KEY:VALUE, not 'nothing'"
@@ -120,7 +120,7 @@ async def test_req_times_out(server: ServerHandle, autojump_clock: trio.testing.
         started = trio.current_time()
         assert await cli(server, "req", "slow.svc", "x", "--timeout", "1.5") == 1
         assert 1.5 <= trio.current_time() - started < 1.6
-    assert capsys.readouterr().err.splitlines()[-1] == "error: no reply to the request on 'slow.svc' within 1.5 s"
+    assert capsys.readouterr().err.splitlines()[-1] == "error: NO_REPLY: no reply to the request on 'slow.svc' within 1.5 s"
 
 
 async def test_req_and_reply_with_nats_py(nats_server: ServerHandle, nats_url: str, capsys: pytest.CaptureFixture[str]) -> None:

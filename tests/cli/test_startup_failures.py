@@ -31,7 +31,7 @@ def test_port_in_use(tmp_path: Path, taken_port: int) -> None:
     rc, err = serve(tmp_path, "--port", str(taken_port), "--data", "d")
     assert rc == 2
     assert err == (
-        f"error: cannot listen on 127.0.0.1:{taken_port}: the address is in use (another broker or program holds it): "
+        f"error: CANNOT_START: cannot listen on 127.0.0.1:{taken_port}: the address is in use (another broker or program holds it): "
         "stop it, or choose another port with --port or [server] port"
     )
     assert not (tmp_path / "d").exists()  # the port is bound before the data directory is touched
@@ -40,7 +40,7 @@ def test_port_in_use(tmp_path: Path, taken_port: int) -> None:
 def test_monitoring_port_in_use(tmp_path: Path, taken_port: int) -> None:
     rc, err = serve(tmp_path, "--http-port", str(taken_port), "--data", "d")
     assert (rc, err) == (
-        2, f"error: monitoring port 127.0.0.1:{taken_port} is in use (another broker? set [http] port or --http-port; 0 turns monitoring off)"
+        2, f"error: CANNOT_START: monitoring port 127.0.0.1:{taken_port} is in use (another broker? set [http] port or --http-port; 0 turns monitoring off)"
     )
 
 
@@ -48,7 +48,7 @@ def test_address_not_of_this_machine(tmp_path: Path) -> None:
     rc, err = serve(tmp_path, "--host", "192.0.2.1", "--data", "d")  # TEST-NET-1: never local
     assert rc == 2
     assert err == (
-        "error: cannot listen on 192.0.2.1:0: 192.0.2.1 is not an address of this machine; "
+        "error: CANNOT_START: cannot listen on 192.0.2.1:0: 192.0.2.1 is not an address of this machine; "
         "use 127.0.0.1, 0.0.0.0 or one of its interfaces with --host or [server] host"
     )
 
@@ -56,7 +56,7 @@ def test_address_not_of_this_machine(tmp_path: Path) -> None:
 def test_host_that_does_not_resolve(tmp_path: Path) -> None:
     rc, err = serve(tmp_path, "--host", "no-such-host.invalid", "--data", "d")
     assert rc == 2 and err.count("\n") == 0
-    assert err.startswith("error: cannot listen on no-such-host.invalid:0: the host name 'no-such-host.invalid' does not resolve (")
+    assert err.startswith("error: CANNOT_START: cannot listen on no-such-host.invalid:0: the host name 'no-such-host.invalid' does not resolve (")
     assert err.endswith("); use an address of this machine with --host or [server] host")
 
 
@@ -80,7 +80,7 @@ def test_data_directory_that_is_a_file(tmp_path: Path) -> None:
     rc, err = serve(tmp_path, "--data", "d")
     assert rc == 2
     assert err == (
-        f"error: cannot use {tmp_path / 'd' / 'streams'}: Not a directory (the data directory, --data or [system] path, "
+        f"error: CANNOT_START: cannot use {tmp_path / 'd' / 'streams'}: Not a directory (the data directory, --data or [system] path, "
         "and the export directory, --export-dir or [export] dir, must be directories this user can read and write)"
     )
 
@@ -90,15 +90,15 @@ def test_data_directory_this_user_cannot_use(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir(mode=0o500)
     rc, err = serve(tmp_path, "--data", "d")
     assert rc == 2
-    assert err.startswith(f"error: cannot use {tmp_path / 'd'}") and "Permission denied" in err and err.count("\n") == 0
+    assert err.startswith(f"error: CANNOT_START: cannot use {tmp_path / 'd'}") and "Permission denied" in err and err.count("\n") == 0
 
 
 def test_invalid_configuration(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text('[server]\nport = "eighty"\n')
     rc, err = serve(tmp_path, "--config", "bad.toml")
-    assert (rc, err) == (2, "error: invalid configuration: server.port: expected an integer, got 'eighty'")
+    assert (rc, err) == (2, "error: INVALID_CONFIG: server.port: expected an integer, got 'eighty'")
     rc, err = serve(tmp_path, "--config", "missing.toml")
-    assert (rc, err) == (2, "error: invalid configuration: config file 'missing.toml' does not exist")
+    assert (rc, err) == (2, "error: INVALID_CONFIG: config file 'missing.toml' does not exist")
 
 
 def test_export_without_pyarrow(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ def test_sub_exits_2_with_the_goodbye_when_the_broker_stops(proc: BrokerProcess)
         assert sub.stdout_line().endswith("t.x hello")
         proc.stop()  # SIGTERM: the broker says goodbye
         assert sub.wait() == 2
-        assert sub.err_lines[1:] == [f"error: connection lost: {GOODBYE} (SHUTTING_DOWN 10)"]
+        assert sub.err_lines[1:] == [f"error: CONNECTION_LOST: {GOODBYE} (SHUTTING_DOWN 10)"]
     finally:
         sub.kill()
 
@@ -98,7 +98,7 @@ def test_sub_exits_2_when_the_broker_dies(proc: BrokerProcess) -> None:
         assert '"payload": "hello"' in sub.stdout_line()
         proc.stop(signal.SIGKILL)  # no goodbye: the kernel closes the socket
         assert sub.wait() == 2
-        assert sub.err_lines[1:] == ["error: connection lost: the broker closed the connection"]
+        assert sub.err_lines[1:] == ["error: CONNECTION_LOST: the broker closed the connection"]
     finally:
         sub.kill()
 
@@ -126,7 +126,7 @@ def test_sub_with_reconnect_goes_on_across_a_restart_then_gives_up(proc: BrokerP
         assert sub.stderr_line() == f"disconnected: {GOODBYE} (SHUTTING_DOWN 10); reconnecting"
         assert sub.wait() == 2
         assert sub.err_lines[-1] == (
-            f"error: gave up reconnecting after 3 attempts ({GOODBYE}; the last one failed: Connection refused)"
+            f"error: CONNECTION_LOST: gave up reconnecting after 3 attempts ({GOODBYE}; the last one failed: Connection refused)"
         )
         assert len(sub.err_lines) == 5
     finally:

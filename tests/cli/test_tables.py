@@ -126,12 +126,15 @@ def test_kv_info_ls_and_a_missing_key(cli: CLI) -> None:
     )
     assert [b["bucket"] for b in cli.json("kv", "ls")] == ["sessions", "carts"]
     assert cli.json("kv", "ls")[0] == status
-    assert cli.err("kv", "get", "sessions", "bob", status=1) == "error: key not found: bob\n"
-    assert cli.err("kv", "get", "sessions", "alice", "--revision", "7", status=1) == "error: key not found: alice (revision 7)\n"
-    assert cli.err("kv", "touch", "sessions", "bob", status=1) == "error: key not found: bob\n"
-    assert cli.err("kv", "get", "nope", "bob", status=1) == "error: bucket not found: nope\n"
+    not_found = "error: MESSAGE_NOT_FOUND (6004): "
+    assert cli.err("kv", "get", "sessions", "bob", status=1) == f"{not_found}key 'bob' not found in bucket 'sessions'\n"
+    assert cli.err("kv", "get", "sessions", "alice", "--revision", "7", status=1) == (
+        f"{not_found}revision 7 of key 'alice' not found in bucket 'sessions'\n"
+    )
+    assert cli.err("kv", "touch", "sessions", "bob", status=1) == f"{not_found}key 'bob' not found in bucket 'sessions'\n"
+    assert cli.err("kv", "get", "nope", "bob", status=1) == "error: TOPIC_NOT_FOUND (2001): no bucket 'nope'\n"
     cli("kv", "purge", "sessions", "alice")
-    assert cli.err("kv", "get", "sessions", "alice", status=1) == "error: key not found: alice (purged)\n"
+    assert cli.err("kv", "get", "sessions", "alice", status=1) == f"{not_found}key 'alice' not found in bucket 'sessions' (purged)\n"
 
 
 def test_stats_grouped(cli: CLI, shop: None) -> None:
