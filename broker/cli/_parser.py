@@ -213,6 +213,8 @@ def _consumer_commands(cs: Subparsers, g: list[argparse.ArgumentParser]) -> None
     q.add_argument("--partitioned", action="store_true", help="each partition owned by one member of its group")
     q.add_argument("--member-timeout", type=seconds, metavar="DURATION", help="partitioned: a silent member leaves after this")
     q.add_argument("--description")
+    q.add_argument("--dead-letter", dest="dead_letter_subject", metavar="SUBJECT",
+                   help="publish a copy of each message given up (max deliver) or terminated on SUBJECT")
     for action, helptext in (("info", "a consumer's configuration and state"), ("rm", "delete a consumer and its state")):
         q = cs.add_parser(action, parents=g, help=helptext)
         q.add_argument("stream")

@@ -681,7 +681,10 @@ class ConsumerMethods(Requests):
         the epoch)), ``ack_policy`` (``explicit``, ``none``, ``all``), ``ack_wait``
         (seconds or a timedelta), ``max_deliver``, ``backoff`` (a list of durations),
         ``max_ack_pending``, ``max_waiting``, ``mode`` (``shared`` or
-        ``partitioned``), ``member_timeout``, ``description``.
+        ``partitioned``), ``member_timeout``, ``description``, and ttlbroker's
+        ``dead_letter_subject`` (where a copy of each message given up after
+        ``max_deliver`` or terminated is published; ``info.dead_lettered`` counts
+        them by reason).
 
         Raises:
             ConsumerExistsError: it exists with another configuration.

@@ -116,3 +116,16 @@ def test_errors(broker: BrokerProcess) -> None:
     assert p.returncode == 1 and p.stderr.startswith("error: CONSUMER_FILTERS_OVERLAP (7008)")
     p = run("127.0.0.1:1", "consumer", "list", "shop", "orders", check=False)
     assert p.returncode == 2 and p.stderr.startswith("error: cannot connect to 127.0.0.1:1")
+
+
+def test_add_with_a_dead_letter_subject(broker: BrokerProcess) -> None:
+    a = broker.address
+    info = lines(run(a, "consumer", "add", "shop", "orders", "dl", "--max-deliver", "3", "--dead-letter", "dlq.orders",
+                     json_out=True))[0]
+    assert info["config"]["dead_letter_subject"] == "dlq.orders"
+    assert info["dead_lettered"] == {"MaxDeliveries": 0, "Terminated": 0}
+    p = run(a, "consumer", "add", "shop", "orders", "dl2", "--dead-letter", "dlq.>", check=False)
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr.startswith("error: INVALID_CONSUMER_CONFIG (")
+    assert "dead_letter_subject 'dlq.>' is not a valid subject: subject 'dlq.>' contains the wildcard '>'" in p.stderr
+    run(a, "consumer", "rm", "shop", "orders", "dl")
