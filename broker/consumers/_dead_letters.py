@@ -24,13 +24,15 @@ Exactly once, crash or not:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from protocol import DLQ_REASONS, dead_letter_body, dead_letter_origin, read_record_info, split_records
 from storage import CorruptedRecord
 
-from broker.core import Partition, get_logger
+from broker.core import Partition, Topic, get_logger
 
+from ._journal import TopicJournal
 from ._model import Consumer, Engine
 
 __all__ = ["DeadLetters", "Intent"]
@@ -46,10 +48,19 @@ _SCAN_CHUNK = 1000
 
 
 class DeadLetters:
-    """The engine's dead letters: copies made, pending ones, recovery."""
+    """The engine's dead letters: copies made, pending ones, recovery.
 
-    def __init__(self, engine: Engine) -> None:
+    Args:
+        engine: the consumer engine.
+        journal_of: each topic's consumer journal.
+        all_consumers: every consumer (after a restart).
+    """
+
+    def __init__(self, engine: Engine, journal_of: Callable[[Topic], TopicJournal],
+                 all_consumers: Callable[[], list[Consumer]]) -> None:
         self.engine = engine
+        self.journal_of = journal_of
+        self.all_consumers = all_consumers
 
     def copy(self, c: Consumer, partition: int, items: list[tuple[int, int]], reason: str) -> set[int]:
         """Dead-letter ``items`` (``(offset, deliveries)``, settled just now, still
@@ -78,7 +89,7 @@ class DeadLetters:
             entries.append([o, code, body, hint])
         if not entries:
             return set()
-        journal = engine.journal_of(c.topic)
+        journal = self.journal_of(c.topic)
         epoch = journal.write(["l", c.id, partition, entries])
         journal.intended(c, partition, entries)
         broker.publisher.publish_bodies(bodies)
@@ -105,7 +116,7 @@ class DeadLetters:
         engine = self.engine
         if c.deleted:
             return
-        journal = engine.journal_of(c.topic)
+        journal = self.journal_of(c.topic)
         journal.write(["L", c.id, partition, offsets], lazy=True)
         journal.done(c, partition, offsets)
         if c.topic.config.retention != "limits":
@@ -115,8 +126,8 @@ class DeadLetters:
         """After a restart: finish each copy whose intent is not marked done."""
         engine = self.engine
         broker = engine.broker
-        for c in engine.all_consumers():
-            journal = engine.journal_of(c.topic)
+        for c in self.all_consumers():
+            journal = self.journal_of(c.topic)
             for (cid, pn), intents in list(journal.pending.items()):
                 if cid != c.id or not intents:
                     continue
@@ -130,14 +141,17 @@ class DeadLetters:
                 epoch = journal.write(["L", c.id, pn, offsets])  # (noted as done below: once durable it is)
                 committer = broker.committer
                 if committer.acks_wait:
-                    committer.after(epoch, lambda c=c, pn=pn, offsets=offsets: self._recovered(c, pn, offsets))
+                    committer.after(epoch, self._recovered_later(c, pn, offsets))
                 else:
                     self._recovered(c, pn, offsets)
+
+    def _recovered_later(self, c: Consumer, pn: int, offsets: list[int]) -> Callable[[], None]:
+        return lambda: self._recovered(c, pn, offsets)
 
     def _recovered(self, c: Consumer, pn: int, offsets: list[int]) -> None:
         if c.deleted:
             return
-        self.engine.journal_of(c.topic).done(c, pn, offsets)
+        self.journal_of(c.topic).done(c, pn, offsets)
         if c.topic.config.retention != "limits":
             self.engine.released(c, pn, offsets)
 

@@ -76,7 +76,7 @@ class ConsumerEngine(TopicHooks):
         self.group_timers = GroupTimers(self.clock, self.expiry)
         #: Who hears of creations, deletions, naks, terms and give-ups.
         self.events = ConsumerEvents()
-        self.dead_letters = DeadLetters(self)
+        self.dead_letters = DeadLetters(self, self.journal_of, self.all_consumers)
         broker.topic_hooks.append(self)
 
     # -- topics (TopicHooks) ---------------------------------------------------------------
