@@ -24,7 +24,7 @@ from typing import NamedTuple
 from ._records import TTL_NONE, _iter_header_block, encode_body, encode_headers, read_record_info, record_spans
 from ._republish import HOPS_HEADER, rfc3339_ns
 
-__all__ = ["DLQ_HEADERS", "DLQ_REASONS", "DeadLetterOrigin", "dead_letter_body", "dead_letter_origin"]
+__all__ = ["DLQ_HEADERS", "DLQ_REASONS", "DeadLetterOrigin", "dead_letter_body", "dead_letter_origin", "redriven_body"]
 
 #: The reasons a message is dead-lettered, as ``Nats-DLQ-Reason`` says them.
 DLQ_REASONS = ("MaxDeliveries", "Terminated")
@@ -79,3 +79,22 @@ def dead_letter_origin(headers: bytes | memoryview) -> DeadLetterOrigin | None:
         )
     except (KeyError, ValueError):
         return None
+
+
+def redriven_body(record: bytes | memoryview) -> bytes | None:
+    """A stored dead letter as it is published again (redrive): on its
+    ``Nats-DLQ-Subject``, with its headers less the ``Nats-DLQ-*`` ones. None: the
+    record is no dead letter."""
+    info = read_record_info(record, 0)
+    _, _, _, _, payload_at, end = record_spans(record)
+    subject = b""
+    kept = []
+    for k, v in _iter_header_block(info.headers):
+        if k.startswith(_PREFIX):
+            if k == b"Nats-DLQ-Subject" and not subject:
+                subject = v
+        else:
+            kept.append((k.decode("ascii"), v.decode()))
+    if not subject:
+        return None
+    return encode_body(subject, bytes(record[payload_at:end]), encode_headers(kept), TTL_NONE)

@@ -63,6 +63,11 @@ async def cmd_consumer(c: Client, args: argparse.Namespace, out: Out) -> None:
     elif a == "rm":
         await c.delete_consumer(s, t, args.name)
         out.obj({"deleted": f"{args.stream}/{args.topic}/{args.name}"}, f"deleted consumer {args.stream}/{args.topic}/{args.name}")
+    elif a == "redrive":
+        r = await c.redrive(s, t, dry_run=args.dry_run)
+        verb = "would redrive" if args.dry_run else "redrove"
+        out.obj(r, f"{verb} {r['redriven']} dead letters from {args.stream}/{args.topic}"
+                   + (f" ({r['skipped']} other messages skipped)" if r["skipped"] else ""))
     elif a == "next":
         await _next(c, args, out, s, t)
     elif a == "sub":

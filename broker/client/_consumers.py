@@ -700,6 +700,13 @@ class ConsumerMethods(Requests):
         r = await self._request(P.UpdateConsumer(Identifier.of(stream), Identifier.of(topic), name, consumer_config(**config)))
         return ConsumerInfo(r.values)
 
+    async def redrive(self, stream: int | str, topic: int | str, dry_run: bool = False) -> dict[str, Any]:
+        """Publish the dead letters ``topic`` stored since its last redrive again on
+        their original subjects, each at most once (``dry_run``: only count them);
+        returns ``{"redriven": n, "skipped": n, "dry_run": bool}``."""
+        r = await self._request(P.Redrive(Identifier.of(stream), Identifier.of(topic), P.REDRIVE_DRY_RUN if dry_run else 0))
+        return dict(r.values)
+
     async def consumer_info(self, stream: int | str, topic: int | str, name: str) -> ConsumerInfo:
         """Raises: ConsumerNotFoundError."""
         r = await self._request(P.ConsumerInfoRequest(Identifier.of(stream), Identifier.of(topic), name))

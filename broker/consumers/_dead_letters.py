@@ -27,15 +27,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol import DLQ_REASONS, dead_letter_body, dead_letter_origin, read_record_info, split_records
+import protocol as P
+from protocol import DLQ_REASONS, REDRIVE_DRY_RUN, dead_letter_body, dead_letter_origin, read_record_info, redriven_body, split_records
 from storage import CorruptedRecord
 
-from broker.core import Partition, Topic, get_logger
+from broker.core import Broker, Partition, Reply, Topic, get_logger
 
 from ._journal import TopicJournal
 from ._model import Consumer, Engine
 
-__all__ = ["DeadLetters", "Intent"]
+__all__ = ["REDRIVE_MARK", "DeadLetters", "Intent", "redrive"]
 
 log = get_logger(__name__)
 
@@ -199,3 +200,59 @@ def _read(part: Partition, offset: int) -> bytes | None:
     if not res.count or res.runs[0][0] != offset:
         return None
     return bytes(split_records(res.records[0])[0])
+
+
+#: The stored consumer offset, per partition of a dead-letter topic, of the last copy
+#: redriven (``$`` keeps it apart from the names clients store offsets under).
+REDRIVE_MARK = "$redrive"
+
+
+def redrive(broker: Broker, session: object, cmd: P.Redrive) -> Reply:
+    """REDRIVE: publish the dead letters a topic stored since its last redrive again,
+    each on its ``Nats-DLQ-Subject`` (less its ``Nats-DLQ-*`` headers), and mark them:
+    the mark (``REDRIVE_MARK``) is written before the copies are published, in the
+    same group commit, so a copy is redriven at most once, crash or not. Records
+    that are no dead letters are passed over (``skipped``). ``REDRIVE_DRY_RUN``:
+    counted only."""
+    topic = broker.catalog.topic(cmd.stream, cmd.topic)
+    marks = topic.consumers
+    assert marks is not None
+    dry = bool(cmd.flags & REDRIVE_DRY_RUN)
+    redriven = skipped = 0
+    for part in topic.partitions:
+        start = (marks.get(REDRIVE_MARK, part.number) or 0) + 1
+        end = part.log.next_offset
+        if start >= end:
+            continue
+        if not dry:
+            marks.store(REDRIVE_MARK, part.number, end - 1)
+        offset = max(start, part.log.first_offset or start)
+        while offset < end:
+            try:
+                res = part.read(offset, _SCAN_CHUNK, _READ_BYTES, None)
+            except CorruptedRecord:
+                offset += 1
+                skipped += 1
+                continue
+            if not res.count:
+                break
+            bodies = []
+            for run, (first, n) in zip(res.records, res.runs):
+                for k, rec in enumerate(split_records(run)):
+                    if first + k >= end:
+                        break
+                    body = redriven_body(rec)
+                    if body is None:
+                        skipped += 1
+                    else:
+                        bodies.append(body)
+            redriven += len(bodies)
+            if bodies and not dry:
+                broker.publisher.publish_bodies(bodies)
+            offset = res.next_offset
+    epoch = 0
+    if not dry:
+        epoch = broker.committer.note_write(marks)
+        broker.counters.dead_letters_redriven += redriven
+        log.info("dead_letters_redriven", topic=topic.full_name, redriven=redriven, skipped=skipped)
+    return P.InfoMap({"redriven": redriven, "skipped": skipped, "dry_run": dry}).encode(), epoch

@@ -119,3 +119,44 @@ async def test_an_invalid_dead_letter_subject_is_refused(data_dir: Path) -> None
         got = await in_asyncio(steps, handle.nats_url)
     assert got["error"]["err_code"] == 10012
     assert "dead_letter_subject 'dlq.*' is not a valid subject" in got["error"]["description"]
+
+
+# -- the bundled client: the same option, the binary info, redrive ----------------------
+
+
+async def test_bundled_client_dead_letters_and_redrive_once(mock_clock: Any, data_dir: Path) -> None:
+    """Through the binary protocol: a NAK on the last allowed delivery and a term are
+    copied; a dry run counts them, a redrive publishes them back on their original
+    subjects (without the ``Nats-DLQ-*`` headers), and a second redrive publishes
+    nothing."""
+    from broker.client import connect
+
+    async with start_server(make_config(data_dir)) as handle, connect(handle.address) as c:
+        await c.create_stream("s")
+        await c.create_topic("s", "work", subjects=["w.>"])
+        await c.create_topic("s", "dlq", subjects=["dlq.w"])
+        info = await c.create_consumer("s", "work", "w", max_deliver=1, dead_letter_subject="dlq.w")
+        assert info.config["dead_letter_subject"] == "dlq.w"
+        await c.publish("w.a", b"one", headers={"Trace": "t"})
+        await c.publish("w.b", b"two")
+        got = await c.pull("s", "work", "w", 2)
+        await got[0].nak(sync=True)
+        await got[1].term(sync=True)
+        info = await c.consumer_info("s", "work", "w")
+        assert info.dead_lettered == {"MaxDeliveries": 1, "Terminated": 1}
+        f = await c.fetch("s", "dlq", 0, 1, 10)
+        assert [(m.headers["Nats-DLQ-Subject"], m.headers["Nats-DLQ-Reason"], m.headers["Nats-DLQ-Stream"]) for m in f.messages] == [
+            ("w.a", "MaxDeliveries", "s/work"), ("w.b", "Terminated", "s/work")]
+        assert await c.redrive("s", "dlq", dry_run=True) == {"redriven": 2, "skipped": 0, "dry_run": True}
+        assert await c.redrive("s", "dlq") == {"redriven": 2, "skipped": 0, "dry_run": False}
+        assert await c.redrive("s", "dlq") == {"redriven": 0, "skipped": 0, "dry_run": False}
+        f = await c.fetch("s", "work", 0, 3, 10)
+        assert [(m.subject, m.payload, dict(m.headers)) for m in f.messages] == [
+            ("w.a", b"one", {"Trace": "t"}), ("w.b", b"two", {})]
+        assert handle.broker.counters.dead_letters_redriven == 2
+        # The redriven messages are new: the consumer gets them (and would dead-letter them again).
+        again = await c.pull("s", "work", "w", 2)
+        assert [m.offset for m in again] == [3, 4]
+        with pytest.raises(Exception) as err:
+            await c.redrive("s", "nope")
+        assert type(err.value).__name__ == "TopicNotFoundError"
