@@ -153,7 +153,8 @@ async def test_bundled_client_dead_letters_and_redrive_once(mock_clock: Any, dat
         f = await c.fetch("s", "work", 0, 3, 10)
         assert [(m.subject, m.payload, dict(m.headers)) for m in f.messages] == [
             ("w.a", b"one", {"Trace": "t"}), ("w.b", b"two", {})]
-        assert handle.broker.counters.dead_letters_redriven == 2
+        stats = await c.stats()
+        assert (stats["dead_lettered_max_deliveries"], stats["dead_lettered_terminated"], stats["dead_letters_redriven"]) == (1, 1, 2)
         # The redriven messages are new: the consumer gets them (and would dead-letter them again).
         again = await c.pull("s", "work", "w", 2)
         assert [m.offset for m in again] == [3, 4]
