@@ -33,6 +33,8 @@ from ._consumers import CreateConsumer as CreateConsumer
 from ._consumers import DeleteConsumer as DeleteConsumer
 from ._consumers import JoinGroup as JoinGroup
 from ._consumers import EndPulls as EndPulls
+from ._consumers import REDRIVE_DRY_RUN as REDRIVE_DRY_RUN
+from ._consumers import Redrive as Redrive
 from ._consumers import LeaveGroup as LeaveGroup
 from ._consumers import ListConsumers as ListConsumers
 from ._consumers import Pull as Pull
@@ -158,6 +160,12 @@ from ._responses import encode_delivery as encode_delivery
 from ._responses import encode_uniform_acks as encode_uniform_acks
 from ._responses import info_map_frame as info_map_frame
 from ._responses import uniform_ack_frames as uniform_ack_frames
+from ._dead_letters import DLQ_HEADERS as DLQ_HEADERS
+from ._dead_letters import DLQ_REASONS as DLQ_REASONS
+from ._dead_letters import DeadLetterOrigin as DeadLetterOrigin
+from ._dead_letters import dead_letter_body as dead_letter_body
+from ._dead_letters import dead_letter_origin as dead_letter_origin
+from ._dead_letters import redriven_body as redriven_body
 from ._republish import HOPS_HEADER as HOPS_HEADER
 from ._republish import copy_plan as copy_plan
 from ._republish import hops_of as hops_of

@@ -75,6 +75,8 @@ class Command(IntEnum):
     LEAVE_GROUP = 138
     #: End this connection's waiting pulls on a consumer (a consume loop stops).
     END_PULLS = 139
+    #: Publish a dead-letter topic's copies again on their original subjects.
+    REDRIVE = 140
 
     #: Details of one stream, with its topics.
     GET_STREAM = 200

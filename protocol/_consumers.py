@@ -53,6 +53,8 @@ __all__ = [
     "PullPart",
     "expand_runs",
     "CONSUMER_COMMANDS",
+    "REDRIVE_DRY_RUN",
+    "Redrive",
 ]
 
 #: PULL flag: answer at once with what is ready (maybe nothing), never wait.
@@ -203,6 +205,32 @@ class JoinGroup(_Request):
     def decode(cls, payload: bytes) -> JoinGroup:
         r = Reader(payload, cls.CODE.name)
         out = cls(r.ident(), r.ident(), r.short_str("consumer name"), r.short_str("member name"))
+        r.end()
+        return out
+
+
+#: REDRIVE flag: count what would go, publish nothing, mark nothing.
+REDRIVE_DRY_RUN = 0x1
+
+
+@dataclass(frozen=True, slots=True)
+class Redrive(_Request):
+    """``ident stream | ident topic | u8 flags``: publish the dead letters stored in
+    that topic since the last redrive again on their original subjects; the response
+    is ``{"redriven": n, "skipped": n, "dry_run": bool}``."""
+
+    CODE: ClassVar[Command] = Command.REDRIVE
+    stream: Identifier
+    topic: Identifier
+    flags: int = 0
+
+    def encode(self) -> bytes:
+        return self.stream.encode() + self.topic.encode() + u8(self.flags)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Redrive:
+        r = Reader(payload, "REDRIVE")
+        out = cls(r.ident(), r.ident(), r.u8())
         r.end()
         return out
 
@@ -488,5 +516,5 @@ class PullBatch(_Response):
 
 
 CONSUMER_COMMANDS: tuple[type[_Request], ...] = (
-    CreateConsumer, UpdateConsumer, ConsumerInfoRequest, ListConsumers, DeleteConsumer, Pull, AckMessages, JoinGroup, LeaveGroup, EndPulls,
+    CreateConsumer, UpdateConsumer, ConsumerInfoRequest, ListConsumers, DeleteConsumer, Pull, AckMessages, JoinGroup, LeaveGroup, EndPulls, Redrive,
 )

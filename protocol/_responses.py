@@ -677,6 +677,7 @@ RESPONSE_TYPES: dict[int, type[_Response]] = {
     Command.JOIN_GROUP: InfoMap,
     Command.LEAVE_GROUP: Empty,
     Command.END_PULLS: Empty,
+    Command.REDRIVE: InfoMap,
 }
 
 PUSH_TYPES: dict[int, type[_Response]] = {

@@ -49,7 +49,8 @@ def _consumer_config(args: argparse.Namespace) -> dict[str, Any]:
         cfg["opt_start_offset"] = args.start_offset
     if args.start_time is not None:
         cfg["opt_start_time"] = args.start_time
-    for key in ("ack_wait", "max_deliver", "backoff", "max_ack_pending", "max_waiting", "member_timeout", "description"):
+    for key in ("ack_wait", "max_deliver", "backoff", "max_ack_pending", "max_waiting", "member_timeout", "description",
+                "dead_letter_subject"):
         value = getattr(args, key)
         if value is not None:
             cfg[key] = value
@@ -78,6 +79,11 @@ async def cmd_consumer(c: Client, args: argparse.Namespace, out: Out) -> None:
     elif a == "rm":
         await c.delete_consumer(s, t, args.name)
         out.obj({"deleted": f"{args.stream}/{args.topic}/{args.name}"}, f"deleted consumer {args.stream}/{args.topic}/{args.name}")
+    elif a == "redrive":
+        r = await c.redrive(s, t, dry_run=args.dry_run)
+        verb = "would redrive" if args.dry_run else "redrove"
+        out.obj(r, f"{verb} {r['redriven']} dead letters from {args.stream}/{args.topic}"
+                   + (f" ({r['skipped']} other messages skipped)" if r["skipped"] else ""))
     elif a == "next":
         await _next(c, args, out, s, t)
     elif a == "sub":

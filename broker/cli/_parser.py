@@ -279,6 +279,9 @@ def _consumer_options(q: argparse.ArgumentParser, editing: bool) -> None:
     q.add_argument("--member-timeout", type=seconds, metavar="DURATION",
                    help=f"partitioned: a silent member leaves after this ({default('default 30s')})")
     q.add_argument("--description", help=f"what it is for ({default('default: none')})")
+    q.add_argument("--dead-letter", dest="dead_letter_subject", metavar="SUBJECT",
+                   help="publish a copy of each message given up (max deliver) or terminated on SUBJECT "
+                   f"({default('default: none')})")
 
 
 def _consumer_commands(cs: Subparsers, g: list[argparse.ArgumentParser]) -> None:
@@ -310,6 +313,10 @@ def _consumer_commands(cs: Subparsers, g: list[argparse.ArgumentParser]) -> None
     q.add_argument("stream", help=_STREAM)
     q.add_argument("topic", nargs="?", help="only this topic's consumers (default: those of every topic of the stream)")
     q.add_argument("-r", "--raw", action="store_true", help="print the numbers unformatted (default: 1,234 and shares)")
+    q = cs.add_parser("redrive", parents=g, help="publish a dead-letter topic's new copies again on their original subjects")
+    q.add_argument("stream", help=_STREAM)
+    q.add_argument("topic", help="the dead-letter topic (the one that captures the consumers' dead-letter subjects)")
+    q.add_argument("--dry-run", action="store_true", help="count what would go; publish and mark nothing")
     q = cs.add_parser("next", parents=g, help="pull, print and ack messages")
     q.add_argument("stream", help=_STREAM)
     q.add_argument("topic", help=_TOPIC)

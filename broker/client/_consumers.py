@@ -681,7 +681,10 @@ class ConsumerMethods(Requests):
         the epoch)), ``ack_policy`` (``explicit``, ``none``, ``all``), ``ack_wait``
         (seconds or a timedelta), ``max_deliver``, ``backoff`` (a list of durations),
         ``max_ack_pending``, ``max_waiting``, ``mode`` (``shared`` or
-        ``partitioned``), ``member_timeout``, ``description``.
+        ``partitioned``), ``member_timeout``, ``description``, and ttlbroker's
+        ``dead_letter_subject`` (where a copy of each message given up after
+        ``max_deliver`` or terminated is published; ``info.dead_lettered`` counts
+        them by reason).
 
         Raises:
             ConsumerExistsError: it exists with another configuration.
@@ -696,6 +699,13 @@ class ConsumerMethods(Requests):
         change must stay as they are: ConsumerUpdateDeniedError)."""
         r = await self._request(P.UpdateConsumer(Identifier.of(stream), Identifier.of(topic), name, consumer_config(**config)))
         return ConsumerInfo(r.values)
+
+    async def redrive(self, stream: int | str, topic: int | str, dry_run: bool = False) -> dict[str, Any]:
+        """Publish the dead letters ``topic`` stored since its last redrive again on
+        their original subjects, each at most once (``dry_run``: only count them);
+        returns ``{"redriven": n, "skipped": n, "dry_run": bool}``."""
+        r = await self._request(P.Redrive(Identifier.of(stream), Identifier.of(topic), P.REDRIVE_DRY_RUN if dry_run else 0))
+        return dict(r.values)
 
     async def consumer_info(self, stream: int | str, topic: int | str, name: str) -> ConsumerInfo:
         """Raises: ConsumerNotFoundError."""

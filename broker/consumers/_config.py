@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from protocol import ErrorCode, error_class, filters_overlap, validate_filter
+from protocol import BrokerError, ErrorCode, error_class, filters_overlap, validate_filter, validate_subject
 
 __all__ = ["ConsumerConfig", "DELIVER_POLICIES", "ACK_POLICIES", "MODES"]
 
@@ -148,6 +148,18 @@ def _nats_settings(nats: object) -> tuple[tuple[str, Any], ...] | None:
     return tuple(sorted(nats.items()))
 
 
+def _dead_letter_subject(value: object) -> str:
+    """``dead_letter_subject``: "" (none) or a subject without wildcards."""
+    if not isinstance(value, str):
+        raise _invalid(f"dead_letter_subject must be a subject, got {value!r}")
+    if value:
+        try:
+            validate_subject(value)
+        except BrokerError as err:
+            raise _invalid(f"dead_letter_subject {value!r} is not a valid subject: {err.message}") from None
+    return value
+
+
 @dataclass(frozen=True)
 class ConsumerConfig:
     filter_subjects: tuple[str, ...] = ()
@@ -172,6 +184,9 @@ class ConsumerConfig:
     #: a boolean, which one depending on the name (``protocol.nats.PushSettings``'
     #: fields): ``Any``, so that they can be handed to it by name.
     nats: tuple[tuple[str, Any], ...] | None = None
+    #: A ttlbroker extension: where a copy of each message given up after
+    #: ``max_deliver`` or terminated is published ("" for none; ``_dead_letters.py``).
+    dead_letter_subject: str = ""
 
     @classmethod
     def from_map(cls, raw: dict[str, Any]) -> ConsumerConfig:
@@ -215,12 +230,14 @@ class ConsumerConfig:
         if not isinstance(desc, str) or len(desc.encode()) > 4096:
             raise _invalid("description must be a string of at most 4096 bytes")
         nats = _nats_settings(raw.get("nats"))
+        dead_letter = _dead_letter_subject(raw.get("dead_letter_subject", ""))
         if ap == "none" and (backoff or md != -1):
             raise _invalid("ack_policy none delivers each message once: backoff and max_deliver do not apply")
         return cls(
             filter_subjects=filters, deliver_policy=dp, opt_start_offset=start_offset, opt_start_time=start_time,
             ack_policy=ap, ack_wait=ack_wait, max_deliver=md, backoff=backoff, max_ack_pending=mp,
             max_waiting=max_waiting, mode=mode, member_timeout=member_timeout, description=desc, nats=nats,
+            dead_letter_subject=dead_letter,
         )
 
     def to_map(self) -> dict[str, Any]:
@@ -244,6 +261,8 @@ class ConsumerConfig:
             out["opt_start_time"] = self.opt_start_time
         if self.nats is not None:
             out["nats"] = dict(self.nats)
+        if self.dead_letter_subject:
+            out["dead_letter_subject"] = self.dead_letter_subject
         return out
 
     def check_update(self, new: ConsumerConfig) -> None:

@@ -29,6 +29,7 @@ from protocol import AckKind, ErrorCode, error_class
 
 from broker.core import TIMER_NS, Broker, Partition, SyncSource, Topic, TopicConfig, TopicHooks, fire_time, get_logger
 
+from ._dead_letters import DeadLetters
 from ._groups import GroupTimers
 from ._journal import TopicJournal
 from ._model import MS, Consumer, ConsumerEvents, ConsumerPartition, Member, PullRequest
@@ -75,6 +76,7 @@ class ConsumerEngine(TopicHooks):
         self.group_timers = GroupTimers(self.clock, self.expiry)
         #: Who hears of creations, deletions, naks, terms and give-ups.
         self.events = ConsumerEvents()
+        self.dead_letters = DeadLetters(self, self.journal_of, self.all_consumers)
         broker.topic_hooks.append(self)
 
     # -- topics (TopicHooks) ---------------------------------------------------------------
@@ -163,6 +165,7 @@ class ConsumerEngine(TopicHooks):
         journal = self.topics.get(c.topic)
         if journal is not None:
             journal.consumers.pop(c.name, None)
+            journal.forget(c)
         self.detach(c)
         self.events.deleted(c)
         for req in list(c.waiting):
@@ -259,6 +262,10 @@ class ConsumerEngine(TopicHooks):
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         recovered, self._sweep = self._sweep, []
+        try:
+            self.dead_letters.recover()  # (before the sweep: an original goes once its copy is stored)
+        except Exception:
+            log.error("dead_letter_recovery_failed", exc_info=True)
         for topic in recovered:  # what a crash left between a settle and its removal
             if topic in self.topics:
                 sweep(self, topic)
@@ -365,10 +372,18 @@ class ConsumerEngine(TopicHooks):
         if acked or freed:
             self.kick(c)
         epoch = 0
+        held: set[tuple[int, int]] = set()
+        if termed and c.config.dead_letter_subject:
+            terms: dict[int, list[tuple[int, int]]] = {}
+            for kind, pn, o, _, count in heard:
+                if kind == _TERM:
+                    terms.setdefault(pn, []).append((o, count))
+            for pn, items in terms.items():
+                held.update((pn, o) for o in self.dead_letter(c, pn, items, "Terminated"))
         if changes:
-            epoch = self.journal_of(c.topic).write(["a", c.id, changes], lazy=not wait)
+            epoch = self.journal_of(c.topic).write(["a", c.id, changes], lazy=not wait and not held)
             if c.topic.config.retention != "limits":
-                self._release(c, changes)
+                self._release(c, changes, held)
         for kind, pn, o, dseq, count in heard:
             if kind == _TERM:
                 events.terminated(c, pn, o, dseq, count, reasons.get((pn, o), "") if reasons else "")
@@ -378,15 +393,19 @@ class ConsumerEngine(TopicHooks):
             epoch = max(epoch, parts[pn].give_up(offsets))
         return epoch
 
-    def _release(self, c: Consumer, changes: list[int]) -> None:
+    def _release(self, c: Consumer, changes: list[int], held: set[tuple[int, int]]) -> None:
         """The acks and terms among ``changes`` (quads: partition, kind, offset, _)
-        settled their messages (work-queue and interest retention)."""
+        settled their messages (work-queue and interest retention), but for ``held``
+        (dead letters: released once their copy is stored)."""
         by_part: dict[int, list[int]] = {}
         for i in range(0, len(changes), 4):
-            if changes[i + 1] in (_ACK, _TERM):
+            if changes[i + 1] in (_ACK, _TERM) and (not held or (changes[i], changes[i + 2]) not in held):
                 by_part.setdefault(changes[i], []).append(changes[i + 2])
         for pn, offsets in by_part.items():
             release(self, c, pn, offsets)
+
+    def dead_letter(self, c: Consumer, partition: int, items: list[tuple[int, int]], reason: str) -> set[int]:
+        return self.dead_letters.copy(c, partition, items, reason)
 
     def released(self, c: Consumer, partition: int, offsets: list[int]) -> None:
         """``c`` settled ``offsets`` of a partition other than by an ack (deliveries

@@ -13,7 +13,13 @@ so they go with the next sync (within ``LAZY_SYNC_SECONDS`` under ``always``). E
     ["d", cid, partition, scan_from, cursor, [offset, ...], now_ms, first_dseq]  first deliveries
     ["r", cid, partition, [offset, ...], now_ms, first_dseq]                     redeliveries
     ["a", cid, [partition, kind, offset, deadline_ms, ...]]                      acks, naks, terms, in progress
+    ["l", cid, partition, [[offset, reason, body, hint], ...]]                   dead letters intended
+    ["L", cid, partition, [offset, ...]]                                         dead letters stored
     ["s", {"next_id": n, "consumers": [state, ...]}]                             snapshot
+
+An ``l`` event settles its offsets (it is written before their term: a journal
+that keeps the term keeps it) and holds each copy's body until an ``L`` says the
+copy is stored (``_dead_letters.py``).
 
 When the file grows past its limit it is compacted to one snapshot. Deadlines are
 kept in milliseconds of wall-clock time, so after a restart an outstanding message
@@ -31,13 +37,17 @@ from typing import Any
 
 import msgpack
 
-from protocol import AckKind
+from protocol import DLQ_REASONS, AckKind
 from storage import Journal
 
 from broker.core import Topic, get_logger
 
 from ._config import ConsumerConfig
 from ._model import MS, Consumer, ConsumerPartition, Engine, Outstanding
+
+#: Dead letters written but not known to be stored: ``(cid, partition) -> {offset:
+#: (body, hint)}`` (``_dead_letters.Intent``).
+Pending = dict[tuple[int, int], dict[int, tuple[bytes, "list[int] | None"]]]
 
 __all__ = ["TopicJournal"]
 
@@ -63,6 +73,7 @@ class TopicJournal:
         self.file: Journal | None = None
         self.next_id = 1
         self.limit = COMPACT_BYTES
+        self.pending: Pending = {}
 
     def _open(self) -> Journal:
         if self.file is None:
@@ -89,6 +100,26 @@ class TopicJournal:
             flat += (partition, kind, o, 0)
         return self.write(["a", c.id, flat])
 
+    def intended(self, c: Consumer, partition: int, entries: list[list[Any]]) -> None:
+        """Dead letters were written (an ``l`` event): pending until stored."""
+        held = self.pending.setdefault((c.id, partition), {})
+        for o, _, body, hint in entries:
+            held[o] = (body, hint)
+
+    def done(self, c: Consumer, partition: int, offsets: list[int]) -> None:
+        held = self.pending.get((c.id, partition))
+        if held is None:
+            return
+        for o in offsets:
+            held.pop(o, None)
+        if not held:
+            del self.pending[c.id, partition]
+
+    def forget(self, c: Consumer) -> None:
+        """``c`` is deleted: its pending dead letters go with it."""
+        for key in [k for k in self.pending if k[0] == c.id]:
+            del self.pending[key]
+
     def compact(self) -> None:
         f = self._open()
         snap = _pack(["s", self.snapshot()])
@@ -106,6 +137,9 @@ class TopicJournal:
                      [[o, e.count, e.dseq, e.deadline // MS] for o, e in cp.out.items()]]
                     for cp in c.parts
                 ],
+                "dl": dict(c.dead_lettered),
+                "dlp": [[pn, o, body, hint] for (cid, pn), held in self.pending.items() if cid == c.id
+                        for o, (body, hint) in held.items()],
             })
         return {"next_id": self.next_id, "consumers": consumers}
 
@@ -151,6 +185,7 @@ class TopicJournal:
         kind = ev[0]
         if kind == "s":
             consumers.clear()
+            self.pending.clear()
             snap = ev[1]
             self.next_id = max(self.next_id, snap.get("next_id", 1))
             for d in snap["consumers"]:
@@ -161,6 +196,9 @@ class TopicJournal:
                     cp.only = set(only) if only is not None else None
                     for o, count, dseq, dl in out:
                         cp.out[o] = Outstanding(count, dseq, dl * MS, 0)
+                made.dead_lettered.update(d.get("dl", {}))
+                for pn, o, body, hint in d.get("dlp", ()):
+                    self.pending.setdefault((made.id, pn), {})[o] = (body, hint)
                 consumers[made.id] = made
             return 0
         if kind == "c":
@@ -178,6 +216,17 @@ class TopicJournal:
             c.config = ConsumerConfig.from_map(ev[2])
         elif kind == "x":
             del consumers[ev[1]]
+            self.forget(c)
+        elif kind == "l":
+            _, _, pn, entries = ev
+            cp = c.parts[pn]
+            for o, code, _, _ in entries:
+                cp.out.pop(o, None)
+                reason = DLQ_REASONS[code]
+                c.dead_lettered[reason] = c.dead_lettered.get(reason, 0) + 1
+            self.intended(c, pn, entries)
+        elif kind == "L":
+            self.done(c, ev[2], ev[3])
         elif kind == "d":
             _, _, pn, scan_from, cursor, offsets, now_ms, first = ev
             cp = c.parts[pn]

@@ -80,6 +80,11 @@ class ConsumerEvents:
     def max_deliveries(self, c: Consumer, partition: int, offset: int, deliveries: int) -> None:
         """Given up after ``max_deliver`` deliveries."""
 
+    def stream_name(self, topic: Topic) -> str:
+        """What a dead letter's ``Nats-DLQ-Stream`` calls ``topic`` (the NATS
+        listener: its stream name)."""
+        return topic.full_name
+
 
 class Engine(Protocol):
     """What consumers, their partitions, pulls and members ask of the engine that
@@ -122,6 +127,12 @@ class Engine(Protocol):
 
     def broker_offsets_store(self, c: Consumer, cp: ConsumerPartition) -> None:
         """Store ``c``'s offset in ``cp`` as its topic's stored consumer offset."""
+
+    def dead_letter(self, c: Consumer, partition: int, items: list[tuple[int, int]], reason: str) -> set[int]:
+        """Copy ``items`` (``(offset, deliveries)``, just settled) to ``c``'s
+        dead-letter subject, if it has one; returns the offsets whose release waits
+        for the copy (``_dead_letters.py``)."""
+        ...
 
 
 class PullOwner(Protocol):
@@ -332,9 +343,10 @@ class ConsumerPartition:
         for o in offsets:
             self._drop(o)
         engine.counters.consumer_given_up += len(offsets)
+        held = engine.dead_letter(c, self.part.number, list(zip(offsets, counts)), "MaxDeliveries")
         epoch = engine.journal_of(c.topic).settled(c, self.part.number, AckKind.TERM, offsets)
         if c.topic.config.retention != "limits":
-            engine.released(c, self.part.number, offsets)
+            engine.released(c, self.part.number, [o for o in offsets if o not in held] if held else offsets)
         log.debug("max_deliver_reached", consumer=c.name, partition=self.part.number, offsets=len(offsets))
         events = engine.events
         for o, count in zip(offsets, counts):
@@ -364,6 +376,8 @@ class Consumer:
         #: Delivers nothing before this time (ns, the broker's clock; 0: not paused):
         #: waiting pulls wait on (a NATS consumer's ``pause_until``).
         self.paused_until = 0
+        #: Messages copied to the dead-letter subject, by reason (``Nats-DLQ-Reason``).
+        self.dead_lettered: dict[str, int] = dict.fromkeys(P.DLQ_REASONS, 0)
         self.config = config
 
     @property
@@ -440,6 +454,7 @@ class Consumer:
             "num_ack_pending": self.num_ack_pending,
             "num_redelivered": self.num_redelivered,
             "num_waiting": len(self.waiting),
+            "dead_lettered": dict(self.dead_lettered),
             "delivered": {"consumer_seq": self.dseq, "stream_seq": max((cp.last_delivered for cp in self.parts), default=0)},
             "ack_floor": {
                 "consumer_seq": self._ack_floor_dseq(),

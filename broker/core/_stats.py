@@ -145,6 +145,12 @@ class Counters:
     consumer_terminated: int = 0
     #: Outstanding deliveries given up after max_deliver.
     consumer_given_up: int = 0
+    #: Messages copied to a consumer's dead-letter subject after max_deliver deliveries.
+    dead_lettered_max_deliveries: int = 0
+    #: Messages copied to a consumer's dead-letter subject because a client terminated them.
+    dead_lettered_terminated: int = 0
+    #: Dead letters published again on their original subjects (REDRIVE).
+    dead_letters_redriven: int = 0
     #: Outstanding deliveries dropped because their message was removed.
     consumer_dropped: int = 0
     #: JetStream advisories published (``$JS.EVENT.ADVISORY.>``, each to someone: a

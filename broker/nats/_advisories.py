@@ -164,6 +164,9 @@ class Advisories(ConsumerEvents, TopicHooks):
             self.publish("max_deliveries", *A.delivery_exceeded(
                 stream, c.name, offset, deliveries, self.ids.next(), self._now(), self.js.domain))
 
+    def stream_name(self, topic: Topic) -> str:
+        return self.js.stream_name(topic)
+
     # -- streams (TopicHooks) ------------------------------------------------------------
 
     def _stream_action(self, topic: Topic, action: str) -> None:

@@ -269,6 +269,8 @@ def _info(st: State, c: Consumer) -> dict[str, Any]:
         "num_waiting": _num_waiting(c),
         "num_pending": c.num_pending,
     }
+    if c.config.dead_letter_subject or any(c.dead_lettered.values()):
+        info["dead_lettered"] = dict(c.dead_lettered)  # a ttlbroker extension, by Nats-DLQ-Reason
     if settings.deliver_subject and st.broker.subs.match(settings.deliver_subject.encode()):
         info["push_bound"] = True  # the server's omitempty: absent unless bound
     remaining = c.paused_until - st.broker.clock.now_ns()

@@ -74,6 +74,7 @@ class Dispatch:
                 P.StoreConsumerOffset: C.store_consumer_offset,
                 P.GetConsumerOffset: C.get_consumer_offset,
                 P.DeleteConsumerOffset: C.delete_consumer_offset,
+                P.Redrive: C.redrive,
                 P.GetStream: core.get_stream,
                 P.ListStreams: core.list_streams,
                 P.GetTopic: core.get_topic,

@@ -155,7 +155,7 @@ _KNOWN = {
     "ack_wait", "max_deliver", "backoff", "filter_subject", "filter_subjects", "replay_policy", "max_waiting",
     "max_ack_pending", "flow_control", "idle_heartbeat", "headers_only", "deliver_subject", "deliver_group", "inactive_threshold",
     "num_replicas", "mem_storage", "max_batch", "max_expires", "max_bytes", "metadata", "pause_until", "rate_limit_bps",
-    "priority_groups", "priority_timeout", "sample_freq", *_UNSUPPORTED,
+    "priority_groups", "priority_timeout", "sample_freq", "dead_letter_subject", *_UNSUPPORTED,
 }
 
 
@@ -261,6 +261,8 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
         out["max_ack_pending"] = mp
     if raw.get("description"):
         out["description"] = raw["description"]
+    if raw.get("dead_letter_subject"):  # a ttlbroker extension (the engine checks it)
+        out["dead_letter_subject"] = raw["dead_letter_subject"]
     hb = _ns("idle_heartbeat", raw.get("idle_heartbeat") or 0)
     fc = bool(raw.get("flow_control"))
     if not deliver:
@@ -423,6 +425,8 @@ def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettin
         out["name"] = name
     if cfg.get("description"):
         out["description"] = cfg["description"]
+    if cfg.get("dead_letter_subject"):
+        out["dead_letter_subject"] = cfg["dead_letter_subject"]
     if settings.deliver_subject:
         out["deliver_subject"] = settings.deliver_subject
     if settings.deliver_group:

@@ -116,3 +116,28 @@ def test_errors(broker: BrokerProcess) -> None:
     assert p.returncode == 1 and p.stderr.startswith("error: CONSUMER_FILTERS_OVERLAP (7008)")
     p = run("127.0.0.1:1", "consumer", "list", "shop", "orders", check=False)
     assert p.returncode == 2 and p.stderr.startswith("error: CANNOT_CONNECT: cannot connect to 127.0.0.1:1")
+
+
+
+def test_add_with_a_dead_letter_subject(broker: BrokerProcess) -> None:
+    a = broker.address
+    info = lines(run(a, "consumer", "add", "shop", "orders", "dl", "--max-deliver", "3", "--dead-letter", "dlq.orders",
+                     json_out=True))[0]
+    assert info["config"]["dead_letter_subject"] == "dlq.orders"
+    assert info["dead_lettered"] == {"MaxDeliveries": 0, "Terminated": 0}
+    p = run(a, "consumer", "add", "shop", "orders", "dl2", "--dead-letter", "dlq.>", check=False)
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr.startswith("error: INVALID_CONSUMER_CONFIG (")
+    assert "dead_letter_subject 'dlq.>' is not a valid subject: subject 'dlq.>' contains the wildcard '>'" in p.stderr
+    run(a, "consumer", "rm", "shop", "orders", "dl")
+
+
+def test_redrive_dry_run_and_json(broker: BrokerProcess) -> None:
+    a = broker.address
+    run(a, "topic", "create", "shop", "dead", "--subjects", "dead.>")
+    run(a, "pub", "dead.x", "not a dead letter")
+    p = run(a, "consumer", "redrive", "shop", "dead", "--dry-run")
+    assert p.stdout == "would redrive 0 dead letters from shop/dead (1 other messages skipped)\n"
+    assert lines(run(a, "consumer", "redrive", "shop", "dead", json_out=True)) == [{"redriven": 0, "skipped": 1, "dry_run": False}]
+    p = run(a, "consumer", "redrive", "shop", "nope", check=False)
+    assert p.returncode == 1 and p.stderr.startswith("error: TOPIC_NOT_FOUND (")
