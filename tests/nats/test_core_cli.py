@@ -51,7 +51,7 @@ def test_nats_port_in_use(tmp_path: Path, taken_port: int) -> None:
     )
     lines = [line for line in p.stderr.splitlines() if not line.startswith("ts=")]
     assert (p.returncode, p.stdout, lines) == (2, "", [
-        f"error: NATS port 127.0.0.1:{taken_port} is in use (a nats-server or another broker?): set [nats] port or "
+        f"error: CANNOT_START: NATS port 127.0.0.1:{taken_port} is in use (a nats-server or another broker?): set [nats] port or "
         "--nats-port (0 = any free one), or turn the NATS listener off with --no-nats or [nats] enabled = false"
     ])
     assert not (tmp_path / "d").exists()  # bound before the data directory is touched
