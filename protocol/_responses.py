@@ -193,7 +193,7 @@ class Acks(_Response):
             struct.pack(f"<{n}H", *self.statuses),
             u32(len(self.errors)),
         ]
-        for index, message in self.errors.items():
+        for index, message in sorted(self.errors.items()):  # in index order: the same acks, the same bytes
             raw = message.encode()[:0xFFFF]
             parts.append(u32(index) + u16(len(raw)) + raw)
         return b"".join(parts)
