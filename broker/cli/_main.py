@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="export sealed segments to Parquet here (overrides [export] dir; default: no export)")
     p.add_argument(
         "--http-port", type=int, metavar="PORT",
-        help="monitoring port for /metrics, /healthz, /varz; 0 = off, -1 = any free one (overrides [http] port; "
+        help="monitoring port for /metrics, /healthz and nats-server's /varz, /connz, /subsz, /jsz; 0 = off, -1 = any free one (overrides [http] port; "
         "default: 8091, or -1 with --port 0)",
     )
     p.add_argument(
