@@ -278,6 +278,15 @@ class SubscriptionIndex:
                 return hit + tuple(random.choice(g) for g in groups_of)
         return hit
 
+    def match_fixed(self, subject: bytes) -> tuple[Subscriber, ...] | None:
+        """:meth:`match`, when its answer is the same for every message on ``subject``
+        until the index changes; None when it is not (a queue group there picks a
+        member for each message)."""
+        found = self.match(subject)
+        if self._queued and self._groups.get(subject):
+            return None
+        return found
+
     def _miss(self, subject: bytes, shape: tuple[bytes, bytes, int] | None) -> tuple[Subscriber, ...]:
         """:meth:`match` of a subject in neither cache: look at the subscriptions that
         can match, and cache the answer under the subject, or under its ``shape``

@@ -35,7 +35,7 @@ from protocol.nats import encode_msg, nats_message_of_record
 
 from broker.core import Broker, Counters, subscription_footprint
 
-__all__ = ["CheckedSubscription", "NatsClient", "NatsSubscription", "send_core"]
+__all__ = ["CheckedSubscription", "NatsClient", "NatsSubscription", "send_core", "send_run"]
 
 class NatsClient(Protocol):
     """A NATS connection, as its subscriptions see it (``_session.NatsSession``)."""
@@ -50,6 +50,10 @@ class NatsClient(Protocol):
     out_bytes: int
 
     def accepts_pushes(self) -> bool: ...
+
+    def has_room(self, n: int) -> bool:
+        """Whether ``n`` more bytes of deliveries may be queued to it."""
+        ...
 
     def push_nats(self, data: bytes, epoch: int = 0) -> bool: ...
 
@@ -176,6 +180,33 @@ class CheckedSubscription(NatsSubscription):
         if reply and perms.responses is not None:
             perms.received_reply(reply.decode(errors="replace"))
         return super().send(subject, reply, headers, payload, epoch)
+
+
+def send_run(session: NatsClient, pieces: list[bytes | bytearray], sizes: list[int], subs: list[NatsSubscription]) -> None:
+    """Queue core messages for ``session``, in order: ``MSG`` frames without headers,
+    two pieces each, the ``i``-th to ``subs[i]`` with a payload of ``sizes[i]``
+    bytes. One write when the connection has room for all of them, else one by one
+    while it has room (the rest are dropped, as :meth:`NatsSubscription.send` drops
+    them)."""
+    data = b"".join(pieces)
+    if len(subs) > 1 and not session.has_room(len(data)):
+        for i, sub in enumerate(subs):
+            sub.send_frames(bytes(pieces[2 * i] + pieces[2 * i + 1]), 1, sizes[i])
+        return
+    counters = session.broker.counters
+    n = len(subs)
+    if not session.push_nats(data):
+        for sub in subs:
+            sub.dropped += 1
+        counters.deliveries_dropped += n
+        return
+    for sub in subs:
+        sub.delivered += 1
+    size = sum(sizes)
+    counters.messages_out += n
+    counters.bytes_out += size
+    session.out_msgs += n
+    session.out_bytes += size
 
 
 def send_core(

@@ -83,7 +83,7 @@ from protocol.nats import (
     valid_nats_subject,
 )
 
-from ._core import CheckedSubscription, NatsSubscription, send_core
+from ._core import CheckedSubscription, NatsClient, NatsSubscription, send_core, send_run
 
 if TYPE_CHECKING:
     from ._jetstream import JetStream
@@ -128,6 +128,21 @@ TLS_REQUIRED = "Secure Connection - TLS Required"
 TOO_MANY_CONNECTIONS = encode_err(MAX_CONNECTIONS)
 
 
+#: What :meth:`NatsSession._pub_run` queues for a connection: the pieces of its MSG
+#: frames (two each), their payloads' sizes, and the subscription of each.
+_Queued = tuple[list[bytes | bytearray], list[int], list[NatsSubscription]]
+
+
+def _send_frames(frames: dict[NatsClient, _Queued]) -> None:
+    """Send what :meth:`NatsSession._pub_run` queued, and empty the queues."""
+    for session, (pieces, sizes, subs) in frames.items():
+        if subs:
+            send_run(session, pieces, sizes, subs)
+            pieces.clear()
+            sizes.clear()
+            subs.clear()
+
+
 class NatsSession:
     """See the module docstring.
 
@@ -149,6 +164,7 @@ class NatsSession:
         # What is called most, bound once (no forwarding call per frame).
         self.send_now = t.send_now
         self.accepts_pushes = t.accepts_pushes
+        self.has_room = t.has_room
         self.parser = NatsParser(server=True, max_control_line=broker.config.nats.max_control_line, max_payload=broker.max_payload)
         self.subs: dict[str, NatsSubscription] = {}
         #: Waiting pulls and consumer-group memberships (``broker.consumers``).
@@ -413,6 +429,14 @@ class NatsSession:
                         if not await self._acks(acks):
                             return None
                         continue
+                if (parser.at_pub() and not t.awaiting_handshake and not self.verbose and not self.pedantic
+                        and not t.closing and self._pub_run()):
+                    if t.stopped_or_full():
+                        self._flush()
+                        committer.unhold()
+                        if await self._ending():
+                            return None
+                    continue
                 try:
                     event = parser.next_event()
                 except NatsProtocolError as err:
@@ -741,7 +765,87 @@ class NatsSession:
             if not send_core(broker, subject, ev.reply, ev.headers, ev.payload, origin=self) and ev.reply:
                 self.no_responders(ev.reply, subject)
             return
-        self._store(ev, route)
+        self._store(ev.subject, ev.reply, ev.headers, ev.payload, route)
+
+    def _pub_run(self) -> bool:
+        """The run of plain PUBs at the read position (a C or Go client's buffered
+        writes), each handled as :meth:`_event` would handle it, in order, except
+        that each subject is routed once for the run, and that the core messages
+        among them (no stream captures them, no JetStream subject, no permission to
+        check, no queue group or ``UNSUB max``, only NATS subscribers) go to each
+        subscriber as one write, made of the PUBs' own bytes, at the end of the run
+        or before any other message of it is handled. The run ends after a message
+        that goes the general way (:meth:`_publish`). False: the next operation is
+        not such a PUB (nothing taken)."""
+        parser = self.parser
+        plans: dict[bytes, Any] = {}
+        frames: dict[NatsClient, _Queued] = {}
+        counters = self.broker.counters
+        took = False
+        while (pub := parser.next_pub(plans)) is not None:
+            took = True
+            subj, rep, tail, size = pub
+            if subj in plans:
+                plan = plans[subj]
+            else:
+                plan = plans[subj] = self._plan(subj, frames)
+            if plan.__class__ is tuple and self._batch:
+                self._flush()  # (the stored messages that came before go first)
+                plans.clear()  # (their deliveries may have changed the subscriptions)
+                plan = plans[subj] = self._plan(subj, frames)
+            if plan.__class__ is tuple and (plan or rep is None):
+                self.in_msgs += 1
+                self.in_bytes += size
+                counters.messages_unrouted += 1  # (as an unrouted publish of ours)
+                for sub, head, pieces, sizes, subs in plan:
+                    pieces.append(head)
+                    pieces.append(tail)
+                    sizes.append(size)
+                    subs.append(sub)
+                continue
+            _send_frames(frames)
+            payload = PN.pub_payload(tail, size)
+            if plan.__class__ is tuple or plan is None:  # (a request nobody answers, or anything unusual)
+                self._publish(NatsPub(subj.decode(), rep.decode() if rep is not None else None, None, payload))
+                return True
+            self.in_msgs += 1
+            self.in_bytes += size
+            self._store(subj, rep.decode() if rep is not None else None, None, payload, plan)
+            if not self._batch:  # (a full batch went: its deliveries may have changed the subscriptions)
+                plans.clear()
+        _send_frames(frames)
+        return took
+
+    def _plan(self, subj: bytes, frames: dict[NatsClient, _Queued]) -> Any:
+        """How :meth:`_pub_run` takes a plain PUB on ``subj``: the route of the topic
+        that captures it; as a core message, for each subscription it reaches, the
+        ``MSG`` line's head and where the run queues its frames (in ``frames``); or
+        None: :meth:`_publish` takes it."""
+        subject = subj.decode()
+        broker = self.broker
+        if (self.js.handles(subject) or (self.perms is not None and not self.perms.can_publish(subject))
+                or not valid_nats_subject(subject, literal=True)):
+            return None
+        route = broker.router.cache.get(subj) if len(subj) <= 255 else NO_TOPIC
+        if route is None:
+            route = broker.router.resolve(subj)
+        if route is not NO_TOPIC:
+            return route
+        subs = broker.subs.match_fixed(subj)
+        if subs is None:
+            return None
+        skip = None if self.echo else self
+        plan = []
+        for sub in subs:
+            if sub.__class__ is not NatsSubscription or sub.remaining is not None:
+                return None
+            session = sub.session
+            if session is not skip:
+                queued = frames.get(session)
+                if queued is None:
+                    queued = frames[session] = ([], [], [])
+                plan.append((sub, b"MSG %s %s " % (subj, sub.sid_bytes), *queued))
+        return tuple(plan)
 
     def no_responders(self, reply: str, subject: str) -> None:
         """A request on ``subject`` reached nobody: when this client's CONNECT asked
@@ -760,19 +864,19 @@ class NatsSession:
         sub = min(matching, key=lambda s: P.match_order(s.tokens))
         self.push_nats(encode_msg(reply.encode(), sub.sid_bytes, None, PN.no_responders_status(subject), b""))
 
-    def _store(self, ev: NatsPub, route: Any) -> None:
+    def _store(self, subject: str | bytes, reply: str | None, headers: bytes | None, payload: bytes, route: Any) -> None:
         """A message a topic captures: queued for the broker's one publish path,
         which takes consecutive ones as one batch (:meth:`_flush`)."""
         topic = getattr(route, "topic", None)  # None: the route is the subject's error
         try:
-            block = PN.nats_to_record_headers(ev.headers) if ev.headers else b""
-            body = P.encode_body(ev.subject, ev.payload, block)
+            block = PN.nats_to_record_headers(headers) if headers else b""
+            body = P.encode_body(subject, payload, block)
         except P.BrokerError as err:
             self._flush()
             js = self.js
-            js.respond(ev.reply, js.pub_error(err, topic))
+            js.respond(reply, js.pub_error(err, topic))
             return
-        self._batch.append((body, ev.reply, topic))
+        self._batch.append((body, reply, topic))
         self._batch_bytes += len(body)
         if len(self._batch) >= BATCH_MESSAGES or self._batch_bytes >= BATCH_BYTES:
             self._flush()

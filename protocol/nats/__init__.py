@@ -78,6 +78,7 @@ from ._jetstream import rfc3339 as rfc3339
 from ._jetstream import stream_config as stream_config
 from ._jetstream import stream_config_to_topic as stream_config_to_topic
 from ._wire import ACK_RUN_LIMIT as ACK_RUN_LIMIT
+from ._wire import pub_payload as pub_payload
 from ._wire import AckRun as AckRun
 from ._wire import MAX_CONTROL_LINE as MAX_CONTROL_LINE
 from ._wire import NATS_NEED_DATA as NATS_NEED_DATA
@@ -126,6 +127,6 @@ __all__ = [
     "msg_get_response", "nats_error", "nats_message_of_record", "nats_to_record_headers", "no_responders_status",
     "parse_ack_body", "term_reason", "parse_ack_subject", "parse_next_request", "parse_pause_until", "parse_request", "parse_rfc3339", "with_header", "ack_metric", "sample_percent", "check_group_name", "pub_ack",
     "pub_error", "record_to_nats_headers", "rfc3339", "status_message", "stream_config", "stream_config_to_topic",
-    "valid_nats_subject", "STREAM_SEALED", "REQUIRED_API_LEVEL", "STREAM_FEATURE_LEVELS", "api_level_refused",
+    "valid_nats_subject", "pub_payload", "STREAM_SEALED", "REQUIRED_API_LEVEL", "STREAM_FEATURE_LEVELS", "api_level_refused",
     "required_level",
 ]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from collections.abc import Container
 from typing import Any
 
 from .._errors import ErrorCode, RemoteProtocolError, error_class
@@ -36,7 +37,7 @@ __all__ = [
     "NatsPing", "NatsPong", "NatsInfo", "NatsMsg", "NatsOk", "NatsErr", "PING", "PONG", "OK", "encode_info",
     "encode_connect", "encode_pub", "encode_sub", "encode_unsub", "encode_msg", "encode_err", "encode_nats_headers",
     "decode_nats_headers", "no_responders_status", "nats_to_record_headers", "record_to_nats_headers",
-    "nats_message_of_record", "MAX_CONTROL_LINE", "valid_nats_subject", "ACK_RUN_LIMIT",
+    "nats_message_of_record", "MAX_CONTROL_LINE", "valid_nats_subject", "pub_payload", "ACK_RUN_LIMIT",
 ]
 
 #: nats-server's default ``max_control_line``.
@@ -180,6 +181,11 @@ def _text(raw: bytes) -> str:
         raise NatsProtocolError(UNKNOWN_OP, "an argument is not UTF-8") from None
 
 
+def pub_payload(tail: bytes | bytearray, size: int) -> bytes:
+    """The payload of a PUB :meth:`NatsParser.next_pub` gave as ``tail``."""
+    return bytes(tail[len(tail) - 2 - size : len(tail) - 2]) if size else b""
+
+
 def valid_nats_subject(subject: str, wildcards: bool = False, literal: bool = False) -> bool:
     """nats-server's ``IsValidLiteralSubject`` (``wildcards`` False) or
     ``IsValidSubject``: non-empty tokens, no whitespace, and wildcards only as
@@ -245,9 +251,10 @@ class NatsParser:
         if self._pos == len(buf):
             return NATS_NEED_DATA
         if self.server and buf.startswith(b"PUB ", self._pos):
-            pub = self._plain_pub(buf)
+            pub = self.next_pub()  # the common case in one step
             if pub is not None:
-                return pub
+                subj, rep, tail, size = pub
+                return NatsPub(subj.decode(), rep.decode() if rep is not None else None, None, pub_payload(tail, size))
         self._check_op()
         nl = buf.find(b"\n", self._pos, self._pos + self.max_control_line + 2)
         if nl < 0:
@@ -261,28 +268,51 @@ class NatsParser:
         self._pos = nl + 1
         return self._control(line)
 
-    def _plain_pub(self, buf: bytearray) -> NatsPub | None:
-        """The common case, a whole ``PUB subject [reply] size`` separated by spaces, with
-        its payload already buffered, taken in one step; None for anything else (an
-        incomplete, malformed or unusual one), which the general path then reads,
+    def at_pub(self) -> bool:
+        """Does a ``PUB`` come next (so :meth:`next_pub` may take it)?"""
+        return self._pending is None and self.server and self._buf.startswith(b"PUB ", self._pos)
+
+    def next_pub(self, known: Container[bytes] = ()) -> tuple[bytes, bytes | None, bytes | bytearray, int] | None:
+        """The next operation when it is a whole plain PUB, as ``(subject, reply,
+        tail, size)``: what :meth:`next_event` would give as a :class:`NatsPub`,
+        without the event object or a decoded subject. ``tail`` is what a ``MSG`` of
+        it carries after ``MSG <subject> <sid> ``: ``[reply ]size CR LF payload CR
+        LF``; the payload is its ``size`` bytes before the last two
+        (:func:`pub_payload`). Its subject and reply are UTF-8 (a subject in
+        ``known`` is not checked again). None, taking nothing, for anything else
+        (another operation, an unusual or incomplete PUB, one whose line or payload
+        is too long or that is not UTF-8), which :meth:`next_event` then reads,
         errors and all."""
+        buf = self._buf
         pos = self._pos
+        if self._pending is not None or not buf.startswith(b"PUB ", pos) or not self.server:
+            return None
         m = _PLAIN_PUB.match(buf, pos)
         if m is None:
             return None
         subj, rep, size = m.groups()
         start = m.end()
         total = int(size)
-        end = start + total
-        if start - pos - 2 > self.max_control_line or total > self.max_payload or not buf.startswith(b"\r\n", end):
-            return None  # (startswith is also False while the payload is not all here)
-        try:
-            subject = subj.decode()
-            reply = rep.decode() if rep is not None else None
-        except UnicodeDecodeError:
+        end = start + total + 2
+        if start - pos - 2 > self.max_control_line or total > self.max_payload or not buf.startswith(b"\r\n", end - 2):
             return None
-        self._pos = end + 2
-        return NatsPub(subject, reply, None, bytes(buf[start:end]) if total else b"")
+        if subj not in known or (rep is not None and not rep.isascii()):
+            try:
+                subj.decode()
+                if rep is not None:
+                    rep.decode()
+            except UnicodeDecodeError:
+                return None
+        self._pos = end
+        digits = m.start(3)  # (the size as the PUB says it, leading zeros and all, as nats-server copies it)
+        tail: bytes | bytearray
+        if rep is None:
+            tail = buf[digits:end]
+        elif digits - m.end(2) == 1:
+            tail = buf[m.start(2):end]
+        else:
+            tail = rep + b" " + buf[digits:end]
+        return subj, rep, tail, total
 
     def ack_pubs(self, limit: int = 256) -> list[tuple[str, str | None, bytes, str, int]]:
         """The run of whole plain PUBs on v1 JetStream ack subjects

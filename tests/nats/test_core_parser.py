@@ -5,6 +5,8 @@ built from bytes (protocol/_jetstream.py) are what their JSON encoding gives."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -92,7 +94,7 @@ def test_operation_names_in_any_case_and_arguments_split_by_tabs() -> None:
 class _GeneralOnly(PN.NatsParser):
     """The parser without its one-step path for plain PUBs."""
 
-    def _plain_pub(self, buf: bytearray) -> None:
+    def next_pub(self, known: object = ()) -> None:
         return None
 
 
@@ -136,6 +138,43 @@ def test_plain_pubs_parse_as_the_general_path_does(lines: list[bytes]) -> None:
     and the error of the general path, whatever the spacing, sizes and bytes."""
     data = b"".join(lines)
     assert _outcome(PN.NatsParser(max_control_line=40, max_payload=20), data) == _outcome(
+        _GeneralOnly(max_control_line=40, max_payload=20), data)
+
+
+def _outcome_by_runs(parser: PN.NatsParser, data: bytes) -> tuple[list[object], str | None]:
+    """As the NATS session reads: ``next_pub`` while it takes something (the
+    subjects it gave known), ``next_event`` for the rest."""
+    parser.receive_data(data)
+    events: list[object] = []
+    known: set[bytes] = set()
+    try:
+        while True:
+            pub = parser.next_pub(known)
+            if pub is not None:
+                subj, rep, tail, size = pub
+                known.add(subj)
+                payload = PN.pub_payload(tail, size)
+                # the tail is what a MSG of it carries after its subject and sid
+                assert re.fullmatch(rb"%s0*%d\r\n%s\r\n" % (re.escape(rep + b" " if rep is not None else b""), size, re.escape(payload)),
+                                    bytes(tail), re.S)
+                events.append(PN.NatsPub(subj.decode(), rep.decode() if rep is not None else None, None, payload))
+                continue
+            ev = parser.next_event()
+            if ev is PN.NATS_NEED_DATA:
+                return events, None
+            events.append(ev)
+    except PN.NatsProtocolError as err:
+        return events, err.text
+
+
+@settings(max_examples=300)
+@given(st.lists(pub_like(), min_size=1, max_size=6))
+@example([b"PUB a 1\r\nx\r\n", b"PUB a \xff 1\r\nx\r\n"])
+def test_runs_of_pubs_parse_as_the_general_path_does(lines: list[bytes]) -> None:
+    """Reading PUBs one step each with ``next_pub`` (a subject seen once is not
+    checked again, a reply always is) gives the general path's events and error."""
+    data = b"".join(lines)
+    assert _outcome_by_runs(PN.NatsParser(max_control_line=40, max_payload=20), data) == _outcome(
         _GeneralOnly(max_control_line=40, max_payload=20), data)
 
 

@@ -1,0 +1,184 @@
+"""Runs of PUBs in one read (a C or Go client's buffered writes) are taken as a run
+(``NatsSession._pub_run``): each subject routed once, each subscriber's core messages
+made of the PUBs' own bytes and sent as one write. What subscribers get must be
+byte for byte what nats-server sends them for the same bytes, however the PUBs are
+spelled and whatever comes between them (stored messages, requests nobody answers,
+``UNSUB max``, queue groups, pings)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import trio
+from conftest import make_config, start_server
+from test_remote_origin import run_nats_server
+
+from broker.server import ServerHandle
+
+CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,"protocol":1}\r\n'
+
+#: One round of what the publisher writes; the publisher's whole write is many rounds.
+ROUND = b"".join([
+    b"PUB a 1\r\nx\r\n",
+    b"PUB a _r.1 2\r\nxy\r\n",
+    b"PUB a.b 0\r\n\r\n",
+    b"PUB s.1 _r.ack 3\r\nabc\r\n",  # stored (stream S), acked to the publisher
+    b"PUB a  5\r\nhello\r\n",  # nats-py's spelling, two spaces
+    b"PUB a _r.2  003\r\nxyz\r\n",  # leading zeros and two spaces
+    b"PUB m 1\r\n1\r\nPUB m 1\r\n2\r\nPUB m 1\r\n3\r\n",  # UNSUB 3 2 on the subscriber
+    b"PUB q 1\r\nq\r\nPUB q 1\r\nq\r\n",  # a queue group of two on another connection
+    b"PUB no.body _r.none 1\r\n.\r\n",  # a request nobody answers: the 503 goes to the publisher
+    b"PUB s.2 _r.ack 1\r\nz\r\n",
+    b"PUB a.b.c 4\r\nlast\r\n",
+    b"PING\r\n",
+])
+ROUNDS = 60
+_SERVER_OPS = re.compile(rb"(?m)^(?:INFO [^\r\n]*|PING)\r\n")
+
+
+class Raw:
+    """A NATS connection as bytes: what it receives is kept in :attr:`data`."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.data = bytearray()
+
+    @classmethod
+    async def open(cls, port: int, subs: bytes) -> Raw:
+        raw = cls(await trio.open_tcp_stream("127.0.0.1", port))
+        await raw.until(lambda d: not d, first=True)  # (the INFO)
+        await raw.stream.send_all(CONNECT + subs + b"PING\r\n")
+        await raw.until(lambda d: d.endswith(b"PONG\r\n"))
+        raw.data.clear()
+        return raw
+
+    async def until(self, done: object, first: bool = False) -> bytes:
+        """Read until ``done(what it got)``."""
+        with trio.move_on_after(20):
+            while first or not done(bytes(self.data)):  # type: ignore[operator]
+                first = False
+                chunk = await self.stream.receive_some(1 << 16)
+                assert chunk, bytes(self.data[-300:])
+                self.data += chunk
+                # the server's own: an INFO update, a PING (answered); never in these payloads
+                pings = len(_SERVER_OPS.findall(self.data))
+                self.data[:] = _SERVER_OPS.sub(b"", self.data)
+                if pings:
+                    await self.stream.send_all(b"PONG\r\n" * pings)
+        assert done(bytes(self.data)), bytes(self.data[:200]) + b" ... " + bytes(self.data[-300:])  # type: ignore[operator]
+        return bytes(self.data)
+
+    async def drain(self) -> bytes:
+        """Everything it got before the answer to one more PING (without that PONG)."""
+        await self.stream.send_all(b"PING\r\n")
+        data = await self.until(lambda d: d.endswith(b"PONG\r\n"))
+        return data[: -len(b"PONG\r\n")]
+
+
+_MSG = re.compile(rb"MSG (\S+) (\S+) (?:(\S+) )?(\d+)\r\n")
+
+
+def _frames(data: bytes) -> list[tuple[bytes, bytes, bytes, bytes]]:
+    """A connection's MSG frames as (message, sid, payload, frame): ``message`` is the
+    frame without its sid. Checks that the frames are all of ``data``."""
+    out = []
+    pos = 0
+    while pos < len(data):
+        m = _MSG.match(data, pos)
+        assert m, data[pos : pos + 100]
+        subject, sid, _, size = m.groups()
+        end = m.end() + int(size)
+        assert data.startswith(b"\r\n", end)
+        frame = data[pos : end + 2]
+        out.append((frame.replace(b" " + sid + b" ", b" ", 1), sid, data[m.end() : end], frame))
+        pos = end + 2
+    return out
+
+
+def _by_message(data: bytes) -> list[list[bytes]]:
+    """A connection's MSG frames, those of one message to several of its
+    subscriptions together, sorted (the servers differ in the order they give
+    those: nats-server's sublist order)."""
+    out: list[tuple[bytes, set[bytes], list[bytes]]] = []
+    for message, sid, _, frame in _frames(data):
+        if out and out[-1][0] == message and sid not in out[-1][1]:
+            out[-1][1].add(sid)
+            out[-1][2].append(frame)
+        else:
+            out.append((message, {sid}, [frame]))
+    return [sorted(frames) for *_, frames in out]
+
+
+async def _scenario(port: int) -> dict[str, object]:
+    """What each subscriber got when a publisher wrote :data:`ROUNDS` rounds at once."""
+    pub = await Raw.open(port, b"SUB _r.> 9\r\n")
+    create = json.dumps({"name": "S", "subjects": ["s.*"], "storage": "file"}).encode()
+    await pub.stream.send_all(b"PUB $JS.API.STREAM.CREATE.S _r.create %d\r\n%s\r\n" % (len(create), create))
+    await pub.until(lambda d: b"MSG _r.create" in d and d.endswith(b"}\r\n"))
+    pub.data.clear()
+    sub = await Raw.open(port, b"SUB a 1\r\nSUB a.> 2\r\nSUB m 3\r\nUNSUB 3 2\r\nSUB * 4\r\n")
+    stored = await Raw.open(port, b"SUB s.* 5\r\n")
+    queue = [await Raw.open(port, b"SUB q workers 6\r\n") for _ in range(2)]
+    await pub.stream.send_all(ROUND * ROUNDS)
+    acks = 2 * ROUNDS
+    got = await pub.until(lambda d: d.count(b"PONG\r\n") == ROUNDS and d.count(b"MSG _r.ack 9 ") == acks)
+    # the publisher's own: PubAcks (their JSON is each server's) and 503s, one per round each
+    replies = re.findall(rb"MSG (\S+) 9 (\d+)\r\n", got)
+    statuses = re.findall(rb"HMSG _r.none 9 \d+ \d+\r\nNATS/1.0 503", got)
+    out = {
+        "sub": _by_message(await sub.drain()),
+        # (stored, these reach core subscribers without the reply on ttlbroker)
+        "stored": [(frame.split()[1], payload) for _, _, payload, frame in _frames(await stored.drain())],
+        "queue": [(await q.drain()).count(b"MSG q 6 1\r\nq\r\n") for q in queue],
+        "acks": sum(1 for subject, _ in replies if subject == b"_r.ack"),
+        "no_responders": len(statuses),
+    }
+    for raw in (pub, sub, stored, *queue):
+        await raw.stream.aclose()
+    return out
+
+
+async def test_a_run_of_pubs_reaches_subscribers_as_nats_server_sends_it(
+    nats_server: ServerHandle, tmp_path: Path,
+) -> None:
+    with run_nats_server(tmp_path) as (_, port):
+        want = await _scenario(port)
+    assert want["sub"], "nats-server sent nothing?"
+    assert sum(want["queue"]) == 2 * ROUNDS and want["acks"] == 2 * ROUNDS and want["no_responders"] == ROUNDS
+    assert nats_server.nats_port is not None
+    got = await _scenario(nats_server.nats_port)
+    assert sum(got["queue"]) == sum(want["queue"])  # (each server picks its members at random)
+    del got["queue"], want["queue"]
+    assert got == want
+    frames = sum(len(group) for group in got["sub"])  # type: ignore[attr-defined]
+    assert frames > 8 * ROUNDS and nats_server.broker.counters.messages_out >= frames
+
+
+async def test_a_run_to_a_full_connection_drops_what_does_not_fit(data_dir: Path) -> None:
+    """A subscriber without room for a whole run gets what fits, one message at a
+    time, in order; the rest is dropped and counted, as one by one."""
+    limit = 64 * 1024
+    config = make_config(data_dir, **{
+        "nats.enabled": True, "limits.max_frame_bytes": limit, "limits.max_payload_bytes": 2048,
+        "limits.max_pending_bytes_per_connection": limit,
+        "limits.slow_consumer_seconds": 600,
+    })
+    async with start_server(config) as handle:
+        port = handle.nats_port
+        assert port is not None
+        sleeper = await Raw.open(port, b"SUB a 1\r\n")  # reads nothing until the end
+        pub = await Raw.open(port, b"")
+        n, size = 12_000, 1000
+        for first in range(0, n, 1000):
+            await pub.stream.send_all(b"".join(b"PUB a %d\r\n%06d%s\r\n" % (size, i, b"x" * (size - 6))
+                                               for i in range(first, first + 1000)))
+        await pub.stream.send_all(b"PING\r\n")
+        await pub.until(lambda d: d.endswith(b"PONG\r\n"))
+        counters = handle.broker.counters
+        assert counters.deliveries_dropped > 0
+        got = await sleeper.drain()
+        seen = [int(x) for x in re.findall(rb"MSG a 1 %d\r\n(\d{6})" % size, got)]
+        assert len(got) == len(seen) * (len(b"MSG a 1 1000\r\n") + size + 2)  # whole messages only
+        assert seen == sorted(set(seen)) and len(seen) + counters.deliveries_dropped == n
