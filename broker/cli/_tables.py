@@ -363,7 +363,20 @@ def consumer_fields(config: Mapping[str, Any]) -> list[tuple[str, str]]:
         fields.append(("member timeout", duration(cfg.get("member_timeout", 0))))
     if cfg.get("description"):
         fields.append(("description", str(cfg["description"])))
+    if cfg.get("dead_letter_subject"):
+        fields.append(("dead letter", str(cfg["dead_letter_subject"])
+                       + (" (also expired and over limits)" if cfg.get("dead_letter_expired") else "")))
     return fields
+
+
+def _dead_lettered(raw: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The copies made to the dead-letter subject, by reason (shown when the consumer
+    has a dead-letter subject or made some): ``12 (MaxDeliveries 10, Expired 2)``."""
+    made = raw.get("dead_lettered") or {}
+    if not raw.get("config", {}).get("dead_letter_subject") and not any(made.values()):
+        return []
+    by_reason = ", ".join(f"{reason} {count(n)}" for reason, n in made.items() if n)
+    return [("dead lettered", count(sum(made.values())) + (f" ({by_reason})" if by_reason else ""))]
 
 
 def show_consumer(out: Out, info: ConsumerInfo) -> None:
@@ -380,7 +393,7 @@ def show_consumer(out: Out, info: ConsumerInfo) -> None:
         ("waiting pulls", count(info.num_waiting)),
         ("delivered", _seq(raw.get("delivered", {}), info.partitions, "delivered")),
         ("ack floor", _seq(raw.get("ack_floor", {}), info.partitions, "ack_floor")),
-    ])
+    ] + _dead_lettered(raw))
     if info.partitions:
         owned = any("owner" in p for p in info.partitions)
         out.blank()
