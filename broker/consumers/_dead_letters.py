@@ -42,7 +42,7 @@ from broker.core import Broker, Partition, Reply, Topic, get_logger
 from ._journal import TopicJournal
 from ._model import Consumer, Engine
 
-__all__ = ["REDRIVE_MARK", "DeadLetters", "Intent", "Prepared", "redrive"]
+__all__ = ["REDRIVE_MARK", "DeadLetters", "Intent", "Prepared", "redrive", "redrive_topic"]
 
 log = get_logger(__name__)
 
@@ -270,9 +270,16 @@ def redrive(broker: Broker, session: object, cmd: P.Redrive) -> Reply:
     that are no dead letters are passed over (``skipped``). ``REDRIVE_DRY_RUN``:
     counted only."""
     topic = broker.catalog.topic(cmd.stream, cmd.topic)
+    done, epoch = redrive_topic(broker, topic, bool(cmd.flags & REDRIVE_DRY_RUN))
+    return P.InfoMap(done).encode(), epoch
+
+
+def redrive_topic(broker: Broker, topic: Topic, dry: bool) -> tuple[dict[str, Any], int]:
+    """REDRIVE of ``topic`` (the binary command and the NATS listener's
+    ``$JS.API.STREAM.REDRIVE``): ``{"redriven": n, "skipped": n, "dry_run": bool}``
+    and the epoch to answer after (0: nothing written)."""
     marks = topic.consumers
     assert marks is not None
-    dry = bool(cmd.flags & REDRIVE_DRY_RUN)
     redriven = skipped = 0
     for part in topic.partitions:
         start = (marks.get(REDRIVE_MARK, part.number) or 0) + 1
@@ -310,4 +317,4 @@ def redrive(broker: Broker, session: object, cmd: P.Redrive) -> Reply:
         epoch = broker.committer.note_write(marks)
         broker.counters.dead_letters_redriven += redriven
         log.info("dead_letters_redriven", topic=topic.full_name, redriven=redriven, skipped=skipped)
-    return P.InfoMap({"redriven": redriven, "skipped": skipped, "dry_run": dry}).encode(), epoch
+    return {"redriven": redriven, "skipped": skipped, "dry_run": dry}, epoch

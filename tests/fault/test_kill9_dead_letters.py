@@ -42,13 +42,13 @@ async def test_kill_9_neither_loses_nor_doubles_a_dead_letter(data_dir: Path) ->
             assert await dead_letters(c) == [("poison", "Terminated", "2")]  # not made twice
             info = await c.consumer_info("s", "work", "w")
             assert info.num_ack_pending == 1  # bad (back when its ack wait ends)
-            assert info.dead_lettered == {"MaxDeliveries": 0, "Terminated": 1}
+            assert info.dead_lettered == {"MaxDeliveries": 0, "Terminated": 1, "Expired": 0, "Limit": 0}
             # Settled after the restart by offset (what a pulled message's nak sends: a
             # settle names the partition and offset, not the connection).
             await c._acker("s", "work", "w").sync((1, 0, 1, 0))  # NAKed on its last allowed delivery: given up
             assert await dead_letters(c) == [("bad", "MaxDeliveries", "1"), ("poison", "Terminated", "2")]
             info = await c.consumer_info("s", "work", "w")
-            assert info.dead_lettered == {"MaxDeliveries": 1, "Terminated": 1}
+            assert info.dead_lettered == {"MaxDeliveries": 1, "Terminated": 1, "Expired": 0, "Limit": 0}
             assert info.num_ack_pending == 0
             with trio.fail_after(10):  # the work queue lets the originals go once their copies are stored
                 while (await c.get_topic("s", "work")).messages_count:
