@@ -287,6 +287,11 @@ _STATS: list[tuple[str, list[tuple[str, str, Callable[[Any], str]]]]] = [
         ("consumer_acked", "acked", count), ("consumer_naked", "naked", count),
         ("consumer_terminated", "terminated", count), ("consumer_given_up", "given up", count),
         ("consumer_dropped", "dropped", count),
+        ("dead_lettered_max_deliveries", "dead lettered (max deliveries)", count),
+        ("dead_lettered_terminated", "dead lettered (terminated)", count),
+        ("dead_lettered_expired", "dead lettered (expired)", count),
+        ("dead_lettered_limit", "dead lettered (over a limit)", count),
+        ("dead_letters_redriven", "dead letters redriven", count),
     ]),
     ("Export", [
         ("segments_exported", "segments", count), ("rows_exported", "rows", count),

@@ -42,7 +42,7 @@ import trio
 import protocol as P
 from protocol import AckKind, ProtocolConnection, PullEnd, PullPart, encode_pull_batch, subject_matches
 
-from broker.core import Broker, Clock, Counters, Partition, Topic, get_logger
+from broker.core import MARKER, Broker, Clock, Counters, Partition, Topic, get_logger
 
 from ._config import ConsumerConfig
 
@@ -301,11 +301,14 @@ class ConsumerPartition:
         if reason is None or not c.config.dead_letter_expired or c.deleted:
             return
         out, lettered = self.out, self.lettered
+        flags_at = self.part.index.flags_at
         items: list[tuple[int, int]] = []
         for o, s in zip(offsets, subjects):
             if lettered and o in lettered:
                 lettered.discard(o)  # copied before a crash that undid its removal
                 continue
+            if flags_at(o) & MARKER:
+                continue  # a subject delete marker expiring is what it is for
             e = out.get(o)
             if e is not None:
                 items.append((o, e.count))

@@ -3,7 +3,7 @@ through the bundled client, in virtual time (``mock_clock``, ``advance``): what 
 TTL, the max age or a limit removes while a consumer still owes it (outstanding, or
 not delivered yet and matching its filter) is copied to its dead-letter subject
 once, with ``Nats-DLQ-Reason`` ``Expired`` or ``Limit``; what it does not owe (acked,
-filtered out, before its start) is not.
+filtered out) is not, nor is a subject delete marker that expires.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def origins(messages: list[Any]) -> list[tuple[str, str, str, str]]:
 async def test_ttl_and_max_age_copy_what_the_consumer_still_owes_once(mock_clock: Any, data_dir: Any) -> None:
     async with broker_and_client(data_dir) as (handle, c):
         await c.create_stream("s")
-        await c.create_topic("s", "work", subjects=["w.>"], message_expiry=60, allow_msg_ttl=True)
+        await c.create_topic("s", "work", subjects=["w.>"], message_expiry=60, allow_msg_ttl=True, subject_delete_marker_ttl=1)
         await c.create_topic("s", "dlq", subjects=["dlq.w"])
         await c.create_consumer("s", "work", "owes", filter_subject="w.a", dead_letter_subject="dlq.w",
                                 dead_letter_expired=True)
@@ -50,7 +50,8 @@ async def test_ttl_and_max_age_copy_what_the_consumer_still_owes_once(mock_clock
         await advance(60)  # max age takes 5
         copies = await all_messages(c, "s", "dlq")
         assert origins(copies)[2:] == [("w.a", "5", "Expired", "0")]
-        await advance(120)  # nothing more is owed: nothing more is copied
+        await advance(120)  # nothing more is owed (the markers that expire are no dead letters)
+        assert handle.broker.counters.markers == 2
         assert len(await all_messages(c, "s", "dlq")) == 3
         assert (await c.consumer_info("s", "work", "plain")).dead_lettered == ZERO  # not opted in
         stats = await c.stats()
