@@ -372,7 +372,7 @@ def _purge_some(js: JetStream, topic: Topic, flt: str, seq: int, keep: int) -> t
 
 
 def _redrive(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """``STREAM.REDRIVE.<name>``, a ttlbroker extension (docs/semantics.md §16.10):
+    """``STREAM.REDRIVE.<name>``, a ttlbroker extension (docs/semantics.md §16.11):
     the binary REDRIVE of the dead-letter stream ``name``. ``{"dry_run": bool}`` ->
     ``{"redriven": n, "skipped": n, "dry_run": bool}``, once the mark is durable."""
     dry = req.get("dry_run", False)

@@ -1,4 +1,4 @@
-"""Dead letters of removed messages (``dead_letter_expired``, docs/semantics.md §16.10)
+"""Dead letters of removed messages (``dead_letter_expired``, docs/semantics.md §16.11)
 through the bundled client, in virtual time (``mock_clock``, ``advance``): what a
 TTL, the max age or a limit removes while a consumer still owes it (outstanding, or
 not delivered yet and matching its filter) is copied to its dead-letter subject
