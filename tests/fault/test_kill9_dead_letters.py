@@ -55,3 +55,32 @@ async def test_kill_9_neither_loses_nor_doubles_a_dead_letter(data_dir: Path) ->
                     await trio.sleep(0.01)
     finally:
         proc.stop()
+
+
+async def test_kill_9_right_after_a_limit_copy_does_not_make_it_again(data_dir: Path) -> None:
+    """``dead_letter_expired``: a publish past ``max_msgs`` (discard old) removes the
+    oldest, undelivered message, whose copy is made in the same group commit; killed
+    right after the publish's ack (the intent maybe not yet marked done), the broker
+    finds the copy stored after the restart and makes no second one, and the counts
+    come back from the journal."""
+    start = lambda: trio.to_thread.run_sync(lambda: BrokerProcess(data_dir, "--fsync", "always", "--no-nats"))  # noqa: E731
+    proc = await start()
+    try:
+        async with connect(proc.address, reconnect=False) as c:
+            await c.create_stream("s")
+            await c.create_topic("s", "work", subjects=["w.>"], max_msgs=1, discard="old")
+            await c.create_topic("s", "dlq", subjects=["dlq.work"])
+            await c.create_consumer("s", "work", "w", dead_letter_subject="dlq.work", dead_letter_expired=True)
+            await c.publish("w.x", b"first")
+            await c.publish("w.x", b"second")  # first goes, undelivered: copied (Limit)
+            assert await dead_letters(c) == [("first", "Limit", "1")]
+        proc.kill9()
+        proc = await start()
+        async with connect(proc.address, reconnect=False) as c:
+            await c.publish("w.x", b"third")  # (after the recovery: second goes, its copy is the next)
+            assert await dead_letters(c) == [("first", "Limit", "1"), ("second", "Limit", "2")]
+            info = await c.consumer_info("s", "work", "w")
+            assert info.dead_lettered == {"MaxDeliveries": 0, "Terminated": 0, "Expired": 0, "Limit": 2}
+            assert [m.payload for m in await c.pull("s", "work", "w", 1)] == [b"third"]
+    finally:
+        proc.stop()
