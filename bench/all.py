@@ -63,6 +63,9 @@ BENCHES = (
     Bench("export", ("--messages", "1000000", "--no-spark", "--latency-seconds", "5"), 240),
     Bench("startup", ("--messages", "1000000", "--topics", "200", "--scrapes", "5", "--runs", "2"), 180),
     Bench("consume", ("--messages", "200000", "--seconds", "5"), 120),
+    # Dead letters (issue 30): consume and ack with a dead-letter subject configured
+    # and unused against none, alternating rounds; last failed delivery -> stored.
+    Bench("dead_letters", ("--messages", "100000", "--rounds", "7", "--samples", "300"), 180),
     # The NATS listener's target: nats-py against nats-server and against ttlbroker's NATS
     # listener; phases of a second or more each (a 3,000-key KV get phase lasted under half
     # a second: noise).
@@ -213,6 +216,26 @@ def _consume_rows(r: Results) -> list[Row]:
                       dig(c, "ttlbroker", "consume", "msgs_per_s"), dig(c, "nats", "consume", "msgs_per_s"), 5)]
 
 
+def _dead_letter_rows(r: Results) -> list[Row]:
+    """Issue 30's two measurements (``dead_letters.py``): ttlbroker against itself."""
+    t = dig(r, "dead_letters", "results", "throughput")
+    ratio, plain, dlq = dig(t, "ratio"), dig(t, "plain", "msgs_per_s"), dig(t, "dlq", "msgs_per_s")
+    each = dig(t, "round_ratios") or []
+    value = "n/a" if ratio is None else (f"{ratio:.3f} (medians {dlq:,.0f} vs {plain:,.0f} msgs/s; rounds "
+                                         f"{min(each):.3f}–{max(each):.3f})" if each else f"{ratio:.3f}")
+    lat = dig(r, "dead_letters", "results", "latency")
+    p99, mx = dig(lat, "all", "p99_ms"), dig(lat, "all", "max_ms")
+    detail = ""
+    if p99 is not None:
+        detail = "p99 per way: " + ", ".join(f"{w} {dig(lat, w, 'p99_ms')} ms" for w in ("nak", "term", "ack_wait"))
+    return [
+        Row("consume and ack with a dead-letter subject configured but unused, over without one", "≥ 0.95",
+            value, None if ratio is None else ratio >= 0.95),
+        Row("last failed delivery (NAK, TERM, ack wait) → dead letter stored, p99", "< 50 ms",
+            "n/a" if p99 is None else f"{p99:.1f} ms (max {mx:.1f} ms)", None if p99 is None else p99 < 50, detail),
+    ]
+
+
 def _replication_rows(r: Results) -> list[Row]:
     """The copy keeps up with each origin (the live copy's rate over the origin's,
     every server at ``always``), and the lag p99 at a steady 5,000 msgs/s from a
@@ -321,6 +344,7 @@ ROWS: tuple[tuple[str, Callable[[Results], list[Row]]], ...] = (
     ("export", _export_rows),
     ("startup", _startup_rows),
     ("consume", _consume_rows),
+    ("dead_letters", _dead_letter_rows),
     ("replication", _replication_rows),
     ("nats_compat", _nats_compat_rows),
     ("nats_c", _nats_c_rows),

@@ -12,7 +12,7 @@ the style of nats-server's ``Nats-Stream-Source`` / ``Nats-Sequence`` family::
     Nats-DLQ-Partition    its partition
     Nats-DLQ-Sequence     its offset in that partition (the NATS stream sequence)
     Nats-DLQ-Consumer     the consumer that gave it up
-    Nats-DLQ-Reason       MaxDeliveries, Terminated
+    Nats-DLQ-Reason       MaxDeliveries, Terminated, Expired (TTL, max age), Limit
     Nats-DLQ-Deliveries   how many times it was delivered
     Nats-DLQ-Time-Stamp   when it was dead-lettered (RFC 3339, UTC)
 """
@@ -27,7 +27,8 @@ from ._republish import HOPS_HEADER, rfc3339_ns
 __all__ = ["DLQ_HEADERS", "DLQ_REASONS", "DeadLetterOrigin", "dead_letter_body", "dead_letter_origin", "redriven_body"]
 
 #: The reasons a message is dead-lettered, as ``Nats-DLQ-Reason`` says them.
-DLQ_REASONS = ("MaxDeliveries", "Terminated")
+#: Their index is the reason's code in the consumer journal: append only.
+DLQ_REASONS = ("MaxDeliveries", "Terminated", "Expired", "Limit")
 
 DLQ_HEADERS = (
     "Nats-DLQ-Stream", "Nats-DLQ-Subject", "Nats-DLQ-Partition", "Nats-DLQ-Sequence", "Nats-DLQ-Consumer",

@@ -50,7 +50,7 @@ def _consumer_config(args: argparse.Namespace) -> dict[str, Any]:
     if args.start_time is not None:
         cfg["opt_start_time"] = args.start_time
     for key in ("ack_wait", "max_deliver", "backoff", "max_ack_pending", "max_waiting", "member_timeout", "description",
-                "dead_letter_subject"):
+                "dead_letter_subject", "dead_letter_expired"):
         value = getattr(args, key)
         if value is not None:
             cfg[key] = value

@@ -282,6 +282,9 @@ def _consumer_options(q: argparse.ArgumentParser, editing: bool) -> None:
     q.add_argument("--dead-letter", dest="dead_letter_subject", metavar="SUBJECT",
                    help="publish a copy of each message given up (max deliver) or terminated on SUBJECT "
                    f"({default('default: none')})")
+    q.add_argument("--dead-letter-expired", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --dead-letter: also copy the messages it still owes that a TTL, the max age or a limit "
+                   f"removes ({default('default: no')})")
 
 
 def _consumer_commands(cs: Subparsers, g: list[argparse.ArgumentParser]) -> None:

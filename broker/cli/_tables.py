@@ -287,6 +287,11 @@ _STATS: list[tuple[str, list[tuple[str, str, Callable[[Any], str]]]]] = [
         ("consumer_acked", "acked", count), ("consumer_naked", "naked", count),
         ("consumer_terminated", "terminated", count), ("consumer_given_up", "given up", count),
         ("consumer_dropped", "dropped", count),
+        ("dead_lettered_max_deliveries", "dead lettered (max deliveries)", count),
+        ("dead_lettered_terminated", "dead lettered (terminated)", count),
+        ("dead_lettered_expired", "dead lettered (expired)", count),
+        ("dead_lettered_limit", "dead lettered (over a limit)", count),
+        ("dead_letters_redriven", "dead letters redriven", count),
     ]),
     ("Export", [
         ("segments_exported", "segments", count), ("rows_exported", "rows", count),
@@ -363,7 +368,20 @@ def consumer_fields(config: Mapping[str, Any]) -> list[tuple[str, str]]:
         fields.append(("member timeout", duration(cfg.get("member_timeout", 0))))
     if cfg.get("description"):
         fields.append(("description", str(cfg["description"])))
+    if cfg.get("dead_letter_subject"):
+        fields.append(("dead letter", str(cfg["dead_letter_subject"])
+                       + (" (also expired and over limits)" if cfg.get("dead_letter_expired") else "")))
     return fields
+
+
+def _dead_lettered(raw: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The copies made to the dead-letter subject, by reason (shown when the consumer
+    has a dead-letter subject or made some): ``12 (MaxDeliveries 10, Expired 2)``."""
+    made = raw.get("dead_lettered") or {}
+    if not raw.get("config", {}).get("dead_letter_subject") and not any(made.values()):
+        return []
+    by_reason = ", ".join(f"{reason} {count(n)}" for reason, n in made.items() if n)
+    return [("dead lettered", count(sum(made.values())) + (f" ({by_reason})" if by_reason else ""))]
 
 
 def show_consumer(out: Out, info: ConsumerInfo) -> None:
@@ -380,7 +398,7 @@ def show_consumer(out: Out, info: ConsumerInfo) -> None:
         ("waiting pulls", count(info.num_waiting)),
         ("delivered", _seq(raw.get("delivered", {}), info.partitions, "delivered")),
         ("ack floor", _seq(raw.get("ack_floor", {}), info.partitions, "ack_floor")),
-    ])
+    ] + _dead_lettered(raw))
     if info.partitions:
         owned = any("owner" in p for p in info.partitions)
         out.blank()

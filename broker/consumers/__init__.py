@@ -17,6 +17,7 @@ Public names: below, in ``__all__``.
 
 from ._config import ConsumerConfig as ConsumerConfig
 from ._dead_letters import redrive as redrive
+from ._dead_letters import redrive_topic as redrive_topic
 from ._engine import ConsumerEngine as ConsumerEngine
 from ._handlers import ack as ack
 from ._handlers import change_consumer as change_consumer
@@ -55,7 +56,7 @@ __all__ = [
     "PullOwner", "PullRequest",
     "ack", "change_consumer", "collect", "consumer_info", "create_consumer", "delete_consumer",
     "delete_consumer_offset", "end", "end_pulls", "fail", "get_consumer_offset", "join_group", "leave_group",
-    "list_consumers", "new_consumer", "pull", "redrive", "remove_consumer", "retire", "session_closed", "store_consumer_offset",
+    "list_consumers", "new_consumer", "pull", "redrive", "redrive_topic", "remove_consumer", "retire", "session_closed", "store_consumer_offset",
     "work_queue_conflict",
     "update_consumer",
 ]

@@ -187,6 +187,10 @@ class ConsumerConfig:
     #: A ttlbroker extension: where a copy of each message given up after
     #: ``max_deliver`` or terminated is published ("" for none; ``_dead_letters.py``).
     dead_letter_subject: str = ""
+    #: With ``dead_letter_subject``: also copy the messages the consumer still owes
+    #: (outstanding, or not delivered yet) that a TTL, the max age (``Expired``) or a
+    #: limit (``Limit``) removes.
+    dead_letter_expired: bool = False
 
     @classmethod
     def from_map(cls, raw: dict[str, Any]) -> ConsumerConfig:
@@ -231,13 +235,18 @@ class ConsumerConfig:
             raise _invalid("description must be a string of at most 4096 bytes")
         nats = _nats_settings(raw.get("nats"))
         dead_letter = _dead_letter_subject(raw.get("dead_letter_subject", ""))
+        expired = raw.get("dead_letter_expired", False)
+        if not isinstance(expired, bool):
+            raise _invalid(f"dead_letter_expired must be true or false, got {expired!r}")
+        if expired and not dead_letter:
+            raise _invalid("dead_letter_expired needs a dead_letter_subject to copy the messages to")
         if ap == "none" and (backoff or md != -1):
             raise _invalid("ack_policy none delivers each message once: backoff and max_deliver do not apply")
         return cls(
             filter_subjects=filters, deliver_policy=dp, opt_start_offset=start_offset, opt_start_time=start_time,
             ack_policy=ap, ack_wait=ack_wait, max_deliver=md, backoff=backoff, max_ack_pending=mp,
             max_waiting=max_waiting, mode=mode, member_timeout=member_timeout, description=desc, nats=nats,
-            dead_letter_subject=dead_letter,
+            dead_letter_subject=dead_letter, dead_letter_expired=expired,
         )
 
     def to_map(self) -> dict[str, Any]:
@@ -263,6 +272,8 @@ class ConsumerConfig:
             out["nats"] = dict(self.nats)
         if self.dead_letter_subject:
             out["dead_letter_subject"] = self.dead_letter_subject
+        if self.dead_letter_expired:
+            out["dead_letter_expired"] = True
         return out
 
     def check_update(self, new: ConsumerConfig) -> None:

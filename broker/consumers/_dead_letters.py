@@ -3,7 +3,13 @@ consumer with a ``dead_letter_subject`` publishes a copy of each message it give
 (``max_deliver`` reached, ``MaxDeliveries``) or that a client terminates
 (``Terminated``) on that subject, exactly once, through the broker's own publish path
 (``Publisher.publish_bodies``): the topic that captures the subject stores it, with
-its own retention and limits.
+its own retention and limits. With ``dead_letter_expired`` it also copies what it
+still owes (outstanding, or not delivered yet and matching its filter) when a TTL
+or the max age (``Expired``) or a limit (``Limit``: max msgs, max bytes, max msgs
+per subject) removes it: ``Partition.remove`` tells its watchers before the bytes go
+(``ConsumerPartition.removing``: the copies are built, :meth:`DeadLetters.removing`)
+and after (``removed``: the intents are journaled and the copies published, as
+below, in the group commit of the removal).
 
 Exactly once, crash or not:
 
@@ -25,7 +31,7 @@ Exactly once, crash or not:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import protocol as P
 from protocol import DLQ_REASONS, REDRIVE_DRY_RUN, dead_letter_body, dead_letter_origin, read_record_info, redriven_body, split_records
@@ -36,13 +42,30 @@ from broker.core import Broker, Partition, Reply, Topic, get_logger
 from ._journal import TopicJournal
 from ._model import Consumer, Engine
 
-__all__ = ["REDRIVE_MARK", "DeadLetters", "Intent", "redrive"]
+__all__ = ["REDRIVE_MARK", "DeadLetters", "Intent", "Prepared", "redrive", "redrive_topic"]
 
 log = get_logger(__name__)
 
 #: A pending copy: its body and where its subject was captured when it was written
 #: (``[stream id, topic id, partition, next offset]``, None: not stored anywhere).
 Intent = tuple[bytes, "list[int] | None"]
+
+#: The broker counter of each reason.
+_COUNTER = {
+    "MaxDeliveries": "dead_lettered_max_deliveries", "Terminated": "dead_lettered_terminated",
+    "Expired": "dead_lettered_expired", "Limit": "dead_lettered_limit",
+}
+
+
+class Prepared(NamedTuple):
+    """Copies built, not yet journaled nor published."""
+
+    consumer: Consumer
+    partition: int
+    reason: str
+    entries: list[list[Any]]  # [offset, reason code, body, hint] (the intent event's)
+    bodies: list[bytes]
+
 
 _READ_BYTES = 1 << 62
 _SCAN_CHUNK = 1000
@@ -62,39 +85,70 @@ class DeadLetters:
         self.engine = engine
         self.journal_of = journal_of
         self.all_consumers = all_consumers
+        #: Making copies of removed messages (their publish may remove more).
+        self._making = False
 
     def copy(self, c: Consumer, partition: int, items: list[tuple[int, int]], reason: str) -> set[int]:
         """Dead-letter ``items`` (``(offset, deliveries)``, settled just now, still
         stored) of ``c``'s ``partition`` for ``reason``. Returns the offsets whose
         release waits for the copy to be durable (empty: no dead-letter subject)."""
+        prepared = self.prepare(c, partition, items, reason)
+        return set() if prepared is None else self.make(prepared)
+
+    def removing(self, c: Consumer, partition: int, items: list[tuple[int, int]], reason: str) -> Prepared | None:
+        """``items`` owed by ``c`` are about to be removed (``Expired``, ``Limit``):
+        their copies are built now, made by :meth:`removed` once they are gone. A
+        removal that the publish of such a copy causes (the dead-letter topic is
+        full and discards old, or it is the consumer's own topic) is not
+        dead-lettered again: dead-letter topics that feed each other cannot loop."""
+        if self._making:
+            log.warning("dead_letter_skipped", consumer=c.name, topic=c.topic.full_name, partition=partition,
+                        offsets=len(items), reason="removed by the publish of another dead letter")
+            return None
+        return self.prepare(c, partition, items, reason)
+
+    def removed(self, prepared: Prepared) -> None:
+        self._making = True
+        try:
+            self.make(prepared)
+        finally:
+            self._making = False
+
+    def prepare(self, c: Consumer, partition: int, items: list[tuple[int, int]], reason: str) -> Prepared | None:
+        """The copies of ``items`` (still stored), not yet journaled nor published."""
         subject = c.config.dead_letter_subject
         if not subject or not items:
-            return set()
+            return None
         engine = self.engine
-        broker = engine.broker
         part = c.parts[partition].part
         now = engine.clock.now_ns()
-        route = broker.router.resolve(subject.encode())
+        route = engine.broker.router.resolve(subject.encode())
         hint = _hint(route) if isinstance(route, Partition) else None
         code = DLQ_REASONS.index(reason)
         bodies: list[bytes] = []
         entries: list[list[Any]] = []
+        stream = engine.events.stream_name(c.topic)
         for o, deliveries in items:
             record = _read(part, o)
             if record is None:
                 log.warning("dead_letter_skipped", consumer=c.name, topic=c.topic.full_name, partition=partition,
                             offset=o, reason="the message is gone or damaged")
                 continue
-            body = dead_letter_body(record, subject, engine.events.stream_name(c.topic), partition, c.name, reason, deliveries, now)
+            body = dead_letter_body(record, subject, stream, partition, c.name, reason, deliveries, now)
             bodies.append(body)
             entries.append([o, code, body, hint])
-        if not entries:
-            return set()
+        return Prepared(c, partition, reason, entries, bodies) if entries else None
+
+    def make(self, p: Prepared) -> set[int]:
+        """Journal the intents, publish the copies (one group commit), count them;
+        once durable, :meth:`_stored`. Returns their offsets."""
+        c, partition, entries = p.consumer, p.partition, p.entries
+        broker = self.engine.broker
         journal = self.journal_of(c.topic)
         epoch = journal.write(["l", c.id, partition, entries])
         journal.intended(c, partition, entries)
-        broker.publisher.publish_bodies(bodies)
-        self._count(c, reason, len(entries))
+        broker.publisher.publish_bodies(p.bodies)
+        self._count(c, p.reason, len(entries))
         offsets = [e[0] for e in entries]
         committer = broker.committer
         if committer.acks_wait:
@@ -105,11 +159,9 @@ class DeadLetters:
 
     def _count(self, c: Consumer, reason: str, n: int) -> None:
         c.dead_lettered[reason] = c.dead_lettered.get(reason, 0) + n
+        name = _COUNTER[reason]
         counters = self.engine.counters
-        if reason == "MaxDeliveries":
-            counters.dead_lettered_max_deliveries += n
-        else:
-            counters.dead_lettered_terminated += n
+        setattr(counters, name, getattr(counters, name) + n)
 
     def _stored(self, c: Consumer, partition: int, offsets: list[int]) -> None:
         """The copies of ``offsets`` are durable: the intents are done, the
@@ -128,6 +180,9 @@ class DeadLetters:
         engine = self.engine
         broker = engine.broker
         for c in self.all_consumers():
+            for cp in c.parts:  # (what was removed stays removed: only a live one could be copied twice)
+                if cp.lettered:
+                    cp.lettered = {o for o in cp.lettered if cp.part.log.is_live(o)}
             journal = self.journal_of(c.topic)
             for (cid, pn), intents in list(journal.pending.items()):
                 if cid != c.id or not intents:
@@ -215,9 +270,16 @@ def redrive(broker: Broker, session: object, cmd: P.Redrive) -> Reply:
     that are no dead letters are passed over (``skipped``). ``REDRIVE_DRY_RUN``:
     counted only."""
     topic = broker.catalog.topic(cmd.stream, cmd.topic)
+    done, epoch = redrive_topic(broker, topic, bool(cmd.flags & REDRIVE_DRY_RUN))
+    return P.InfoMap(done).encode(), epoch
+
+
+def redrive_topic(broker: Broker, topic: Topic, dry: bool) -> tuple[dict[str, Any], int]:
+    """REDRIVE of ``topic`` (the binary command and the NATS listener's
+    ``$JS.API.STREAM.REDRIVE``): ``{"redriven": n, "skipped": n, "dry_run": bool}``
+    and the epoch to answer after (0: nothing written)."""
     marks = topic.consumers
     assert marks is not None
-    dry = bool(cmd.flags & REDRIVE_DRY_RUN)
     redriven = skipped = 0
     for part in topic.partitions:
         start = (marks.get(REDRIVE_MARK, part.number) or 0) + 1
@@ -255,4 +317,4 @@ def redrive(broker: Broker, session: object, cmd: P.Redrive) -> Reply:
         epoch = broker.committer.note_write(marks)
         broker.counters.dead_letters_redriven += redriven
         log.info("dead_letters_redriven", topic=topic.full_name, redriven=redriven, skipped=skipped)
-    return P.InfoMap({"redriven": redriven, "skipped": skipped, "dry_run": dry}).encode(), epoch
+    return {"redriven": redriven, "skipped": skipped, "dry_run": dry}, epoch

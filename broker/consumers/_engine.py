@@ -29,7 +29,7 @@ from protocol import AckKind, ErrorCode, error_class
 
 from broker.core import TIMER_NS, Broker, Partition, SyncSource, Topic, TopicConfig, TopicHooks, fire_time, get_logger
 
-from ._dead_letters import DeadLetters
+from ._dead_letters import DeadLetters, Prepared
 from ._groups import GroupTimers
 from ._journal import TopicJournal
 from ._model import MS, Consumer, ConsumerEvents, ConsumerPartition, Member, PullRequest
@@ -406,6 +406,12 @@ class ConsumerEngine(TopicHooks):
 
     def dead_letter(self, c: Consumer, partition: int, items: list[tuple[int, int]], reason: str) -> set[int]:
         return self.dead_letters.copy(c, partition, items, reason)
+
+    def dead_letter_removing(self, c: Consumer, partition: int, items: list[tuple[int, int]], reason: str) -> object:
+        return self.dead_letters.removing(c, partition, items, reason)
+
+    def dead_letter_removed(self, prepared: object) -> None:
+        self.dead_letters.removed(cast(Prepared, prepared))
 
     def released(self, c: Consumer, partition: int, offsets: list[int]) -> None:
         """``c`` settled ``offsets`` of a partition other than by an ack (deliveries

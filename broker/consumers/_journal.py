@@ -51,6 +51,9 @@ Pending = dict[tuple[int, int], dict[int, tuple[bytes, "list[int] | None"]]]
 
 __all__ = ["TopicJournal"]
 
+#: The first reason code of a copy made because its message was removed (``Expired``).
+_REMOVED_CODE = DLQ_REASONS.index("Expired")
+
 log = get_logger(__name__)
 
 #: Compact when the journal passes this size (or four times the last snapshot).
@@ -222,6 +225,8 @@ class TopicJournal:
             cp = c.parts[pn]
             for o, code, _, _ in entries:
                 cp.out.pop(o, None)
+                if code >= _REMOVED_CODE:
+                    cp.lettered.add(o)  # (Expired, Limit: if the crash undid the removal, not copied twice)
                 reason = DLQ_REASONS[code]
                 c.dead_lettered[reason] = c.dead_lettered.get(reason, 0) + 1
             self.intended(c, pn, entries)

@@ -21,7 +21,9 @@ Per partition a consumer keeps:
 **Removals** reach a consumer through the partition (``Partition.watchers``): a
 message removed before delivery leaves ``npending``; one removed while outstanding
 is dropped as if terminated; a whole purge drops everything outstanding and moves
-the cursor to the purge point.
+the cursor to the purge point. With ``dead_letter_expired``, what a TTL, the max age
+or a limit removes while the consumer still owes it is dead-lettered first
+(``removing``, while it is still readable).
 
 **Timers**: each outstanding delivery has one entry in the expiry engine's deadline
 structure (10 ms buckets), re-armed lazily (``in_progress`` only moves the deadline;
@@ -40,7 +42,7 @@ import trio
 import protocol as P
 from protocol import AckKind, ProtocolConnection, PullEnd, PullPart, encode_pull_batch, subject_matches
 
-from broker.core import Broker, Clock, Counters, Partition, Topic, get_logger
+from broker.core import MARKER, Broker, Clock, Counters, Partition, Topic, get_logger
 
 from ._config import ConsumerConfig
 
@@ -52,6 +54,13 @@ __all__ = [
 log = get_logger(__name__)
 
 MS = 1_000_000
+
+#: The removals that a consumer with ``dead_letter_expired`` dead-letters, and the
+#: ``Nats-DLQ-Reason`` its copies name.
+_DEAD_ON = {
+    int(P.RemovalReason.TTL): "Expired", int(P.RemovalReason.MAX_AGE): "Expired",
+    int(P.RemovalReason.LIMITS): "Limit", int(P.RemovalReason.MAX_MSGS_PER_SUBJECT): "Limit",
+}
 
 
 class ConsumerLog(Protocol):
@@ -134,6 +143,16 @@ class Engine(Protocol):
         for the copy (``_dead_letters.py``)."""
         ...
 
+    def dead_letter_removing(self, c: Consumer, partition: int, items: list[tuple[int, int]], reason: str) -> object:
+        """``items`` (``(offset, deliveries)``, 0 deliveries: not delivered yet) of
+        ``c`` are about to be removed (``reason`` ``Expired`` or ``Limit``): build
+        their copies while they are readable. Returns what
+        :meth:`dead_letter_removed` makes once they are gone (None: nothing)."""
+        ...
+
+    def dead_letter_removed(self, prepared: object) -> None:
+        """Make the copies :meth:`dead_letter_removing` built."""
+
 
 class PullOwner(Protocol):
     """What a waiting pull belongs to: a connection, or (the NATS listener's pulls,
@@ -202,6 +221,13 @@ class ConsumerPartition:
         self.draining = False
         self._ids: set[int] = set()
         self._ids_version = -1
+        #: Copies built by ``removing`` for ``removed`` to make (dead letters of owed
+        #: messages that a TTL, the max age or a limit removes).
+        self._dying: object = None
+        #: Offsets dead-lettered ``Expired`` or ``Limit`` before a restart (replayed
+        #: from the journal), whose removal the crash may have undone: removed again,
+        #: they are not copied twice. Only those still live are kept (``recover``).
+        self.lettered: set[int] = set()
 
     def __repr__(self) -> str:
         return f"ConsumerPartition({self.consumer.name}@{self.part!r})"
@@ -266,6 +292,31 @@ class ConsumerPartition:
 
     # -- removals (Partition.watchers) ---------------------------------------------
 
+    def removing(self, offsets: list[int], subjects: list[bytes], tag: int) -> None:
+        """With ``dead_letter_expired``, what the consumer still owes among messages a
+        TTL, the max age or a limit is removing (outstanding, or not delivered yet and
+        wanted) is dead-lettered: the copies are built now, made in :meth:`removed`."""
+        c = self.consumer
+        reason = _DEAD_ON.get(tag)
+        if reason is None or not c.config.dead_letter_expired or c.deleted:
+            return
+        out, lettered = self.out, self.lettered
+        flags_at = self.part.index.flags_at
+        items: list[tuple[int, int]] = []
+        for o, s in zip(offsets, subjects):
+            if lettered and o in lettered:
+                lettered.discard(o)  # copied before a crash that undid its removal
+                continue
+            if flags_at(o) & MARKER:
+                continue  # a subject delete marker expiring is what it is for
+            e = out.get(o)
+            if e is not None:
+                items.append((o, e.count))
+            elif self.counts(o, s):
+                items.append((o, 0))
+        if items:
+            self._dying = c.engine.dead_letter_removing(c, self.part.number, items, reason)
+
     def removed(self, offsets: list[int], subjects: list[bytes]) -> None:
         out = self.out
         for o, s in zip(offsets, subjects):
@@ -277,6 +328,9 @@ class ConsumerPartition:
                 if self.only is not None:
                     self.only.discard(o)
         self.consumer.engine.kick(self.consumer)
+        dying, self._dying = self._dying, None
+        if dying is not None:
+            self.consumer.engine.dead_letter_removed(dying)
 
     def purged(self, next_offset: int) -> None:
         n = len(self.out)

@@ -149,6 +149,12 @@ class Counters:
     dead_lettered_max_deliveries: int = 0
     #: Messages copied to a consumer's dead-letter subject because a client terminated them.
     dead_lettered_terminated: int = 0
+    #: Messages copied to a consumer's dead-letter subject because their TTL or the
+    #: topic's max age removed them while the consumer still owed them (``dead_letter_expired``).
+    dead_lettered_expired: int = 0
+    #: Messages copied to a consumer's dead-letter subject because a limit of the topic
+    #: (max msgs, max bytes, max msgs per subject) removed them while the consumer still owed them.
+    dead_lettered_limit: int = 0
     #: Dead letters published again on their original subjects (REDRIVE).
     dead_letters_redriven: int = 0
     #: Outstanding deliveries dropped because their message was removed.

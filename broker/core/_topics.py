@@ -79,6 +79,10 @@ class PartitionWatcher(Protocol):
     """What keeps state about a partition's messages and must hear of every removal
     (a durable consumer's state in it, ``broker/consumers/_model.py``)."""
 
+    def removing(self, offsets: list[int], subjects: list[bytes], tag: int) -> None:
+        """The live messages at ``offsets`` (on ``subjects``) are about to be removed
+        for ``tag`` (a :class:`protocol.RemovalReason`): still readable."""
+
     def removed(self, offsets: list[int], subjects: list[bytes]) -> None:
         """The live messages at ``offsets`` (on ``subjects``) were removed."""
 
@@ -236,6 +240,10 @@ class Partition:
             return [], 0
         index = self.index
         before = [(index.subject_at(o), index.flags_at(o)) for o in live]
+        watchers = list(self.watchers)
+        subjects = [s for s, _ in before] if watchers else []
+        for w in watchers:  # (a consumer dead-letters what it still owes: before the bytes go)
+            w.removing(live, subjects, tag)
         self.log.delete_many(live, tag)
         out = []
         cleared = 0
@@ -251,10 +259,8 @@ class Partition:
             if st is not None:
                 out.append(Removed(o, subject, f, st))
         self.pending -= cleared
-        if self.watchers:
-            subjects = [s for s, _ in before]
-            for w in list(self.watchers):
-                w.removed(live, subjects)
+        for w in watchers:
+            w.removed(live, subjects)
         return out, cleared
 
     def last_offsets(self, subjects: list[bytes]) -> list[int]:

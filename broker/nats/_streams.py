@@ -1,6 +1,6 @@
 """The JetStream stream API over the broker's own operations: ``$JS.API.INFO``,
 ``STREAM.CREATE|UPDATE|INFO|DELETE|PURGE|NAMES|LIST|MSG.GET|MSG.DELETE`` and
-``DIRECT.GET``.
+``DIRECT.GET``, and ttlbroker's ``STREAM.REDRIVE`` (dead letters).
 
 Every request maps onto what our own protocol's handlers do (``core.py``,
 ``core.py``, ``_kv.py``, the partition's index and log): no second copy of
@@ -33,6 +33,7 @@ from protocol.nats import decode_nats_headers, encode_nats_headers, nats_message
 from storage import CorruptedRecord
 
 import broker.core as core
+from broker.consumers import redrive_topic
 from broker.core import DEFAULT_DUPLICATE_WINDOW, TopicConfig, check_option_types, get_logger, resolve
 
 from ._jetstream import KV_PREFIX, KV_STREAM
@@ -71,7 +72,7 @@ def api(js: JetStream, tokens: list[str], reply: str | None, headers: bytes | No
         kind, name = f"stream_msg_{tokens[2].lower()}", tokens[3]
     elif op in ("NAMES", "LIST") and len(tokens) == 2:
         kind, name = f"stream_{op.lower()}", ""
-    elif op in ("CREATE", "UPDATE", "INFO", "DELETE", "PURGE") and len(tokens) == 3:
+    elif op in ("CREATE", "UPDATE", "INFO", "DELETE", "PURGE", "REDRIVE") and len(tokens) == 3:
         kind, name = f"stream_{op.lower()}", tokens[2]
     else:
         js.no_responders(reply)
@@ -370,6 +371,16 @@ def _purge_some(js: JetStream, topic: Topic, flt: str, seq: int, keep: int) -> t
     return {"success": True, "purged": len(removed)}, js.broker.committer.note_write(part.log) if removed else 0
 
 
+def _redrive(js: JetStream, name: str, req: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """``STREAM.REDRIVE.<name>``, a ttlbroker extension (docs/semantics.md §16.11):
+    the binary REDRIVE of the dead-letter stream ``name``. ``{"dry_run": bool}`` ->
+    ``{"redriven": n, "skipped": n, "dry_run": bool}``, once the mark is durable."""
+    dry = req.get("dry_run", False)
+    if not isinstance(dry, bool):
+        raise js_error(BAD_REQUEST)
+    return redrive_topic(js.broker, js.topic(name), dry)
+
+
 def _filter_of(req: dict[str, Any]) -> str:
     flt = req.get("subject") or ""
     if not isinstance(flt, str):
@@ -639,6 +650,7 @@ _HANDLERS: dict[str, Any] = {
     "stream_info": _info,
     "stream_delete": _delete,
     "stream_purge": _purge,
+    "stream_redrive": _redrive,
     "stream_names": _names,
     "stream_list": _list,
     "stream_msg_get": _msg_get,

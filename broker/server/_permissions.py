@@ -91,7 +91,7 @@ SUBJECTS: dict[type, Callable[[Broker, Any], str]] = {
     P.JoinGroup: _consumer("CONSUMER.MSG.NEXT"),
     P.LeaveGroup: _consumer("CONSUMER.MSG.NEXT"),
     P.EndPulls: _consumer("CONSUMER.MSG.NEXT"),
-    P.Redrive: lambda b, c: f"$TB.API.STREAM.REDRIVE.{_name(b, c.stream, c.topic)}",
+    P.Redrive: _topic("STREAM.REDRIVE"),
     P.AckMessages: lambda b, c: f"$JS.ACK.{_name(b, c.stream, c.topic)}.{c.name}",
 }
 #: Commands no permission governs (the handshake's own, and ending a subscription).

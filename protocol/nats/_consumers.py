@@ -155,7 +155,7 @@ _KNOWN = {
     "ack_wait", "max_deliver", "backoff", "filter_subject", "filter_subjects", "replay_policy", "max_waiting",
     "max_ack_pending", "flow_control", "idle_heartbeat", "headers_only", "deliver_subject", "deliver_group", "inactive_threshold",
     "num_replicas", "mem_storage", "max_batch", "max_expires", "max_bytes", "metadata", "pause_until", "rate_limit_bps",
-    "priority_groups", "priority_timeout", "sample_freq", "dead_letter_subject", *_UNSUPPORTED,
+    "priority_groups", "priority_timeout", "sample_freq", "dead_letter_subject", "dead_letter_expired", *_UNSUPPORTED,
 }
 
 
@@ -263,6 +263,8 @@ def consumer_config_from_nats(raw: Any, durable: bool) -> tuple[dict[str, Any], 
         out["description"] = raw["description"]
     if raw.get("dead_letter_subject"):  # a ttlbroker extension (the engine checks it)
         out["dead_letter_subject"] = raw["dead_letter_subject"]
+    if "dead_letter_expired" in raw:
+        out["dead_letter_expired"] = raw["dead_letter_expired"]
     hb = _ns("idle_heartbeat", raw.get("idle_heartbeat") or 0)
     fc = bool(raw.get("flow_control"))
     if not deliver:
@@ -427,6 +429,8 @@ def consumer_config_to_nats(name: str, cfg: dict[str, Any], settings: PushSettin
         out["description"] = cfg["description"]
     if cfg.get("dead_letter_subject"):
         out["dead_letter_subject"] = cfg["dead_letter_subject"]
+    if cfg.get("dead_letter_expired"):
+        out["dead_letter_expired"] = True
     if settings.deliver_subject:
         out["deliver_subject"] = settings.deliver_subject
     if settings.deliver_group:

@@ -1,9 +1,11 @@
-"""``ttlbroker consumer ...`` through subprocesses, against a broker process."""
+"""``ttlbroker consumer ...`` through subprocesses (and in-process ``main``, cheaper,
+where the process adds nothing), against a broker process."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import BrokerProcess
+from helpers import MainCLI
 from helpers import json_lines as lines
 from helpers import run_cli as run
 
@@ -124,12 +126,45 @@ def test_add_with_a_dead_letter_subject(broker: BrokerProcess) -> None:
     info = lines(run(a, "consumer", "add", "shop", "orders", "dl", "--max-deliver", "3", "--dead-letter", "dlq.orders",
                      json_out=True))[0]
     assert info["config"]["dead_letter_subject"] == "dlq.orders"
-    assert info["dead_lettered"] == {"MaxDeliveries": 0, "Terminated": 0}
+    assert info["dead_lettered"] == {"MaxDeliveries": 0, "Terminated": 0, "Expired": 0, "Limit": 0}
     p = run(a, "consumer", "add", "shop", "orders", "dl2", "--dead-letter", "dlq.>", check=False)
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.startswith("error: INVALID_CONSUMER_CONFIG (")
     assert "dead_letter_subject 'dlq.>' is not a valid subject: subject 'dlq.>' contains the wildcard '>'" in p.stderr
     run(a, "consumer", "rm", "shop", "orders", "dl")
+
+
+def test_dead_letter_expired_and_dead_lettered_in_info(broker: BrokerProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--dead-letter-expired``: what a limit discards before delivery is copied
+    (``Limit``); ``consumer info`` shows the dead-letter subject and the copies made,
+    by reason; ``consumer edit --no-dead-letter-expired`` turns it off."""
+    cli = MainCLI(capsys, broker.address)
+    cli("topic", "create", "shop", "lim", "--subjects", "lim.>", "--max-msgs", "1", "--discard", "old")
+    cli("topic", "create", "shop", "limdead", "--subjects", "limdead.>")
+    made = cli.json("consumer", "add", "shop", "lim", "dl", "--dead-letter", "limdead.x", "--dead-letter-expired")[0]
+    assert made["config"]["dead_letter_expired"] is True
+    cli("pub", "lim.a", "first")
+    cli("pub", "lim.a", "second")  # max msgs 1, discard old: "first" goes, undelivered
+    out = cli("consumer", "info", "shop", "lim", "dl").splitlines()
+    assert "  dead letter      limdead.x (also expired and over limits)" in out
+    assert out[out.index("State") + 1:out.index("State") + 8] == [
+        "  pending        1",
+        "  ack pending    0",
+        "  redelivered    0",
+        "  waiting pulls  0",
+        "  delivered      consumer seq 0, stream seq 0",
+        "  ack floor      consumer seq 0, stream seq 0",
+        "  dead lettered  1 (Limit 1)",
+    ]
+    copies = cli.json("fetch", "shop", "limdead")
+    assert [(m["headers"]["Nats-DLQ-Reason"], m["headers"]["Nats-DLQ-Subject"], m["payload"]) for m in copies] == [
+        ("Limit", "lim.a", "first")]
+    out = cli("consumer", "edit", "shop", "lim", "dl", "--no-dead-letter-expired").splitlines()
+    assert out[:3] == ["Differences (-old +new):", "- dead letter      limdead.x (also expired and over limits)",
+                       "+ dead letter      limdead.x"]
+    err = cli.err("consumer", "add", "shop", "lim", "bad", "--dead-letter-expired", status=1)
+    assert err == ("error: INVALID_CONSUMER_CONFIG (7009): "
+                   "dead_letter_expired needs a dead_letter_subject to copy the messages to\n")
 
 
 def test_redrive_dry_run_and_json(broker: BrokerProcess) -> None:

@@ -101,7 +101,7 @@ async def test_max_deliveries_and_terminated_are_copied_once_with_their_origin(
     assert by_subject["orders.poison"][2]["Nats-DLQ-Reason"] == "Terminated"
     assert by_subject["orders.poison"][2]["Nats-DLQ-Deliveries"] == "1"
     assert by_subject["orders.late"][2]["Nats-DLQ-Reason"] == "MaxDeliveries"
-    assert r["info"]["dead_lettered"] == {"MaxDeliveries": 2, "Terminated": 1}
+    assert r["info"]["dead_lettered"] == {"MaxDeliveries": 2, "Terminated": 1, "Expired": 0, "Limit": 0}
     assert (r["info"]["num_ack_pending"], r["info"]["num_pending"]) == (0, 0)
     # The originals stay, or go as the stream's retention says (after their copy).
     assert r["orders"] == (4 if retention == "limits" else 0)
@@ -143,7 +143,7 @@ async def test_bundled_client_dead_letters_and_redrive_once(mock_clock: Any, dat
         await got[0].nak(sync=True)
         await got[1].term(sync=True)
         info = await c.consumer_info("s", "work", "w")
-        assert info.dead_lettered == {"MaxDeliveries": 1, "Terminated": 1}
+        assert info.dead_lettered == {"MaxDeliveries": 1, "Terminated": 1, "Expired": 0, "Limit": 0}
         f = await c.fetch("s", "dlq", 0, 1, 10)
         assert [(m.headers["Nats-DLQ-Subject"], m.headers["Nats-DLQ-Reason"], m.headers["Nats-DLQ-Stream"]) for m in f.messages] == [
             ("w.a", "MaxDeliveries", "s/work"), ("w.b", "Terminated", "s/work")]
@@ -161,3 +161,63 @@ async def test_bundled_client_dead_letters_and_redrive_once(mock_clock: Any, dat
         with pytest.raises(Exception) as err:
             await c.redrive("s", "nope")
         assert type(err.value).__name__ == "TopicNotFoundError"
+
+
+# -- removed while owed (dead_letter_expired), and $JS.API.STREAM.REDRIVE ----------------
+
+
+async def test_expired_while_owed_is_copied_and_redriven_through_the_api(mock_clock: Any, data_dir: Path) -> None:
+    """``dead_letter_expired`` in the raw JSON: a message whose ``Nats-TTL`` runs out
+    while it is outstanding, and one that max age takes before it is delivered, are
+    copied (``Expired``); the acked one is not. ``$JS.API.STREAM.REDRIVE.DLQ`` (dry
+    run, then for real, then again) publishes them back once."""
+    async def steps(url: str) -> dict[str, Any]:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        await js.add_stream(name="ORDERS", subjects=["orders.>"], max_age=60, allow_msg_ttl=True)
+        await js.add_stream(name="DLQ", subjects=["dlq.orders"])
+        out: dict[str, Any] = {"made": await create_consumer(nc, "ORDERS", {
+            "durable_name": "work", "ack_policy": "explicit", "ack_wait": 600 * 10**9,
+            "dead_letter_subject": "dlq.orders", "dead_letter_expired": True,
+        })}
+        out["refused"] = await create_consumer(nc, "ORDERS", {"durable_name": "w2", "dead_letter_expired": True})
+        await js.publish("orders.acked", b"a", headers={"Nats-TTL": "5s"})
+        await js.publish("orders.held", b"h", headers={"Nats-TTL": "5s"})
+        worker = await js.pull_subscribe_bind("work", "ORDERS")
+        got = await worker.fetch(2, timeout=2)
+        await got[0].ack_sync()
+        await js.publish("orders.late", b"l")  # never fetched: max age takes it
+        jump(6)
+        jump(61)
+        await nc.flush()
+        out["dlq"] = [dict((await js.get_msg("DLQ", seq)).headers or {}) for seq in (1, 2)]
+        out["info"] = json.loads((await nc.request("$JS.API.CONSUMER.INFO.ORDERS.work", b"", timeout=5)).data)
+
+        async def redrive(body: bytes) -> dict[str, Any]:
+            return json.loads((await nc.request("$JS.API.STREAM.REDRIVE.DLQ", body, timeout=5)).data)
+
+        out["dry"] = await redrive(b'{"dry_run": true}')
+        out["first"] = await redrive(b"")
+        out["second"] = await redrive(b'{"dry_run": false}')
+        out["bad"] = await redrive(b'{"dry_run": "yes"}')
+        out["missing"] = json.loads((await nc.request("$JS.API.STREAM.REDRIVE.NOPE", b"", timeout=5)).data)
+        out["orders"] = (await js.stream_info("ORDERS")).state.last_seq
+        await nc.close()
+        return out
+
+    async with start_server(config(data_dir)) as handle:
+        r = await in_asyncio(steps, handle.nats_url)
+        assert (handle.broker.counters.dead_lettered_expired, handle.broker.counters.dead_letters_redriven) == (2, 2)
+    assert r["made"]["config"]["dead_letter_expired"] is True
+    assert r["refused"]["error"] == {  # (nats-server's JSConsumerCreateErrF: 500 10012)
+        "code": 500, "err_code": 10012, "description": "dead_letter_expired needs a dead_letter_subject to copy the messages to"}
+    assert [(h["Nats-DLQ-Subject"], h["Nats-DLQ-Reason"], h["Nats-DLQ-Deliveries"]) for h in r["dlq"]] == [
+        ("orders.held", "Expired", "1"), ("orders.late", "Expired", "0")]
+    assert r["info"]["dead_lettered"] == {"MaxDeliveries": 0, "Terminated": 0, "Expired": 2, "Limit": 0}
+    resp = "io.nats.jetstream.api.v1.stream_redrive_response"
+    assert r["dry"] == {"type": resp, "redriven": 2, "skipped": 0, "dry_run": True}
+    assert r["first"] == {"type": resp, "redriven": 2, "skipped": 0, "dry_run": False}
+    assert r["second"] == {"type": resp, "redriven": 0, "skipped": 0, "dry_run": False}
+    assert r["bad"]["error"] == {"code": 400, "err_code": 10003, "description": "bad request"}
+    assert r["missing"]["error"] == {"code": 404, "err_code": 10059, "description": "stream not found"}
+    assert r["orders"] == 5  # the two redriven copies are new messages of ORDERS
