@@ -55,7 +55,7 @@ class NatsClient(Protocol):
         """Whether ``n`` more bytes of deliveries may be queued to it."""
         ...
 
-    def push_nats(self, data: bytes, epoch: int = 0) -> bool: ...
+    def push_nats(self, data: bytes, epoch: int = 0, direct: bool = False) -> bool: ...
 
     def remove_subscription(self, sub: NatsSubscription) -> None: ...
 
@@ -182,12 +182,16 @@ class CheckedSubscription(NatsSubscription):
         return super().send(subject, reply, headers, payload, epoch)
 
 
-def send_run(session: NatsClient, pieces: list[bytes | bytearray], sizes: list[int], subs: list[NatsSubscription]) -> None:
+def send_run(
+    session: NatsClient, pieces: list[bytes | bytearray], sizes: list[int], subs: list[NatsSubscription], direct: bool,
+) -> None:
     """Queue core messages for ``session``, in order: ``MSG`` frames without headers,
     two pieces each, the ``i``-th to ``subs[i]`` with a payload of ``sizes[i]``
     bytes. One write when the connection has room for all of them, else one by one
     while it has room (the rest are dropped, as :meth:`NatsSubscription.send` drops
-    them)."""
+    them). ``direct``: the write is made at once when it can be
+    (``Transport.send_direct``: a request, whose requester waits, rather than a
+    flood, whose writes the subscriber's writer task takes together)."""
     data = b"".join(pieces)
     if len(subs) > 1 and not session.has_room(len(data)):
         for i, sub in enumerate(subs):
@@ -195,7 +199,7 @@ def send_run(session: NatsClient, pieces: list[bytes | bytearray], sizes: list[i
         return
     counters = session.broker.counters
     n = len(subs)
-    if not session.push_nats(data):
+    if not session.push_nats(data, direct=direct):
         for sub in subs:
             sub.dropped += 1
         counters.deliveries_dropped += n

@@ -133,11 +133,12 @@ TOO_MANY_CONNECTIONS = encode_err(MAX_CONNECTIONS)
 _Queued = tuple[list[bytes | bytearray], list[int], list[NatsSubscription]]
 
 
-def _send_frames(frames: dict[NatsClient, _Queued]) -> None:
-    """Send what :meth:`NatsSession._pub_run` queued, and empty the queues."""
+def _send_frames(frames: dict[NatsClient, _Queued], direct: bool) -> None:
+    """Send what :meth:`NatsSession._pub_run` queued, and empty the queues
+    (``direct``: written at once where they can be, see ``send_run``)."""
     for session, (pieces, sizes, subs) in frames.items():
         if subs:
-            send_run(session, pieces, sizes, subs)
+            send_run(session, pieces, sizes, subs, direct)
             pieces.clear()
             sizes.clear()
             subs.clear()
@@ -210,6 +211,8 @@ class NatsSession:
         #: The last read was short and its answers wait for the group commit: the
         #: next read waits for the socket first (:meth:`_read_loop`).
         self._answers_wait = False
+        #: The read being handled was short (``SHORT_READ``): its client waits for what it causes.
+        self._short = False
 
     # -- what the transport and the broker call ------------------------------------------
 
@@ -246,16 +249,19 @@ class NatsSession:
         if self.pulls or self.members:
             session_closed(self.js.consumers, self)
 
-    def push_nats(self, data: bytes, epoch: int = 0) -> bool:
+    def push_nats(self, data: bytes, epoch: int = 0, direct: bool = False) -> bool:
         """Queue a MSG/HMSG; False (nothing queued) when the connection is backed up
         or the output budget has no room (deliveries are at most once). With
         ``epoch``: it goes once the group commit has made that epoch durable (a
-        PubAck), written by the sync itself (``Transport.send_durable``)."""
+        PubAck), written by the sync itself (``Transport.send_durable``). ``direct``:
+        written at once when it can be (``Transport.send_direct``)."""
         t = self.transport
         if not t.has_room(len(data)):
             return False
         if epoch:
             t.send_durable(epoch, data)
+        elif direct:
+            t.send_direct(data)
         else:
             t.send_now(data)
         return True
@@ -383,7 +389,7 @@ class NatsSession:
             msgs = self.in_msgs
             try:
                 parser.receive_data(data)
-                short = len(data) < SHORT_READ
+                short = self._short = len(data) < SHORT_READ
                 sent = t.sent_bytes
                 acked = await self._handle_read()
                 if acked is None:
@@ -803,7 +809,7 @@ class NatsSession:
                     sizes.append(size)
                     subs.append(sub)
                 continue
-            _send_frames(frames)
+            _send_frames(frames, self._short)
             payload = PN.pub_payload(tail, size)
             if plan.__class__ is tuple or plan is None:  # (a request nobody answers, or anything unusual)
                 self._publish(NatsPub(subj.decode(), rep.decode() if rep is not None else None, None, payload))
@@ -813,7 +819,7 @@ class NatsSession:
             self._store(subj, rep.decode() if rep is not None else None, None, payload, plan)
             if not self._batch:  # (a full batch went: its deliveries may have changed the subscriptions)
                 plans.clear()
-        _send_frames(frames)
+        _send_frames(frames, self._short)
         return took
 
     def _plan(self, subj: bytes, frames: dict[NatsClient, _Queued]) -> Any:

@@ -423,6 +423,23 @@ class Transport:
         if not self.reading.flushes:  # else the reader sends what it queues itself
             self.kick()
 
+    def send_direct(self, frame: bytes) -> None:
+        """:meth:`send_now`, written at once with a non-blocking send when this
+        connection's reader is not handling a read (which sends what it queues
+        itself) and nothing is queued before it: no task switch to the writer, which
+        is woken only for what the socket does not take. For a batch of deliveries
+        another connection made in one go (a run of core messages, one frame)."""
+        if self.reading.flushes or self._now:
+            self.send_now(frame)
+            return
+        n = len(frame)
+        self._now.append(frame)
+        self.now_bytes += n
+        self.pending_bytes += n
+        self.budget.add(n)
+        if not self.send_nowait():
+            self.kick()
+
     def send_durable(self, epoch: int, frame: bytes) -> None:
         """Queue ``frame`` to go once ``epoch`` is durable: the group commit calls the
         speaker's ``on_sync`` then (nothing wakes the writer before)."""
