@@ -35,7 +35,10 @@ from protocol.nats import encode_msg, nats_message_of_record
 
 from broker.core import Broker, Counters, subscription_footprint
 
-__all__ = ["CheckedSubscription", "NatsClient", "NatsSubscription", "send_core", "send_run"]
+__all__ = [
+    "CheckedSubscription", "NatsClient", "NatsSubscription", "Queued", "plain_subscriptions", "send_core", "send_core_many",
+    "send_queued", "send_run",
+]
 
 class NatsClient(Protocol):
     """A NATS connection, as its subscriptions see it (``_session.NatsSession``)."""
@@ -113,13 +116,13 @@ class NatsSubscription:
         """How many of ``n`` messages it takes before an ``UNSUB sid max`` removes it."""
         return n if self.remaining is None else max(min(n, self.remaining), 0)
 
-    def send_frames(self, frames: bytes, n: int, payload_bytes: int) -> int:
+    def send_frames(self, frames: bytes, n: int, payload_bytes: int, epoch: int = 0) -> int:
         """Queue ``n`` messages already encoded for it (a pull batch, at most
-        :meth:`room`) as one write; returns how many were queued (0: dropped, the
-        connection is full)."""
+        :meth:`room`) as one write (with ``epoch``: once it is durable); returns how
+        many were queued (0: dropped, the connection is full)."""
         session = self.session
         counters = session.broker.counters
-        if not session.push_nats(frames):
+        if not session.push_nats(frames, epoch):
             self.dropped += n
             counters.deliveries_dropped += n
             return 0
@@ -182,8 +185,14 @@ class CheckedSubscription(NatsSubscription):
         return super().send(subject, reply, headers, payload, epoch)
 
 
+#: Core messages queued for one connection (``send_run``): the pieces of their MSG
+#: frames (two each), their payloads' sizes, and the subscription of each.
+Queued = tuple[list[bytes | bytearray], list[int], list["NatsSubscription"]]
+
+
 def send_run(
-    session: NatsClient, pieces: list[bytes | bytearray], sizes: list[int], subs: list[NatsSubscription], direct: bool,
+    session: NatsClient, pieces: list[bytes | bytearray], sizes: list[int], subs: list[NatsSubscription],
+    direct: bool = False, epoch: int = 0,
 ) -> None:
     """Queue core messages for ``session``, in order: ``MSG`` frames without headers,
     two pieces each, the ``i``-th to ``subs[i]`` with a payload of ``sizes[i]``
@@ -191,15 +200,16 @@ def send_run(
     while it has room (the rest are dropped, as :meth:`NatsSubscription.send` drops
     them). ``direct``: the write is made at once when it can be
     (``Transport.send_direct``: a request, whose requester waits, rather than a
-    flood, whose writes the subscriber's writer task takes together)."""
+    flood, whose writes the subscriber's writer task takes together). ``epoch``: it
+    goes once that group-commit epoch is durable (PubAcks)."""
     data = b"".join(pieces)
     if len(subs) > 1 and not session.has_room(len(data)):
         for i, sub in enumerate(subs):
-            sub.send_frames(bytes(pieces[2 * i] + pieces[2 * i + 1]), 1, sizes[i])
+            sub.send_frames(bytes(pieces[2 * i] + pieces[2 * i + 1]), 1, sizes[i], epoch)
         return
     counters = session.broker.counters
     n = len(subs)
-    if not session.push_nats(data, direct=direct):
+    if not session.push_nats(data, epoch, direct):
         for sub in subs:
             sub.dropped += 1
         counters.deliveries_dropped += n
@@ -211,6 +221,54 @@ def send_run(
     counters.bytes_out += size
     session.out_msgs += n
     session.out_bytes += size
+
+
+def send_queued(frames: dict[NatsClient, Queued], direct: bool = False, epoch: int = 0) -> None:
+    """Send what is queued in ``frames`` (``send_run``), and empty the queues."""
+    for session, (pieces, sizes, subs) in frames.items():
+        if subs:
+            send_run(session, pieces, sizes, subs, direct, epoch)
+            pieces.clear()
+            sizes.clear()
+            subs.clear()
+
+
+def plain_subscriptions(subs: tuple[Any, ...] | None) -> bool:
+    """Whether a message to ``subs`` (``SubscriptionIndex.match_fixed``) may be
+    queued for ``send_run``: they are all plain NATS subscriptions (no permission
+    to check, no ``UNSUB max``) and are the same for every message on the subject."""
+    if subs is None:
+        return False
+    for sub in subs:
+        if sub.__class__ is not NatsSubscription or sub.remaining is not None:
+            return False
+    return True
+
+
+def send_core_many(broker: Broker, messages: list[tuple[str, bytes]], epoch: int = 0) -> None:
+    """:func:`send_core` of each ``(subject, payload)`` (no reply, no headers), in
+    order; those that reach only plain NATS subscriptions go to each connection as
+    one write (the PubAcks of one group commit)."""
+    frames: dict[NatsClient, Queued] = {}
+    match = broker.subs.match_fixed
+    for subject, payload in messages:
+        raw = subject.encode()
+        subs = match(raw)
+        if not plain_subscriptions(subs):
+            send_queued(frames, epoch=epoch)
+            send_core(broker, subject, None, None, payload, epoch=epoch)
+            continue
+        tail = b"%d\r\n%s\r\n" % (len(payload), payload)
+        for sub in subs:  # type: ignore[union-attr]
+            session = sub.session
+            queued = frames.get(session)
+            if queued is None:
+                queued = frames[session] = ([], [], [])
+            queued[0].append(b"MSG %s %s " % (raw, sub.sid_bytes))
+            queued[0].append(tail)
+            queued[1].append(len(payload))
+            queued[2].append(sub)
+    send_queued(frames, epoch=epoch)
 
 
 def send_core(

@@ -50,7 +50,7 @@ from broker.kv import KvReads
 from broker.net import Transport
 
 from ._advisories import Advisories, Audit
-from ._core import send_core
+from ._core import send_core, send_core_many
 
 __all__ = ["JetStream", "KV_STREAM", "KV_PREFIX"]
 
@@ -247,6 +247,19 @@ class JetStream:
         if epoch and not (committer.acks_wait and epoch > committer.synced):
             epoch = 0
         send_core(self.broker, reply, None, headers, body, epoch=epoch)
+
+    def respond_many(self, answers: list[tuple[str, bytes]], epoch: int = 0) -> None:
+        """:meth:`respond` of each ``(reply, body)``, in order, as one write per
+        connection where they can go together (the PubAcks of one group commit,
+        ``send_core_many``)."""
+        if self._audit is not None or self._audits_later:
+            for reply, body in answers:
+                self.respond(reply, body, epoch=epoch)
+            return
+        committer = self.broker.committer
+        if epoch and not (committer.acks_wait and epoch > committer.synced):
+            epoch = 0
+        send_core_many(self.broker, answers, epoch)
 
     def unaudited(self) -> None:
         """The request being handled is answered without an audit advisory (as

@@ -83,7 +83,7 @@ from protocol.nats import (
     valid_nats_subject,
 )
 
-from ._core import CheckedSubscription, NatsClient, NatsSubscription, send_core, send_run
+from ._core import CheckedSubscription, NatsClient, NatsSubscription, Queued, plain_subscriptions, send_core, send_queued
 
 if TYPE_CHECKING:
     from ._jetstream import JetStream
@@ -126,22 +126,6 @@ BATCH_BYTES = 16 * 1024
 TLS_REQUIRED = "Secure Connection - TLS Required"
 #: What a NATS client the broker cannot take is told (then closed).
 TOO_MANY_CONNECTIONS = encode_err(MAX_CONNECTIONS)
-
-
-#: What :meth:`NatsSession._pub_run` queues for a connection: the pieces of its MSG
-#: frames (two each), their payloads' sizes, and the subscription of each.
-_Queued = tuple[list[bytes | bytearray], list[int], list[NatsSubscription]]
-
-
-def _send_frames(frames: dict[NatsClient, _Queued], direct: bool) -> None:
-    """Send what :meth:`NatsSession._pub_run` queued, and empty the queues
-    (``direct``: written at once where they can be, see ``send_run``)."""
-    for session, (pieces, sizes, subs) in frames.items():
-        if subs:
-            send_run(session, pieces, sizes, subs, direct)
-            pieces.clear()
-            sizes.clear()
-            subs.clear()
 
 
 class NatsSession:
@@ -785,7 +769,7 @@ class NatsSession:
         not such a PUB (nothing taken)."""
         parser = self.parser
         plans: dict[bytes, Any] = {}
-        frames: dict[NatsClient, _Queued] = {}
+        frames: dict[NatsClient, Queued] = {}
         counters = self.broker.counters
         took = False
         while (pub := parser.next_pub(plans)) is not None:
@@ -809,7 +793,7 @@ class NatsSession:
                     sizes.append(size)
                     subs.append(sub)
                 continue
-            _send_frames(frames, self._short)
+            send_queued(frames, self._short)
             payload = PN.pub_payload(tail, size)
             if plan.__class__ is tuple or plan is None:  # (a request nobody answers, or anything unusual)
                 self._publish(NatsPub(subj.decode(), rep.decode() if rep is not None else None, None, payload))
@@ -819,10 +803,10 @@ class NatsSession:
             self._store(subj, rep.decode() if rep is not None else None, None, payload, plan)
             if not self._batch:  # (a full batch went: its deliveries may have changed the subscriptions)
                 plans.clear()
-        _send_frames(frames, self._short)
+        send_queued(frames, self._short)
         return took
 
-    def _plan(self, subj: bytes, frames: dict[NatsClient, _Queued]) -> Any:
+    def _plan(self, subj: bytes, frames: dict[NatsClient, Queued]) -> Any:
         """How :meth:`_pub_run` takes a plain PUB on ``subj``: the route of the topic
         that captures it; as a core message, for each subscription it reaches, the
         ``MSG`` line's head and where the run queues its frames (in ``frames``); or
@@ -838,13 +822,11 @@ class NatsSession:
         if route is not NO_TOPIC:
             return route
         subs = broker.subs.match_fixed(subj)
-        if subs is None:
+        if not plain_subscriptions(subs):
             return None
         skip = None if self.echo else self
         plan = []
-        for sub in subs:
-            if sub.__class__ is not NatsSubscription or sub.remaining is not None:
-                return None
+        for sub in subs:  # type: ignore[union-attr]
             session = sub.session
             if session is not skip:
                 queued = frames.get(session)
@@ -910,10 +892,15 @@ class NatsSession:
         js = self.js
         if payload.__class__ is int:  # all stored, in order, from this offset on
             offset = payload
+            answers = []
+            last = name = None
             for _, reply, topic in batch:
                 if reply:
-                    js.respond(reply, js.pub_ack(topic, offset, False), epoch=epoch)
+                    if topic is not last:
+                        last, name = topic, js.stream_name(topic)
+                    answers.append((reply, PN.pub_ack(name, offset)))
                 offset += 1
+            js.respond_many(answers, epoch)
             return
         assert isinstance(payload, bytes), payload  # publish_stored: else the encoded acks
         acks = (P.Acks.first(payload),) if len(batch) == 1 else P.Acks.decode(payload)  # one: one unpack

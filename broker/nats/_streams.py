@@ -28,7 +28,7 @@ from protocol.nats import (
     STORE_FAILED, STREAM_NAME_EXIST, JSError, api_error, api_response, check_stream_name, js_error, msg_get_response, nats_error, rfc3339,
     stream_config, last_by_subj_of, parse_request, stream_config_to_topic, source_info,
 )
-from protocol.nats import decode_nats_headers, encode_nats_headers, nats_message_of_record
+from protocol.nats import encode_nats_headers, nats_message_of_record
 
 from storage import CorruptedRecord
 
@@ -634,15 +634,15 @@ def _direct_get(js: JetStream, name: str, subject: str, reply: str | None, paylo
         else:
             js.respond(reply, b"", headers=encode_nats_headers([], 408, "Bad Request"))
         return
-    pairs = decode_nats_headers(found.headers)[2] if found.headers else []
-    pairs += [
-        ("Nats-Stream", js.stream_name(topic)),
-        ("Nats-Subject", found.subject),
-        ("Nats-Sequence", str(found.seq)),
-        ("Nats-Time-Stamp", rfc3339(found.timestamp)),
-    ]
-    js.respond(reply, found.payload, headers=encode_nats_headers(pairs), epoch=epoch)
+    # Appended to the message's own header block as it is, as nats-server appends
+    # them (a stream name and a subject hold no space, CR or LF).
+    own = b"Nats-Stream: %s\r\nNats-Subject: %s\r\nNats-Sequence: %d\r\nNats-Time-Stamp: %s\r\n\r\n" % (
+        js.stream_name(topic).encode(), found.subject.encode(), found.seq, rfc3339(found.timestamp).encode())
+    block = found.headers
+    js.respond(reply, found.payload, headers=block[:-2] + own if block else _HEADER_LINE + own, epoch=epoch)
 
+
+_HEADER_LINE = b"NATS/1.0\r\n"
 
 _HANDLERS: dict[str, Any] = {
     "stream_create": _create,
