@@ -26,7 +26,7 @@ its output budget, drops them and counts them (``broker.net``, rule 2 of its lim
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import protocol as P
 
@@ -233,7 +233,7 @@ def send_queued(frames: dict[NatsClient, Queued], direct: bool = False, epoch: i
             subs.clear()
 
 
-def plain_subscriptions(subs: tuple[Any, ...] | None) -> bool:
+def plain_subscriptions(subs: tuple[Any, ...] | None) -> TypeGuard[tuple[NatsSubscription, ...]]:
     """Whether a message to ``subs`` (``SubscriptionIndex.match_fixed``) may be
     queued for ``send_run``: they are all plain NATS subscriptions (no permission
     to check, no ``UNSUB max``) and are the same for every message on the subject."""
@@ -259,7 +259,7 @@ def send_core_many(broker: Broker, messages: list[tuple[str, bytes]], epoch: int
             send_core(broker, subject, None, None, payload, epoch=epoch)
             continue
         tail = b"%d\r\n%s\r\n" % (len(payload), payload)
-        for sub in subs:  # type: ignore[union-attr]
+        for sub in subs:
             session = sub.session
             queued = frames.get(session)
             if queued is None:

@@ -826,7 +826,7 @@ class NatsSession:
             return None
         skip = None if self.echo else self
         plan = []
-        for sub in subs:  # type: ignore[union-attr]
+        for sub in subs:
             session = sub.session
             if session is not skip:
                 queued = frames.get(session)
@@ -893,7 +893,7 @@ class NatsSession:
         if payload.__class__ is int:  # all stored, in order, from this offset on
             offset = payload
             answers = []
-            last = name = None
+            last, name = None, ""
             for _, reply, topic in batch:
                 if reply:
                     if topic is not last:
