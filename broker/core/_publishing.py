@@ -254,15 +254,19 @@ class Publisher:
         self._store(batch)
         return batch.ack_frames(corrs, counts), batch.epoch
 
-    def publish_stored(self, session: object, cmd: P.Publish) -> StoredReply:
+    def publish_stored(self, session: object, cmd: P.Publish, reply: bytes | None = None) -> StoredReply:
         """A publish of the NATS listener, which makes each PubAck from the offset
-        where the message went: see :data:`StoredReply`.
+        where the message went: see :data:`StoredReply`. ``reply``: the reply subject
+        its messages carry to the core subscriptions (as on nats-server, where the
+        stream's capture is one more subscriber: they see the PUB's reply, and the
+        stream's PubAck goes to it). No no-responders status: the stream answers.
 
         Raises:
             MalformedPayloadError: the bodies do not fill the payload.
         """
         data = cmd.data
-        batch = Batch(data, scan_bodies(data, cmd.body_pos, cmd.count, self.max_payload))
+        scan = scan_bodies(data, cmd.body_pos, cmd.count, self.max_payload)
+        batch = Batch(data, scan) if reply is None else RequestBatch(data, scan, reply)
         if batch.special:
             check(batch, self.max_payload)
         self._store(batch)

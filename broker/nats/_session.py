@@ -864,6 +864,13 @@ class NatsSession:
             js = self.js
             js.respond(reply, js.pub_error(err, topic))
             return
+        if reply is not None and self.broker.subs.match(subject if isinstance(subject, bytes) else subject.encode()):
+            # Core subscribers on a stored subject see the PUB's reply, as on
+            # nats-server: this message is stored on its own, with it.
+            self._flush()
+            self._batch.append((body, reply, topic))
+            self._flush(reply.encode())
+            return
         self._batch.append((body, reply, topic))
         self._batch_bytes += len(body)
         if len(self._batch) >= BATCH_MESSAGES or self._batch_bytes >= BATCH_BYTES:
@@ -872,10 +879,11 @@ class NatsSession:
             if t.has_queued() and self.parser.buffered:
                 t.send_nowait()  # (what the socket does not take waits for the end of the read)
 
-    def _flush(self) -> None:
+    def _flush(self, carried: bytes | None = None) -> None:
         """Store the queued messages as one publish, and send each one that has a
         reply subject its PubAck once it is as durable as an ack is. Called before
-        anything else the client sent is handled, so the order holds."""
+        anything else the client sent is handled, so the order holds. ``carried``: the
+        one queued message's reply subject, for the core subscriptions it reaches."""
         batch = self._batch
         if not batch:
             return
@@ -884,7 +892,7 @@ class NatsSession:
         broker = self.broker
         acked = any(reply for _, reply, _ in batch)
         cmd = P.Publish.from_bodies([body for body, _, _ in batch], 0 if acked else P.PUBLISH_NO_ACK)
-        payload, epoch = broker.publisher.publish_stored(self, cmd)
+        payload, epoch = broker.publisher.publish_stored(self, cmd, carried)
         if not acked:
             return
         if not broker.committer.acks_wait:

@@ -129,8 +129,8 @@ async def _scenario(port: int) -> dict[str, object]:
     statuses = re.findall(rb"HMSG _r.none 9 \d+ \d+\r\nNATS/1.0 503", got)
     out = {
         "sub": _by_message(await sub.drain()),
-        # (stored, these reach core subscribers without the reply on ttlbroker)
-        "stored": [(frame.split()[1], payload) for _, _, payload, frame in _frames(await stored.drain())],
+        # (stored: they reach the core subscriber with the PUB's reply, as the PubAck goes to it)
+        "stored": [message for message, *_ in _frames(await stored.drain())],
         "queue": [(await q.drain()).count(b"MSG q 6 1\r\nq\r\n") for q in queue],
         "acks": sum(1 for subject, _ in replies if subject == b"_r.ack"),
         "no_responders": len(statuses),

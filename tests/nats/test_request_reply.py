@@ -9,6 +9,7 @@ other with threading events, never with sleeps."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import nats
@@ -74,3 +75,35 @@ async def test_a_ttlbroker_request_is_answered_by_a_nats_responder(nats_server: 
                     await c.request("n.other", b"q", timeout=5)
         finally:
             done.set()
+
+
+async def test_a_stored_message_reaches_core_subscribers_with_its_reply(nats_url: str) -> None:
+    """As on nats-server, where a stream's capture is one more subscription: a core
+    subscriber on a stream's subject sees the PUB's reply subject, and the stream's
+    PubAck goes to that reply subject, whether nats-py's ``js.publish`` (an inbox) or
+    a plain ``publish`` with a reply of the application's."""
+
+    async def nats_side() -> None:
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="ORD", subjects=["ord.>"])
+            watcher = await nc.subscribe("ord.>")
+            acks = await nc.subscribe("my.acks")
+            ack = await js.publish("ord.1", b"one")
+            m = await watcher.next_msg(timeout=5)
+            assert (m.subject, m.data) == ("ord.1", b"one")
+            assert m.reply.startswith("_INBOX.")  # js.publish's own request
+            await nc.publish("ord.2", b"two", reply="my.acks")
+            m = await watcher.next_msg(timeout=5)
+            assert (m.subject, m.reply, m.data) == ("ord.2", "my.acks", b"two")
+            answer = await acks.next_msg(timeout=5)
+            assert json.loads(answer.data) == {"stream": "ORD", "seq": ack.seq + 1}
+            # with no core subscriber left, the same publish is batched as before
+            await watcher.unsubscribe()
+            await nc.publish("ord.3", b"three", reply="my.acks")
+            assert json.loads((await acks.next_msg(timeout=5)).data) == {"stream": "ORD", "seq": ack.seq + 2}
+        finally:
+            await nc.close()
+
+    await in_asyncio(nats_side)
