@@ -6,6 +6,7 @@ built from bytes (protocol/_jetstream.py) are what their JSON encoding gives."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import example, given, settings
@@ -141,30 +142,42 @@ def test_plain_pubs_parse_as_the_general_path_does(lines: list[bytes]) -> None:
         _GeneralOnly(max_control_line=40, max_payload=20), data)
 
 
-def _outcome_by_runs(parser: PN.NatsParser, data: bytes) -> tuple[list[object], str | None]:
+def _outcome_by_runs(parser: PN.NatsParser, data: bytes, same: bool = False,
+                     splits: Sequence[int] = ()) -> tuple[list[object], str | None]:
     """As the NATS session reads: ``next_pub`` while it takes something (the
-    subjects it gave known), ``next_event`` for the rest."""
-    parser.receive_data(data)
+    subjects it gave known; with ``same``, each followed by ``same_pubs``),
+    ``next_event`` for the rest; the data fed in pieces cut at ``splits``."""
+    cuts = sorted({min(c, len(data)) for c in splits} | {len(data)})
+    chunks = [data[a:b] for a, b in zip([0, *cuts], cuts)]
     events: list[object] = []
     known: set[bytes] = set()
+
+    def take(subj: bytes, rep: bytes | None, tail: bytes | bytearray, size: int) -> None:
+        payload = PN.pub_payload(tail, size)
+        # the tail is what a MSG of it carries after its subject and sid
+        assert re.fullmatch(rb"%s0*%d\r\n%s\r\n" % (re.escape(rep + b" " if rep is not None else b""), size, re.escape(payload)),
+                            bytes(tail), re.S)
+        events.append(PN.NatsPub(subj.decode(), rep.decode() if rep is not None else None, None, payload))
+
     try:
-        while True:
-            pub = parser.next_pub(known)
-            if pub is not None:
-                subj, rep, tail, size = pub
-                known.add(subj)
-                payload = PN.pub_payload(tail, size)
-                # the tail is what a MSG of it carries after its subject and sid
-                assert re.fullmatch(rb"%s0*%d\r\n%s\r\n" % (re.escape(rep + b" " if rep is not None else b""), size, re.escape(payload)),
-                                    bytes(tail), re.S)
-                events.append(PN.NatsPub(subj.decode(), rep.decode() if rep is not None else None, None, payload))
-                continue
-            ev = parser.next_event()
-            if ev is PN.NATS_NEED_DATA:
-                return events, None
-            events.append(ev)
+        for chunk in chunks:
+            parser.receive_data(chunk)
+            while True:
+                pub = parser.next_pub(known)
+                if pub is not None:
+                    subj, rep, tail, size = pub
+                    known.add(subj)
+                    take(subj, rep, tail, size)
+                    for more in parser.same_pubs() if same else ():
+                        take(subj, rep, more, size)
+                    continue
+                ev = parser.next_event()
+                if ev is PN.NATS_NEED_DATA:
+                    break
+                events.append(ev)
     except PN.NatsProtocolError as err:
         return events, err.text
+    return events, None
 
 
 @settings(max_examples=300)
@@ -175,6 +188,19 @@ def test_runs_of_pubs_parse_as_the_general_path_does(lines: list[bytes]) -> None
     checked again, a reply always is) gives the general path's events and error."""
     data = b"".join(lines)
     assert _outcome_by_runs(PN.NatsParser(max_control_line=40, max_payload=20), data) == _outcome(
+        _GeneralOnly(max_control_line=40, max_payload=20), data)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(pub_like(), st.integers(1, 4)), min_size=1, max_size=4), st.lists(st.integers(0, 300), max_size=4))
+@example([(b"PUB a 6\r\nPUB a \r\n", 3)], [])  # (a payload that holds the PUB's own line)
+@example([(b"PUB a r 1\r\nx\r\n", 3), (b"PUB a r 2\r\nxy\r\n", 2)], [20])
+@example([(b"PUB a  r  01\r\nx\r\n", 2)], [])
+def test_floods_of_the_same_pub_parse_as_the_general_path_does(runs: list[tuple[bytes, int]], splits: list[int]) -> None:
+    """``same_pubs`` after each ``next_pub`` (a client's flood of one PUB line,
+    the data cut anywhere) gives the general path's events and error."""
+    data = b"".join(line * n for line, n in runs)
+    assert _outcome_by_runs(PN.NatsParser(max_control_line=40, max_payload=20), data, True, splits) == _outcome(
         _GeneralOnly(max_control_line=40, max_payload=20), data)
 
 

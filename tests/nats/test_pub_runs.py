@@ -32,6 +32,9 @@ ROUND = b"".join([
     b"PUB no.body _r.none 1\r\n.\r\n",  # a request nobody answers: the 503 goes to the publisher
     b"PUB s.2 _r.ack 1\r\nz\r\n",
     b"PUB a.b.c 4\r\nlast\r\n",
+    b"PUB a.b 2\r\nab\r\n" * 5,  # a flood of one line (NatsParser.same_pubs)
+    b"PUB a _r.3 1\r\nr\r\n" * 3,  # the same, with a reply
+    b"PUB a.b 6\r\nPUB a.\r\n" * 2,  # a payload that starts as the line does
     b"PING\r\n",
 ])
 ROUNDS = 60
