@@ -342,7 +342,7 @@ class NatsParser:
             return []
         n = pos - prev  # (the whole PUB, payload and all)
         cut -= prev
-        out = []
+        out: list[bytes | bytearray] = []
         while buf.startswith(line, pos) and buf.startswith(b"\r\n", pos + n - 2):
             out.append(buf[pos + cut : pos + n])
             pos += n
