@@ -233,9 +233,10 @@ class NatsParser:
         self._pos = 0
         #: The operation waiting for its payload: (kind, args, header size, total size).
         self._pending: tuple[bytes, list[bytes], int, int] | None = None
-        #: Where the last PUB :meth:`next_pub` gave starts in the buffer, and where
-        #: its tail does (-1: it has none there, or the buffer moved): :meth:`same_pubs`.
-        self._last_pub = 0
+        #: Where the last PUB :meth:`next_pub` gave starts and ends in the buffer, and
+        #: where its tail starts (-1: it has none there, or the buffer moved):
+        #: :meth:`same_pubs`.
+        self._last_pub = self._last_end = 0
         self._last_cut = -1
 
     @property
@@ -308,7 +309,7 @@ class NatsParser:
                     rep.decode()
             except UnicodeDecodeError:
                 return None
-        self._pos = end
+        self._pos = self._last_end = end
         self._last_pub = pos
         digits = m.start(3)  # (the size as the PUB says it, leading zeros and all, as nats-server copies it)
         tail: bytes | bytearray
@@ -340,7 +341,7 @@ class NatsParser:
         line = bytes(buf[prev : buf.find(b"\r\n", cut) + 2])
         if not buf.startswith(line, pos):
             return []
-        n = pos - prev  # (the whole PUB, payload and all)
+        n = self._last_end - prev  # (the whole PUB, payload and all)
         cut -= prev
         out: list[bytes | bytearray] = []
         while buf.startswith(line, pos) and buf.startswith(b"\r\n", pos + n - 2):

@@ -640,3 +640,19 @@ def test_ack_run_takes_the_acks_nats_py_sends_in_one_run_per_consumer() -> None:
     assert (key, run.seqs()) == ("$JS.ACK.S.c", [0])
     parser.skip_to(end)
     assert parser.ack_run() is None and parser.next_event() is PN.NatsPing
+
+
+def test_same_pubs_after_something_else_and_after_more_data() -> None:
+    """``same_pubs`` takes the PUBs whose line is the last ``next_pub``'s, whatever
+    was read in between, and none once the buffer moved (new data came)."""
+    parser = PN.NatsParser()
+    parser.receive_data(b"PUB a r 2\r\nxy\r\nPING\r\nPUB a r 2\r\nzz\r\nPUB a r 2\r\nww\r\nPUB a r 3\r\n")
+    assert parser.next_pub() == (b"a", b"r", bytearray(b"r 2\r\nxy\r\n"), 2)
+    assert parser.next_event() is PN.NatsPing
+    assert parser.same_pubs() == [bytearray(b"r 2\r\nzz\r\n"), bytearray(b"r 2\r\nww\r\n")]
+    assert parser.same_pubs() == []  # (a PUB of another size: not whole, and not the same)
+    parser.receive_data(b"abc\r\nPUB a r 3\r\ndef\r\n")
+    assert parser.same_pubs() == []  # (the buffer moved: next_pub first)
+    assert parser.next_pub() == (b"a", b"r", bytearray(b"r 3\r\nabc\r\n"), 3)
+    assert parser.same_pubs() == [bytearray(b"r 3\r\ndef\r\n")]
+    assert parser.next_event() is PN.NATS_NEED_DATA
