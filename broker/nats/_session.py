@@ -821,6 +821,11 @@ class NatsSession:
             self.in_msgs += 1
             self.in_bytes += size
             self._store(subj, rep.decode() if rep is not None else None, None, payload, plan)
+            if rep is not None:  # (a flood of JetStream publishes: the same subject and size, an inbox each)
+                for rep, tail in parser.replied_pubs():
+                    self.in_msgs += 1
+                    self.in_bytes += size
+                    self._store(subj, rep.decode(), None, PN.pub_payload(tail, size), plan)
             if not self._batch:  # (a full batch went: its deliveries may have changed the subscriptions)
                 plans.clear()
         send_queued(frames, self._short)

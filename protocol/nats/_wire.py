@@ -350,6 +350,46 @@ class NatsParser:
         self._pos = pos
         return out
 
+    def replied_pubs(self) -> list[tuple[bytes, bytes | bytearray]]:
+        """The PUBs that come next with the subject and the size, spelled the same,
+        of the PUB :meth:`next_pub` gave last, each with a reply subject of its own
+        (a client's flood of JetStream publishes: an inbox each), taken, as
+        ``(reply, tail)`` (``tail`` as :meth:`next_pub` gives it). The last PUB must
+        have had a reply followed by one space. Stops before anything else: another
+        line, a reply that is not one token of ASCII, a line too long, a payload not
+        all here; empty when the next operation is not such a PUB."""
+        cut = self._last_cut
+        if cut < 0 or self._pending is not None:
+            return []
+        buf = self._buf
+        prev = self._last_pub
+        eol = buf.find(b"\r\n", cut)
+        space = buf.rfind(b" ", cut, eol)
+        if space < 0:  # (no reply: same_pubs's case)
+            return []
+        head = bytes(buf[prev:cut])  # (``PUB <subject> ``)
+        if not buf.startswith(head, self._pos):
+            return []
+        size = bytes(buf[space : eol + 2])  # (`` <size>\r\n``)
+        rest = self._last_end - eol - 2  # (the payload and its CRLF)
+        hl, sl, limit = len(head), len(size), self.max_control_line + 2
+        pos = self._pos
+        out: list[tuple[bytes, bytes | bytearray]] = []
+        while buf.startswith(head, pos):
+            e = buf.find(b"\r\n", pos + hl, pos + limit)
+            s = e + 2 - sl
+            end = e + 2 + rest
+            if e < 0 or not buf.startswith(size, s) or not buf.startswith(b"\r\n", end - 2):
+                break
+            rep = bytes(buf[pos + hl : s])
+            words = rep.split()
+            if len(words) != 1 or len(words[0]) != len(rep) or not rep.isascii():
+                break
+            out.append((rep, buf[pos + hl : end]))
+            pos = end
+        self._pos = pos
+        return out
+
     def ack_pubs(self, limit: int = 256) -> list[tuple[str, str | None, bytes, str, int]]:
         """The run of whole plain PUBs on v1 JetStream ack subjects
         (``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``,

@@ -170,6 +170,8 @@ def _outcome_by_runs(parser: PN.NatsParser, data: bytes, same: bool = False,
                     take(subj, rep, tail, size)
                     for more in parser.same_pubs() if same else ():
                         take(subj, rep, more, size)
+                    for other, more in parser.replied_pubs() if same else ():
+                        take(subj, other, more, size)
                     continue
                 ev = parser.next_event()
                 if ev is PN.NATS_NEED_DATA:
@@ -656,3 +658,34 @@ def test_same_pubs_after_something_else_and_after_more_data() -> None:
     assert parser.next_pub() == (b"a", b"r", bytearray(b"r 3\r\nabc\r\n"), 3)
     assert parser.same_pubs() == [bytearray(b"r 3\r\ndef\r\n")]
     assert parser.next_event() is PN.NATS_NEED_DATA
+
+
+@st.composite
+def replied_flood(draw: st.DrawFn) -> bytes:
+    """PUBs on one subject with one size, each with a reply of its own (usually an
+    inbox; sometimes odd bytes, another spacing or size, a line too long)."""
+    subject = draw(st.sampled_from([b"s", b"s.js", b"a  b"]))
+    size = draw(st.integers(0, 3))
+    out = []
+    for _ in range(draw(st.integers(1, 6))):
+        reply = draw(st.sampled_from([b"_I.%d" % draw(st.integers(0, 10**12)), b"_I.1", b"r", b"\xff", b"a\tb", b"x\x0b",
+                                      b"r  ", b" r", b"", b"r" * 30]))
+        n = draw(st.sampled_from([size, size, size, size + 1]))
+        spelled = draw(st.sampled_from([b"%d" % n, b"%d" % n, b"0%d" % n]))
+        payload = draw(st.binary(min_size=n, max_size=n))
+        out.append(b"PUB " + subject + b" " + reply + b" " + spelled + b"\r\n" + payload
+                   + draw(st.sampled_from([b"\r\n", b"\r\n", b"\r\n", b"x\r\n"])))
+    return b"".join(out)
+
+
+@settings(max_examples=400)
+@given(st.lists(replied_flood(), min_size=1, max_size=3), st.lists(st.integers(0, 300), max_size=4))
+@example([b"PUB s _I.1 1\r\nx\r\nPUB s _I.2 1\r\ny\r\nPUB s _I.3 2\r\nzz\r\n"], [])
+@example([b"PUB s r 1\r\nx\r\nPUB s 1\r\nx\r\nPUB s  r 1\r\nx\r\n"], [15])
+def test_floods_with_a_reply_each_parse_as_the_general_path_does(floods: list[bytes], splits: list[int]) -> None:
+    """``replied_pubs`` after each ``next_pub`` (a client's JetStream publishes: one
+    subject, an inbox each; the data cut anywhere) gives the general path's events
+    and error."""
+    data = b"".join(floods)
+    assert _outcome_by_runs(PN.NatsParser(max_control_line=40, max_payload=20), data, True, splits) == _outcome(
+        _GeneralOnly(max_control_line=40, max_payload=20), data)
