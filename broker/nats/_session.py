@@ -822,10 +822,16 @@ class NatsSession:
             self.in_bytes += size
             self._store(subj, rep.decode() if rep is not None else None, None, payload, plan)
             if rep is not None:  # (a flood of JetStream publishes: the same subject and size, an inbox each)
-                for rep, tail in parser.replied_pubs():
-                    self.in_msgs += 1
-                    self.in_bytes += size
-                    self._store(subj, rep.decode(), None, PN.pub_payload(tail, size), plan)
+                # Taken up to where the batch is full (a body is at most this long),
+                # so that the read's rest is still buffered when the batch goes and
+                # its acks leave at once (_store).
+                each = len(subj) + size + 64
+                while replied := parser.replied_pubs(min(BATCH_MESSAGES - len(self._batch),
+                                                         max(1, (BATCH_BYTES - self._batch_bytes) // each))):
+                    for rep, tail in replied:
+                        self.in_msgs += 1
+                        self.in_bytes += size
+                        self._store(subj, rep.decode(), None, PN.pub_payload(tail, size), plan)
             if not self._batch:  # (a full batch went: its deliveries may have changed the subscriptions)
                 plans.clear()
         send_queued(frames, self._short)

@@ -350,14 +350,15 @@ class NatsParser:
         self._pos = pos
         return out
 
-    def replied_pubs(self) -> list[tuple[bytes, bytes | bytearray]]:
+    def replied_pubs(self, limit: int) -> list[tuple[bytes, bytes | bytearray]]:
         """The PUBs that come next with the subject and the size, spelled the same,
         of the PUB :meth:`next_pub` gave last, each with a reply subject of its own
         (a client's flood of JetStream publishes: an inbox each), taken, as
         ``(reply, tail)`` (``tail`` as :meth:`next_pub` gives it). The last PUB must
         have had a reply followed by one space. Stops before anything else: another
         line, a reply that is not one token of ASCII, a line too long, a payload not
-        all here; empty when the next operation is not such a PUB."""
+        all here, or after ``limit`` of them; empty when the next operation is not
+        such a PUB."""
         cut = self._last_cut
         if cut < 0 or self._pending is not None:
             return []
@@ -372,11 +373,11 @@ class NatsParser:
             return []
         size = bytes(buf[space : eol + 2])  # (`` <size>\r\n``)
         rest = self._last_end - eol - 2  # (the payload and its CRLF)
-        hl, sl, limit = len(head), len(size), self.max_control_line + 2
+        hl, sl, line_limit = len(head), len(size), self.max_control_line + 2
         pos = self._pos
         out: list[tuple[bytes, bytes | bytearray]] = []
-        while buf.startswith(head, pos):
-            e = buf.find(b"\r\n", pos + hl, pos + limit)
+        while buf.startswith(head, pos) and len(out) < limit:
+            e = buf.find(b"\r\n", pos + hl, pos + line_limit)
             s = e + 2 - sl
             end = e + 2 + rest
             if e < 0 or not buf.startswith(size, s) or not buf.startswith(b"\r\n", end - 2):

@@ -170,8 +170,9 @@ def _outcome_by_runs(parser: PN.NatsParser, data: bytes, same: bool = False,
                     take(subj, rep, tail, size)
                     for more in parser.same_pubs() if same else ():
                         take(subj, rep, more, size)
-                    for other, more in parser.replied_pubs() if same else ():
-                        take(subj, other, more, size)
+                    while same and (replied := parser.replied_pubs(3)):  # (a few at a time, as a batch's room says)
+                        for other, more in replied:
+                            take(subj, other, more, size)
                     continue
                 ev = parser.next_event()
                 if ev is PN.NATS_NEED_DATA:
