@@ -784,34 +784,26 @@ class NatsSession:
                 plans.clear()  # (their deliveries may have changed the subscriptions)
                 plan = plans[subj] = self._plan(subj, frames)
             if plan.__class__ is tuple and (plan or rep is None):
-                self.in_msgs += 1
-                self.in_bytes += size
-                counters.messages_unrouted += 1  # (as an unrouted publish of ours)
-                for sub, head, pieces, sizes, subs in plan:
-                    pieces.append(head)
-                    pieces.append(tail)
-                    sizes.append(size)
-                    subs.append(sub)
-                more = parser.same_pubs()  # (a flood: the same PUB line again, taken at once)
-                if more:
-                    k = len(more)
-                    self.in_msgs += k
-                    self.in_bytes += k * size
-                    counters.messages_unrouted += k
-                    if len(plan) == 1:  # (one subscription: its frames in two list operations)
-                        sub, head, pieces, sizes, subs = plan[0]
-                        frames_of = [head] * (2 * k)
-                        frames_of[1::2] = more
-                        pieces += frames_of
-                        sizes += [size] * k
-                        subs += [sub] * k
-                    else:  # (message by message: a connection's subscriptions get each in turn)
-                        for tail in more:
-                            for sub, head, pieces, sizes, subs in plan:
-                                pieces.append(head)
-                                pieces.append(tail)
-                                sizes.append(size)
-                                subs.append(sub)
+                tails = parser.same_pubs()  # (a flood: the same PUB line again, taken with it)
+                tails.insert(0, tail)
+                k = len(tails)
+                self.in_msgs += k
+                self.in_bytes += k * size
+                counters.messages_unrouted += k  # (as unrouted publishes of ours)
+                if len(plan) == 1:  # (one subscription: its frames in two list operations)
+                    sub, head, pieces, sizes, subs = plan[0]
+                    frames_of = [head] * (2 * k)
+                    frames_of[1::2] = tails
+                    pieces += frames_of
+                    sizes += [size] * k
+                    subs += [sub] * k
+                else:  # (message by message: a connection's subscriptions get each in turn)
+                    for tail in tails:
+                        for sub, head, pieces, sizes, subs in plan:
+                            pieces.append(head)
+                            pieces.append(tail)
+                            sizes.append(size)
+                            subs.append(sub)
                 continue
             send_queued(frames, self._short)
             payload = PN.pub_payload(tail, size)
