@@ -5,7 +5,8 @@
     Deletions, the same entries in both files: ``(u32 word, u32 CRC-32 of the word)``
     where the word holds the relative offset (low 28 bits) and a tag (top 4 bits).
     Appended on each delete and fsynced like the log, before the delete is
-    acknowledged. Two copies, so that one damaged write, page or truncation loses
+    acknowledged (a *deferred* deletion, one the broker makes again after a crash
+    from the log itself, later: :meth:`Deletions.take_deferred_fds`). Two copies, so that one damaged write, page or truncation loses
     no acknowledged deletion: recovery takes the union of the valid entries of both.
     Allocated ahead like the active log (from one page, ``_files.AppendFile``) and
     cut at close; whole entries of zero bytes at a file's end are that space (an
@@ -50,6 +51,9 @@ class Deletions:
 
     Attributes:
         dirty: written to since the group commit last took the descriptors.
+        deferred: holds entries appended with ``deferred`` (deletions that recovery
+            can make again, nobody waits for) that no sync has taken yet, and no
+            other entry since (which would make them :attr:`dirty`).
         uncertain: some deletion of this segment could not be read: its records are
             put aside, and nothing more may be appended to it (new records are not
             in doubt).
@@ -64,6 +68,7 @@ class Deletions:
         #: Both copies, once opened for writing.
         self._files: list[AppendFile] = []
         self.dirty = False
+        self.deferred = False
         self.uncertain = False
 
     @property
@@ -72,9 +77,12 @@ class Deletions:
 
     # -- writing -------------------------------------------------------------------
 
-    def append(self, rels: list[int], tag: int) -> None:
+    def append(self, rels: list[int], tag: int, deferred: bool = False) -> None:
         """Record the deletion of records ``rels`` with ``tag`` (0..15): one write to
         each copy. Durable once :meth:`take_dirty_fds`' descriptors are synced.
+        ``deferred``: a deletion that recovery makes again from the log itself (a
+        limit's): the files are written now, but only :meth:`take_deferred_fds`
+        hands them to a sync (unless a later entry makes them dirty).
 
         Raises:
             StorageFailure: a write failed.
@@ -86,7 +94,10 @@ class Deletions:
             self._files = [AppendFile(fd, os.fstat(fd).st_size, _ALLOCATE_MIN) for fd in (self._fd, self._mirror_fd)]
         for out in self._files:
             out.append(entries)
-        self.dirty = True
+        if not deferred:
+            self.dirty = True
+        elif not self.dirty:
+            self.deferred = True
 
     def _open(self) -> tuple[int, int]:
         flags = os.O_WRONLY | os.O_CREAT
@@ -99,7 +110,14 @@ class Deletions:
     def take_dirty_fds(self) -> list[int]:
         if not self.dirty:
             return []
-        self.dirty = False
+        self.dirty = self.deferred = False  # (a sync of the files takes every entry)
+        return [self._fd, self._mirror_fd]
+
+    def take_deferred_fds(self) -> list[int]:
+        """The descriptors to sync for the deferred entries (none if there are none)."""
+        if not self.deferred:
+            return []
+        self.deferred = False
         return [self._fd, self._mirror_fd]
 
     def close(self) -> None:

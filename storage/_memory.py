@@ -86,10 +86,15 @@ class _MemoryDeletions:
     mirror_path = ""
     paths: tuple[str, ...] = ()
 
-    def append(self, rels: list[int], tag: int) -> None:
+    deferred = False
+
+    def append(self, rels: list[int], tag: int, deferred: bool = False) -> None:
         pass
 
     def take_dirty_fds(self) -> list[int]:
+        return []
+
+    def take_deferred_fds(self) -> list[int]:
         return []
 
     def close(self) -> None:

@@ -252,9 +252,13 @@ class PartitionLog(PartitionReads):
         """Delete one record; False if it was not live."""
         return self.delete_many([offset]) == 1
 
-    def delete_many(self, offsets: list[int], tag: int = 0) -> int:
+    def delete_many(self, offsets: list[int], tag: int = 0, deferred: bool = False) -> int:
         """Delete records (one ``.del`` write per segment); returns how many were live.
-        ``tag`` (0..15) is recorded with each deletion (why; the caller's vocabulary)."""
+        ``tag`` (0..15) is recorded with each deletion (why; the caller's vocabulary).
+        ``deferred``: deletions the caller makes again after a crash (a limit's, from
+        the log itself): written now, synced only by :meth:`take_deferred_fds`'
+        descriptors (or with a later deletion of the same segment), and before a
+        clean close."""
         if self.sources is not None and offsets:
             self.sources.protect(max(offsets), self.next_offset)
         by_segment: dict[int, list[int]] = {}
@@ -263,7 +267,10 @@ class PartitionLog(PartitionReads):
             by_segment.setdefault(i, []).append(off - self.segments[i].base)
         done = 0
         for i, rels in by_segment.items():
-            done += self.segments[i].delete_many(rels, tag)
+            seg = self.segments[i]
+            done += seg.delete_many(rels, tag, deferred=deferred)
+            if deferred and seg.deletions.deferred:
+                self.deferred_segments[seg] = None
         self.live_count -= done
         return done
 

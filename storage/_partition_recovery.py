@@ -40,7 +40,7 @@ from protocol import RECORD_FIXED, check_record
 
 from ._columns import FIELDS, FIELDS_AT, Columns
 from ._damage import Damage, Report, ignore_damage
-from ._durability import fsync_dir
+from ._durability import fsync_dir, sync_fds
 from ._files import makedirs
 from ._log import CORRUPT, LIVE, LIVE_BYTE
 from ._recovery import Opening, RecoveryReport
@@ -129,6 +129,8 @@ class RecoveredPartition:
         self._readonly = False
         #: ``partition.state`` holds a write the next group commit must sync.
         self._state_unsynced = False
+        #: Segments with deletions written ``deferred`` and not synced yet.
+        self.deferred_segments: dict[Segment, None] = {}
         #: Where damage found after opening (the startup scan) goes.
         self._report: Report = ignore_damage
         #: The offset after the last record recovery found (before any reservation).
@@ -343,6 +345,15 @@ class RecoveredPartition:
                 fds.append(self.state_file.fd)
         return fds
 
+    def take_deferred_fds(self) -> list[int]:
+        """Descriptors of the deletions written ``deferred`` and not synced since
+        (``PartitionLog.delete_many``); the caller syncs them."""
+        fds: list[int] = []
+        for seg in self.deferred_segments:
+            fds.extend(seg.deletions.take_deferred_fds())
+        self.deferred_segments.clear()
+        return fds
+
     def synced(self) -> None:
         """The sync of the descriptors :meth:`take_dirty_fds` last gave completed:
         every record below the next offset of that moment is durable, and the
@@ -358,6 +369,11 @@ class RecoveredPartition:
         """Close every file. ``clean`` (everything written has been synced): record
         a clean stop, with the exact next offset, so the next start skips nothing and
         treats any torn byte as damage."""
+        if clean and self.state_file.fd >= 0 and not self._readonly:
+            try:
+                sync_fds(self.take_deferred_fds())  # every deletion, before a clean stop
+            except OSError:
+                clean = False
         if clean and self.state_file.fd >= 0 and not self._readonly:
             try:
                 # Before the clean flag: the next start reads these instead of the

@@ -217,18 +217,19 @@ class Segment(SegmentLog):
 
     # -- deleting ------------------------------------------------------------------
 
-    def delete_many(self, rels: list[int], tag: int = 0, corrupt: bool = False) -> int:
+    def delete_many(self, rels: list[int], tag: int = 0, corrupt: bool = False, deferred: bool = False) -> int:
         """Mark several records deleted with one write to each copy of the deletions;
         returns how many were live. ``tag`` (0..15) is kept with each deletion
         (:func:`read_deletion_tags`). Durable once :meth:`take_dirty_fds`' descriptors
-        are synced. ``corrupt``: delete the corrupt ones among ``rels`` instead (a
-        repair writing off what cannot be read)."""
+        are synced (``deferred``: :meth:`take_deferred_fds`', see
+        ``Deletions.append``). ``corrupt``: delete the corrupt ones among ``rels``
+        instead (a repair writing off what cannot be read)."""
         state = self.state
         want = CORRUPT if corrupt else LIVE
         doomed = [rel for rel in dict.fromkeys(rels) if 0 <= rel < len(state) and state[rel] == want]
         if not doomed:
             return 0
-        self.deletions.append(doomed, tag)
+        self.deletions.append(doomed, tag, deferred)
         if not corrupt:
             self.lose_live(doomed)
         for rel in doomed:

@@ -292,6 +292,11 @@ class ConsumerPartition:
 
     # -- removals (Partition.watchers) ---------------------------------------------
 
+    @property
+    def letters_removals(self) -> bool:
+        """Whether :meth:`removing` may dead-letter (``dead_letter_expired``)."""
+        return bool(self.consumer.config.dead_letter_expired) and not self.consumer.deleted
+
     def removing(self, offsets: list[int], subjects: list[bytes], tag: int) -> None:
         """With ``dead_letter_expired``, what the consumer still owes among messages a
         TTL, the max age or a limit is removing (outstanding, or not delivered yet and

@@ -15,7 +15,7 @@ import trio
 
 import protocol as P
 from protocol import EXPIRY_NONE, BrokerError, ErrorCode, error_class, normalize_name, validate_filter
-from storage import deferred_dir_syncs
+from storage import deferred_dir_syncs, sync_fds
 
 from ._broker import Broker, Reply
 from ._log import get_logger
@@ -241,6 +241,12 @@ async def update_topic(broker: Broker, session: object, cmd: P.UpdateTopic) -> R
         if new.subjects != topic.config.subjects:
             broker.router.check_overlap(new.subjects, ignore=topic)
         broker.catalog.check_republish_cycles(topic, new)
+        # The limit's deferred deletions are made again after a crash under the
+        # catalog's configuration: durable before a new one is (a raised limit would
+        # bring back what the old one removed).
+        deferred = [fd for p in topic.partitions for fd in p.log.take_deferred_fds()]
+        if deferred:
+            await trio.to_thread.run_sync(sync_fds, deferred)
         old, topic.config = topic.config, new
         try:
             await broker.save_catalog()

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from protocol import BrokerError, TopicDetails
+from protocol import BrokerError, RemovalReason as R, TopicDetails
 from storage import Damage, DataDir, MemoryBudget, MemoryPartitionLog, PartitionLog, RecoveryReport, StorageFailure
 
 from broker.auth import Authenticator
@@ -198,6 +198,24 @@ class Broker:
             messages=sum(t.messages_count for t in self.catalog.topics()),
         )
 
+    def _hold_per_subject_limit(self, part: Partition) -> None:
+        """``max_msgs_per_subject`` holds again, before any consumer attaches or
+        anything is read. Its deletions are written deferred (``Retention.remove``):
+        a crash can keep a message's append and lose the deletion of the oldest on
+        its subject that the append made, and this makes that deletion again. The
+        configuration it was made under is the catalog's (an update syncs the
+        deferred deletions before its catalog write: ``core.update_topic``); no
+        consumer dead-letters it (none is attached yet, and none could when it was
+        deferred). Not with discard old trimming too: those deletions are not
+        deferred. Runtime complexity: O(subjects)."""
+        cfg = part.topic.config
+        limit = cfg.max_msgs_per_subject
+        if not limit or part.topic.trimming:
+            return
+        over = [s for s, st in part.index.subjects.items() if st.count > limit]
+        if over:
+            self.retention.remove(part, part.over_limit(over, limit), R.MAX_MSGS_PER_SUBJECT)
+
     def reserves_offsets(self, cfg: TopicConfig) -> bool:
         """Whether a topic's logs reserve offsets ahead (``PartitionLog.open``): when
         acks do not wait for the disk, so that a machine crash never gives an
@@ -248,6 +266,7 @@ class Broker:
                 # scheduling only fills the deadline structure. What fell due while
                 # the broker was down expires on the engine's first pass.
                 self.retention.rebuild(part)
+                self._hold_per_subject_limit(part)
             topic.partitions.append(part)
         topic.consumers = self.datadir.consumer_offsets(topic.stream.id, topic.id)
         for hooks in self.topic_hooks:

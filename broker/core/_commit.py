@@ -13,6 +13,12 @@ asking for an answer) has no epoch: it goes with the next sync, and under ``alwa
 one runs at the latest :data:`LAZY_SYNC_SECONDS` after it. Anything that waits for
 "everything written so far" (:meth:`Committer.durable_at`) includes it.
 
+A *deferred* write (:meth:`Committer.note_deferred`: the deletions a limit makes,
+which recovery makes again from the log and the configuration) is synced neither by
+the syncs of the writes that caused it nor by a wait for everything written: at the
+latest :data:`DEFERRED_SYNC_SECONDS` after the first of them, with whatever sync
+runs then, and at a clean stop (``PartitionLog.close``).
+
 A failed fsync is not retried: after one, the kernel may have dropped the dirty pages
 and a later successful fsync proves nothing (PostgreSQL's "fsyncgate", 2018). The
 committer raises, the broker stops, and no ack covering that data is ever sent.
@@ -53,6 +59,10 @@ SYNC_THREAD_IDLE_SECONDS = 10.0
 #: ``always`` runs at the latest this long after the first of them (nats-server
 #: writes a consumer's state at most ten times a second, ``consumerFileStore``).
 LAZY_SYNC_SECONDS = 0.05
+#: Deferred writes (:meth:`Committer.note_deferred`) are synced at the latest this
+#: long after the first of them: what recovery has to make again after a crash stays
+#: small, and so does what a power loss can tear.
+DEFERRED_SYNC_SECONDS = 1.0
 
 
 class SyncSource(Protocol):
@@ -62,6 +72,14 @@ class SyncSource(Protocol):
 
     def take_dirty_fds(self) -> list[int]:
         """The descriptors written since the last call (the caller syncs them)."""
+        ...
+
+
+class DeferredSource(Protocol):
+    """A file with deferred writes (a partition's log, its limits' deletions)."""
+
+    def take_deferred_fds(self) -> list[int]:
+        """The descriptors of the deferred writes made since the last call."""
         ...
 
 
@@ -130,6 +148,9 @@ class Committer:
         #: Sources written lazily since the last sync, and when they are due (0: none).
         self._lazy: set[SyncSource] = set()
         self._lazy_due = 0.0
+        #: Sources with deferred writes, and when they are due (0: none).
+        self._deferred: set[DeferredSource] = set()
+        self._deferred_due = 0.0
         self._work = trio.Event()
         #: Set by the next sync; made when someone waits for it (:meth:`wait_progress`).
         self._progress: trio.Event | None = None
@@ -182,6 +203,19 @@ class Committer:
             else:
                 self._work.set()
         return self.epoch
+
+    def note_deferred(self, source: DeferredSource) -> None:
+        """Record that ``source`` holds deferred writes: nothing waits for them, and
+        only a sync at least :data:`DEFERRED_SYNC_SECONDS` after the first of them
+        takes them (under an interval, the next sync; under ``never``, none: the
+        clean stop). Runtime complexity: O(1)."""
+        if getattr(source, "volatile", False) or self.policy.mode == "never":
+            return
+        self._deferred.add(source)
+        if not self._deferred_due:
+            self._deferred_due = trio.current_time() + DEFERRED_SYNC_SECONDS
+            if not self._work.is_set() and self.policy.mode == "always":
+                self._work.set()  # the loop arms the deadline
 
     def hold(self) -> None:
         """The current task (a session's reader, about to handle what it read) will
@@ -253,15 +287,21 @@ class Committer:
             while True:
                 await self._work.wait()
                 self._work = trio.Event()
-                if not (self._dirty or self._lazy or self._failed is not None):
+                if not (self._dirty or self._lazy or self._deferred or self._failed is not None):
                     continue  # a session's reader synced it (sync_if_idle) before our turn
-                if self._lazy_due and not self._dirty:
-                    # Only lazy writes: they go with the next write someone waits
-                    # for, or when due.
-                    with trio.move_on_at(self._lazy_due):
+                if not self._dirty and self._failed is None:
+                    # Only lazy or deferred writes: they go with the next write
+                    # someone waits for, or when due.
+                    due = min(d for d in (self._lazy_due, self._deferred_due) if d)
+                    with trio.move_on_at(due):
                         await self._work.wait()
                     self._work = trio.Event()
+                    if not (self._dirty or self._lazy or trio.current_time() >= self._deferred_due):
+                        self._work.set()  # (woken for nothing due yet: wait again)
+                        continue
                 await self.sync_now()
+                if self._deferred and not self._work.is_set():
+                    self._work.set()  # deferred writes not due yet: arm their deadline
         elif self.policy.mode == "interval":
             while True:
                 await trio.sleep(self.policy.interval_ms / 1000)
@@ -281,6 +321,11 @@ class Committer:
         self._lazy_due = 0.0
         fds = self._take_fds(sources)
         self._dirty = set()
+        if self._deferred and (self.policy.mode != "always" or trio.current_time() >= self._deferred_due):
+            for src in self._deferred:
+                fds.extend(src.take_deferred_fds())
+            self._deferred = set()
+            self._deferred_due = 0.0
         return target, fds, sources
 
     async def sync_now(self) -> None:

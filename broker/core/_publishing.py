@@ -678,12 +678,15 @@ class Publisher:
 
     def enforce_max_msgs(self, part: Partition, subjects: list[bytes]) -> None:
         """``max_msgs_per_subject``: each of ``subjects`` over the limit loses its
-        oldest live messages."""
+        oldest live messages. The deletions are deferred (recovery makes them again,
+        ``Broker.open_topic_storage``) unless discard old also trims the partition:
+        the two limits' removals depend on the order of the appends, which recovery
+        does not see."""
         limit = part.topic.config.max_msgs_per_subject
         if limit:
             doomed = part.over_limit(subjects, limit)
             if doomed:
-                self.retention.remove(part, doomed, R.MAX_MSGS_PER_SUBJECT)
+                self.retention.remove(part, doomed, R.MAX_MSGS_PER_SUBJECT, deferred=not part.topic.trimming)
 
     def _register_ids(self, batch: Batch) -> None:
         """The stored messages' ``Nats-Msg-Id`` go into their topics' tables."""

@@ -204,14 +204,27 @@ class Retention:
 
     # -- removing ----------------------------------------------------------------------
 
-    def remove(self, part: Partition, offsets: Iterable[int], reason: RemovalReason) -> list[Removed]:
+    def remove(self, part: Partition, offsets: Iterable[int], reason: RemovalReason, deferred: bool = False) -> list[Removed]:
         """Remove live messages for ``reason`` (kept on disk with each deletion), write
-        the markers the removal calls for, and return what was removed."""
-        removed, cleared = part.remove(offsets, reason)
+        the markers the removal calls for, and return what was removed.
+
+        ``deferred``: recovery makes these removals again after a crash, from the
+        log and the configuration alone (``max_msgs_per_subject``, at the start:
+        ``Broker.open_topic_storage``). Their deletions are then not synced with the
+        append that caused them (at ``always``, a KV put costs one sync instead of
+        three) but within a second (``Committer.note_deferred``).
+        Never while a consumer of the partition may dead-letter what is removed:
+        its copy and the removal stay in one sync."""
+        if deferred and any(w.letters_removals for w in part.watchers):
+            deferred = False
+        removed, cleared = part.remove(offsets, reason, deferred)
         if cleared:
             self.engine.queue.discarded(cleared)
         if removed:
-            self.committer.note_write(part.log)
+            if deferred:
+                self.committer.note_deferred(part.log)
+            else:
+                self.committer.note_write(part.log)
             self._count(part, reason, len(removed))
             marker = _MARKER_FOR.get(reason)
             if marker is not None:

@@ -86,6 +86,11 @@ class PartitionWatcher(Protocol):
     def removed(self, offsets: list[int], subjects: list[bytes]) -> None:
         """The live messages at ``offsets`` (on ``subjects``) were removed."""
 
+    @property
+    def letters_removals(self) -> bool:
+        """Whether :meth:`removing` may dead-letter (then a removal is never
+        deferred: ``Partition.remove``)."""
+
     def purged(self, next_offset: int) -> None:
         """Every message below ``next_offset`` was removed (a whole purge)."""
 
@@ -231,10 +236,12 @@ class Partition:
                 listener()
         return res
 
-    def remove(self, offsets: Iterable[int], tag: int = 0) -> tuple[list[Removed], int]:
+    def remove(self, offsets: Iterable[int], tag: int = 0, deferred: bool = False) -> tuple[list[Removed], int]:
         """Delete live messages (``tag``: the :class:`protocol.RemovalReason` kept on
         disk). Returns what was removed (in the order given) and how many of them had
-        a pending expiry (the caller tells the queue)."""
+        a pending expiry (the caller tells the queue). ``deferred``: the deletions
+        are written deferred (``PartitionLog.delete_many``; ``Retention.remove``
+        says when)."""
         live = [o for o in dict.fromkeys(offsets) if self.log.is_live(o)]
         if not live:
             return [], 0
@@ -244,7 +251,7 @@ class Partition:
         subjects = [s for s, _ in before] if watchers else []
         for w in watchers:  # (a consumer dead-letters what it still owes: before the bytes go)
             w.removing(live, subjects, tag)
-        self.log.delete_many(live, tag)
+        self.log.delete_many(live, tag, deferred)
         out = []
         cleared = 0
         for o, (subject, f) in zip(live, before):

@@ -171,6 +171,30 @@ def test_deletions_keep_their_tag(tmp_path: Path) -> None:
     assert [log.is_live(o) for o in range(1, 7)] == [False, False, True, True, False, False]
 
 
+def test_deferred_deletions_are_synced_only_when_asked_or_with_a_later_deletion(tmp_path: Path) -> None:
+    """``delete_many(deferred=True)`` writes the entries but leaves them out of
+    ``take_dirty_fds`` (the group commit of the append that caused them); a later
+    plain deletion of the segment syncs them too, and a clean close syncs them."""
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    append(log, 6)
+    seg = log.segments[0]
+    log.take_dirty_fds()
+    log.delete_many([1, 2], tag=6, deferred=True)
+    assert log.take_dirty_fds() == [] and log.live_count == 4 and not log.is_live(1)
+    fds = log.take_deferred_fds()  # both copies
+    assert len(set(fds)) == 2 and min(fds) >= 0
+    assert log.take_deferred_fds() == []
+    log.delete_many([3], tag=6, deferred=True)
+    log.delete(4)  # a plain deletion: its sync takes the deferred entry too
+    assert len(log.take_dirty_fds()) == 2 and log.take_deferred_fds() == []
+    log.delete_many([5], tag=6, deferred=True)
+    assert log.deferred_segments
+    log.close()  # clean: the deferred deletion is synced before the clean flag
+    assert read_deletion_tags(seg.del_path) == {0: 6, 1: 6, 2: 6, 3: 0, 4: 6}
+    log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
+    assert [log.is_live(o) for o in range(1, 7)] == [False, False, False, False, False, True]
+
+
 def test_torn_delete_entry_is_ignored(tmp_path: Path) -> None:
     log, _ = PartitionLog.open(str(tmp_path), 1 << 20)
     append(log, 5)
