@@ -27,6 +27,9 @@ Workloads, in table order (payloads of ``--size`` bytes, default 128):
   the publish stored.
 * **KV put, sequential**: ``kvStore_Put`` of ``--keys`` keys ("0", "1", ...) into the
   bucket ``bench`` (history 1), one after the other.
+* **KV put over the same keys, sequential**: ``kvStore_Put`` of each of those keys
+  again: each put replaces the key's revision (history 1), so the server also
+  deletes the one before, as applications updating a key make it do.
 * **KV get, sequential**: ``kvStore_Get`` of each of those keys, the value checked.
 
 Request/reply, the publish and the KV put start nothing new after ``--max-seconds``
@@ -100,10 +103,12 @@ WORKLOADS = {
     "js_pub": ("js_pub", "JetStream async publish, 4,000 in flight"),
     "js_fetch": ("js_fetch", "JetStream pull, fetch 1,000 + ack"),
     "kv_put": ("kv_put", "KV put, sequential"),
+    "kv_update": ("kv_put", "KV put over the same keys, sequential"),
     "kv_get": ("kv_get", "KV get, sequential"),
 }
-#: Workloads that read what another one stored (``--only`` runs that one too).
-CONSUMES_FROM = {"js_fetch": "js_pub", "kv_get": "kv_put"}
+#: Workloads that read (or, ``kv_update``, overwrite) what another one stored
+#: (``--only`` runs that one too).
+CONSUMES_FROM = {"js_fetch": "js_pub", "kv_update": "kv_put", "kv_get": "kv_put"}
 #: The three servers of a round, in the order of the first round.
 SIDES = ("nats_default", "nats_always", "ttlbroker")
 SIDE_LABELS = {"nats_default": "nats-server default sync", "nats_always": "nats-server sync_interval: always",
@@ -235,7 +240,7 @@ def _failure(proc: subprocess.Popen[str], line: str, timeout: float) -> str:
 def counts(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
     """key -> (count, param) for the C program."""
     return {"pub": (args.core_messages, 0), "req": (args.requests, 0), "js_pub": (args.js_messages, args.in_flight),
-            "js_fetch": (args.js_messages, args.batch), "kv_put": (args.keys, 0), "kv_get": (args.keys, 0)}
+            "js_fetch": (args.js_messages, args.batch), "kv_put": (args.keys, 0), "kv_update": (args.keys, 0), "kv_get": (args.keys, 0)}
 
 
 def run_server(exe: Path, url: str, pid: int, args: argparse.Namespace) -> dict[str, Rate]:

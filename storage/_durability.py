@@ -149,22 +149,41 @@ _deferred = threading.local()
 
 @contextlib.contextmanager
 def deferred_dir_syncs() -> Iterator[None]:
-    """Inside the block, :func:`fsync_dir` (in this thread) only records the
-    directory; when the block ends without an error each one recorded is synced
-    once, the deepest first. For making a new tree (a topic's directories and
-    first files), where nothing depends on an entry being durable before the whole
-    tree is: six directory syncs become four. After an error nothing is synced: the
-    caller removes the tree."""
+    """Inside the block, :func:`fsync_dir` and :func:`fdatasync_new` (in this
+    thread) only record the directory or the file; when the block ends without an
+    error each file recorded is synced, then each directory once, the deepest
+    first. For making a new tree (a topic's directories and first files), where
+    nothing depends on an entry being durable before the whole tree is: six
+    directory syncs become four, and every entry and file of the tree is made
+    before the first sync (one journal commit takes them all, not one each). A
+    file's data is still durable before its directory entry is. After an error
+    nothing is synced: the caller removes the tree."""
     pending: dict[str, None] = {}
+    files: list[int] = []
     outer = getattr(_deferred, "dirs", None)
-    _deferred.dirs = pending if outer is None else outer
+    outer_files = getattr(_deferred, "files", None)
+    if outer is None:
+        _deferred.dirs, _deferred.files = pending, files
     try:
         yield
     finally:
-        _deferred.dirs = outer
+        _deferred.dirs, _deferred.files = outer, outer_files
     if outer is None:
+        for fd in files:
+            os.fdatasync(fd)
         for path in sorted(pending, key=lambda p: -p.count(os.sep)):
             _fsync_dir_now(path)
+
+
+def fdatasync_new(fd: int) -> None:
+    """fdatasync a file just created, whose directory entry the caller syncs next
+    (at the end of a :func:`deferred_dir_syncs` block, inside one, before the
+    directories). The descriptor must stay open until then."""
+    files = getattr(_deferred, "files", None)
+    if files is not None:
+        files.append(fd)
+        return
+    os.fdatasync(fd)
 
 
 def fsync_dir(path: str) -> None:

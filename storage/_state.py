@@ -37,6 +37,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from ._durability import fdatasync_new
 from ._files import open_file
 
 __all__ = ["PartitionState", "StateFile", "STATE_NAME"]
@@ -144,7 +145,7 @@ class StateFile:
             block = raw + bytes(_SECOND - len(raw)) + raw
             if os.pwrite(self._fd, block, 0) != len(block):
                 raise OSError("short write to partition state")
-            os.fdatasync(self._fd)
+            fdatasync_new(self._fd)
             return created
         for pos in (0, _SECOND):
             if os.pwrite(self._fd, raw, pos) != len(raw):
