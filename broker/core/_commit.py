@@ -292,7 +292,7 @@ class Committer:
                 if not self._dirty and self._failed is None:
                     # Only lazy or deferred writes: they go with the next write
                     # someone waits for, or when due.
-                    due = min(d for d in (self._lazy_due, self._deferred_due) if d)
+                    due = min((d for d in (self._lazy_due, self._deferred_due) if d), default=trio.current_time())
                     with trio.move_on_at(due):
                         await self._work.wait()
                     self._work = trio.Event()

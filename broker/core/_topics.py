@@ -89,7 +89,7 @@ class PartitionWatcher(Protocol):
     @property
     def letters_removals(self) -> bool:
         """Whether :meth:`removing` may dead-letter (then a removal is never
-        deferred: ``Partition.remove``)."""
+        deferred: ``Retention.remove``)."""
 
     def purged(self, next_offset: int) -> None:
         """Every message below ``next_offset`` was removed (a whole purge)."""
