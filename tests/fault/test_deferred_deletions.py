@@ -9,7 +9,9 @@ removes keeps the removal in the sync of its copy (nothing deferred)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,16 @@ async def _restart_on(state: CrashState, dest: Path, torn: bool = False) -> tupl
             return [(m.subject, m.payload) for m in messages], handle.broker.counters.removed_max_msgs_per_subject
 
 
+@contextlib.asynccontextmanager
+async def _kv_topic(root: Path) -> AsyncIterator[tuple[Any, Client]]:
+    """A broker on ``root/data`` at ``always`` with the topic ``kv`` (history 1), and a client."""
+    async with start_server(_config(root / "data")) as handle:
+        async with connect(handle.address, timeout=None) as c:
+            await c.create_stream("s")
+            await c.create_topic("s", "kv", subjects=["k.>"], max_msgs_per_subject=1)
+            yield handle, c
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     (tmp_path / "root" / "data").mkdir(parents=True)
@@ -72,15 +84,12 @@ async def test_a_power_loss_loses_the_deferred_deletions_and_recovery_makes_them
     mock_clock: Any, root: Path, tmp_path: Path, torn: bool,
 ) -> None:
     with FsModel(root) as fs:
-        async with start_server(_config(root / "data")) as handle:
-            async with connect(handle.address, timeout=None) as c:
-                await c.create_stream("s")
-                await c.create_topic("s", "kv", subjects=["k.>"], max_msgs_per_subject=1)
-                await c.create_consumer("s", "kv", "plain")  # (a consumer that dead-letters nothing defers)
-                await _put_all(c)
-                assert _deferred(handle) == 1  # (virtual time stands still: none is due)
-                assert len(await all_messages(c, "s", "kv")) == KEYS
-                state = fs.snapshot()
+        async with _kv_topic(root) as (handle, c):
+            await c.create_consumer("s", "kv", "plain")  # (a consumer that dead-letters nothing defers)
+            await _put_all(c)
+            assert _deferred(handle) == 1  # (virtual time stands still: none is due)
+            assert len(await all_messages(c, "s", "kv")) == KEYS
+            state = fs.snapshot()
     kept, replayed = await _restart_on(state, tmp_path / "image", torn)
     assert sorted(kept) == NEWEST
     if not torn:
@@ -89,18 +98,15 @@ async def test_a_power_loss_loses_the_deferred_deletions_and_recovery_makes_them
 
 async def test_deferred_deletions_are_synced_within_a_second(mock_clock: Any, root: Path, tmp_path: Path) -> None:
     with FsModel(root) as fs:
-        async with start_server(_config(root / "data")) as handle:
-            async with connect(handle.address, timeout=None) as c:
-                await c.create_stream("s")
-                await c.create_topic("s", "kv", subjects=["k.>"], max_msgs_per_subject=1)
-                await _put_all(c)
-                mock_clock.jump(0.9)
-                await trio.testing.wait_all_tasks_blocked()
-                assert _deferred(handle) == 1
-                mock_clock.jump(0.2)
-                await trio.testing.wait_all_tasks_blocked()
-                assert _deferred(handle) == 0
-                state = fs.snapshot()
+        async with _kv_topic(root) as (handle, c):
+            await _put_all(c)
+            mock_clock.jump(0.9)
+            await trio.testing.wait_all_tasks_blocked()
+            assert _deferred(handle) == 1
+            mock_clock.jump(0.2)
+            await trio.testing.wait_all_tasks_blocked()
+            assert _deferred(handle) == 0
+            state = fs.snapshot()
     kept, replayed = await _restart_on(state, tmp_path / "image")
     assert (sorted(kept), replayed) == (NEWEST, 0)
 
@@ -109,26 +115,20 @@ async def test_a_raised_limit_does_not_bring_back_what_the_old_one_removed(mock_
     """The update syncs the deferred deletions before its catalog write: recovery
     under the new limit (5) would otherwise keep five messages a subject."""
     with FsModel(root) as fs:
-        async with start_server(_config(root / "data")) as handle:
-            async with connect(handle.address, timeout=None) as c:
-                await c.create_stream("s")
-                await c.create_topic("s", "kv", subjects=["k.>"], max_msgs_per_subject=1)
-                await _put_all(c)
-                await c.update_topic("s", "kv", max_msgs_per_subject=5)
-                assert _deferred(handle) == 0
-                state = fs.snapshot()
+        async with _kv_topic(root) as (handle, c):
+            await _put_all(c)
+            await c.update_topic("s", "kv", max_msgs_per_subject=5)
+            assert _deferred(handle) == 0
+            state = fs.snapshot()
     kept, replayed = await _restart_on(state, tmp_path / "image")
     assert (sorted(kept), replayed) == (NEWEST, 0)
 
 
 async def test_a_clean_stop_syncs_the_deferred_deletions(mock_clock: Any, root: Path, tmp_path: Path) -> None:
     with FsModel(root) as fs:
-        async with start_server(_config(root / "data")) as handle:
-            async with connect(handle.address, timeout=None) as c:
-                await c.create_stream("s")
-                await c.create_topic("s", "kv", subjects=["k.>"], max_msgs_per_subject=1)
-                await _put_all(c)
-                assert _deferred(handle) == 1
+        async with _kv_topic(root) as (handle, c):
+            await _put_all(c)
+            assert _deferred(handle) == 1
         state = fs.snapshot()
     kept, replayed = await _restart_on(state, tmp_path / "image")
     assert (sorted(kept), replayed) == (NEWEST, 0)
@@ -136,16 +136,13 @@ async def test_a_clean_stop_syncs_the_deferred_deletions(mock_clock: Any, root: 
 
 async def test_nothing_is_deferred_while_a_consumer_may_dead_letter_it(mock_clock: Any, root: Path, tmp_path: Path) -> None:
     with FsModel(root) as fs:
-        async with start_server(_config(root / "data")) as handle:
-            async with connect(handle.address, timeout=None) as c:
-                await c.create_stream("s")
-                await c.create_topic("s", "kv", subjects=["k.>"], max_msgs_per_subject=1)
-                await c.create_topic("s", "dlq", subjects=["dlq.>"])
-                await c.create_consumer("s", "kv", "owes", dead_letter_subject="dlq.kv", dead_letter_expired=True)
-                await _put_all(c)
-                assert _deferred(handle) == 0
-                copies = await all_messages(c, "s", "dlq")
-                assert len(copies) == PUTS - KEYS  # (each replaced revision was owed: never delivered)
-                state = fs.snapshot()
+        async with _kv_topic(root) as (handle, c):
+            await c.create_topic("s", "dlq", subjects=["dlq.>"])
+            await c.create_consumer("s", "kv", "owes", dead_letter_subject="dlq.kv", dead_letter_expired=True)
+            await _put_all(c)
+            assert _deferred(handle) == 0
+            copies = await all_messages(c, "s", "dlq")
+            assert len(copies) == PUTS - KEYS  # (each replaced revision was owed: never delivered)
+            state = fs.snapshot()
     kept, replayed = await _restart_on(state, tmp_path / "image")
     assert (sorted(kept), replayed) == (NEWEST, 0)
