@@ -123,6 +123,7 @@ from ._records import check_record as check_record
 from ._records import decode_headers as decode_headers
 from ._records import decode_records as decode_records
 from ._records import split_records as split_records
+from ._records import body_head as body_head
 from ._records import encode_body as encode_body
 from ._records import encode_headers as encode_headers
 from ._records import encode_record as encode_record

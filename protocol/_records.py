@@ -319,6 +319,13 @@ def encode_body(
     return b"".join((prefix, BODY.pack(ttl, flags, len(subj), len(headers), len(payload)), subj, headers, payload))
 
 
+def body_head(subject: bytes, size: int) -> bytes:
+    """What :func:`encode_body` puts before the payload of a message on ``subject``
+    (1..255 bytes, the caller checked) with ``size`` bytes of payload and no
+    headers, TTL or flags: a flood of such messages is ``head + payload`` each."""
+    return BODY.pack(TTL_NONE, 0, len(subject), 0, size) + subject
+
+
 def replace_header(block: bytes, name: str, value: str) -> bytes:
     """The header block with every ``name`` header removed and ``name: value``
     appended at the end (the NATS server's rewrite of ``Nats-TTL``, ``docs/semantics.md``

@@ -820,10 +820,19 @@ class NatsSession:
                 each = len(subj) + size + 64
                 while replied := parser.replied_pubs(min(BATCH_MESSAGES - len(self._batch),
                                                          max(1, (BATCH_BYTES - self._batch_bytes) // each))):
+                    self.in_msgs += len(replied)
+                    self.in_bytes += len(replied) * size
+                    if self.broker.subs.match(subj):
+                        for rep, tail in replied:  # (core subscribers see each reply: _store)
+                            self._store(subj, rep.decode(), None, PN.pub_payload(tail, size), plan)
+                        continue
+                    # What _store does for each, taken as a run: one body head (the
+                    # subject was checked by _plan), the payload cut from each tail.
+                    head, topic, batch = P.body_head(subj, size), getattr(plan, "topic", None), self._batch
                     for rep, tail in replied:
-                        self.in_msgs += 1
-                        self.in_bytes += size
-                        self._store(subj, rep.decode(), None, PN.pub_payload(tail, size), plan)
+                        batch.append((head + tail[len(tail) - 2 - size : len(tail) - 2], rep.decode(), topic))
+                    self._batch_bytes += len(replied) * (len(head) + size)
+                    self._flush_if_full()
             if not self._batch:  # (a full batch went: its deliveries may have changed the subscriptions)
                 plans.clear()
         send_queued(frames, self._short)
@@ -896,6 +905,10 @@ class NatsSession:
             return
         self._batch.append((body, reply, topic))
         self._batch_bytes += len(body)
+        self._flush_if_full()
+
+    def _flush_if_full(self) -> None:
+        """The queued messages go once they fill a batch."""
         if len(self._batch) >= BATCH_MESSAGES or self._batch_bytes >= BATCH_BYTES:
             self._flush()
             t = self.transport

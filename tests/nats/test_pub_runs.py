@@ -11,8 +11,10 @@ import json
 import re
 from pathlib import Path
 
+import nats
 import trio
 from conftest import make_config, start_server
+from helpers import in_asyncio
 from test_remote_origin import run_nats_server
 
 from broker.server import ServerHandle
@@ -187,3 +189,34 @@ async def test_a_run_to_a_full_connection_drops_what_does_not_fit(data_dir: Path
         seen = [int(x) for x in re.findall(rb"MSG a 1 %d\r\n(\d{6})" % size, got)]
         assert len(got) == len(seen) * (len(b"MSG a 1 1000\r\n") + size + 2)  # whole messages only
         assert seen == sorted(set(seen)) and len(seen) + counters.deliveries_dropped == n
+
+
+async def test_a_flood_of_stored_pubs_with_replies_stores_each_payload_and_acks_each_in_order(nats_url: str) -> None:
+    """A flood of JetStream publishes (one subject and size, an inbox each, as
+    ``js_PublishAsync`` writes them) that no core subscriber hears is taken as runs
+    (``NatsParser.replied_pubs``, one body head for the run): each message stores its
+    own payload, in order, and each inbox gets the PubAck of its own sequence."""
+    n, seqs = 5000, (1, 2, 999, 1000, 1001, 2500, 5000)
+
+    async def create() -> None:
+        nc = await nats.connect(nats_url)
+        await nc.jetstream().add_stream(name="F", subjects=["f.>"])
+        await nc.close()
+
+    async def stored() -> tuple[list[bytes], int]:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        try:
+            return [(await js.get_msg("F", seq)).data for seq in seqs], (await js.stream_info("F")).state.messages
+        finally:
+            await nc.close()
+
+    await in_asyncio(create)
+    pub = await Raw.open(int(nats_url.rsplit(":", 1)[1]), b"SUB _r.> 9\r\n")
+    for first in range(0, n, 1000):  # (each write is a read or more of the flood)
+        await pub.stream.send_all(b"".join(b"PUB f.x _r.%d 6\r\n%06d\r\n" % (i, i) for i in range(first, first + 1000)))
+    got = await pub.until(lambda d: d.count(b"MSG _r.") == n)
+    await pub.stream.aclose()
+    acks = {int(inbox): json.loads(body) for inbox, body in re.findall(rb"MSG _r\.(\d+) 9 \d+\r\n([^\r]*)\r\n", got)}
+    assert acks == {i: {"stream": "F", "seq": i + 1} for i in range(n)}
+    assert await in_asyncio(stored) == ([b"%06d" % (seq - 1) for seq in seqs], n)
