@@ -818,6 +818,7 @@ class NatsSession:
                 # so that the read's rest is still buffered when the batch goes and
                 # its acks leave at once (_store).
                 each = len(subj) + size + 64
+                head, topic = P.body_head(subj, size), getattr(plan, "topic", None)
                 while replied := parser.replied_pubs(min(BATCH_MESSAGES - len(self._batch),
                                                          max(1, (BATCH_BYTES - self._batch_bytes) // each))):
                     self.in_msgs += len(replied)
@@ -828,7 +829,7 @@ class NatsSession:
                         continue
                     # What _store does for each, taken as a run: one body head (the
                     # subject was checked by _plan), the payload cut from each tail.
-                    head, topic, batch = P.body_head(subj, size), getattr(plan, "topic", None), self._batch
+                    batch = self._batch
                     for rep, tail in replied:
                         batch.append((head + tail[len(tail) - 2 - size : len(tail) - 2], rep.decode(), topic))
                     self._batch_bytes += len(replied) * (len(head) + size)
