@@ -287,6 +287,42 @@ class SubscriptionIndex:
             return None
         return found
 
+    def match_run(self, subjects: list[bytes]) -> list[tuple[Subscriber, ...] | None]:
+        """:meth:`match_fixed` of each subject (the reply subjects of a group
+        commit's PubAcks, one inbox each). A subject with the first two tokens and
+        the number of tokens of the one before it takes that one's answer when it
+        came from the shape cache (no second lookup, no split). Runtime complexity:
+        O(1) per subject after the first of its shape."""
+        if self._queued:
+            return [self.match_fixed(s) for s in subjects]
+        out: list[tuple[Subscriber, ...] | None] = []
+        append = out.append
+        cache = self._cache
+        shapes = self._shapes
+        head: bytes | None = None  # ("<first>.<second>." of the last subject answered by its shape)
+        hl = dots = 0
+        last: tuple[Subscriber, ...] = ()
+        for s in subjects:
+            if head is not None and s.startswith(head) and s.count(b".", hl) == dots:
+                append(last)
+                continue
+            hit = cache.get(s)
+            if hit is None:
+                parts = s.split(b".", 2)
+                if len(parts) == 3:
+                    dots = parts[2].count(b".")
+                    hit = shapes.get((parts[0], parts[1], dots + 3))
+                    if hit is not None:
+                        head = s[: len(s) - len(parts[2])]
+                        hl = len(head)
+                        last = hit
+                        append(hit)
+                        continue
+                head = None
+                hit = self._miss(s, (parts[0], parts[1], dots + 3) if len(parts) == 3 else None)
+            append(hit)
+        return out
+
     def _miss(self, subject: bytes, shape: tuple[bytes, bytes, int] | None) -> tuple[Subscriber, ...]:
         """:meth:`match` of a subject in neither cache: look at the subscriptions that
         can match, and cache the answer under the subject, or under its ``shape``

@@ -186,7 +186,8 @@ class CheckedSubscription(NatsSubscription):
 
 
 #: Core messages queued for one connection (``send_run``): the pieces of their MSG
-#: frames (two each), their payloads' sizes, and the subscription of each.
+#: frames (two each, the second may be empty), their payloads' sizes, and the
+#: subscription of each.
 Queued = tuple[list[bytes | bytearray], list[int], list["NatsSubscription"]]
 
 
@@ -245,28 +246,30 @@ def plain_subscriptions(subs: tuple[Any, ...] | None) -> TypeGuard[tuple[NatsSub
     return True
 
 
-def send_core_many(broker: Broker, messages: list[tuple[str, bytes]], epoch: int = 0) -> None:
+def send_core_many(broker: Broker, messages: list[tuple[bytes, bytes]], epoch: int = 0) -> None:
     """:func:`send_core` of each ``(subject, payload)`` (no reply, no headers), in
     order; those that reach only plain NATS subscriptions go to each connection as
-    one write (the PubAcks of one group commit)."""
+    one write (the PubAcks of one group commit, matched as a run:
+    ``SubscriptionIndex.match_run``)."""
     frames: dict[NatsClient, Queued] = {}
-    match = broker.subs.match_fixed
-    for subject, payload in messages:
-        raw = subject.encode()
-        subs = match(raw)
-        if not plain_subscriptions(subs):
-            send_queued(frames, epoch=epoch)
-            send_core(broker, subject, None, None, payload, epoch=epoch)
-            continue
-        tail = b"%d\r\n%s\r\n" % (len(payload), payload)
-        for sub in subs:
+    found = broker.subs.match_run([subject for subject, _ in messages])
+    plain: tuple[NatsSubscription, ...] | None = None
+    for (raw, payload), subs in zip(messages, found):
+        if plain is None or subs is not plain:  # (the answer of the subject before: checked)
+            if not plain_subscriptions(subs):
+                plain = None
+                send_queued(frames, epoch=epoch)
+                send_core(broker, raw.decode(), None, None, payload, epoch=epoch)
+                continue
+            plain = subs
+        size = len(payload)
+        for sub in plain:
             session = sub.session
             queued = frames.get(session)
             if queued is None:
                 queued = frames[session] = ([], [], [])
-            queued[0].append(b"MSG %s %s " % (raw, sub.sid_bytes))
-            queued[0].append(tail)
-            queued[1].append(len(payload))
+            queued[0].extend((b"MSG %s %s %d\r\n%s\r\n" % (raw, sub.sid_bytes, size, payload), b""))
+            queued[1].append(size)
             queued[2].append(sub)
     send_queued(frames, epoch=epoch)
 

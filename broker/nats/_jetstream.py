@@ -248,13 +248,13 @@ class JetStream:
             epoch = 0
         send_core(self.broker, reply, None, headers, body, epoch=epoch)
 
-    def respond_many(self, answers: list[tuple[str, bytes]], epoch: int = 0) -> None:
-        """:meth:`respond` of each ``(reply, body)``, in order, as one write per
-        connection where they can go together (the PubAcks of one group commit,
-        ``send_core_many``)."""
+    def respond_many(self, answers: list[tuple[bytes, bytes]], epoch: int = 0) -> None:
+        """:meth:`respond` of each ``(reply, body)`` (the reply subject as bytes), in
+        order, as one write per connection where they can go together (the PubAcks
+        of one group commit, ``send_core_many``)."""
         if self._audit is not None or self._audits_later:
             for reply, body in answers:
-                self.respond(reply, body, epoch=epoch)
+                self.respond(reply.decode(), body, epoch=epoch)
             return
         committer = self.broker.committer
         if epoch and not (committer.acks_wait and epoch > committer.synced):

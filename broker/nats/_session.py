@@ -189,8 +189,8 @@ class NatsSession:
         self.no_responders_wanted = False
         self.echo = True
         self.pings_out = 0
-        #: Messages for the publish path not yet handed to it: (body, reply, topic).
-        self._batch: list[tuple[bytes, str | None, Any]] = []
+        #: Messages for the publish path not yet handed to it: (body, reply subject, topic).
+        self._batch: list[tuple[bytes, bytes | None, Any]] = []
         self._batch_bytes = 0
         #: The last read was short and its answers wait for the group commit: the
         #: next read waits for the socket first (:meth:`_read_loop`).
@@ -755,7 +755,7 @@ class NatsSession:
             if not send_core(broker, subject, ev.reply, ev.headers, ev.payload, origin=self) and ev.reply:
                 self.no_responders(ev.reply, subject)
             return
-        self._store(ev.subject, ev.reply, ev.headers, ev.payload, route)
+        self._store(ev.subject, ev.reply.encode() if ev.reply else None, ev.headers, ev.payload, route)
 
     def _pub_run(self) -> bool:
         """The run of plain PUBs at the read position (a C or Go client's buffered
@@ -812,7 +812,7 @@ class NatsSession:
                 return True
             self.in_msgs += 1
             self.in_bytes += size
-            self._store(subj, rep.decode() if rep is not None else None, None, payload, plan)
+            self._store(subj, rep, None, payload, plan)
             if rep is not None:  # (a flood of JetStream publishes: the same subject and size, an inbox each)
                 # Taken up to where the batch is full (a body is at most this long),
                 # so that the read's rest is still buffered when the batch goes and
@@ -824,14 +824,14 @@ class NatsSession:
                     self.in_msgs += len(replied)
                     self.in_bytes += len(replied) * size
                     if self.broker.subs.match(subj):
-                        for rep, tail in replied:  # (core subscribers see each reply: _store)
-                            self._store(subj, rep.decode(), None, PN.pub_payload(tail, size), plan)
+                        for rep, cut in replied:  # (core subscribers see each reply: _store)
+                            self._store(subj, rep, None, bytes(cut), plan)
                         continue
                     # What _store does for each, taken as a run: one body head (the
-                    # subject was checked by _plan), the payload cut from each tail.
+                    # subject was checked by _plan).
                     batch = self._batch
-                    for rep, tail in replied:
-                        batch.append((head + tail[len(tail) - 2 - size : len(tail) - 2], rep.decode(), topic))
+                    for rep, cut in replied:
+                        batch.append((head + cut, rep, topic))
                     self._batch_bytes += len(replied) * (len(head) + size)
                     self._flush_if_full()
             if not self._batch:  # (a full batch went: its deliveries may have changed the subscriptions)
@@ -885,7 +885,7 @@ class NatsSession:
         sub = min(matching, key=lambda s: P.match_order(s.tokens))
         self.push_nats(encode_msg(reply.encode(), sub.sid_bytes, None, PN.no_responders_status(subject), b""))
 
-    def _store(self, subject: str | bytes, reply: str | None, headers: bytes | None, payload: bytes, route: Any) -> None:
+    def _store(self, subject: str | bytes, reply: bytes | None, headers: bytes | None, payload: bytes, route: Any) -> None:
         """A message a topic captures: queued for the broker's one publish path,
         which takes consecutive ones as one batch (:meth:`_flush`)."""
         topic = getattr(route, "topic", None)  # None: the route is the subject's error
@@ -895,14 +895,14 @@ class NatsSession:
         except P.BrokerError as err:
             self._flush()
             js = self.js
-            js.respond(reply, js.pub_error(err, topic))
+            js.respond(reply.decode() if reply else None, js.pub_error(err, topic))
             return
         if reply is not None and self.broker.subs.match(subject if isinstance(subject, bytes) else subject.encode()):
             # Core subscribers on a stored subject see the PUB's reply, as on
             # nats-server: this message is stored on its own, with it.
             self._flush()
             self._batch.append((body, reply, topic))
-            self._flush(reply.encode())
+            self._flush(reply)
             return
         self._batch.append((body, reply, topic))
         self._batch_bytes += len(body)
@@ -938,12 +938,12 @@ class NatsSession:
         if payload.__class__ is int:  # all stored, in order, from this offset on
             offset = payload
             answers = []
-            last, name = None, ""
+            last, form = None, b""
             for _, reply, topic in batch:
                 if reply:
                     if topic is not last:
-                        last, name = topic, js.stream_name(topic)
-                    answers.append((reply, PN.pub_ack(name, offset)))
+                        last, form = topic, PN.pub_ack_format(js.stream_name(topic))
+                    answers.append((reply, form % offset))
                 offset += 1
             js.respond_many(answers, epoch)
             return
@@ -957,7 +957,7 @@ class NatsSession:
                 answer = js.pub_error(ack.error, topic)
             else:
                 answer = js.pub_ack(topic, ack.offset, ack.status == ErrorCode.DUPLICATE_MESSAGE)
-            js.respond(reply, answer, epoch=epoch)
+            js.respond(reply.decode(), answer, epoch=epoch)
 
 
 def _text(value: Any) -> str:

@@ -73,6 +73,7 @@ from ._jetstream import nats_error as nats_error
 from ._jetstream import parse_request as parse_request
 from ._json import loads as json_loads
 from ._jetstream import pub_ack as pub_ack
+from ._jetstream import pub_ack_format as pub_ack_format
 from ._jetstream import pub_error as pub_error
 from ._jetstream import rfc3339 as rfc3339
 from ._jetstream import stream_config as stream_config
@@ -125,7 +126,7 @@ __all__ = [
     "encode_connect", "encode_err", "encode_info", "encode_msg", "encode_nats_headers", "encode_pub", "encode_sub",
     "encode_unsub", "idle_heartbeat", "js_delivery", "json_loads", "js_delivery_frames", "js_error", "last_by_subj_of",
     "msg_get_response", "nats_error", "nats_message_of_record", "nats_to_record_headers", "no_responders_status",
-    "parse_ack_body", "term_reason", "parse_ack_subject", "parse_next_request", "parse_pause_until", "parse_request", "parse_rfc3339", "with_header", "ack_metric", "sample_percent", "check_group_name", "pub_ack",
+    "parse_ack_body", "term_reason", "parse_ack_subject", "parse_next_request", "parse_pause_until", "parse_request", "parse_rfc3339", "with_header", "ack_metric", "sample_percent", "check_group_name", "pub_ack", "pub_ack_format",
     "pub_error", "record_to_nats_headers", "rfc3339", "status_message", "stream_config", "stream_config_to_topic",
     "valid_nats_subject", "pub_payload", "STREAM_SEALED", "REQUIRED_API_LEVEL", "STREAM_FEATURE_LEVELS", "api_level_refused",
     "required_level",

@@ -36,7 +36,7 @@ from ._wire import decode_nats_headers, valid_nats_subject
 
 __all__ = [
     "API_PREFIX", "ACK_PREFIX", "FC_PREFIX", "NS", "JSError", "NATS_ERRORS", "nats_error", "api_response",
-    "api_error", "pub_ack", "pub_error", "rfc3339", "stream_config_to_topic", "stream_config", "NATS_SETTINGS",
+    "api_error", "pub_ack", "pub_ack_format", "pub_error", "rfc3339", "stream_config_to_topic", "stream_config", "NATS_SETTINGS",
     "check_stream_name", "parse_request", "js_error", "BAD_REQUEST", "INVALID_JSON", "MSG_DELETE_FAILED",
     "MEMORY_RESOURCES_EXCEEDED",
     "NO_MESSAGE_FOUND", "PURGE_FAILED", "SEQUENCE_NOT_FOUND", "STREAM_INVALID_CONFIG", "STREAM_MISMATCH",
@@ -386,6 +386,13 @@ def pub_ack(stream: str, seq: int, duplicate: bool = False) -> bytes:
 @functools.lru_cache(maxsize=1024)
 def _pub_ack_prefix(stream: str) -> bytes:
     return b'{"stream":' + _dumps(stream) + b',"seq":'
+
+
+@functools.lru_cache(maxsize=1024)
+def pub_ack_format(stream: str) -> bytes:
+    """:func:`pub_ack` of a stream as a format: ``pub_ack_format(stream) % seq``
+    is ``pub_ack(stream, seq)`` in one step (the PubAcks of a group commit)."""
+    return _pub_ack_prefix(stream).replace(b"%", b"%%") + b"%d}"
 
 
 def pub_error(err: BrokerError | JSError, stream: str | None = None) -> bytes:

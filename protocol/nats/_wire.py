@@ -186,6 +186,18 @@ def pub_payload(tail: bytes | bytearray, size: int) -> bytes:
     return bytes(tail[len(tail) - 2 - size : len(tail) - 2]) if size else b""
 
 
+def _replied_pattern(head: bytes, size: bytes, rest: int, max_control_line: int) -> re.Pattern[bytes] | None:
+    """A PUB of :meth:`NatsParser.replied_pubs`'s flood: ``head`` (``PUB <subject> ``),
+    a reply of one token of ASCII (no whitespace, as ``bytes.split`` sees it), the
+    ``size`` spelled as the flood's first PUB spells it, and ``rest`` bytes of payload;
+    the line at most ``max_control_line`` bytes. Groups: the reply, the payload. None:
+    the line leaves a reply no room."""
+    room = max_control_line - len(head) - len(size)
+    if room < 1:
+        return None
+    return re.compile(b"%s([^\\s\x80-\xff]{1,%d})%s\r\n(.{%d})\r\n" % (re.escape(head), room, re.escape(size), rest), re.S)
+
+
 def valid_nats_subject(subject: str, wildcards: bool = False, literal: bool = False) -> bool:
     """nats-server's ``IsValidLiteralSubject`` (``wildcards`` False) or
     ``IsValidSubject``: non-empty tokens, no whitespace, and wildcards only as
@@ -238,6 +250,8 @@ class NatsParser:
         #: :meth:`same_pubs`.
         self._last_pub = self._last_end = 0
         self._last_cut = -1
+        #: :meth:`replied_pubs`'s pattern for the flood it reads: (line head, size, rest) -> it.
+        self._replied: tuple[tuple[bytes, bytes, int], re.Pattern[bytes] | None] = ((b"", b"", 0), None)
 
     @property
     def buffered(self) -> int:
@@ -354,11 +368,10 @@ class NatsParser:
         """The PUBs that come next with the subject and the size, spelled the same,
         of the PUB :meth:`next_pub` gave last, each with a reply subject of its own
         (a client's flood of JetStream publishes: an inbox each), taken, as
-        ``(reply, tail)`` (``tail`` as :meth:`next_pub` gives it). The last PUB must
-        have had a reply followed by one space. Stops before anything else: another
-        line, a reply that is not one token of ASCII, a line too long, a payload not
-        all here, or after ``limit`` of them; empty when the next operation is not
-        such a PUB."""
+        ``(reply, payload)``. The last PUB must have had a reply followed by one
+        space. Stops before anything else: another line, a reply that is not one
+        token of ASCII, a line too long, a payload not all here, or after ``limit``
+        of them; empty when the next operation is not such a PUB."""
         cut = self._last_cut
         if cut < 0 or self._pending is not None:
             return []
@@ -369,25 +382,24 @@ class NatsParser:
         if space < 0:  # (no reply: same_pubs's case)
             return []
         head = bytes(buf[prev:cut])  # (``PUB <subject> ``)
-        if not buf.startswith(head, self._pos):
-            return []
-        size = bytes(buf[space : eol + 2])  # (`` <size>\r\n``)
-        rest = self._last_end - eol - 2  # (the payload and its CRLF)
-        hl, sl, line_limit = len(head), len(size), self.max_control_line + 2
         pos = self._pos
+        if not buf.startswith(head, pos):
+            return []
+        size = bytes(buf[space:eol])  # (`` <size>``)
+        rest = self._last_end - eol - 4  # (the payload)
+        key = (head, size, rest)
+        known, pattern = self._replied
+        if known != key:
+            pattern = _replied_pattern(head, size, rest, self.max_control_line)
+            self._replied = (key, pattern)
+        if pattern is None:
+            return []
+        match = pattern.match
         out: list[tuple[bytes, bytes | bytearray]] = []
-        while buf.startswith(head, pos) and len(out) < limit:
-            e = buf.find(b"\r\n", pos + hl, pos + line_limit)
-            s = e + 2 - sl
-            end = e + 2 + rest
-            if e < 0 or not buf.startswith(size, s) or not buf.startswith(b"\r\n", end - 2):
-                break
-            rep = bytes(buf[pos + hl : s])
-            words = rep.split()
-            if len(words) != 1 or len(words[0]) != len(rep) or not rep.isascii():
-                break
-            out.append((rep, buf[pos + hl : end]))
-            pos = end
+        append = out.append
+        while len(out) < limit and (m := match(buf, pos)) is not None:
+            append(m.groups())  # type: ignore[arg-type]  # (both groups always take part)
+            pos = m.end()
         self._pos = pos
         return out
 

@@ -5,7 +5,7 @@ message at one member."""
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker.core._subscriptions import SubscriptionIndex
@@ -93,6 +93,38 @@ def test_answers_cached_by_shape_are_what_checking_every_subscription_gives(
         for subject in subjects:
             want = {s for s in live if subject_matches(s.tokens, subject.split("."))}
             assert set(index.match(subject.encode())) == want
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(SHAPED_FILTER, st.booleans(), st.lists(SHAPED_SUBJECT, max_size=12)), max_size=20))
+@example([("_INBOX.id1.*", False, ["_INBOX.id1.1", "_INBOX.id1.1.2", "_INBOX.id1.2", "_INBOX.id2.1", "a.id1.1"])])
+def test_a_run_of_subjects_matches_as_each_one_alone(steps: list[tuple[str, bool, list[str]]]) -> None:
+    """``match_run`` (a group commit's PubAck inboxes, taken together; a subject of
+    the shape of the one before takes its answer) gives, subject by subject, the
+    subscriptions that match it, whether the caches are cold or warm."""
+    index = SubscriptionIndex()
+    live: list[Sub] = []
+    for subject_filter, remove_one, subjects in steps:
+        sub = Sub(subject_filter)
+        index.add(sub)
+        live.append(sub)
+        if remove_one:
+            index.remove(live.pop(0))
+        want = [{s for s in live if subject_matches(s.tokens, subject.split("."))} for subject in subjects]
+        raw = [subject.encode() for subject in subjects]
+        for _ in range(2):  # (cold, then from the caches)
+            got = index.match_run(raw)
+            assert [set(g) if g is not None else None for g in got] == want
+
+
+def test_a_run_with_a_queue_group_answers_each_subject_on_its_own() -> None:
+    """With a queue group, a subject's answer changes from message to message:
+    ``match_run`` gives None for those (``match_fixed``), the others as ``match``."""
+    index = SubscriptionIndex()
+    inbox, queued = Sub("_INBOX.abc.*"), Sub("work.*", "q")
+    index.add(inbox)
+    index.add(queued)
+    assert index.match_run([b"_INBOX.abc.1", b"work.x", b"_INBOX.abc.2", b"other"]) == [(inbox,), None, (inbox,), ()]
 
 
 def test_an_inbox_subscription_answers_every_reply_subject_from_one_entry() -> None:

@@ -171,8 +171,9 @@ def _outcome_by_runs(parser: PN.NatsParser, data: bytes, same: bool = False,
                     for more in parser.same_pubs() if same else ():
                         take(subj, rep, more, size)
                     while same and (replied := parser.replied_pubs(3)):  # (a few at a time, as a batch's room says)
-                        for other, more in replied:
-                            take(subj, other, more, size)
+                        for other, payload in replied:
+                            assert len(payload) == size
+                            events.append(PN.NatsPub(subj.decode(), other.decode(), None, payload))
                     continue
                 ev = parser.next_event()
                 if ev is PN.NATS_NEED_DATA:
@@ -349,6 +350,7 @@ def test_subject_validity_is_the_token_by_token_answer(subject: str, wildcards: 
 
 
 @given(st.text(max_size=30), st.integers(1, 2**63), st.none() | st.binary(max_size=40), st.binary(max_size=40), st.text(max_size=30))
+@example("%d%s%%", 7, None, b"", "")
 def test_templated_jetstream_answers_are_the_json_encoders(subject: str, seq: int, headers: bytes | None, payload: bytes,
                                                           time: str) -> None:
     """The PubAck and STREAM.MSG.GET answers built from bytes are byte for byte what
@@ -356,13 +358,14 @@ def test_templated_jetstream_answers_are_the_json_encoders(subject: str, seq: in
     import base64
     import json
 
-    from protocol.nats import api_response, msg_get_response, pub_ack
+    from protocol.nats import api_response, msg_get_response, pub_ack, pub_ack_format
 
     def dumps(obj: object) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
     assert pub_ack(subject, seq) == dumps({"stream": subject, "seq": seq})
     assert pub_ack(subject, seq, True) == dumps({"stream": subject, "seq": seq, "duplicate": True})
+    assert pub_ack_format(subject) % seq == pub_ack(subject, seq)  # (a name with a % in it too)
     msg: dict[str, object] = {"subject": subject, "seq": seq}
     if headers:
         msg["hdrs"] = base64.b64encode(headers).decode()

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import protocol as P
+from protocol import TTL_NONE
+from protocol._records import _scan_each
 
 
 def test_body_layout_is_byte_exact() -> None:
@@ -200,3 +203,35 @@ def test_header_values_is_first_occurrence_stripped(pairs, wanted, as_view, cut)
         assert (exc.value.code, exc.value.message) == (err.code, err.message)
     else:
         assert expected is None and P.header_values(truncated, frozenset()) == {}
+
+
+ALIKE_BODY = st.tuples(
+    st.sampled_from([b"a", b"b", b"ab"]), st.sampled_from([b"", b"xy", b"yz", b"xyz"]),
+    st.sampled_from([b"", b"\x00\x00"]), st.sampled_from([TTL_NONE, 5]), st.sampled_from([0, 1]),
+)
+
+
+@settings(max_examples=400)
+@given(st.lists(ALIKE_BODY, min_size=1, max_size=6), st.integers(0, 3), st.integers(0, 3), st.integers(1, 3),
+       st.sampled_from([1, 2]))
+@example([(b"a", b"xy", b"", TTL_NONE, 0)] * 3, 0, 0, 3, 1)
+@example([(b"a", b"xy", b"", TTL_NONE, 0)] * 3, 0, 0, 1, 1)  # (a payload over the limit: special)
+@example([(b"a", b"", b"", TTL_NONE, 0)] * 4, 0, 0, 3, 2)  # (twice the bodies said: each "body" starts alike)
+def test_a_batch_of_alike_bodies_scans_as_body_by_body(
+    bodies: list[tuple[bytes, bytes, bytes, int, int]], cut: int, extra: int, max_payload: int, fewer: int,
+) -> None:
+    """``scan_bodies`` of a batch whose bodies are alike (a flood: one header, one
+    subject, one size) takes them in one comparison each; whatever the batch (some
+    alike, some with a TTL, headers or flags, a byte cut or left over, more bodies
+    than the count says), it gives what the body-by-body scan gives, errors and all."""
+    data = b"".join(P.encode_body(s, p, h, ttl, f) for s, p, h, ttl, f in bodies)
+    data = data[: len(data) - cut] + b"z" * extra
+    count = max(1, len(bodies) // fewer)
+
+    def outcome(scan: Callable[[bytes, int, int, int], P.PublishScan]) -> object:
+        try:
+            return scan(data, 0, count, max_payload)
+        except P.BrokerError as err:
+            return err.code, str(err)
+
+    assert outcome(P.scan_bodies) == outcome(_scan_each)
