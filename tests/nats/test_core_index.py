@@ -5,6 +5,8 @@ message at one member."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -75,6 +77,19 @@ SHAPED_SUBJECT = st.tuples(
 ).map(lambda t: ".".join([t[0], t[1], *t[2]]))
 
 
+def _shaped_steps(index: SubscriptionIndex, steps: list[tuple[str, bool, list[str]]]) -> Iterator[tuple[list[Sub], list[str]]]:
+    """Each step's subscription added (and the oldest removed when it says so): the
+    live subscriptions and the step's subjects, after each."""
+    live: list[Sub] = []
+    for subject_filter, remove_one, subjects in steps:
+        sub = Sub(subject_filter)
+        index.add(sub)
+        live.append(sub)
+        if remove_one:
+            index.remove(live.pop(0))
+        yield live, subjects
+
+
 @given(st.lists(st.tuples(SHAPED_FILTER, st.booleans(), st.lists(SHAPED_SUBJECT, max_size=8)), max_size=20))
 def test_answers_cached_by_shape_are_what_checking_every_subscription_gives(
     steps: list[tuple[str, bool, list[str]]],
@@ -83,13 +98,7 @@ def test_answers_cached_by_shape_are_what_checking_every_subscription_gives(
     the answer taken from the shape cache is the subscriptions that match that very
     subject, as subscriptions come and go."""
     index = SubscriptionIndex()
-    live: list[Sub] = []
-    for subject_filter, remove_one, subjects in steps:
-        sub = Sub(subject_filter)
-        index.add(sub)
-        live.append(sub)
-        if remove_one:
-            index.remove(live.pop(0))
+    for live, subjects in _shaped_steps(index, steps):
         for subject in subjects:
             want = {s for s in live if subject_matches(s.tokens, subject.split("."))}
             assert set(index.match(subject.encode())) == want
@@ -103,13 +112,7 @@ def test_a_run_of_subjects_matches_as_each_one_alone(steps: list[tuple[str, bool
     the shape of the one before takes its answer) gives, subject by subject, the
     subscriptions that match it, whether the caches are cold or warm."""
     index = SubscriptionIndex()
-    live: list[Sub] = []
-    for subject_filter, remove_one, subjects in steps:
-        sub = Sub(subject_filter)
-        index.add(sub)
-        live.append(sub)
-        if remove_one:
-            index.remove(live.pop(0))
+    for live, subjects in _shaped_steps(index, steps):
         want = [{s for s in live if subject_matches(s.tokens, subject.split("."))} for subject in subjects]
         raw = [subject.encode() for subject in subjects]
         for _ in range(2):  # (cold, then from the caches)
