@@ -380,7 +380,9 @@ def pub_ack(stream: str, seq: int, duplicate: bool = False) -> bytes:
     """A PubAck: ``{"stream": .., "seq": ..}`` plus ``"duplicate": true`` for a
     de-duplicated publish (the server's ``omitempty``), from the stream's cached
     prefix."""
-    return _pub_ack_prefix(stream) + (b'%d,"duplicate":true}' % seq if duplicate else b"%d}" % seq)
+    if duplicate:
+        return _pub_ack_prefix(stream) + b'%d,"duplicate":true}' % seq
+    return pub_ack_format(stream) % seq
 
 
 @functools.lru_cache(maxsize=1024)
