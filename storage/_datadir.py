@@ -489,6 +489,7 @@ class ConsumerOffsets(MirroredFiles):
         self._seq = 0
         self.fds = [-1, -1]
         self.dirty = False
+        self._made = readonly  # both copies open (read-only, or after a close: a store fails)
         folder = os.path.dirname(path)
         if not readonly:
             makedirs(folder)
@@ -537,12 +538,20 @@ class ConsumerOffsets(MirroredFiles):
             return
         if rewrite:
             self._rewrite()
+        if a.exists or b.exists:  # (both, after a rewrite)
+            self._open()
+
+    def _open(self) -> None:
+        """Both copies, opened for appending; made (their folder synced) by the first
+        entry of a topic that never had one: a topic is made without them, as most
+        never store an offset."""
         created = False
         for i, p in enumerate(self.paths):
             created |= not os.path.exists(p)
             self.fds[i] = open_file(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._made = True
         if created:
-            fsync_dir(folder)
+            fsync_dir(os.path.dirname(self.path))  # the new entries, before an offset in them is acked
 
     def _merge(self, files: list[_Parsed]) -> None:
         best: dict[tuple[str, int], _Entry] = {}
@@ -595,6 +604,8 @@ class ConsumerOffsets(MirroredFiles):
         return True
 
     def _append(self, name: str, partition: int, offset: int) -> int:
+        if not self._made:
+            self._open()
         self._seq += 1  # never reused, even if the write fails
         entry = self._entry(self._seq, name, partition, offset)
         for fd in self.fds:

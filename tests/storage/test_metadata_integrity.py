@@ -43,7 +43,7 @@ import protocol as P
 from broker.core import Broker
 from broker.server import Services
 from broker.client import connect
-from storage import ConsumerOffsets, Damage, DataDir
+from storage import ConsumerOffsets, Damage, DataDir, StorageFailure
 
 PAGE = 4096
 KINDS = ("flip", "truncate", "zero")
@@ -536,6 +536,38 @@ def test_consumer_offsets_trials(tmp_path: Path) -> None:
                 c3.close()
                 TABLE["consumer offsets", how, outcome] += 1
     print_table("consumer offsets")
+
+
+def test_consumer_offsets_files_are_made_by_the_first_entry(tmp_path: Path) -> None:
+    """A topic's offset files do not exist until a name's offset is stored (most
+    topics never store one, and two fewer files make a stream's creation cheaper);
+    the first store makes both, and they read back. Read-only, a store still fails
+    and makes nothing."""
+    path = tmp_path / "t" / "consumers.log"
+    mirror = Path(str(path) + ".1")
+    c = ConsumerOffsets(str(path))
+    assert not path.exists() and not mirror.exists()
+    assert c.take_dirty_fds() == []
+    assert c.forget("nobody", 0) is False and not path.exists()
+    c.close()
+    assert ConsumerOffsets(str(path)).offsets == {}  # reopened: still nothing, nothing reported
+    ro = ConsumerOffsets(str(path), readonly=True)
+    with pytest.raises(StorageFailure):
+        ro.store("g", 0, 1)
+    assert not path.exists() and not mirror.exists()
+    c = ConsumerOffsets(str(path))
+    c.store("g", 0, 7)
+    assert path.exists() and mirror.exists() and path.read_bytes() == mirror.read_bytes()
+    assert len(c.take_dirty_fds()) == 2
+    c.close()
+    with pytest.raises(StorageFailure):
+        c.store("g", 0, 8)  # closed: no silent reopen
+    seen: list[Damage] = []
+    again = ConsumerOffsets(str(path), seen.append)
+    assert again.offsets == {("g", 0): 7} and seen == []
+    again.store("h", 1, 3)
+    again.close()
+    assert ConsumerOffsets(str(path)).offsets == {("g", 0): 7, ("h", 1): 3}
 
 
 def test_consumer_offsets_damaged_in_both_copies_at_different_entries(tmp_path: Path) -> None:
