@@ -36,7 +36,7 @@ from protocol.nats import encode_msg, nats_message_of_record
 from broker.core import Broker, Counters, subscription_footprint
 
 __all__ = [
-    "CheckedSubscription", "NatsClient", "NatsSubscription", "Queued", "plain_subscriptions", "send_core", "send_core_many",
+    "CheckedSubscription", "NatsClient", "NatsSubscription", "Queued", "plain_subscriptions", "send_core", "send_pub_acks",
     "send_queued", "send_run",
 ]
 
@@ -186,27 +186,28 @@ class CheckedSubscription(NatsSubscription):
 
 
 #: Core messages queued for one connection (``send_run``): the pieces of their MSG
-#: frames (two each, the second may be empty), their payloads' sizes, and the
-#: subscription of each.
+#: frames (two each, the second may be empty; or one each, the frames whole), their
+#: payloads' sizes, and the subscription of each.
 Queued = tuple[list[bytes | bytearray], list[int], list["NatsSubscription"]]
 
 
 def send_run(
     session: NatsClient, pieces: list[bytes | bytearray], sizes: list[int], subs: list[NatsSubscription],
-    direct: bool = False, epoch: int = 0,
+    direct: bool = False, epoch: int = 0, whole: bool = False,
 ) -> None:
     """Queue core messages for ``session``, in order: ``MSG`` frames without headers,
-    two pieces each, the ``i``-th to ``subs[i]`` with a payload of ``sizes[i]``
-    bytes. One write when the connection has room for all of them, else one by one
-    while it has room (the rest are dropped, as :meth:`NatsSubscription.send` drops
-    them). ``direct``: the write is made at once when it can be
-    (``Transport.send_direct``: a request, whose requester waits, rather than a
-    flood, whose writes the subscriber's writer task takes together). ``epoch``: it
-    goes once that group-commit epoch is durable (PubAcks)."""
+    two pieces each (``whole``: one each), the ``i``-th to ``subs[i]`` with a
+    payload of ``sizes[i]`` bytes. One write when the connection has room for all
+    of them, else one by one while it has room (the rest are dropped, as
+    :meth:`NatsSubscription.send` drops them). ``direct``: the write is made at once
+    when it can be (``Transport.send_direct``: a request, whose requester waits,
+    rather than a flood, whose writes the subscriber's writer task takes together).
+    ``epoch``: it goes once that group-commit epoch is durable (PubAcks)."""
     data = b"".join(pieces)
     if len(subs) > 1 and not session.has_room(len(data)):
         for i, sub in enumerate(subs):
-            sub.send_frames(bytes(pieces[2 * i] + pieces[2 * i + 1]), 1, sizes[i], epoch)
+            frame = pieces[i] if whole else pieces[2 * i] + pieces[2 * i + 1]
+            sub.send_frames(bytes(frame), 1, sizes[i], epoch)
         return
     counters = session.broker.counters
     n = len(subs)
@@ -224,11 +225,11 @@ def send_run(
     session.out_bytes += size
 
 
-def send_queued(frames: dict[NatsClient, Queued], direct: bool = False, epoch: int = 0) -> None:
+def send_queued(frames: dict[NatsClient, Queued], direct: bool = False, epoch: int = 0, whole: bool = False) -> None:
     """Send what is queued in ``frames`` (``send_run``), and empty the queues."""
     for session, (pieces, sizes, subs) in frames.items():
         if subs:
-            send_run(session, pieces, sizes, subs, direct, epoch)
+            send_run(session, pieces, sizes, subs, direct, epoch, whole)
             pieces.clear()
             sizes.clear()
             subs.clear()
@@ -246,32 +247,42 @@ def plain_subscriptions(subs: tuple[Any, ...] | None) -> TypeGuard[tuple[NatsSub
     return True
 
 
-def send_core_many(broker: Broker, messages: list[tuple[bytes, bytes]], epoch: int = 0) -> None:
-    """:func:`send_core` of each ``(subject, payload)`` (no reply, no headers), in
-    order; those that reach only plain NATS subscriptions go to each connection as
-    one write (the PubAcks of one group commit, matched as a run:
-    ``SubscriptionIndex.match_run``)."""
+def send_pub_acks(broker: Broker, replies: list[bytes], seqs: list[int], form: bytes, epoch: int = 0) -> None:
+    """:func:`send_core` of each PubAck ``form % seqs[i]`` to ``replies[i]`` (no
+    headers, no reply), in order: the PubAcks of one stream in one group commit,
+    ``form`` its ``pub_ack_format``. The replies are matched as a run
+    (``SubscriptionIndex.match_run``); those that reach only plain NATS
+    subscriptions go to each connection as one write, each ``MSG`` frame one format
+    of a template of the subscription and the stream (the PubAck's length follows
+    the number of digits of its sequence)."""
     frames: dict[NatsClient, Queued] = {}
-    found = broker.subs.match_run([subject for subject, _ in messages])
+    found = broker.subs.match_run(replies)
     plain: tuple[NatsSubscription, ...] | None = None
-    for (raw, payload), subs in zip(messages, found):
-        if plain is None or subs is not plain:  # (the answer of the subject before: checked)
+    each: list[tuple[NatsSubscription, bytes, Queued]] = []
+    size = low = high = 0
+    for reply, seq, subs in zip(replies, seqs, found):
+        if plain is None or subs is not plain:  # (the answer of the reply before: checked)
             if not plain_subscriptions(subs):
                 plain = None
-                send_queued(frames, epoch=epoch)
-                send_core(broker, raw.decode(), None, None, payload, epoch=epoch)
+                send_queued(frames, epoch=epoch, whole=True)
+                send_core(broker, reply.decode(), None, None, form % seq, epoch=epoch)
                 continue
             plain = subs
-        size = len(payload)
-        for sub in plain:
-            session = sub.session
-            queued = frames.get(session)
-            if queued is None:
-                queued = frames[session] = ([], [], [])
-            queued[0].extend((b"MSG %s %s %d\r\n%s\r\n" % (raw, sub.sid_bytes, size, payload), b""))
+            each = []
+            for sub in plain:
+                queued = frames.get(sub.session)
+                if queued is None:
+                    queued = frames[sub.session] = ([], [], [])
+                each.append((sub, b"MSG %s " + sub.sid_bytes.replace(b"%", b"%%") + b" %d\r\n" + form + b"\r\n", queued))
+        if not low <= seq < high:  # (the same number of digits: the same length)
+            size = len(form % seq)
+            digits = len(str(seq))
+            low, high = (10 ** (digits - 1) if digits > 1 else 0), 10 ** digits
+        for sub, template, queued in each:
+            queued[0].append(template % (reply, size, seq))
             queued[1].append(size)
             queued[2].append(sub)
-    send_queued(frames, epoch=epoch)
+    send_queued(frames, epoch=epoch, whole=True)
 
 
 def send_core(

@@ -50,7 +50,7 @@ from broker.kv import KvReads
 from broker.net import Transport
 
 from ._advisories import Advisories, Audit
-from ._core import send_core, send_core_many
+from ._core import send_core, send_pub_acks
 
 __all__ = ["JetStream", "KV_STREAM", "KV_PREFIX"]
 
@@ -248,18 +248,19 @@ class JetStream:
             epoch = 0
         send_core(self.broker, reply, None, headers, body, epoch=epoch)
 
-    def respond_many(self, answers: list[tuple[bytes, bytes]], epoch: int = 0) -> None:
-        """:meth:`respond` of each ``(reply, body)`` (the reply subject as bytes), in
-        order, as one write per connection where they can go together (the PubAcks
-        of one group commit, ``send_core_many``)."""
+    def respond_acks(self, replies: list[bytes], seqs: list[int], form: bytes, epoch: int = 0) -> None:
+        """:meth:`respond` of each PubAck ``form % seqs[i]`` (``pub_ack_format`` of
+        one stream) to ``replies[i]`` (bytes), in order, as one write per connection
+        where they can go together (the PubAcks of one group commit,
+        ``send_pub_acks``)."""
         if self._audit is not None or self._audits_later:
-            for reply, body in answers:
-                self.respond(reply.decode(), body, epoch=epoch)
+            for reply, seq in zip(replies, seqs):
+                self.respond(reply.decode(), form % seq, epoch=epoch)
             return
         committer = self.broker.committer
         if epoch and not (committer.acks_wait and epoch > committer.synced):
             epoch = 0
-        send_core_many(self.broker, answers, epoch)
+        send_pub_acks(self.broker, replies, seqs, form, epoch)
 
     def unaudited(self) -> None:
         """The request being handled is answered without an audit advisory (as

@@ -937,15 +937,21 @@ class NatsSession:
         js = self.js
         if payload.__class__ is int:  # all stored, in order, from this offset on
             offset = payload
-            answers = []
-            last, form = None, b""
+            replies: list[bytes] = []
+            seqs: list[int] = []
+            last: Any = batch[0][2]
             for _, reply, topic in batch:
                 if reply:
-                    if topic is not last:
-                        last, form = topic, PN.pub_ack_format(js.stream_name(topic))
-                    answers.append((reply, form % offset))
+                    if topic is not last:  # (the PubAcks of each stream's run, in order)
+                        if replies:
+                            js.respond_acks(replies, seqs, PN.pub_ack_format(js.stream_name(last)), epoch)
+                            replies, seqs = [], []
+                        last = topic
+                    replies.append(reply)
+                    seqs.append(offset)
                 offset += 1
-            js.respond_many(answers, epoch)
+            if replies:
+                js.respond_acks(replies, seqs, PN.pub_ack_format(js.stream_name(last)), epoch)
             return
         assert isinstance(payload, bytes), payload  # publish_stored: else the encoded acks
         acks = (P.Acks.first(payload),) if len(batch) == 1 else P.Acks.decode(payload)  # one: one unpack

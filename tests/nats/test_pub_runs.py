@@ -15,9 +15,15 @@ import nats
 import trio
 from conftest import make_config, start_server
 from helpers import in_asyncio
+from hypothesis import example, given
+from hypothesis import strategies as st
 from test_remote_origin import run_nats_server
 
+from broker.core import Counters
+from broker.core._subscriptions import SubscriptionIndex
+from broker.nats._core import NatsSubscription, send_core, send_pub_acks
 from broker.server import ServerHandle
+from protocol.nats import pub_ack_format
 
 CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,"protocol":1}\r\n'
 
@@ -217,6 +223,110 @@ async def test_a_flood_of_stored_pubs_with_replies_stores_each_payload_and_acks_
         await pub.stream.send_all(b"".join(b"PUB f.x _r.%d 6\r\n%06d\r\n" % (i, i) for i in range(first, first + 1000)))
     got = await pub.until(lambda d: d.count(b"MSG _r.") == n)
     await pub.stream.aclose()
-    acks = {int(inbox): json.loads(body) for inbox, body in re.findall(rb"MSG _r\.(\d+) 9 \d+\r\n([^\r]*)\r\n", got)}
+    frames = re.findall(rb"MSG _r\.(\d+) 9 (\d+)\r\n([^\r]*)\r\n", got)
+    assert all(int(size) == len(body) for _, size, body in frames)  # (across 9 -> 10, 99 -> 100, ...)
+    acks = {int(inbox): json.loads(body) for inbox, _, body in frames}
     assert acks == {i: {"stream": "F", "seq": i + 1} for i in range(n)}
     assert await in_asyncio(stored) == ([b"%06d" % (seq - 1) for seq in seqs], n)
+
+
+class _Client:
+    """What ``send_pub_acks`` and ``send_core`` see of a NATS connection: what was
+    queued to it, in order."""
+
+    headers = True
+    perms = None
+    echo = True
+
+    def __init__(self, broker: object) -> None:
+        self.broker = broker
+        self.out_msgs = self.out_bytes = 0
+        self.got: list[tuple[bytes, int]] = []
+
+    def has_room(self, n: int) -> bool:
+        return True
+
+    def push_nats(self, data: bytes, epoch: int = 0, direct: bool = False) -> bool:
+        self.got.append((bytes(data), epoch))
+        return True
+
+    def remove_subscription(self, sub: NatsSubscription) -> None:
+        self.broker.subs.remove(sub)
+
+
+class _Broker:
+    def __init__(self) -> None:
+        self.subs = SubscriptionIndex()
+        self.counters = Counters()
+
+
+def _acks_world(subs: list[tuple[int, str, str, int | None]]) -> tuple[_Broker, list[_Client]]:
+    broker = _Broker()
+    clients = [_Client(broker) for _ in range(2)]
+    for client, sid, subject_filter, remaining in subs:
+        sub = NatsSubscription(clients[client], sid, subject_filter, None)
+        sub.remaining = remaining
+        broker.subs.add(sub)
+    return broker, clients
+
+
+def _by_sid(got: list[tuple[bytes, int]]) -> dict[bytes, list[tuple[bytes, bytes]]]:
+    """Each subscription's frames, in order (the order among a connection's
+    subscriptions that one reply reaches is the index's, not the PubAcks')."""
+    data = b"".join(d for d, _ in got)
+    frames = re.findall(rb"MSG (\S+) (\S+) (\d+)\r\n", data)
+    out: dict[bytes, list[tuple[bytes, bytes]]] = {}
+    pos = 0
+    for reply, sid, size in frames:
+        line = b"MSG %s %s %s\r\n" % (reply, sid, size)
+        assert data.startswith(line, pos)
+        pos += len(line)
+        body = data[pos : pos + int(size)]
+        assert data[pos + int(size) : pos + int(size) + 2] == b"\r\n"
+        pos += int(size) + 2
+        out.setdefault(sid, []).append((reply, body))
+    assert pos == len(data)  # nothing but whole frames, each the length it says
+    return out
+
+
+SID = st.sampled_from(["1", "9", "%d", "a%"])
+INBOX_FILTER = st.sampled_from(["_r.>", "_r.*", "_r.1", "_r.x.>", ">"])
+REPLY = st.sampled_from([b"_r.1", b"_r.2", b"_r.10", b"_r.x.1", b"_r.%d", b"other"])
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 1), SID, INBOX_FILTER, st.one_of(st.none(), st.integers(1, 3))), max_size=4),
+    st.lists(REPLY, max_size=12),
+    st.integers(1, 2000),
+    st.lists(st.integers(-120, 120), max_size=12),
+    st.sampled_from(["F", "K%d", "KV_a"]),
+    st.integers(0, 3),
+)
+@example([(0, "1", "_r.>", None)], [b"_r.1"] * 4, 8, [1, 1, 1, 1], "F", 0)  # 8, 9 | 10, 11: one digit more
+@example([(0, "1", "_r.>", None)], [b"_r.1"] * 3, 99, [900, 1, 1], "F", 0)  # 99 | 999, 1000
+@example([(0, "1", "_r.>", None)], [b"_r.1"] * 2, 10, [-1], "F", 0)  # 10 | 9: one digit fewer
+def test_pub_acks_go_as_send_core_sends_each(
+    subs: list[tuple[int, str, str, int | None]], replies: list[bytes], first: int, steps: list[int], stream: str, epoch: int,
+) -> None:
+    """``send_pub_acks`` (each MSG one format of a template, the PubAcks' lengths
+    following their sequences' digits) queues, to every connection, the bytes that
+    ``send_core`` of each PubAck queues, in the same order, and counts the same: plain
+    subscriptions, several on one reply, ``UNSUB max`` ones (which go the general
+    way), ``%`` in sids and stream names, sequences that cross a power of ten."""
+    replies = replies[: len(steps)]
+    seqs, seq = [], first
+    for step in steps[: len(replies)]:
+        seqs.append(seq)
+        seq = max(1, seq + step)  # (ascending in a group commit; any order here)
+    form = pub_ack_format(stream)
+    run_broker, run_clients = _acks_world(subs)
+    send_pub_acks(run_broker, replies, seqs, form, epoch)  # type: ignore[arg-type]
+    each_broker, each_clients = _acks_world(subs)
+    for reply, seq in zip(replies, seqs):
+        send_core(each_broker, reply.decode(), None, None, form % seq, epoch=epoch)  # type: ignore[arg-type]
+    for run, each in zip(run_clients, each_clients):
+        assert _by_sid(run.got) == _by_sid(each.got)
+        assert {e for _, e in run.got} <= {epoch}
+        assert (run.out_msgs, run.out_bytes) == (each.out_msgs, each.out_bytes)
+    assert run_broker.counters == each_broker.counters
+    assert len(run_broker.subs) == len(each_broker.subs)
