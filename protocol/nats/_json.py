@@ -14,6 +14,8 @@ cannot be parsed, answered as such (``docs/semantics.md`` §18.30).
 from __future__ import annotations
 
 import json
+import re
+from itertools import accumulate
 from typing import Any
 
 __all__ = ["loads", "MAX_DEPTH", "TOO_DEEP"]
@@ -28,41 +30,46 @@ MAX_DEPTH = 100
 TOO_DEEP = "exceeded max depth"
 
 
+#: A JSON string (its escapes included), whose brackets are text, not nesting.
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+#: Each byte's step of the nesting depth: ``[`` and ``{`` +1, ``]`` and ``}`` -1.
+_STEP = [0] * 256
+_STEP[ord("[")] = _STEP[ord("{")] = 1
+_STEP[ord("]")] = _STEP[ord("}")] = -1
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """``json.loads(data)``; a document nested deeper than :data:`MAX_DEPTH` raises
     ``ValueError(TOO_DEEP)``, as a malformed one raises ``ValueError``.
 
-    Runtime complexity: O(len(data)); the nesting is measured (a walk of the parsed
-    value) only for a document with more than :data:`MAX_DEPTH` brackets.
+    The depth is measured on the text before it is parsed, so the parser never
+    follows a document deeper than the limit: what it does past its own depth (a
+    ``RecursionError``, at a depth set by the interpreter's recursion limit, which
+    the process that embeds the broker may have raised) never comes into it.
+
+    Runtime complexity: O(len(data)); the depth is measured (C-level passes over
+    the text, strings left out) only for a document with more than
+    :data:`MAX_DEPTH` brackets.
     """
     if isinstance(data, memoryview):
         data = bytes(data)
-    try:
-        value = json.loads(data)
-    except RecursionError:
-        raise ValueError(TOO_DEEP) from None
-    if isinstance(data, str):
-        brackets = data.count("[") + data.count("{")
-    else:
-        brackets = data.count(b"[") + data.count(b"{")
-    if brackets > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
+    raw = data.encode() if isinstance(data, str) else data
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _deeper_than(raw, MAX_DEPTH):
         raise ValueError(TOO_DEEP)
-    return value
+    try:
+        return json.loads(data)
+    except RecursionError:  # (not past the limit above: a stack already deep)
+        raise ValueError(TOO_DEEP) from None
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests arrays and objects more than ``limit`` levels deep,
-    level by level (no recursion: it must not fail as the parser did)."""
-    level = [value] if isinstance(value, (dict, list)) else []
-    depth = 0
-    while level:
-        depth += 1
-        if depth > limit:
-            return True
-        inner: list[Any] = []
-        for v in level:
-            for x in v.values() if isinstance(v, dict) else v:
-                if isinstance(x, (dict, list)):
-                    inner.append(x)
-        level = inner
-    return False
+def _deeper_than(raw: bytes | bytearray, limit: int) -> bool:
+    """Whether the JSON text ``raw`` nests arrays and objects more than ``limit``
+    levels deep before its end or an unterminated string (its strings left out, as
+    a parser reading it from the start sees them)."""
+    text = _STRING.sub(b"", raw)
+    open_string = text.find(b'"')
+    if open_string >= 0:
+        text = text[:open_string]
+    brackets = text.translate(None, _NOT_BRACKETS)
+    return bool(brackets) and max(accumulate(map(_STEP.__getitem__, brackets))) > limit

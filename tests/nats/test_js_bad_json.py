@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from typing import Any
 
 import nats
 import pytest
 from helpers import in_asyncio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from broker import ServerHandle
 from protocol.nats import json_loads
@@ -104,3 +107,52 @@ def test_the_depth_limit_is_exact_and_does_not_depend_on_the_stack() -> None:
             json_loads(payload.decode())
     with pytest.raises(ValueError):
         json_loads(b"{nope")
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+#: Strings whose brackets, quotes and escapes are text, not nesting.
+TEXT = st.text(alphabet='[]{}"\\ax\u00e9', max_size=6)
+
+
+@given(st.integers(0, MAX_DEPTH + 20), st.lists(st.tuples(st.booleans(), TEXT), max_size=4), st.booleans())
+def test_the_depth_is_the_nesting_of_arrays_and_objects_not_of_text(
+    depth: int, leaves: list[tuple[bool, str]], as_text: bool,
+) -> None:
+    """A document is refused as too deep exactly when its arrays and objects nest
+    more than ``MAX_DEPTH`` levels, whatever its strings hold (brackets, quotes,
+    escapes); otherwise it is what ``json.loads`` makes of it."""
+    value: Any = [text for _, text in leaves]
+    for i in range(depth - 1):
+        value = {"k": value, "s": leaves[i % len(leaves)][1]} if leaves and leaves[i % len(leaves)][0] else [value, "]"]
+    data = json.dumps(value)
+    raw: str | bytes = data if as_text else data.encode()
+    if _depth(value) > MAX_DEPTH:
+        with pytest.raises(ValueError, match="^exceeded max depth$"):
+            json_loads(raw)
+    else:
+        assert json_loads(raw) == value
+
+
+def test_a_raised_recursion_limit_changes_nothing() -> None:
+    """The depth is checked before the parser runs: a process that raised the
+    interpreter's recursion limit (mypy, run in-process, sets 16,384) refuses the
+    same documents, and its parser is never asked to follow them."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(2**14)
+    try:
+        for payload in (*DEEP.values(), nested(MAX_DEPTH + 1), b"[" * 20_000 + b"]" * 20_000):
+            with pytest.raises(ValueError, match="^exceeded max depth$"):
+                json_loads(payload)
+        assert json_loads(nested(MAX_DEPTH))
+        unterminated = b'{"a": "' + b"[" * 500  # (its brackets are text: the string's end is what is missing)
+        with pytest.raises(ValueError, match="Unterminated string"):
+            json_loads(unterminated)
+    finally:
+        sys.setrecursionlimit(before)
