@@ -18,8 +18,11 @@
   there once.
 - ``GET /connz``, ``/subsz`` (also ``/subscriptionsz``): the connections and the
   subscriptions, nats-server's (``_connz.py``); ``GET /jsz``: the NATS streams and
-  consumers, nats-server's (``_jsz.py``). A query parameter nats-server refuses gets
-  its 400 and words (``_go.py``).
+  consumers, nats-server's (``_jsz.py``). ``GET /routez``, ``/gatewayz``,
+  ``/leafz``: what a nats-server that is not in a cluster, a super-cluster or a leaf
+  node topology answers (no routes, no gateways, no leaf nodes), for the monitoring
+  tools that ask for them. A query parameter nats-server refuses gets its 400 and
+  words (``_go.py``).
 
 ``HEAD`` works wherever ``GET`` does; other methods get 405, other paths 404.
 :class:`Monitor` also carries the broker's lifecycle as the server reports it
@@ -41,6 +44,7 @@ import contextlib
 import enum
 import functools
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -50,6 +54,7 @@ from broker.consumers import ConsumerEngine
 from broker.core import Broker, info
 from broker.nats import SERVER_ID, JetStream
 from broker.net import ConnectionGuard
+from protocol.nats import rfc3339
 
 from ._connz import Connections
 from ._go import BadParameter, Query
@@ -68,7 +73,14 @@ SCRAPES_AT_ONCE = 1
 #: ttlbroker's ``/varz`` fields whose names nats-server's ``/varz`` uses for something
 #: else, and the names they take.
 RENAMED = {"version": "ttlbroker_version", "host": "ttlbroker_host", "port": "ttlbroker_port"}
-_ENDPOINTS = "/metrics, /healthz, /varz, /connz, /subsz, /jsz"
+_ENDPOINTS = "/metrics, /healthz, /varz, /connz, /subsz, /jsz, /routez, /gatewayz, /leafz"
+
+
+def _subs_parameter(q: Query) -> None:
+    """nats-server's ``subs`` of ``/routez`` and ``/gatewayz``: ``detail``, or a
+    boolean (anything else is refused in its words)."""
+    if q.get("subs").lower() != "detail":
+        q.flag("subs")
 
 
 class State(enum.Enum):
@@ -112,6 +124,7 @@ class Monitor:
         self._routes: dict[str, Callable[[Request], Awaitable[Response]]] = {
             "/": self._index, "/healthz": self._healthz, "/metrics": self._metrics, "/varz": self._varz,
             "/connz": self._connz, "/subsz": self._subsz, "/subscriptionsz": self._subsz, "/jsz": self._jsz,
+            "/routez": self._routez, "/gatewayz": self._gatewayz, "/leafz": self._leafz,
         }
 
     @property
@@ -211,6 +224,29 @@ class Monitor:
 
         def document(q: Query) -> dict[str, Any]:
             return jsz(self.jetstream, self.broker.config.nats.enabled, SERVER_ID, q)
+
+        return await self._nats_document(request, document)
+
+    async def _routez(self, request: Request) -> Response:
+        def document(q: Query) -> dict[str, Any]:
+            _subs_parameter(q)
+            return {"server_id": SERVER_ID, "server_name": self.broker.config.server.name, "now": rfc3339(time.time_ns()),
+                    "num_routes": 0, "routes": []}
+
+        return await self._nats_document(request, document)
+
+    async def _gatewayz(self, request: Request) -> Response:
+        def document(q: Query) -> dict[str, Any]:
+            _subs_parameter(q)
+            q.flag("accs")
+            return {"server_id": SERVER_ID, "now": rfc3339(time.time_ns()), "outbound_gateways": {}, "inbound_gateways": {}}
+
+        return await self._nats_document(request, document)
+
+    async def _leafz(self, request: Request) -> Response:
+        def document(q: Query) -> dict[str, Any]:
+            q.flag("subs")
+            return {"server_id": SERVER_ID, "now": rfc3339(time.time_ns()), "leafnodes": 0, "leafs": []}
 
         return await self._nats_document(request, document)
 

@@ -41,7 +41,8 @@ DOCUMENTS = [
     "/varz", "/connz", "/connz?subs=1", "/connz?subs=detail", "/connz?state=closed", "/connz?auth=true&sort=msgs_from",
     "/subsz", "/subsz?subs=1", "/jsz", "/jsz?streams=true&consumers=true", "/jsz?accounts=true",
     "/jsz?accounts=true&streams=true&consumers=true&config=true", "/healthz", "/healthz?js-enabled-only=true",
-    "/healthz?account=$G&stream=S&consumer=C",
+    "/healthz?account=$G&stream=S&consumer=C", "/routez", "/routez?subs=detail", "/gatewayz", "/gatewayz?accs=true&subs=1",
+    "/leafz", "/leafz?subs=true",
 ]
 #: Requests nats-server refuses (or answers with an error document).
 REFUSED = [
@@ -51,7 +52,8 @@ REFUSED = [
     "/connz?sort=%ff", "/subsz?subs=1&test=a..b", "/subsz?subs=bogus", "/subsz?subs=1&test=core.*", "/subsz?limit=1.5",
     "/jsz?streams=bogus", "/jsz?consumers=yes", "/jsz?offset=x", "/healthz?js-enabled-only=x", "/healthz?details=2", "/healthz?stream=S", "/healthz?consumer=C",
     "/healthz?account=nope", "/healthz?account=$G&stream=nope", "/healthz?account=$G&stream=S&consumer=zz",
-    "/healthz?account=$G&stream=nope&details=true",
+    "/healthz?account=$G&stream=nope&details=true", "/routez?subs=bogus", "/gatewayz?accs=x", "/gatewayz?subs=x&accs=y",
+    "/leafz?subs=bogus",
 ]
 #: Maps whose keys are data, not fields: only their values' types are compared.
 FREE_MAPS = {"http_req_stats", "feature_flags", "metadata"}
