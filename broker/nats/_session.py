@@ -408,7 +408,7 @@ class NatsSession:
             while True:
                 if (not t.awaiting_handshake and not self.verbose and not self.pedantic and self._acks_unchecked
                         and parser.at_ack() and not self.broker.subs.may_match("$JS", "ACK")):
-                    run = parser.ack_run()  # nats-py: one PUB per msg.ack(), many per read
+                    run = parser.ack_run()  # one PUB per msg.ack(), many per read
                     if run is not None and self._ack_run(*run):
                         acked = True
                         continue
@@ -574,7 +574,8 @@ class NatsSession:
         if not state.take_ack_run(key, run):
             return False
         self.parser.skip_to(end)
-        self.in_msgs += run.raw.count(b"PUB ")  # (their payloads are empty)
+        self.in_msgs += run.raw.count(b"PUB ")
+        self.in_bytes += 4 * run.raw.count(b" 4\r\n+ACK\r\n")  # (the others' payloads are empty)
         return True
 
     async def _acks(self, acks: list[tuple[str, str | None, bytes, str, int]]) -> bool:

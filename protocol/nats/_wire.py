@@ -146,18 +146,20 @@ _ACK_PUB = re.compile(
     rb"PUB ((\$JS\.ACK\.[^.\s]*\.[^.\s]*)\.[0-9]+\.([0-9]+)\.[0-9]+\.[0-9]+\.[0-9]+) +(?:(\S+) +)?(\d{1,12})\r\n")
 #: Most plain acks a run (:meth:`NatsParser.ack_run`) takes.
 ACK_RUN_LIMIT = 256
-#: The tail of one ack as nats-py writes ``msg.ack()`` (no reply, empty payload)
-#: after its ``$JS.ACK.<stream>.<consumer>``: the five numbers (ASCII digits, stream
-#: sequence second) and the size 0. The bounds give a longest line (:data:`_ACK_TAIL_MAX`).
-_ACK_TAIL = rb"\.[0-9]{1,20}\.([0-9]{1,20})\.[0-9]{1,20}\.[0-9]{1,20}\.[0-9]{1,20} {1,16}0\r\n\r\n"
+#: The tail of one plain ack after its ``$JS.ACK.<stream>.<consumer>``, no reply: the
+#: five numbers (ASCII digits, stream sequence second), then an empty payload (nats-py's
+#: ``msg.ack()``) or ``+ACK`` (the C, Go, Java, .NET and Rust clients'). The bounds give
+#: a longest line (:data:`_ACK_TAIL_MAX`).
+_ACK_TAIL = (rb"\.[0-9]{1,20}\.([0-9]{1,20})\.[0-9]{1,20}\.[0-9]{1,20}\.[0-9]{1,20} {1,16}"
+             rb"(?:0\r\n\r\n|4\r\n\+ACK\r\n)")
 _ACK_TAIL_MAX = 5 * 21 + 16 + 1
 #: A run of such acks of one consumer, up to :data:`ACK_RUN_LIMIT`.
 _ACK_RUN = re.compile(
     rb"PUB (\$JS\.ACK\.[^.\s]{0,255}\.[^.\s]{0,255})" + _ACK_TAIL.replace(b"([0-9]{1,20})", b"[0-9]{1,20}")
     + rb"(?:PUB \1" + _ACK_TAIL.replace(b"([0-9]{1,20})", b"[0-9]{1,20}") + rb"){0,%d}" % (ACK_RUN_LIMIT - 1))
-#: The stream sequence of each ack of a run (one match per ack: the five numbers end
-#: at the spaces before the size).
-_ACK_SEQ = re.compile(_ACK_TAIL)
+#: The stream sequence of each ack of a run that :data:`_ACK_RUN` matched (its
+#: stream and consumer names hold no dot: the sequence is the second number).
+_ACK_SEQ = re.compile(rb"PUB \$JS\.ACK\.[^.]*\.[^.]*\.[0-9]+\.([0-9]+)\.")
 #: Each control line of a run, for its length.
 _ACK_LINE = re.compile(rb"PUB [^\r]*")
 _SPACE = re.compile("[ \t\n\r\f]")
@@ -448,15 +450,16 @@ class NatsParser:
         return self._pending is None and self.server and self._buf.startswith(b"PUB $JS.ACK.", self._pos)
 
     def ack_run(self) -> tuple[str, AckRun, int] | None:
-        """The run of whole acks of one consumer as nats-py writes ``msg.ack()``
-        (``PUB <v1 ack subject>  0``, no reply, empty payload) at the read position,
-        at most :data:`ACK_RUN_LIMIT`: ``("$JS.ACK.<stream>.<consumer>", run, end)``,
-        or None when the next operation is not one; ``run.seqs()`` are their stream
-        sequences. Reads nothing: :meth:`skip_to` ``(end)`` takes the run. What it
-        gives is what :meth:`ack_pubs` gives for those PUBs (their replies None,
-        their payloads empty), in one regular-expression call for the whole run
-        (and one more for the sequences, when they are wanted) instead of one match
-        and one tuple per PUB."""
+        """The run of whole plain acks of one consumer at the read position, as the
+        clients write ``ack()`` (``PUB <v1 ack subject>  0`` with an empty payload,
+        nats-py's, or ``PUB <v1 ack subject> 4`` with ``+ACK``, the other clients'; no
+        reply), at most :data:`ACK_RUN_LIMIT`: ``("$JS.ACK.<stream>.<consumer>", run,
+        end)``, or None when the next operation is not one; ``run.seqs()`` are their
+        stream sequences. Reads nothing: :meth:`skip_to` ``(end)`` takes the run. What
+        it gives is what :meth:`ack_pubs` gives for those PUBs (their replies None,
+        their payloads empty or ``+ACK``), in one regular-expression call for the
+        whole run (and one more for the sequences, when they are wanted) instead of
+        one match and one tuple per PUB."""
         if self._pending is not None or not self.server:
             return None
         buf = self._buf
@@ -466,6 +469,8 @@ class NatsParser:
             return None
         end = m.end()
         key = m.group(1)
+        if self.max_payload < 4 and buf.find(b"+ACK\r\n", pos, end) >= 0:
+            return None  # the general path refuses the payload
         if 4 + len(key) + _ACK_TAIL_MAX > self.max_control_line and max(map(len, _ACK_LINE.findall(buf, pos, end))) > self.max_control_line:
             return None  # the general path refuses the long line (after the ones before it)
         try:

@@ -580,7 +580,7 @@ def _ack_run_outcome(parser: PN.NatsParser, data: bytes) -> tuple[list[object], 
                     pubs.append(ev)
                 assert len(pubs) == len(seqs)
                 for ev, seq in zip(pubs, seqs):
-                    assert isinstance(ev, PN.NatsPub) and ev.reply is None and ev.payload == b"" and ev.headers is None
+                    assert isinstance(ev, PN.NatsPub) and ev.reply is None and ev.payload in (b"", b"+ACK") and ev.headers is None
                     m = _V1_ACK.fullmatch(ev.subject)
                     assert m is not None and (m.group(1), int(m.group(2))) == (key, seq)
                 parser.skip_to(end)
@@ -604,18 +604,23 @@ def _ack_run_outcome(parser: PN.NatsParser, data: bytes) -> tuple[list[object], 
     b"PUB $JS.ACK.S.c.1.2.3.4.5  0\r\n\r\n", b"PUB $JS.ACK.T.d.1.22.3.4.5 0\r\n\r\n", b"PUB $JS.ACK.1.2.3.4.5.6.7  0\r\n\r\n",
     b"PUB $JS.ACK.S.c.1.2.3.4.5" + b" " * 17 + b"0\r\n\r\n", b"PUB $JS.ACK.S.c.1.2.3.4.5 00\r\n\r\n",
     b"PUB $JS.ACK.S.c.1.%d.3.4.5  0\r\n\r\n" % 10**20, b"PUB $JS.ACK." + b"s" * 40 + b".c.1.2.3.4.5  0\r\n\r\n",
-]), min_size=1, max_size=8), st.sampled_from([40, 60, 4096]), st.lists(st.integers(0, 600), max_size=3))
-@example([b"PUB $JS.ACK.s.c.1.2.3.4.5 0\r\n\r\n"] * 3, 4096, [])
-@example([b"PUB $JS.ACK.s.c.1.2.3.4.5 0\r\n\r\n", b"PUB $JS.ACK.s.\xff.1.2.3.4.5 0\r\n\r\n"], 4096, [])
-def test_ack_runs_parse_as_the_general_path_does(lines: list[bytes], max_line: int, splits: list[int]) -> None:
+    b"PUB $JS.ACK.S.c.1.2.3.4.5 4\r\n+ACK\r\n", b"PUB $JS.ACK.S.c.1.2.3.4.5 4\r\n+ACKx\r\n", b"PUB $JS.ACK.S.c.1.2.3.4.5 4\r\n+NAK\r\n",
+    b"PUB $JS.ACK.S.c.1.2.3.4.5 04\r\n+ACK\r\n", b"PUB $JS.ACK.S.c.1.2.3.4.5 5\r\n+ACK \r\n",
+]), min_size=1, max_size=8), st.sampled_from([40, 60, 4096]), st.lists(st.integers(0, 600), max_size=3), st.sampled_from([20, 3]))
+@example([b"PUB $JS.ACK.s.c.1.2.3.4.5 0\r\n\r\n"] * 3, 4096, [], 20)
+@example([b"PUB $JS.ACK.s.c.1.2.3.4.5 0\r\n\r\n", b"PUB $JS.ACK.s.\xff.1.2.3.4.5 0\r\n\r\n"], 4096, [], 20)
+@example([b"PUB $JS.ACK.s.c.1.2.3.4.5 0\r\n\r\n", b"PUB $JS.ACK.s.c.1.3.4.5.6 4\r\n+ACK\r\n"] * 2, 4096, [], 20)
+@example([b"PUB $JS.ACK.s.c.1.2.3.4.5 0\r\n\r\n", b"PUB $JS.ACK.s.c.1.3.4.5.6 4\r\n+ACK\r\n"], 4096, [], 3)
+def test_ack_runs_parse_as_the_general_path_does(lines: list[bytes], max_line: int, splits: list[int], max_payload: int) -> None:
     """``ack_run`` takes a run of PUBs exactly as ``next_event`` reads them (plain acks
-    of one consumer, no reply, empty payload), with their key and stream sequences as
-    the broker's v1 match reads them, and leaves anything else, errors included (a
-    control line too long), to the other paths, however the bytes arrive."""
+    of one consumer, no reply, an empty or ``+ACK`` payload), with their key and stream
+    sequences as the broker's v1 match reads them, and leaves anything else, errors
+    included (a control line too long, a payload over the limit), to the other paths,
+    however the bytes arrive."""
     data = b"".join(lines)
-    want = _outcome(_GeneralOnly(max_control_line=max_line, max_payload=20), data)
-    assert _ack_run_outcome(PN.NatsParser(max_control_line=max_line, max_payload=20), data) == want
-    parser = PN.NatsParser(max_control_line=max_line, max_payload=20)
+    want = _outcome(_GeneralOnly(max_control_line=max_line, max_payload=max_payload), data)
+    assert _ack_run_outcome(PN.NatsParser(max_control_line=max_line, max_payload=max_payload), data) == want
+    parser = PN.NatsParser(max_control_line=max_line, max_payload=max_payload)
     cuts = sorted({0, len(data), *(s % (len(data) + 1) for s in splits)})
     events: list[object] = []
     error = None

@@ -22,6 +22,7 @@ from helpers import RawNats
 
 import protocol.nats as PN
 from broker.nats._consumer_state import State
+from broker.server import ServerHandle
 
 STREAM = "ORDERS"
 NEXT = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.d".encode()
@@ -126,12 +127,37 @@ async def consumer(p: Peer, **config: Any) -> None:
     assert isinstance(ev, PN.NatsMsg) and ev.subject == "_INBOX.api" and ev.payload == b""
 
 
-async def test_plain_acks_of_delivered_messages_let_the_pull_go_first(mock_clock: Any, peer: Any) -> None:
+def plus_ack(msg: PN.NatsMsg) -> bytes:
+    """``ack()`` as the C, Go, Java, .NET and Rust clients write it: ``+ACK``."""
+    assert msg.reply is not None
+    return b"PUB %s 4\r\n+ACK\r\n" % msg.reply.encode()
+
+
+@pytest.mark.parametrize("form", ["nats-py", "+ACK", "mixed"])
+async def test_plain_acks_of_delivered_messages_let_the_pull_go_first(
+    mock_clock: Any, peer: Any, nats_server: ServerHandle, monkeypatch: pytest.MonkeyPatch, form: str,
+) -> None:
+    """Whichever way the client writes its plain acks (an empty payload, ``+ACK``, or
+    both in one write), they are taken as one run (``NatsParser.ack_run``) and the
+    pull goes first; the connection counts each PUB and its payload bytes."""
+    writes = {"nats-py": [ack] * 3, "+ACK": [plus_ack] * 3, "mixed": [plus_ack, ack, plus_ack]}[form]
+    runs: list[int] = []
+    take_ack_run = State.take_ack_run
+
+    def spy(self: State, key: str, run: Any) -> bool:
+        runs.append(len(run.seqs()))
+        return take_ack_run(self, key, run)
+
+    monkeypatch.setattr(State, "take_ack_run", spy)
     await consumer(peer)
     await peer.raw.send(pull(3))
     first = await peer.msgs(3)
-    await peer.raw.send(b"".join(ack(m) for m in first) + pull(3))
+    (session,) = [s.speaker for s in nats_server.services.guard.sessions]
+    before = (session.in_msgs, session.in_bytes)
+    await peer.raw.send(b"".join(write(m) for write, m in zip(writes, first)) + pull(3))
     second = await peer.msgs(3)
+    assert runs == [3]
+    assert (session.in_msgs - before[0], session.in_bytes - before[1]) == (4, 4 * writes.count(plus_ack) + len(b'{"batch": 3}'))
     assert peer.passed == [True]
     assert seen(first) + seen(second) == [(2, 2, 1, 7), (3, 3, 1, 6), (4, 4, 1, 5), (5, 5, 1, 4), (6, 6, 1, 3), (7, 7, 1, 2)]
     # delivered 7, acked 1-4, 3 outstanding, 2 pending, nothing redelivered, no pull waiting
