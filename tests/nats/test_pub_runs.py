@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import nats
+import pytest
 import trio
 from conftest import make_config, start_server
 from helpers import in_asyncio
@@ -330,3 +332,45 @@ def test_pub_acks_go_as_send_core_sends_each(
         assert (run.out_msgs, run.out_bytes) == (each.out_msgs, each.out_bytes)
     assert run_broker.counters == each_broker.counters
     assert len(run_broker.subs) == len(each_broker.subs)
+
+
+@pytest.mark.parametrize(("fsync", "storage", "larger"), [("always", "file", True), ("always", "memory", False), ("200ms", "file", False)])
+async def test_a_flood_whose_acks_wait_for_a_sync_goes_in_larger_batches(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, fsync: str, storage: str, larger: bool,
+) -> None:
+    """A flood of JetStream publishes goes to the publish path in batches of at most
+    ``BATCH_BYTES``, so that acks that may go at once (a memory topic, an fsync
+    interval) leave while the rest of the read is handled; at ``always`` into a
+    file-storage topic, where every ack waits for the group commit's sync anyway,
+    batches reach ``SYNCED_BATCH_BYTES``. Either way each inbox gets its own PubAck,
+    in order."""
+    from broker.core._publishing import Publisher
+    from broker.nats._session import BATCH_BYTES, SYNCED_BATCH_BYTES
+
+    sizes: list[int] = []
+    publish_stored = Publisher.publish_stored
+
+    def spy(self: Publisher, session: object, cmd: Any, *args: Any) -> Any:
+        sizes.append(len(cmd.data))
+        return publish_stored(self, session, cmd, *args)
+
+    n, payload = 3000, b"x" * 100
+    async with start_server(make_config(data_dir, **{"nats.enabled": True, "system.partition.fsync": fsync})) as handle:
+        assert handle.nats_port is not None
+        pub = await Raw.open(handle.nats_port, b"SUB _r.> 9\r\n")
+        create = json.dumps({"name": "F", "subjects": ["f.>"], "storage": storage}).encode()
+        await pub.stream.send_all(b"PUB $JS.API.STREAM.CREATE.F _r.create %d\r\n%s\r\n" % (len(create), create))
+        await pub.until(lambda d: b"MSG _r.create" in d)
+        pub.data.clear()
+        monkeypatch.setattr(Publisher, "publish_stored", spy)
+        await pub.stream.send_all(b"".join(b"PUB f.x _r.%d %d\r\n%s\r\n" % (i, len(payload), payload) for i in range(n)))
+        got = await pub.until(lambda d: d.count(b"MSG _r.") == n)
+        await pub.stream.aclose()
+    seqs = [json.loads(body)["seq"] for body in re.findall(rb"MSG _r\.\d+ 9 \d+\r\n([^\r]*)\r\n", got)]
+    inboxes = [int(i) for i in re.findall(rb"MSG _r\.(\d+) ", got)]
+    assert sorted(zip(inboxes, seqs)) == [(i, i + 1) for i in range(n)]
+    body = 14 + len(b"f.x") + len(payload)
+    limit = SYNCED_BATCH_BYTES if larger else BATCH_BYTES
+    assert sum(sizes) == sum(5 for _ in sizes) + n * body  # every message in one batch or another
+    assert max(sizes) <= 5 + limit + body
+    assert (max(sizes) > 5 + BATCH_BYTES + body) is larger
