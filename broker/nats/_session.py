@@ -124,8 +124,9 @@ BATCH_MESSAGES = 1000
 BATCH_BYTES = 16 * 1024
 #: The bytes of a batch whose PubAcks wait for the group commit's sync anyway
 #: (``--fsync always``, file-storage topics only): none of them can go before the sync,
-#: so the batch is larger and its fixed work is shared among more messages.
-SYNCED_BATCH_BYTES = 64 * 1024
+#: so the batch may take a whole read (then BATCH_MESSAGES bounds it) and its fixed
+#: work is shared among more messages.
+SYNCED_BATCH_BYTES = 256 * 1024
 #: A client on a TLS listener that does not start TLS after INFO.
 TLS_REQUIRED = "Secure Connection - TLS Required"
 #: What a NATS client the broker cannot take is told (then closed).
