@@ -148,10 +148,26 @@ class SubjectIndex:
 
     def _extend_bulk(self, first_offset: int, subjects: list[bytes], flags: bytes | bytearray | None) -> None:
         """:meth:`extend` for many messages: the per-message work is done by C loops
-        (dict building, counting), the Python loop runs once per distinct subject."""
+        (dict building, counting), the Python loop runs once per distinct subject;
+        a batch of one subject (a client's flood) is one count and one repeat."""
         table = self.subjects
         names = self.names
         end = first_offset + len(subjects)
+        one = subjects[0]
+        if subjects.count(one) == len(subjects):
+            st = table.get(one)
+            if st is None:
+                st = table[one] = SubjectState(len(names), first_offset)
+                names.append(one)
+                self.version += 1
+                st.count = 0
+            elif not st.count:
+                st.first = first_offset
+            st.count += len(subjects)
+            st.last = end - 1
+            self.seq.extend(array("I", (st.sid,)) * len(subjects))
+            self.flags += flags if flags is not None else bytes(len(subjects))
+            return
         counts = Counter(subjects)  # in order of first appearance, like the ids
         last = dict(zip(subjects, range(first_offset, end)))  # the later one wins
         first: dict[bytes, int] | None = None

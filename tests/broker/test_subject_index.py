@@ -10,9 +10,15 @@ from hypothesis import strategies as st
 import broker.core._subject_index as subject_index
 from broker.core._subject_index import SubjectIndex
 
+SUBJECT = st.sampled_from([b"a", b"b", b"c.d", b"e"])
 step = st.tuples(
     st.integers(0, 3),  # offsets skipped before the run (recovery gaps)
-    st.lists(st.tuples(st.sampled_from([b"a", b"b", b"c.d", b"e"]), st.integers(0, 31)), max_size=150),
+    st.one_of(
+        st.lists(st.tuples(SUBJECT, st.integers(0, 31)), max_size=150),
+        # one subject (a client's flood), as one object repeated or as equal ones
+        st.tuples(SUBJECT, st.lists(st.integers(0, 31), min_size=1, max_size=150), st.booleans()).map(
+            lambda t: [(t[0] if t[2] else bytes(bytearray(t[0])), f) for f in t[1]]),
+    ),
     st.lists(st.integers(0, 1000), max_size=5),  # offsets (modulo) whose subject is emptied after
 )
 
