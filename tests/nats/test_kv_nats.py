@@ -160,7 +160,7 @@ async def test_after_an_answered_get_the_reader_waits_for_the_next_request(
 
     async def spy(self: Transport, partial: Any) -> Any:
         if self.speaker.client_name == "getter":
-            if not waited[0]:
+            if not waited[0] and not partial():  # (after a request cut in two, reading at once is right)
                 waits.append(False)
             waited[0] = False
         return await real_read(self, partial)
