@@ -155,17 +155,8 @@ class SubjectIndex:
         end = first_offset + len(subjects)
         one = subjects[0]
         if subjects.count(one) == len(subjects):
-            st = table.get(one)
-            if st is None:
-                st = table[one] = SubjectState(len(names), first_offset)
-                names.append(one)
-                self.version += 1
-                st.count = 0
-            elif not st.count:
-                st.first = first_offset
-            st.count += len(subjects)
-            st.last = end - 1
-            self.seq.extend(array("I", (st.sid,)) * len(subjects))
+            sid = self._account(one, len(subjects), first_offset, end - 1)
+            self.seq.extend(array("I", (sid,)) * len(subjects))
             self.flags += flags if flags is not None else bytes(len(subjects))
             return
         counts = Counter(subjects)  # in order of first appearance, like the ids
@@ -210,27 +201,29 @@ class SubjectIndex:
             stats_of = [(k, n, first[k], last[k]) for k, n in counts.items()]
         else:
             stats_of = [(k, n, f, la) for k, (n, f, la) in enumerate(stats) if n]
-        table = self.subjects
-        all_names = self.names
         to_global = array("I", bytes(4 * len(names)))
         for k, n, f, la in stats_of:
-            s = names[k]
-            st = table.get(s)
-            if st is None:
-                st = table[s] = SubjectState(len(all_names), f)
-                all_names.append(s)
-                self.version += 1
-                st.count = 0
-            elif not st.count:
-                st.first = f
-            st.count += n
-            st.last = la
-            to_global[k] = st.sid
+            to_global[k] = self._account(names[k], n, f, la)
         if all(to_global[k] == k for k, _, _, _ in stats_of):
             self.seq.extend(ids)  # the segment numbers its subjects as the index does
         else:
             self.seq.extend(array("I", map(to_global.__getitem__, ids)))
         self.flags += flags
+
+    def _account(self, subject: bytes, n: int, first: int, last: int) -> int:
+        """Count ``n`` more messages of ``subject``, the first of them at ``first``
+        and the last at ``last`` (a new subject gets the next id); its id."""
+        st = self.subjects.get(subject)
+        if st is None:
+            st = self.subjects[subject] = SubjectState(len(self.names), first)
+            self.names.append(subject)
+            self.version += 1
+            st.count = 0
+        elif not st.count:
+            st.first = first
+        st.count += n
+        st.last = last
+        return st.sid
 
     def _pad(self, offset: int) -> None:
         missing = offset - (self.base + len(self.seq))
